@@ -1,0 +1,43 @@
+"""The compiled model as plain data: what the blob writer stores and the runner reads back.
+
+No behaviour lives here. The compiler fills these in; `compiler/blob.py` serialises them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+REGIONS = ("arena", "weights", "input", "output")
+
+
+@dataclass(frozen=True)
+class Buffer:
+    id: int
+    region: str  # one of REGIONS
+    offset: int  # byte offset in arena/weights; for input/output the global io slot index
+    # (inputs take slots 0..n_in-1 in order, outputs n_in.. in order)
+    nbytes: int
+    dtype: str  # numpy dtype name: "float32", "uint8", ...
+    shape: tuple[int, ...]
+    name: str = ""  # graph name for inputs and outputs
+
+
+@dataclass(frozen=True)
+class Launch:
+    kernel: str
+    args: tuple[int, ...]  # Buffer ids in parameter order; outputs first
+    global_size: tuple[int, ...] = (1,)
+    local_size: tuple[int, ...] | None = None
+
+
+@dataclass
+class Artifact:
+    target: str
+    inputs: list[Buffer]
+    outputs: list[Buffer]
+    buffers: list[Buffer]  # every buffer, io included
+    weights: bytes
+    arena_bytes: int
+    arena_lower_bound_bytes: int
+    launches: list[Launch]
+    programs: bytes
+    meta: dict = field(default_factory=dict)

@@ -1,0 +1,182 @@
+"""ONNX -> tensor-level UOp graph, with the `onnx` package (protobuf is never parsed by hand).
+
+Each ONNX op is one small function in compiler/onnx_ops.py registered by name; this module handles
+the graph: inputs and their static shapes, initializers, dtype mapping, unsupported-op reporting.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from compiler.dtypes import DType, dtypes
+from compiler.errors import CompileError
+from compiler.tensor import Tensor
+from compiler.uop import UOp
+
+ONNX_DTYPES = {
+    onnx.TensorProto.BOOL: dtypes.bool, onnx.TensorProto.INT8: dtypes.int8,
+    onnx.TensorProto.INT16: dtypes.int16, onnx.TensorProto.INT32: dtypes.int32,
+    onnx.TensorProto.INT64: dtypes.int64, onnx.TensorProto.UINT8: dtypes.uint8,
+    onnx.TensorProto.UINT16: dtypes.uint16, onnx.TensorProto.UINT32: dtypes.uint32,
+    onnx.TensorProto.UINT64: dtypes.uint64, onnx.TensorProto.FLOAT16: dtypes.float16,
+    onnx.TensorProto.FLOAT: dtypes.float32, onnx.TensorProto.DOUBLE: dtypes.float64,
+}
+MIN_OPSET, MAX_OPSET = 7, 21
+
+
+def onnx_dtype(code: int, what: str) -> DType:
+    if code not in ONNX_DTYPES:
+        name = onnx.TensorProto.DataType.Name(code) if code in onnx.TensorProto.DataType.values() \
+            else str(code)
+        raise CompileError(f"{what}: element type {name} is not supported; keel supports "
+                           + ", ".join(sorted(d.name for d in ONNX_DTYPES.values())))
+    return ONNX_DTYPES[code]
+
+
+@dataclass
+class Graph:
+    inputs: list[tuple[str, UOp]]
+    outputs: list[tuple[str, UOp]]
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass
+class Ctx:
+    """What an op implementation may ask about its node."""
+    opset: int
+    node: onnx.NodeProto
+    float16: bool = False
+
+    def static(self, t: Tensor | None, what: str) -> np.ndarray:
+        """A compile-time value (shape vectors, pads, axes...): evaluate its weight-only subgraph."""
+        from compiler.interp import evaluate
+        from compiler.schedule import static
+        if t is None:
+            raise CompileError(f"{self.where()}: input {what} is required")
+        if not static(t.uop) and not _all_static(t.uop):
+            raise CompileError(f"{self.where()}: input {what} must be known at compile time "
+                               f"(a constant or computed from shapes), but it depends on a graph input")
+        return evaluate(t.uop)
+
+    def where(self) -> str:
+        return f"{self.node.op_type} node {self.node.name or '(unnamed)'!r} (opset {self.opset})"
+
+
+def _all_static(u: UOp) -> bool:
+    from compiler.uop import Ops
+    return all(n.op is not Ops.INPUT for n in u.toposort())
+
+
+def _load_proto(model) -> onnx.ModelProto:
+    if isinstance(model, onnx.ModelProto):
+        return model
+    try:
+        return onnx.load(str(model))
+    except FileNotFoundError:
+        raise CompileError(f"model file not found: {model}") from None
+    except Exception as e:  # protobuf raises several unrelated types for garbage input
+        raise CompileError(f"{model}: not a valid ONNX model ({type(e).__name__}: {e})") from None
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return imp.version
+    return MIN_OPSET
+
+
+def _input_shape(vi: onnx.ValueInfoProto, given: dict) -> tuple[int, ...]:
+    if vi.name in given:
+        return tuple(int(d) for d in given[vi.name])
+    dims = []
+    for i, d in enumerate(vi.type.tensor_type.shape.dim):
+        if d.HasField("dim_value") and d.dim_value >= 0:
+            dims.append(d.dim_value)
+        else:
+            sym = d.dim_param or "?"
+            raise CompileError(f"input {vi.name!r} has a dynamic dim {i} ({sym!r}); bind it with "
+                               f"--input-shape {vi.name}=d0,d1,... (input_shapes={{'{vi.name}': ...}})")
+    return tuple(dims)
+
+
+def check_supported(model: onnx.ModelProto, opset: int) -> None:
+    from compiler.onnx_ops import OPS
+    bad = []
+    for g_node in _all_nodes(model.graph):
+        if g_node.domain not in ("", "ai.onnx") or g_node.op_type not in OPS:
+            dom = f"{g_node.domain}." if g_node.domain not in ("", "ai.onnx") else ""
+            bad.append(f"{dom}{g_node.op_type} (node {g_node.name or '(unnamed)'!r}, opset {opset})")
+    if bad:
+        raise CompileError(f"{len(bad)} unsupported op(s):\n  " + "\n  ".join(bad))
+
+
+def _all_nodes(graph: onnx.GraphProto):
+    for n in graph.node:
+        yield n
+
+
+def load_onnx(model, input_shapes: dict, float16: bool = False) -> Graph:
+    from compiler.onnx_ops import OPS
+    proto = _load_proto(model)
+    opset = _opset(proto)
+    if not MIN_OPSET <= opset <= MAX_OPSET + 7:  # newer opsets are accepted op by op
+        raise CompileError(f"opset {opset} is outside the supported range {MIN_OPSET}..{MAX_OPSET}")
+    check_supported(proto, opset)
+    unknown = set(input_shapes) - {i.name for i in proto.graph.input}
+    if unknown:
+        raise CompileError(f"--input-shape names unknown input(s) {sorted(unknown)}; inputs are "
+                           f"{[i.name for i in proto.graph.input]}")
+    vals: dict[str, Tensor | None] = {"": None}
+    for init in proto.graph.initializer:
+        onnx_dtype(init.data_type, f"initializer {init.name!r}")
+        vals[init.name] = Tensor.weight(numpy_helper.to_array(init))
+    inputs = []
+    for vi in proto.graph.input:
+        if vi.name in vals:
+            continue  # an initializer with a default value: a constant of the model
+        if not vi.type.HasField("tensor_type"):
+            raise CompileError(f"input {vi.name!r} is not a tensor; keel supports tensor inputs only")
+        dt = onnx_dtype(vi.type.tensor_type.elem_type, f"input {vi.name!r}")
+        t = Tensor.input(vi.name, _input_shape(vi, input_shapes), dt)
+        vals[vi.name] = t
+        inputs.append((vi.name, t.uop))
+    for node in proto.graph.node:
+        ctx = Ctx(opset, node, float16)
+        args = [vals.get(n) if n else None for n in node.input]
+        missing = [n for n in node.input if n and n not in vals]
+        if missing:
+            raise CompileError(f"{ctx.where()}: input(s) {missing} are not produced by any node")
+        try:
+            outs = OPS[node.op_type](ctx, args, attrs(node))
+        except CompileError:
+            raise
+        except (ValueError, IndexError, KeyError, TypeError, AssertionError) as e:
+            raise CompileError(f"{ctx.where()}: {type(e).__name__}: {e}") from e
+        outs = outs if isinstance(outs, (list, tuple)) else [outs]
+        for name, t in zip(node.output, outs):
+            if name:
+                vals[name] = t
+    outputs = []
+    for vi in proto.graph.output:
+        if vals.get(vi.name) is None:
+            raise CompileError(f"graph output {vi.name!r} is not produced by any node")
+        outputs.append((vi.name, vals[vi.name].uop))
+    meta = {p.key: p.value for p in proto.metadata_props}
+    return Graph(inputs, outputs, {"opset": opset, "metadata": meta} if meta else {"opset": opset})
+
+
+def attrs(node: onnx.NodeProto) -> dict:
+    out = {}
+    for a in node.attribute:
+        v = onnx.helper.get_attribute_value(a)
+        if isinstance(v, bytes):
+            v = v.decode()
+        elif isinstance(v, onnx.TensorProto):
+            v = numpy_helper.to_array(v)
+        elif isinstance(v, list) and v and isinstance(v[0], bytes):
+            v = [x.decode() for x in v]
+        out[a.name] = v
+    return out

@@ -1,0 +1,201 @@
+"""Kernel lowering: a tensor-level kernel + its loop plan -> scalar UOps over RANGEs.
+
+Movement ops become index arithmetic (symbolic.py simplifies it), PAD becomes a validity mask
+that gates loads, and upcast/unroll axes are expanded into one copy of the scalar graph per value,
+so hash-consing shares every load and index that the copies have in common (register tiling).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import reduce as fold
+from itertools import product
+
+from compiler.dtypes import dtypes
+from compiler.schedule import Kernel
+from compiler.uop import ALU, Ops, UOp
+
+IDX = dtypes.index
+LOOP_KINDS = ("global", "loop", "reduce")
+
+
+@dataclass(frozen=True)
+class Axis:
+    dim: int  # which dim of the kernel's full shape this axis (or part of it) iterates
+    size: int
+    kind: str  # "global" | "loop" | "reduce" (loops) ; "upcast" | "unroll" (expanded)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The optimizer's choices for one kernel. Within one dim, axes are listed outer to inner."""
+    full_shape: tuple[int, ...]
+    reduce_dims: tuple[int, ...]
+    axes: tuple[Axis, ...]
+    local: tuple[int, ...] | None = None  # work-group size for GPU targets
+
+
+def iconst(v: int) -> UOp:
+    return UOp.const(v, IDX)
+
+
+def linear(idx, shape) -> UOp:
+    """Row-major linear offset of idx in a contiguous tensor of `shape`."""
+    out, stride = iconst(0), 1
+    for i, s in reversed(list(zip(idx, shape))):
+        if s != 1:
+            out = out + i * stride
+        stride *= s
+    return out
+
+
+def reshape_index(idx, from_shape, to_shape) -> tuple[UOp, ...]:
+    lin, out, stride = linear(idx, from_shape), [], 1
+    for s in reversed(to_shape):
+        out.append(iconst(0) if s == 1 else (lin // stride) % s)
+        stride *= s
+    return tuple(reversed(out))
+
+
+def all_true(*conds):
+    conds = [c for c in conds if c is not None]
+    return fold(lambda a, b: a.logical_and(b), conds) if conds else None
+
+
+class Lowerer:
+    def __init__(self, kernel: Kernel, params: dict[UOp, int], param_dtypes: list):
+        self.kernel, self.root = kernel, kernel.root
+        self.params = params
+        self.param_uops = [UOp(Ops.PARAM, dt, (), (i, dt)) for i, dt in enumerate(param_dtypes)]
+        self.memo: dict = {}
+        self.acc: UOp | None = None
+        self.red = find_reduce(kernel.root, set(params))
+
+    def load(self, node: UOp, idx, valid) -> UOp:
+        p = self.param_uops[self.params[node]]
+        src = (p, linear(idx, node.shape)) + ((valid,) if valid is not None else ())
+        return UOp(Ops.LOAD, node.dtype, src)
+
+    def __call__(self, node: UOp, idx: tuple, valid=None) -> UOp:
+        key = (node, idx, valid)
+        if key not in self.memo:
+            self.memo[key] = self._lower(node, idx, valid)
+        return self.memo[key]
+
+    def _lower(self, n: UOp, idx: tuple, valid) -> UOp:
+        op, arg = n.op, n.arg
+        if n in self.params and (n is not self.root or op in (Ops.INPUT, Ops.WEIGHT)):
+            return self.load(n, idx, valid)
+        if n is self.red:
+            return self.acc
+        if op is Ops.CONST:
+            return n
+        if op in ALU:
+            return UOp(op, n.dtype, tuple(self(s, idx, valid) for s in n.src), arg)
+        src = n.src[0].shape if n.src else ()
+        if op is Ops.RESHAPE:
+            return self(n.src[0], reshape_index(idx, n.shape, src), valid)
+        if op is Ops.PERMUTE:
+            out = [None] * len(idx)
+            for i, o in enumerate(arg):
+                out[o] = idx[i]
+            return self(n.src[0], tuple(out), valid)
+        if op is Ops.EXPAND:
+            return self(n.src[0], tuple(iconst(0) if s == 1 else i for i, s in zip(idx, src)), valid)
+        if op is Ops.SHRINK:
+            return self(n.src[0], tuple(i + b for i, (b, _) in zip(idx, arg)), valid)
+        if op is Ops.FLIP:
+            return self(n.src[0], tuple(iconst(s - 1) + i * -1 if d in arg else i
+                                        for d, (i, s) in enumerate(zip(idx, src))), valid)
+        if op is Ops.PAD:
+            return self._pad(n, idx, valid)
+        if op is Ops.WINDOW:
+            return self._window(n, idx, valid)
+        if op is Ops.GATHER:
+            return self._gather(n, idx, valid)
+        raise NotImplementedError(f"cannot lower {op}")
+
+    def _pad(self, n: UOp, idx, valid):
+        pads, fill = n.arg
+        inside = all_true(*(c for i, (b, a), s in zip(idx, pads, n.src[0].shape)
+                            for c in ((i.lt(b)).logical_not() if b else None,
+                                      i.lt(b + s) if a else None)))
+        inner = self(n.src[0], tuple(i + -b for i, (b, _) in zip(idx, pads)), all_true(valid, inside))
+        return inner if inside is None else inside.where(inner, UOp.const(fill, n.dtype))
+
+    def _window(self, n: UOp, idx, valid):
+        ks, ss, ds = n.arg
+        nsp, nlead = len(ks), len(n.src[0].shape) - len(ks)
+        lead, outs, kern = idx[:nlead], idx[nlead:nlead + nsp], idx[nlead + nsp:]
+        sp = tuple(o * s + k * d for o, k, s, d in zip(outs, kern, ss, ds))
+        return self(n.src[0], lead + sp, valid)
+
+    def _gather(self, n: UOp, idx, valid):
+        data, ind = n.src
+        ax, r, size = n.arg, len(ind.shape), data.shape[n.arg]
+        i = self(ind, idx[ax:ax + r], valid).cast(IDX)
+        i = i.lt(0).where(i + size, i).maximum(0).minimum(size - 1)  # clamp: never read outside
+        return self(data, idx[:ax] + (i,) + idx[ax + r:], valid)
+
+
+def find_reduce(root: UOp, realized: set) -> UOp | None:
+    """The kernel's fused reduction: the scheduler guarantees at most one per kernel."""
+    stack, seen = [root], set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op is Ops.REDUCE and (n is root or n not in realized):
+            return n
+        if n is root or n not in realized:
+            stack.extend(n.src)
+    return None
+
+
+def _combine(op: Ops, vals: list[UOp]) -> UOp:
+    while len(vals) > 1:  # a balanced tree keeps the dependency chain short
+        vals = [vals[i].alu(op, vals[i + 1]) if i + 1 < len(vals) else vals[i]
+                for i in range(0, len(vals), 2)]
+    return vals[0]
+
+
+def lower_kernel(kernel: Kernel, params: dict[UOp, int], param_dtypes: list, plan: Plan) -> UOp:
+    lw = Lowerer(kernel, params, param_dtypes)
+    ranges = {a: UOp(Ops.RANGE, IDX, (iconst(a.size),), (n, a.kind))
+              for n, a in enumerate(plan.axes) if a.kind in LOOP_KINDS}
+    ups = [a for a in plan.axes if a.kind == "upcast"]
+    unrolls = [a for a in plan.axes if a.kind == "unroll"]
+
+    def dim_index(values: dict, reduce_too: bool) -> tuple:
+        out = []
+        for d in range(len(plan.full_shape)):
+            if d in plan.reduce_dims and not reduce_too:
+                out.append(iconst(0))
+                continue
+            idx, stride = iconst(0), 1
+            for a in reversed([a for a in plan.axes if a.dim == d]):
+                idx = idx + values[a] * stride
+                stride *= a.size
+            out.append(idx)
+        return tuple(out)
+
+    red = lw.red
+    stores = []
+    for ucombo in product(*(range(a.size) for a in ups)):
+        values = {**ranges, **{a: iconst(v) for a, v in zip(ups, ucombo)}}
+        if red is not None:
+            parts = []
+            for vcombo in product(*(range(a.size) for a in unrolls)):
+                full = dim_index({**values, **{a: iconst(v) for a, v in zip(unrolls, vcombo)}}, True)
+                parts.append(lw(red.src[0], full))
+            value = _combine(red.arg[0], parts)
+            rr = [r for a, r in ranges.items() if a.kind == "reduce"]
+            lw.acc = UOp(Ops.REDUCE, red.dtype, (value, *rr), red.arg[0]) if rr else value
+            out_idx = reshape_index(dim_index(values, False), red.shape, kernel.root.shape)
+        else:
+            out_idx = dim_index(values, False)
+        value = lw(kernel.root, out_idx)
+        stores.append(UOp(Ops.STORE, dtypes.void,
+                          (lw.param_uops[0], linear(out_idx, kernel.root.shape), value)))
+    return UOp(Ops.SINK, dtypes.void, tuple(stores))
+

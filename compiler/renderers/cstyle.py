@@ -1,0 +1,153 @@
+"""Shared rendering for C-family kernel languages (C, OpenCL C, HVX C).
+
+A renderer consumes the linear UOp list from linearize.py and writes source text; it never needs a
+device. Languages differ only in the tables and hooks a subclass overrides.
+"""
+from __future__ import annotations
+
+import math
+
+from compiler.dtypes import DType, dtypes
+from compiler.uop import Ops, UOp
+
+INFIX = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.CMPLT: "<",
+         Ops.CMPEQ: "==", Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^"}
+
+
+class CStyle:
+    kernel_prefix = "static void"
+    buffer_prefix = ""  # address-space qualifier, e.g. "__global " in OpenCL
+    restrict = "restrict"
+    sqrt = {dtypes.float32: "__builtin_sqrtf", dtypes.float64: "__builtin_sqrt"}
+
+    def dtype(self, dt: DType) -> str:
+        return dt.cname
+
+    def literal(self, v, dt: DType) -> str:
+        if dt.is_float:
+            if math.isnan(v):
+                return "__builtin_nanf(\"\")" if dt is dtypes.float32 else "__builtin_nan(\"\")"
+            if math.isinf(v):
+                inf = "__builtin_inff()" if dt is dtypes.float32 else "__builtin_inf()"
+                return inf if v > 0 else f"(-{inf})"
+            text = repr(float(v))
+            return {dtypes.float32: f"{text}f", dtypes.float16: f"(_Float16){text}f"}.get(dt, text)
+        if dt is dtypes.bool:
+            return "1" if v else "0"
+        suffix = ("ll" if dt.bits == 64 else "") if dt.kind != "u" else ("ull" if dt.bits == 64 else "u")
+        if dt.kind == "i" and v == dt.min:  # -2^63 is not a literal in C, only an expression
+            return f"({v + 1}{suffix} - 1)"
+        return f"{v}{suffix}"
+
+    # ---- expression per op ------------------------------------------------------------------
+    def alu(self, u: UOp, a: list[str]) -> str:
+        op, dt = u.op, u.dtype
+        if op in INFIX:
+            return f"({a[0]} {INFIX[op]} {a[1]})"
+        if op is Ops.NEG:
+            return f"(-{a[0]})" if dt is not dtypes.bool else f"(!{a[0]})"
+        if op is Ops.WHERE:
+            return f"({a[0]} ? {a[1]} : {a[2]})"
+        if op in (Ops.MAX, Ops.MIN):
+            cmp = ">" if op is Ops.MAX else "<"
+            if dt.is_float:  # NaN in either operand wins, as ONNX Max/Min require
+                return f"(({a[0]} {cmp} {a[1]} || {a[0]} != {a[0]}) ? {a[0]} : {a[1]})"
+            return f"(({a[0]} {cmp} {a[1]}) ? {a[0]} : {a[1]})"
+        if op is Ops.CAST:
+            return f"(({self.dtype(dt)})({a[0]}))"
+        if op is Ops.BITCAST:
+            return self.bitcast(u.src[0].dtype, dt, a[0])
+        if op is Ops.SQRT:
+            return f"{self.sqrt[dt]}({a[0]})"
+        if op in (Ops.IDIV, Ops.MOD):
+            return self.int_divmod(u, a)
+        if op in (Ops.SHL, Ops.SHR):
+            sym = "<<" if op is Ops.SHL else ">>"
+            return f"({a[0]} {sym} ({a[1]} & {dt.bits - 1}))"  # no UB for wide shifts
+        raise NotImplementedError(f"{type(self).__name__} cannot render {op}")
+
+    def int_divmod(self, u: UOp, a: list[str]) -> str:
+        sym = "/" if u.op is Ops.IDIV else "%"
+        d = u.src[1]
+        if d.op is Ops.CONST and d.arg not in (0, -1):
+            return f"({a[0]} {sym} {a[1]})"
+        # a zero divisor (and INT_MIN / -1) traps in hardware: never let data crash the process
+        safe = f"(({a[1]}) == 0 ? 1 : ({a[1]}))"
+        if u.dtype.kind == "i":
+            neg = f"(-{a[0]})" if u.op is Ops.IDIV else "0"
+            return f"(({a[1]}) == -1 ? {neg} : ({a[0]} {sym} {safe}))"
+        return f"({a[0]} {sym} {safe})"
+
+    def bitcast(self, src: DType, dst: DType, x: str) -> str:
+        return f"(((union {{ {self.dtype(src)} a; {self.dtype(dst)} b; }}){{.a = {x}}}).b)"
+
+    # ---- kernel -------------------------------------------------------------------------------
+    def params(self, lin: list[UOp]) -> list[UOp]:
+        return sorted((u for u in lin if u.op is Ops.PARAM), key=lambda u: u.arg[0])
+
+    def param_decl(self, p: UOp) -> str:
+        const = "" if p.arg[0] == 0 else "const "
+        return f"{self.buffer_prefix}{const}{self.dtype(p.dtype)} *{self.restrict} p{p.arg[0]}"
+
+    def range_open(self, u: UOp, name: str, end: str) -> str:
+        return f"for (int {name} = 0; {name} < {end}; {name}++) {{"
+
+    def render_kernel(self, name: str, lin: list[UOp]) -> str:
+        names: dict[UOp, str] = {}
+        lines, indent = [], 1
+
+        def ref(u: UOp) -> str:
+            if u.op is Ops.CONST:
+                return self.literal(u.arg, u.dtype)
+            return names[u]
+
+        for u in lin:
+            op = u.op
+            if op in (Ops.PARAM, Ops.CONST, Ops.SINK):
+                if op is Ops.PARAM:
+                    names[u] = f"p{u.arg[0]}"
+                continue
+            pad = "  " * indent
+            if op is Ops.RANGE:
+                names[u] = f"r{u.arg[0]}"
+                lines.append(pad + self.range_open(u, names[u], ref(u.src[0])))
+                indent += 1
+            elif op is Ops.ENDRANGE:
+                indent -= 1
+                lines.append("  " * indent + "}")
+            elif op is Ops.DEFINE_ACC:
+                red = u.src[0]
+                names[red] = f"acc{len(names)}"
+                init = self.literal(reduce_identity(red.arg, red.dtype), red.dtype)
+                lines.append(f"{pad}{self.dtype(red.dtype)} {names[red]} = {init};")
+            elif op is Ops.REDUCE:
+                acc, val = names[u], ref(u.src[0])
+                fake = UOp(u.arg, u.dtype, (u, u.src[0]))
+                expr = self.alu(fake, [acc, val])
+                lines.append(f"{pad}{acc} = {expr};")
+            elif op is Ops.LOAD:
+                expr = f"{ref(u.src[0])}[{ref(u.src[1])}]"
+                if len(u.src) == 3:
+                    expr = f"({ref(u.src[2])} ? {expr} : {self.literal(0, u.dtype)})"
+                names[u] = self._bind(lines, pad, u, expr)
+            elif op is Ops.STORE:
+                lines.append(f"{pad}{ref(u.src[0])}[{ref(u.src[1])}] = {ref(u.src[2])};")
+            else:
+                names[u] = self._bind(lines, pad, u, self.alu(u, [ref(s) for s in u.src]))
+        params = ", ".join(self.param_decl(p) for p in self.params(lin))
+        return f"{self.kernel_prefix} {name}({params}) {{\n" + "\n".join(lines) + "\n}\n"
+
+    def _bind(self, lines, pad, u: UOp, expr: str) -> str:
+        name = f"v{len(lines)}"
+        lines.append(f"{pad}{self.dtype(u.dtype)} {name} = {expr};")
+        return name
+
+
+def reduce_identity(op: Ops, dt: DType):
+    if op is Ops.ADD:
+        return 0
+    if op is Ops.MUL:
+        return 1
+    if dt.is_float:
+        return -math.inf if op is Ops.MAX else math.inf
+    return dt.min if op is Ops.MAX else dt.max

@@ -1,0 +1,121 @@
+"""The one rewrite engine: patterns as data (UPat -> function), applied bottom-up to a fixpoint.
+
+A new optimization is a new rule in some PatternMatcher, not a new pass class.
+"""
+from __future__ import annotations
+
+from itertools import permutations
+from typing import Callable, Iterator
+
+from compiler.uop import COMMUTATIVE, Ops, UOp
+
+_ANY = object()
+
+
+class UPat:
+    __slots__ = ("ops", "dtypes", "src", "arg", "name")
+
+    def __init__(self, op=None, dtype=None, src: tuple | None = None, arg=_ANY,
+                 name: str | None = None):
+        self.ops = None if op is None else frozenset(op if isinstance(op, (set, frozenset, tuple))
+                                                     else (op,))
+        self.dtypes = None if dtype is None else frozenset(
+            dtype if isinstance(dtype, (set, frozenset, tuple)) else (dtype,))
+        self.src, self.arg, self.name = src, arg, name
+
+    @staticmethod
+    def var(name: str | None = None, dtype=None) -> UPat:
+        return UPat(dtype=dtype, name=name)
+
+    @staticmethod
+    def cvar(name: str | None = None, dtype=None) -> UPat:
+        return UPat(Ops.CONST, dtype, name=name)
+
+    def match(self, u: UOp, caps: dict) -> Iterator[dict]:
+        if self.ops is not None and u.op not in self.ops:
+            return
+        if self.dtypes is not None and u.dtype not in self.dtypes:
+            return
+        if self.arg is not _ANY and self.arg != u.arg:
+            return
+        if self.name is not None:
+            bound = caps.get(self.name)
+            if bound is not None and bound is not u:
+                return
+            caps = {**caps, self.name: u}
+        if self.src is None:
+            yield caps
+            return
+        if len(self.src) != len(u.src):
+            return
+        orders = permutations(u.src) if u.op in COMMUTATIVE and len(u.src) == 2 else (u.src,)
+        for srcs in orders:
+            yield from _match_all(self.src, srcs, caps)
+
+
+def _match_all(pats, srcs, caps) -> Iterator[dict]:
+    if not pats:
+        yield caps
+        return
+    for c in pats[0].match(srcs[0], caps):
+        yield from _match_all(pats[1:], srcs[1:], c)
+
+
+Rule = tuple[UPat, Callable[..., UOp | None]]
+
+
+class PatternMatcher:
+    def __init__(self, rules: list[Rule]):
+        self.rules = rules
+        self.by_op: dict[Ops, list[Rule]] = {op: [] for op in Ops}
+        for pat, fn in rules:
+            for op in (pat.ops if pat.ops is not None else Ops):
+                self.by_op[op].append((pat, fn))
+
+    def __add__(self, other: PatternMatcher) -> PatternMatcher:
+        return PatternMatcher(self.rules + other.rules)
+
+    def rewrite(self, u: UOp, ctx=None) -> UOp | None:
+        for pat, fn in self.by_op[u.op]:
+            for caps in pat.match(u, {}):
+                out = fn(ctx, **caps) if ctx is not None else fn(**caps)
+                if out is not None and out is not u:
+                    return out
+        return None
+
+
+def graph_rewrite(root: UOp, pm: PatternMatcher, ctx=None) -> UOp:
+    """Rewrite every node bottom-up until no rule applies. Iterative: graphs can be very deep."""
+    memo: dict[UOp, UOp] = {}
+    stack: list[tuple[UOp, int, UOp | None]] = [(root, 0, None)]
+    while stack:
+        node, stage, pending = stack.pop()
+        if stage == 0:
+            if node in memo:
+                continue
+            stack.append((node, 1, None))
+            stack.extend((s, 0, None) for s in node.src if s not in memo)
+        elif stage == 1:
+            src = tuple(memo[s] for s in node.src)
+            built = node if src == node.src else UOp(node.op, node.dtype, src, node.arg)
+            out = pm.rewrite(built, ctx)
+            if out is None:
+                memo[node] = memo[built] = built
+            else:
+                stack.append((node, 2, out))
+                stack.append((out, 0, None))
+        else:
+            memo[node] = memo[pending]
+    return memo[root]
+
+
+def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
+    """Replace nodes by identity (no pattern matching); used to bind placeholders."""
+    memo: dict[UOp, UOp] = dict(mapping)
+    for node in root.toposort():
+        if node in memo:
+            continue
+        src = tuple(memo[s] for s in node.src)
+        memo[node] = node if src == node.src else UOp(node.op, node.dtype, src, node.arg)
+    return memo[root]
+

@@ -1,0 +1,164 @@
+"""Float math lowered to +, *, compares and bit casts, so kernels need no libm on any target.
+
+Accuracy targets: float32 results within ~2 ulp of the correctly rounded value on the reduced
+range; float64 within a few ulp. Polynomials are truncated Taylor/atanh series whose first omitted
+term is below the type's epsilon on the reduced interval (bounds are in each docstring).
+"""
+from __future__ import annotations
+
+import math
+
+from compiler.dtypes import dtypes
+from compiler.rewrite import PatternMatcher, UPat
+from compiler.uop import ALU, Ops, UOp
+
+FLOATS = (dtypes.float32, dtypes.float64)
+F = {dtypes.float32: dict(int=dtypes.int32, mant=23, bias=127),
+     dtypes.float64: dict(int=dtypes.int64, mant=52, bias=1023)}
+
+
+def _c(v, like: UOp) -> UOp:
+    return UOp.const(v, like.dtype)
+
+
+def _poly(x: UOp, coeffs) -> UOp:
+    """Horner: coeffs from highest degree to constant."""
+    acc = _c(coeffs[0], x)
+    for c in coeffs[1:]:
+        acc = acc * x + _c(c, x)
+    return acc
+
+
+def _pow2i(n: UOp, dt) -> UOp:
+    """2**n for an integer-valued n in the normal exponent range, built from its bits."""
+    f = F[dt]
+    bits = (n + f["bias"]).alu(Ops.SHL, UOp.const(f["mant"], f["int"]))
+    return UOp(Ops.BITCAST, dt, (bits,))
+
+
+def _rint(x: UOp) -> UOp:
+    return UOp(Ops.TRUNC, x.dtype, (x + x.lt(0).where(_c(-0.5, x), _c(0.5, x)),))
+
+
+def exp2(x: UOp) -> UOp:
+    """2^x = 2^n * 2^f, n = rint(x), |f| <= 1/2: Taylor of e^(f ln2); first omitted term
+    (0.347^8/8! = 5e-9 for float32 at degree 7, 0.347^14/14! = 4e-18 for float64 at 13)."""
+    dt, it = x.dtype, F[x.dtype]["int"]
+    deg = 7 if dt is dtypes.float32 else 13
+    lim = 152.0 if dt is dtypes.float32 else 1077.0
+    xc = x.maximum(_c(-lim, x)).minimum(_c(lim, x))
+    nf = _rint(xc)
+    f = (xc - nf) * math.log(2)
+    p = _poly(f, [1 / math.factorial(k) for k in range(deg, -1, -1)])
+    n = nf.cast(it)
+    half = n.alu(Ops.SHR, UOp.const(1, it))  # two steps so 2^n for subnormal n still works
+    out = p * _pow2i(half, dt) * _pow2i(n - half, dt)
+    return x.ne(x).where(x, out)
+
+
+def log2(x: UOp) -> UOp:
+    """log2(x) = e + log2(m), m in [sqrt(1/2), sqrt(2)); log(m) = 2 atanh(t), t = (m-1)/(m+1),
+    |t| <= 0.1716: series to t^9 (next term 4e-10) for float32, to t^21 for float64."""
+    dt, f = x.dtype, F[x.dtype]
+    it = f["int"]
+    tiny = x.lt(_c(2.0 ** (1 - f["bias"]), x))
+    xs = tiny.where(x * _c(2.0 ** f["mant"], x), x)  # lift subnormals into the normal range
+    bits = UOp(Ops.BITCAST, it, (xs,))
+    e = bits.alu(Ops.SHR, UOp.const(f["mant"], it)) - f["bias"]
+    e = tiny.where(e - f["mant"], e)
+    mbits = bits.alu(Ops.AND, UOp.const((1 << f["mant"]) - 1, it)).alu(
+        Ops.OR, UOp.const(f["bias"] << f["mant"], it))
+    m = UOp(Ops.BITCAST, dt, (mbits,))
+    big = (_c(math.sqrt(2), m)).lt(m)
+    m = big.where(m * 0.5, m)
+    e = big.where(e + 1, e).cast(dt)
+    t = (m - 1.0).alu(Ops.FDIV, m + 1.0)
+    t2 = t * t
+    terms = 5 if dt is dtypes.float32 else 11
+    s = _poly(t2, [1 / (2 * k + 1) for k in range(terms - 1, -1, -1)])
+    out = e + t * s * (2 / math.log(2))
+    out = x.lt(_c(0, x)).where(_c(math.nan, x), out)
+    out = x.eq(_c(0, x)).where(_c(-math.inf, x), out)
+    out = x.eq(_c(math.inf, x)).where(x, out)
+    return x.ne(x).where(x, out)
+
+
+def sin(x: UOp) -> UOp:
+    """Reduce by pi/2 (two-part Cody-Waite constant), then sin/cos Taylor on |r| <= pi/4:
+    float32 to degree 11/12 (next term 6e-12), float64 to 21/22."""
+    dt = x.dtype
+    k = _rint(x * (2 / math.pi))
+    hi = float(UOp.const(math.pi / 2, dt).arg) if dt is dtypes.float32 else math.pi / 2
+    r = x - k * hi - k * (math.pi / 2 - hi)
+    r2 = r * r
+    n = 6 if dt is dtypes.float32 else 11
+    s = r * _poly(r2, [(-1) ** j / math.factorial(2 * j + 1) for j in range(n - 1, -1, -1)])
+    c = _poly(r2, [(-1) ** j / math.factorial(2 * j) for j in range(n, -1, -1)])
+    q = k.cast(F[dt]["int"]).alu(Ops.AND, UOp.const(3, F[dt]["int"]))
+    q = q.cast(dtypes.index)
+    out = q.eq(0).where(s, q.eq(1).where(c, q.eq(2).where(-s, -c)))
+    return x.ne(x).where(x, out)
+
+
+def trunc(x: UOp) -> UOp:
+    """Through an integer cast where the value has a fraction; larger magnitudes are integers."""
+    f = F[x.dtype]
+    small = x.maximum(-x).lt(_c(2.0 ** f["mant"], x))
+    return small.where(x.cast(f["int"]).cast(x.dtype), x)
+
+
+def pow_(x: UOp, y: UOp) -> UOp:
+    """x^y with IEEE pow's special cases that ONNX tests: negative base with integer exponent,
+    zero base, y == 0."""
+    ax = x.lt(0).where(-x, x)
+    mag = exp2(y * log2(ax))
+    yint = UOp(Ops.TRUNC, y.dtype, (y,)).eq(y)
+    odd = UOp(Ops.TRUNC, y.dtype, (y * 0.5,)).ne(y * 0.5).logical_and(yint)
+    out = x.lt(0).logical_and(odd).where(-mag, mag)
+    out = x.lt(0).logical_and(yint.logical_not()).where(_c(math.nan, x), out)
+    return y.eq(_c(0, y)).where(_c(1, x), out)
+
+
+def _float(fn):
+    return lambda x: fn(x.src[0]) if x.dtype in FLOATS else None
+
+
+def promote_half(x: UOp) -> UOp | None:
+    """float16 is a storage type here: compute in float32 (documented in docs/ARCHITECTURE.md)."""
+    if x.op not in ALU or x.op in (Ops.CAST, Ops.BITCAST):
+        return None
+    if not any(s.dtype is dtypes.float16 for s in x.src) and x.dtype is not dtypes.float16:
+        return None
+    src = tuple(s.cast(dtypes.float32) if s.dtype is dtypes.float16 else s for s in x.src)
+    out_dt = dtypes.float32 if x.dtype is dtypes.float16 else x.dtype
+    return UOp(x.op, out_dt, src, x.arg).cast(x.dtype)
+
+
+def promote_half_reduce(x: UOp) -> UOp | None:
+    if x.dtype is not dtypes.float16:
+        return None
+    val = x.src[0].cast(dtypes.float32)
+    return UOp(Ops.REDUCE, dtypes.float32, (val, *x.src[1:]), x.arg).cast(dtypes.float16)
+
+
+def pow_int(x: UOp) -> UOp | None:
+    a, b = x.src
+    if x.dtype.is_float:
+        return pow_(a, b) if x.dtype in FLOATS else None
+    wide = pow_(a.cast(dtypes.float64), b.cast(dtypes.float64))
+    return _rint(wide).cast(x.dtype)
+
+
+half_rules = PatternMatcher([
+    (UPat(ALU, name="x"), promote_half),
+    (UPat(Ops.REDUCE, name="x"), promote_half_reduce),
+])
+
+transcendental_rules = PatternMatcher([
+    (UPat(Ops.EXP2, name="x"), _float(exp2)),
+    (UPat(Ops.LOG2, name="x"), _float(log2)),
+    (UPat(Ops.SIN, name="x"), _float(sin)),
+    (UPat(Ops.TRUNC, name="x"), _float(trunc)),
+    (UPat(Ops.POW, name="x"), pow_int),
+    (UPat(Ops.RECIP, name="x"), lambda x: _c(1, x).alu(Ops.FDIV, x.src[0])),
+])

@@ -1,0 +1,262 @@
+"""The one IR: UOp(op, dtype, src, arg), immutable and hash-consed.
+
+The same node type carries the tensor graph (nodes with a `shape`), the per-kernel graph after
+lowering (scalar nodes: RANGE, LOAD, STORE, REDUCE over ranges) and the linearized program.
+Hash-consing means structural equality is identity: CSE is free and rewrite memo tables can key
+on the node itself.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+from enum import Enum, auto
+from functools import cached_property
+
+import numpy as np
+
+from compiler.dtypes import DType, dtypes
+
+
+class Ops(Enum):
+    # leaves
+    CONST = auto()  # arg = python value; tensor-level shape ()
+    INPUT = auto()  # arg = (name, shape); tensor-level graph input
+    WEIGHT = auto()  # arg = Weight; read-only data known at compile time
+    # movement (views, never copies)
+    RESHAPE = auto()  # arg = new shape
+    PERMUTE = auto()  # arg = order
+    EXPAND = auto()  # arg = new shape (only size-1 dims grow)
+    PAD = auto()  # arg = (((before, after), ...), fill value)
+    SHRINK = auto()  # arg = ((start, stop), ...)
+    FLIP = auto()  # arg = axes
+    WINDOW = auto()  # arg = (kernel, strides, dilations) over the trailing dims
+    GATHER = auto()  # src = (data, indices), arg = axis; the one data-dependent view
+    # unary
+    NEG = auto(); RECIP = auto(); SQRT = auto(); EXP2 = auto(); LOG2 = auto(); SIN = auto()
+    TRUNC = auto()  # float -> float toward zero
+    CAST = auto(); BITCAST = auto()
+    # binary
+    ADD = auto(); SUB = auto(); MUL = auto(); FDIV = auto()
+    IDIV = auto(); MOD = auto()  # C semantics: truncate toward zero, sign of dividend
+    MAX = auto(); MIN = auto()  # NaN-propagating
+    POW = auto()
+    CMPLT = auto(); CMPEQ = auto(); CMPNE = auto()
+    AND = auto(); OR = auto(); XOR = auto(); SHL = auto(); SHR = auto()
+    # ternary
+    WHERE = auto()
+    # reduction: tensor-level arg = (op, axes) keeping dims; kernel-level src = (value, *ranges)
+    REDUCE = auto()
+    # kernel level
+    PARAM = auto()  # arg = (index, element dtype); a kernel's buffer parameter
+    RANGE = auto()  # src = (end,), arg = (axis id, kind): kind in "loop", "reduce", "global"
+    LOAD = auto()  # src = (param, index[, valid])
+    STORE = auto()  # src = (param, index, value)
+    SINK = auto()  # groups stores; the root of a kernel
+    # linearized program only
+    DEFINE_ACC = auto()  # src = (reduce,), declares its accumulator before the reduce loops
+    ENDRANGE = auto()  # src = (range,)
+
+
+UNARY = {Ops.NEG, Ops.RECIP, Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.TRUNC, Ops.CAST, Ops.BITCAST}
+BINARY = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.MIN, Ops.POW,
+          Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR}
+ALU = UNARY | BINARY | {Ops.WHERE}
+COMPARE = {Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE}
+MOVEMENT = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP, Ops.WINDOW}
+COMMUTATIVE = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.MIN, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR}
+
+
+class Weight:
+    """Compile-time data. Identity-hashed: two weights are the same node only if the same array."""
+
+    __slots__ = ("data", "__weakref__")
+
+    def __init__(self, data: np.ndarray):
+        self.data = np.ascontiguousarray(data)
+        self.data.setflags(write=False)
+
+    def __repr__(self) -> str:
+        return f"Weight({self.data.dtype}{list(self.data.shape)})"
+
+
+def window_out(size: int, k: int, s: int, d: int) -> int:
+    return (size - d * (k - 1) - 1) // s + 1
+
+
+class UOp:
+    __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "__dict__")
+    _cache: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+    def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple = (), arg=None):
+        key = (op, dtype, tuple(map(id, src)), arg)
+        try:
+            hit = UOp._cache.get(key)
+        except TypeError as e:
+            raise TypeError(f"UOp arg must be hashable, got {type(arg).__name__}") from e
+        if hit is not None:
+            return hit
+        self = object.__new__(cls)
+        self.op, self.dtype, self.src, self.arg = op, dtype, tuple(src), arg
+        UOp._cache[key] = self
+        return self
+
+    def __reduce__(self):
+        return UOp, (self.op, self.dtype, self.src, self.arg)
+
+    def __repr__(self) -> str:
+        return pretty(self)
+
+    # ---- construction helpers -------------------------------------------------------------
+    @staticmethod
+    def const(value, dtype: DType) -> UOp:
+        return UOp(Ops.CONST, dtype, (), normalize_const(value, dtype))
+
+    def alu(self, op: Ops, *others: UOp) -> UOp:
+        out = dtypes.bool if op in COMPARE else self.dtype
+        return UOp(op, out, (self, *others))
+
+    def cast(self, dtype: DType) -> UOp:
+        return self if dtype == self.dtype else UOp(Ops.CAST, dtype, (self,))
+
+    def _lift(self, x) -> UOp:
+        return x if isinstance(x, UOp) else UOp.const(x, self.dtype)
+
+    def __add__(self, x): return self.alu(Ops.ADD, self._lift(x))
+    def __radd__(self, x): return self._lift(x).alu(Ops.ADD, self)
+    def __sub__(self, x): return self.alu(Ops.SUB, self._lift(x))
+    def __mul__(self, x): return self.alu(Ops.MUL, self._lift(x))
+    def __rmul__(self, x): return self._lift(x).alu(Ops.MUL, self)
+    def __floordiv__(self, x): return self.alu(Ops.IDIV, self._lift(x))
+    def __mod__(self, x): return self.alu(Ops.MOD, self._lift(x))
+    def __neg__(self): return self.alu(Ops.NEG)
+    def lt(self, x): return self.alu(Ops.CMPLT, self._lift(x))
+    def ne(self, x): return self.alu(Ops.CMPNE, self._lift(x))
+    def eq(self, x): return self.alu(Ops.CMPEQ, self._lift(x))
+    def maximum(self, x): return self.alu(Ops.MAX, self._lift(x))
+    def minimum(self, x): return self.alu(Ops.MIN, self._lift(x))
+    def where(self, a, b): return UOp(Ops.WHERE, a.dtype, (self, a, b))
+    def logical_and(self, x): return self.alu(Ops.AND, self._lift(x))
+    def logical_not(self): return self.alu(Ops.CMPNE, UOp.const(True, dtypes.bool))
+
+    # ---- tensor-level shape ---------------------------------------------------------------
+    @cached_property
+    def shape(self) -> tuple[int, ...]:
+        op, arg = self.op, self.arg
+        if op is Ops.CONST:
+            return ()
+        if op is Ops.INPUT:
+            return arg[1]
+        if op is Ops.WEIGHT:
+            return arg.data.shape
+        if op in (Ops.RESHAPE, Ops.EXPAND):
+            return arg
+        src = self.src[0].shape
+        if op is Ops.PERMUTE:
+            return tuple(src[i] for i in arg)
+        if op is Ops.PAD:
+            return tuple(s + b + a for s, (b, a) in zip(src, arg[0]))
+        if op is Ops.SHRINK:
+            return tuple(e - b for b, e in arg)
+        if op is Ops.WINDOW:
+            ks, ss, ds = arg
+            lead, tail = src[: len(src) - len(ks)], src[len(src) - len(ks):]
+            return lead + tuple(map(window_out, tail, ks, ss, ds)) + tuple(ks)
+        if op is Ops.GATHER:
+            ax, ind = arg, self.src[1].shape
+            return src[:ax] + ind + src[ax + 1:]
+        if op is Ops.REDUCE:
+            return tuple(1 if i in arg[1] else s for i, s in enumerate(src))
+        return src  # elementwise: all sources share one shape
+
+    @cached_property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    # ---- kernel-level value ranges (for symbolic simplification) --------------------------
+    @cached_property
+    def vmin(self):
+        return bounds(self)[0]
+
+    @cached_property
+    def vmax(self):
+        return bounds(self)[1]
+
+    def toposort(self) -> list[UOp]:
+        """Sources before users, iteratively: graphs are deep (thousands of nodes in a chain)."""
+        order, seen, stack = [], set(), [(self, False)]
+        while stack:
+            node, done = stack.pop()
+            if done:
+                order.append(node)
+                continue
+            if node in seen:
+                continue
+            seen.add(node)
+            stack.append((node, True))
+            stack.extend((s, False) for s in reversed(node.src) if s not in seen)
+        return order
+
+
+def normalize_const(value, dtype: DType):
+    """Python scalar in the dtype's value set (wrapping ints, rounding floats) so equal consts hash."""
+    if dtype.kind == "b":
+        return bool(value)
+    if dtype.kind == "f":
+        v = float(value)
+        return float(np.array(v, dtype.np)) if dtype is not dtypes.float64 else v
+    v = int(value)
+    if dtype.kind == "x":
+        return v
+    v &= (1 << dtype.bits) - 1  # two's-complement wrap, as the C cast does
+    return v - (1 << dtype.bits) if dtype.kind == "i" and v >> (dtype.bits - 1) else v
+
+
+def bounds(u: UOp):
+    """Inclusive value range of an index/int/bool node, used by symbolic rules. Floats: unknown."""
+    op, s = u.op, u.src
+    if u.dtype.is_float:
+        return -math.inf, math.inf
+    if op is Ops.CONST:
+        return u.arg, u.arg
+    if op is Ops.RANGE:
+        return 0, s[0].vmax - 1
+    if u.dtype is dtypes.bool and op not in (Ops.WHERE,) and op not in COMPARE:
+        return False, True
+    if op is Ops.ADD:
+        return s[0].vmin + s[1].vmin, s[0].vmax + s[1].vmax
+    if op is Ops.SUB:
+        return s[0].vmin - s[1].vmax, s[0].vmax - s[1].vmin
+    if op is Ops.MUL:
+        c = [a * b for a in (s[0].vmin, s[0].vmax) for b in (s[1].vmin, s[1].vmax)]
+        return min(c), max(c)
+    if op is Ops.NEG:
+        return -s[0].vmax, -s[0].vmin
+    if op in (Ops.MAX, Ops.MIN):
+        f = max if op is Ops.MAX else min
+        return f(s[0].vmin, s[1].vmin), f(s[0].vmax, s[1].vmax)
+    if op is Ops.WHERE:
+        return min(s[1].vmin, s[2].vmin), max(s[1].vmax, s[2].vmax)
+    if op is Ops.IDIV and s[1].op is Ops.CONST and s[1].arg > 0 and s[0].vmin >= 0:
+        return s[0].vmin // s[1].arg, s[0].vmax // s[1].arg
+    if op is Ops.MOD and s[1].op is Ops.CONST and s[1].arg > 0 and s[0].vmin >= 0:
+        return (s[0].vmin, s[0].vmax) if s[0].vmax < s[1].arg else (0, s[1].arg - 1)
+    if op is Ops.CMPLT:
+        if s[0].vmax < s[1].vmin:
+            return True, True
+        if s[0].vmin >= s[1].vmax:
+            return False, False
+        return False, True
+    if op is Ops.CAST and s[0].dtype.is_int and u.dtype.is_int:
+        lo, hi = s[0].vmin, s[0].vmax
+        if u.dtype.min <= lo and hi <= u.dtype.max:
+            return lo, hi
+    dt = dtypes.int64 if u.dtype.kind == "x" else u.dtype
+    return dt.min, dt.max
+
+
+def pretty(u: UOp, depth: int = 3) -> str:
+    arg = "" if u.arg is None else f", {u.arg!r}"
+    if depth == 0 or not u.src:
+        return f"{u.op.name}({u.dtype.name}{arg})" if u.src == () else f"{u.op.name}(...)"
+    inner = ", ".join(pretty(s, depth - 1) for s in u.src)
+    return f"{u.op.name}({u.dtype.name}{arg}, [{inner}])"
