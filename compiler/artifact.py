@@ -10,6 +10,19 @@ REGIONS = ("arena", "weights", "input", "output")
 
 
 @dataclass(frozen=True)
+class Image:
+    """How a GPU kernel reads a buffer as a 2D RGBA image (OpenCL `read_imagef`).
+
+    The tensor is viewed as (height, inner) with inner = 4 * width: texel (x, y) holds elements
+    [y * inner + 4x, +4). In memory, row y starts `pitch` texels after row y - 1 (pitch >= width,
+    a multiple of the target's pitch alignment), so the buffer can back an image directly
+    (cl_khr_image2d_from_buffer); the texels from width to pitch are padding, never read."""
+    width: int
+    height: int
+    pitch: int
+
+
+@dataclass(frozen=True)
 class Buffer:
     id: int
     region: str  # one of REGIONS
@@ -19,6 +32,9 @@ class Buffer:
     dtype: str  # numpy dtype name: "float32", "uint8", ...
     shape: tuple[int, ...]
     name: str = ""  # graph name for inputs and outputs
+    # GPU only: read through an image; nbytes then covers the pitched rows. The blob carries it
+    # in meta["images"] (not in the buffer record, so blob v1 readers are unaffected).
+    image: Image | None = None
 
 
 @dataclass(frozen=True)

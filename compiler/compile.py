@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 
 import numpy as np
 
@@ -16,12 +17,15 @@ from compiler.lower import lower_kernel
 from compiler.memory import plan as plan_memory
 from compiler.optimize import plan_kernel
 from compiler.renderers import get_renderer
-from compiler.rewrite import graph_rewrite
+from compiler.rewrite import graph_rewrite, substitute
 from compiler.schedule import Kernel, schedule
+from compiler.storage import (demote_half, device_storage, image_meta, promote_for_half_compute,
+                              storage_bytes, storage_casts, storage_nbytes)
 from compiler.symbolic import symbolic
 from compiler.target import Target, get_target
 from compiler.transcendental import half_rules, transcendental_rules
 from compiler.uop import Ops, UOp
+from compiler.vectorize import vectorize
 
 VERSION = "0.1.0"
 WEIGHT_ALIGN = 64  # cache line: vector loads of a weight never straddle two lines at its start
@@ -45,33 +49,33 @@ class Stages:
             self.progress(stage, done, total)
 
 
-def compile_model(model, target: str = "cpu", input_shapes: dict | None = None,
-                  float16: bool = False, stages: Stages | None = None) -> Artifact:
+def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None = None,
+                  float16: bool = False, stages: Stages | None = None,
+                  images: bool | None = None) -> Artifact:
+    """images: GPU targets only, read eligible buffers as 2D images (None: the target's default)."""
     st, tgt = stages or Stages(), get_target(target)
     with st("frontend"):
         graph = load_onnx(model, input_shapes or {}, float16=float16)
     with st("schedule"):
         outs, kernels, realized = schedule([u for _, u in graph.outputs])
         kernels = _copies_for_shared_outputs(outs, kernels)
-    bufs = Buffers(graph.inputs, list(zip([n for n, _ in graph.outputs], outs)))
-    programs = []
+    bufs = Buffers(graph.inputs, list(zip([n for n, _ in graph.outputs], outs)),
+                   device_storage(tgt, float16, images), tgt.buffer_align)
+    programs: dict[tuple, tuple] = {}  # canonical kernel -> (name, linear uops, plan)
     for i, k in enumerate(kernels):
         st.tick("kernels", i, len(kernels))
         args = [bufs.output_of(k)] + [bufs.of(u) for u in k.inputs]
-        with st("optimize"):
-            plan = plan_kernel(k, realized | set(k.inputs), tgt)
-        with st("lower"):
-            params = {u: j + 1 for j, u in enumerate(k.inputs)}
-            sink = lower_kernel(k, params, [dtypes.from_np(bufs.table[b].dtype) for b in args], plan)
-            sink = simplify(sink, tgt)
-        with st("linearize"):
-            programs.append((k.name, linearize(sink), plan))
-        bufs.launch(k, args, plan)
+        key, ck = canonical(k, [bufs.table[b] for b in args])
+        if key not in programs:
+            programs[key] = build_kernel(ck, [dtypes.from_np(bufs.table[b].dtype) for b in args],
+                                         tgt, st)
+        name, _, plan = programs[key]
+        bufs.launch(Kernel(name, k.root, k.inputs), args, plan)
     st.tick("kernels", len(kernels), len(kernels))
     with st("plan"):
         bufs.plan_arena()
     with st("render"):
-        source = get_renderer(tgt).render_program([(n, lin) for n, lin, _ in programs],
+        source = get_renderer(tgt).render_program([(n, lin) for n, lin, _ in programs.values()],
                                                   bufs.launches, bufs.by_id())
     with st("build"):
         code = toolchain.build_shared(source, tgt.name) if tgt.renderer == "c" else \
@@ -81,12 +85,40 @@ def compile_model(model, target: str = "cpu", input_shapes: dict | None = None,
         weights=bufs.weight_bytes(), arena_bytes=bufs.arena_bytes,
         arena_lower_bound_bytes=bufs.lower_bound, launches=bufs.launches, programs=code,
         meta={"producer": f"keel {VERSION}", "float16": float16, **graph.meta,
+              **image_meta(bufs.by_id().values()),
               "stage_seconds": {k: round(v, 4) for k, v in st.times.items()}})
 
 
+def canonical(k: Kernel, args: list) -> tuple[tuple, Kernel]:
+    """The kernel with its reads replaced by numbered placeholders, keyed with how each buffer is
+    stored: kernels that differ only in which buffers they touch share one program."""
+    holes = {u: UOp(Ops.INPUT, u.dtype, (), (f"param{j + 1}", u.shape))
+             for j, u in enumerate(k.inputs)}
+    root = substitute(k.root, holes)
+    key = (root, tuple((b.dtype, b.image) for b in args))
+    return key, Kernel(k.name, root, list(holes.values()))
+
+
+def build_kernel(k: Kernel, param_dtypes: list, tgt: Target, st: Stages) -> tuple:
+    params = {u: j + 1 for j, u in enumerate(k.inputs)}
+    with st("optimize"):
+        plan = plan_kernel(k, set(k.inputs), tgt, params)
+    with st("lower"):
+        sink = simplify(lower_kernel(k, params, param_dtypes, plan), tgt)
+    with st("linearize"):
+        return k.name, linearize(sink), plan
+
+
+KERNEL_RULES = storage_casts + half_rules + transcendental_rules + symbolic
+HALF_COMPUTE_RULES = promote_for_half_compute + transcendental_rules + symbolic
+
+
 def simplify(sink: UOp, tgt: Target) -> UOp:
-    sink = graph_rewrite(sink, symbolic)
-    return graph_rewrite(sink, half_rules + transcendental_rules + symbolic)
+    if not tgt.half_compute:
+        return vectorize(graph_rewrite(sink, KERNEL_RULES))
+    # fp16 arithmetic: demote before transcendental lowering, so its polynomials stay fp32
+    sink = graph_rewrite(sink, storage_casts + demote_half + symbolic)
+    return vectorize(graph_rewrite(sink, HALF_COMPUTE_RULES))
 
 
 def _copies_for_shared_outputs(outs: list[UOp], kernels: list[Kernel]) -> list[Kernel]:
@@ -102,7 +134,10 @@ def _copies_for_shared_outputs(outs: list[UOp], kernels: list[Kernel]) -> list[K
 class Buffers:
     """Every buffer the graph touches, their regions, and the launch records that use them."""
 
-    def __init__(self, inputs: list[tuple[str, UOp]], outputs: list[tuple[str, UOp]]):
+    def __init__(self, inputs: list[tuple[str, UOp]], outputs: list[tuple[str, UOp]],
+                 storage=None, align: int = WEIGHT_ALIGN):
+        self.storage = storage  # compiler.storage policy: device dtype and image layout
+        self.align = max(align, WEIGHT_ALIGN)
         self.table: dict[int, Buffer] = {}
         self.node_buf: dict[UOp, int] = {}
         self.inputs = [self._new("input", i, u, name) for i, (name, u) in enumerate(inputs)]
@@ -117,8 +152,9 @@ class Buffers:
         self.life: dict[int, list[int]] = {}
 
     def _new(self, region: str, offset: int, u: UOp, name: str = "") -> Buffer:
-        b = Buffer(len(self.table), region, offset, u.size * u.dtype.itemsize, u.dtype.name,
-                   tuple(u.shape), name)
+        dt, image = self.storage(region, u.dtype, u.shape) if self.storage else (u.dtype, None)
+        b = Buffer(len(self.table), region, offset, storage_nbytes(dt, u.shape, image), dt.name,
+                   tuple(u.shape), name, image)
         self.table[b.id] = b
         return b
 
@@ -138,9 +174,9 @@ class Buffers:
     def of(self, u: UOp) -> int:
         if u not in self.node_buf:
             assert u.op is Ops.WEIGHT, f"unscheduled read of {u.op}"
-            self.weight_size = -(-self.weight_size // WEIGHT_ALIGN) * WEIGHT_ALIGN
+            self.weight_size = -(-self.weight_size // self.align) * self.align
             b = self._new("weights", self.weight_size, u)
-            self.weights.append((self.weight_size, u.arg.data))
+            self.weights.append((self.weight_size, storage_bytes(u.arg.data, b)))
             self.weight_size += b.nbytes
             self.node_buf[u] = b.id
         return self.node_buf[u]
@@ -149,19 +185,19 @@ class Buffers:
         step = len(self.launches)
         for b in args:
             self.life.setdefault(b, [step, step])[1] = step
-        gs = tuple(a.size for a in plan.axes if a.kind == "global") or (1,)
-        self.launches.append(Launch(k.name, tuple(args), gs, plan.local))
+        self.launches.append(Launch(k.name, tuple(args), plan.global_size, plan.local))
 
     def plan_arena(self) -> None:
         n_in = len(self.inputs)
         for bid, j in self.out_index.items():  # io slots: inputs first, then outputs in order
             b = self.table[bid]
-            self.table[bid] = Buffer(bid, "output", n_in + j, b.nbytes, b.dtype, b.shape, b.name)
+            self.table[bid] = replace(b, offset=n_in + j)
         self.outputs = [self.table[bid] for bid in sorted(self.out_index, key=self.out_index.get)]
         arena = [b for b in self.table.values() if b.region == "arena"]
-        p = plan_memory([b.nbytes for b in arena], [tuple(self.life[b.id]) for b in arena])
+        p = plan_memory([b.nbytes for b in arena], [tuple(self.life[b.id]) for b in arena],
+                        self.align)
         for b, off in zip(arena, p.offsets):
-            self.table[b.id] = Buffer(b.id, "arena", off, b.nbytes, b.dtype, b.shape, b.name)
+            self.table[b.id] = replace(b, offset=off)
         self.arena_bytes, self.lower_bound = p.arena_bytes, p.lower_bound
 
     def by_id(self) -> dict[int, Buffer]:
@@ -170,5 +206,5 @@ class Buffers:
     def weight_bytes(self) -> bytes:
         out = bytearray(self.weight_size)
         for off, data in self.weights:
-            out[off:off + data.nbytes] = data.tobytes()
+            out[off:off + len(data)] = data
         return bytes(out)

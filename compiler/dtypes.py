@@ -6,12 +6,26 @@ from dataclasses import dataclass
 import numpy as np
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # singletons: identity equality and a C-level hash
 class DType:
     name: str  # numpy name, also the blob's name for it
     itemsize: int
     kind: str  # "b" bool, "i" signed, "u" unsigned, "f" float, "x" index
     cname: str  # C spelling
+    count: int = 1  # lanes; > 1 for vector types made by vec()
+    base: DType | None = None  # the scalar type of a vector type
+
+    def vec(self, n: int) -> DType:
+        """The n-lane vector of this scalar type (one object per (type, n), so identity works)."""
+        key = (self, n)
+        if key not in _VECTORS:
+            _VECTORS[key] = DType(self.name, self.itemsize * n, self.kind, f"{self.name}x{n}", n,
+                                  self)
+        return _VECTORS[key]
+
+    @property
+    def scalar(self) -> DType:
+        return self.base or self
 
     def __repr__(self) -> str:
         return f"dtypes.{self.name}"
@@ -51,6 +65,9 @@ class DType:
         if self.kind == "f":
             return float("inf")
         return (1 << self.bits) - 1 if self.kind == "u" else (1 << (self.bits - 1)) - 1
+
+
+_VECTORS: dict = {}
 
 
 class dtypes:

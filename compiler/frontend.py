@@ -24,6 +24,7 @@ ONNX_DTYPES = {
     onnx.TensorProto.UINT64: dtypes.uint64, onnx.TensorProto.FLOAT16: dtypes.float16,
     onnx.TensorProto.FLOAT: dtypes.float32, onnx.TensorProto.DOUBLE: dtypes.float64,
 }
+_ONNX_CODES = {dt: code for code, dt in ONNX_DTYPES.items()}
 MIN_OPSET, MAX_OPSET = 7, 21
 
 
@@ -103,14 +104,34 @@ def _input_shape(vi: onnx.ValueInfoProto, given: dict) -> tuple[int, ...]:
 
 
 def check_supported(model: onnx.ModelProto, opset: int) -> None:
-    from compiler.onnx_ops import OPS
+    """Every node keel cannot build, listed at once (node name and opset) before any is built.
+    An op with an ONNX function body counts as supported: it is expanded into its body, whose
+    ops are checked when it is built."""
+    local = {(f.domain, f.name) for f in model.functions}
     bad = []
     for g_node in _all_nodes(model.graph):
-        if g_node.domain not in ("", "ai.onnx") or g_node.op_type not in OPS:
+        if not _known(g_node, opset, local):
             dom = f"{g_node.domain}." if g_node.domain not in ("", "ai.onnx") else ""
             bad.append(f"{dom}{g_node.op_type} (node {g_node.name or '(unnamed)'!r}, opset {opset})")
     if bad:
         raise CompileError(f"{len(bad)} unsupported op(s):\n  " + "\n  ".join(bad))
+
+
+def _known(node: onnx.NodeProto, opset: int, local: set) -> bool:
+    from compiler.onnx_ops import OPS
+    if (node.domain, node.op_type) in local:
+        return True
+    if node.domain not in ("", "ai.onnx"):
+        return False
+    return node.op_type in OPS or _schema_with_function(node.op_type, opset) is not None
+
+
+def _schema_with_function(op_type: str, opset: int):
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, "")
+    except onnx.defs.SchemaError:
+        return None
+    return schema if schema.has_function or schema.has_context_dependent_function else None
 
 
 def _all_nodes(graph: onnx.GraphProto):
@@ -119,7 +140,6 @@ def _all_nodes(graph: onnx.GraphProto):
 
 
 def load_onnx(model, input_shapes: dict, float16: bool = False) -> Graph:
-    from compiler.onnx_ops import OPS
     proto = _load_proto(model)
     opset = _opset(proto)
     if not MIN_OPSET <= opset <= MAX_OPSET + 7:  # newer opsets are accepted op by op
@@ -143,22 +163,8 @@ def load_onnx(model, input_shapes: dict, float16: bool = False) -> Graph:
         t = Tensor.input(vi.name, _input_shape(vi, input_shapes), dt)
         vals[vi.name] = t
         inputs.append((vi.name, t.uop))
-    for node in proto.graph.node:
-        ctx = Ctx(opset, node, float16)
-        args = [vals.get(n) if n else None for n in node.input]
-        missing = [n for n in node.input if n and n not in vals]
-        if missing:
-            raise CompileError(f"{ctx.where()}: input(s) {missing} are not produced by any node")
-        try:
-            outs = OPS[node.op_type](ctx, args, attrs(node))
-        except CompileError:
-            raise
-        except (ValueError, IndexError, KeyError, TypeError, AssertionError) as e:
-            raise CompileError(f"{ctx.where()}: {type(e).__name__}: {e}") from e
-        outs = outs if isinstance(outs, (list, tuple)) else [outs]
-        for name, t in zip(node.output, outs):
-            if name:
-                vals[name] = t
+    functions = {(f.domain, f.name): f for f in proto.functions}
+    _build(proto.graph.node, vals, opset, float16, functions)
     outputs = []
     for vi in proto.graph.output:
         if vals.get(vi.name) is None:
@@ -166,6 +172,95 @@ def load_onnx(model, input_shapes: dict, float16: bool = False) -> Graph:
         outputs.append((vi.name, vals[vi.name].uop))
     meta = {p.key: p.value for p in proto.metadata_props}
     return Graph(inputs, outputs, {"opset": opset, "metadata": meta} if meta else {"opset": opset})
+
+
+def _build(nodes, vals: dict, opset: int, float16: bool, functions: dict) -> None:
+    """Build `nodes` in order, reading and writing tensors by name in `vals`."""
+    from compiler.onnx_ops import OPS
+    for node in nodes:
+        ctx = Ctx(opset, node, float16)
+        args = [vals.get(n) if n else None for n in node.input]
+        missing = [n for n in node.input if n and n not in vals]
+        if missing:
+            raise CompileError(f"{ctx.where()}: input(s) {missing} are not produced by any node")
+        local = functions.get((node.domain, node.op_type))
+        if local is None and node.domain in ("", "ai.onnx") and node.op_type in OPS:
+            try:
+                outs = OPS[node.op_type](ctx, args, attrs(node))
+            except CompileError:
+                raise
+            except (ValueError, IndexError, KeyError, TypeError, AssertionError) as e:
+                raise CompileError(f"{ctx.where()}: {type(e).__name__}: {e}") from e
+        else:
+            outs = _expand_function(ctx, args, local, functions)
+        outs = outs if isinstance(outs, (list, tuple)) else [outs]
+        for name, t in zip(node.output, outs):
+            if name:
+                vals[name] = t
+
+
+def _expand_function(ctx: Ctx, args: list, local, functions: dict) -> list:
+    """An op defined by an ONNX function (a schema's body, or one of the model's functions):
+    build its body with the node's inputs bound to the formal inputs."""
+    node = ctx.node
+    fn = local if local is not None else _function_body(ctx, args)
+    if fn is None:
+        raise CompileError(f"{ctx.where()}: unsupported op")
+    given = {a.name: a for a in node.attribute}
+    if local is None:  # schema defaults for attributes the node leaves out
+        schema = onnx.defs.get_schema(node.op_type, ctx.opset, "")
+        for name, a in schema.attributes.items():
+            if name not in given and a.default_value.name:
+                given[name] = a.default_value
+    else:
+        for a in fn.attribute_proto:
+            given.setdefault(a.name, a)
+    body = [_bind_attrs(n, given) for n in fn.node]
+    env: dict = {"": None}
+    env.update({formal: t for formal, t in zip(fn.input, args)})
+    opset = next((o.version for o in fn.opset_import if o.domain in ("", "ai.onnx")), ctx.opset)
+    try:
+        _build(body, env, opset, ctx.float16, functions)
+    except CompileError as e:
+        raise CompileError(f"{ctx.where()}, expanded from its ONNX function: {e}") from None
+    return [env.get(formal) for formal in fn.output]
+
+
+def _function_body(ctx: Ctx, args: list) -> onnx.FunctionProto | None:
+    schema = _schema_with_function(ctx.node.op_type, ctx.opset)
+    if schema is None:
+        return None
+    fn = onnx.FunctionProto()
+    versions = [v for v in schema.function_opset_versions if v <= ctx.opset]
+    if versions:
+        fn.ParseFromString(schema.get_function_with_opset_version(max(versions)))
+        return fn
+    versions = [v for v in schema.context_dependent_function_opset_versions if v <= ctx.opset]
+    if not versions:
+        return None
+    types = [onnx.helper.make_tensor_type_proto(_ONNX_CODES[t.dtype], t.shape).SerializeToString()
+             if t is not None else onnx.TypeProto().SerializeToString() for t in args]
+    fn.ParseFromString(schema.get_context_dependent_function_with_opset_version(
+        max(versions), ctx.node.SerializeToString(), types))
+    return fn
+
+
+def _bind_attrs(node: onnx.NodeProto, given: dict) -> onnx.NodeProto:
+    """A body node with attribute references (ref_attr_name) replaced by the caller's values."""
+    if not any(a.ref_attr_name for a in node.attribute):
+        return node
+    out = onnx.NodeProto()
+    out.CopyFrom(node)
+    del out.attribute[:]
+    for a in node.attribute:
+        if not a.ref_attr_name:
+            out.attribute.append(a)
+        elif a.ref_attr_name in given:
+            bound = onnx.AttributeProto()
+            bound.CopyFrom(given[a.ref_attr_name])
+            bound.name = a.name
+            out.attribute.append(bound)
+    return out
 
 
 def attrs(node: onnx.NodeProto) -> dict:

@@ -19,7 +19,7 @@ def _range_deps(order: list[UOp]) -> dict[UOp, frozenset]:
             continue
         d = frozenset().union(*(deps[s] for s in u.src)) if u.src else frozenset()
         if u.op is Ops.REDUCE:
-            d = d - frozenset(u.src[1:])
+            d = d - frozenset(u.ranges)
         deps[u] = d
     return deps
 

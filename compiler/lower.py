@@ -6,6 +6,7 @@ so hash-consing shares every load and index that the copies have in common (regi
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import reduce as fold
 from itertools import product
@@ -31,7 +32,22 @@ class Plan:
     full_shape: tuple[int, ...]
     reduce_dims: tuple[int, ...]
     axes: tuple[Axis, ...]
-    local: tuple[int, ...] | None = None  # work-group size for GPU targets
+    local: tuple[int, ...] | None = None  # work-group size for GPU targets, in global_size order
+    # GPU targets: positions in `axes` of adjacent "global" axes that one RANGE (one global id)
+    # iterates together, since OpenCL has at most 3 global ids
+    fused: tuple[tuple[int, ...], ...] = ()
+    lanes: int = 1  # C targets: the last upcast axis is zipped into vectors of this many lanes
+
+    @property
+    def global_size(self) -> tuple[int, ...]:
+        """Launch size per global id: id 0 (fastest varying) iterates the innermost global RANGE."""
+        grouped = {i for g in self.fused for i in g[1:]}
+        sizes = []
+        for i, a in enumerate(self.axes):
+            if a.kind == "global" and i not in grouped:
+                group = next((g for g in self.fused if g[0] == i), (i,))
+                sizes.append(math.prod(self.axes[j].size for j in group))
+        return tuple(reversed(sizes)) or (1,)
 
 
 def iconst(v: int) -> UOp:
@@ -161,8 +177,17 @@ def _combine(op: Ops, vals: list[UOp]) -> UOp:
 
 def lower_kernel(kernel: Kernel, params: dict[UOp, int], param_dtypes: list, plan: Plan) -> UOp:
     lw = Lowerer(kernel, params, param_dtypes)
+    fused = {i for g in plan.fused for i in g}
     ranges = {a: UOp(Ops.RANGE, IDX, (iconst(a.size),), (n, a.kind))
-              for n, a in enumerate(plan.axes) if a.kind in LOOP_KINDS}
+              for n, a in enumerate(plan.axes) if a.kind in LOOP_KINDS and n not in fused}
+    for group in plan.fused:  # one RANGE, split back into each member axis's value
+        members = [plan.axes[i] for i in group]
+        r = UOp(Ops.RANGE, IDX, (iconst(math.prod(a.size for a in members)),),
+                (group[0], members[0].kind))
+        stride = 1
+        for a in reversed(members):
+            ranges[a] = (r // stride) % a.size
+            stride *= a.size
     ups = [a for a in plan.axes if a.kind == "upcast"]
     unrolls = [a for a in plan.axes if a.kind == "unroll"]
 
@@ -188,14 +213,15 @@ def lower_kernel(kernel: Kernel, params: dict[UOp, int], param_dtypes: list, pla
             for vcombo in product(*(range(a.size) for a in unrolls)):
                 full = dim_index({**values, **{a: iconst(v) for a, v in zip(unrolls, vcombo)}}, True)
                 parts.append(lw(red.src[0], full))
-            value = _combine(red.arg[0], parts)
             rr = [r for a, r in ranges.items() if a.kind == "reduce"]
-            lw.acc = UOp(Ops.REDUCE, red.dtype, (value, *rr), red.arg[0]) if rr else value
+            # unrolled parts accumulate one by one: acc += a*b chains become FMAs
+            lw.acc = UOp(Ops.REDUCE, red.dtype, (*parts, *rr), red.arg[0]) if rr else \
+                _combine(red.arg[0], parts)
             out_idx = reshape_index(dim_index(values, False), red.shape, kernel.root.shape)
         else:
             out_idx = dim_index(values, False)
         value = lw(kernel.root, out_idx)
         stores.append(UOp(Ops.STORE, dtypes.void,
                           (lw.param_uops[0], linear(out_idx, kernel.root.shape), value)))
-    return UOp(Ops.SINK, dtypes.void, tuple(stores))
+    return UOp(Ops.SINK, dtypes.void, tuple(stores), plan.lanes)
 

@@ -4,8 +4,7 @@ A new optimization is a new rule in some PatternMatcher, not a new pass class.
 """
 from __future__ import annotations
 
-from itertools import permutations
-from typing import Callable, Iterator
+from typing import Callable
 
 from compiler.uop import COMMUTATIVE, Ops, UOp
 
@@ -31,34 +30,36 @@ class UPat:
     def cvar(name: str | None = None, dtype=None) -> UPat:
         return UPat(Ops.CONST, dtype, name=name)
 
-    def match(self, u: UOp, caps: dict) -> Iterator[dict]:
+    def match(self, u: UOp, caps: dict) -> list[dict]:
+        """Every way `u` matches (commutative ops try both source orders)."""
         if self.ops is not None and u.op not in self.ops:
-            return
+            return []
         if self.dtypes is not None and u.dtype not in self.dtypes:
-            return
+            return []
         if self.arg is not _ANY and self.arg != u.arg:
-            return
+            return []
         if self.name is not None:
             bound = caps.get(self.name)
             if bound is not None and bound is not u:
-                return
+                return []
             caps = {**caps, self.name: u}
         if self.src is None:
-            yield caps
-            return
+            return [caps]
         if len(self.src) != len(u.src):
-            return
-        orders = permutations(u.src) if u.op in COMMUTATIVE and len(u.src) == 2 else (u.src,)
-        for srcs in orders:
-            yield from _match_all(self.src, srcs, caps)
+            return []
+        out = _match_all(self.src, u.src, caps)
+        if u.op in COMMUTATIVE and len(u.src) == 2 and u.src[0] is not u.src[1]:
+            out += _match_all(self.src, u.src[::-1], caps)
+        return out
 
 
-def _match_all(pats, srcs, caps) -> Iterator[dict]:
-    if not pats:
-        yield caps
-        return
-    for c in pats[0].match(srcs[0], caps):
-        yield from _match_all(pats[1:], srcs[1:], c)
+def _match_all(pats, srcs, caps) -> list[dict]:
+    found = [caps]
+    for p, s in zip(pats, srcs):
+        found = [c2 for c in found for c2 in p.match(s, c)]
+        if not found:
+            break
+    return found
 
 
 Rule = tuple[UPat, Callable[..., UOp | None]]

@@ -137,8 +137,8 @@ def promote_half(x: UOp) -> UOp | None:
 def promote_half_reduce(x: UOp) -> UOp | None:
     if x.dtype is not dtypes.float16:
         return None
-    val = x.src[0].cast(dtypes.float32)
-    return UOp(Ops.REDUCE, dtypes.float32, (val, *x.src[1:]), x.arg).cast(dtypes.float16)
+    src = tuple(s.cast(dtypes.float32) if s.op is not Ops.RANGE else s for s in x.src)
+    return UOp(Ops.REDUCE, dtypes.float32, src, x.arg).cast(dtypes.float16)
 
 
 def pow_int(x: UOp) -> UOp | None:

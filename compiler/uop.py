@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from enum import Enum, auto
+from enum import IntEnum, auto
 from functools import cached_property
 
 import numpy as np
@@ -17,7 +17,7 @@ import numpy as np
 from compiler.dtypes import DType, dtypes
 
 
-class Ops(Enum):
+class Ops(IntEnum):  # IntEnum: hashing an op is C-level, and every UOp key hashes one
     # leaves
     CONST = auto()  # arg = python value; tensor-level shape ()
     INPUT = auto()  # arg = (name, shape); tensor-level graph input
@@ -52,6 +52,7 @@ class Ops(Enum):
     LOAD = auto()  # src = (param, index[, valid])
     STORE = auto()  # src = (param, index, value)
     SINK = auto()  # groups stores; the root of a kernel
+    VECTORIZE = auto()  # src = one scalar per lane
     # linearized program only
     DEFINE_ACC = auto()  # src = (reduce,), declares its accumulator before the reduce loops
     ENDRANGE = auto()  # src = (range,)
@@ -79,25 +80,35 @@ class Weight:
         return f"Weight({self.data.dtype}{list(self.data.shape)})"
 
 
+def _drop(key) -> None:
+    ref = UOp._cache.get(key)
+    if ref is not None and ref() is None:
+        del UOp._cache[key]
+
+
 def window_out(size: int, k: int, s: int, d: int) -> int:
     return (size - d * (k - 1) - 1) // s + 1
 
 
 class UOp:
     __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "__dict__")
-    _cache: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+    # intern table: key -> weakref. A plain dict of weakrefs (not WeakValueDictionary, whose
+    # Python-level get/set dominated compile time); the ref's callback drops dead entries.
+    _cache: dict = {}
 
     def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple = (), arg=None):
         key = (op, dtype, tuple(map(id, src)), arg)
         try:
-            hit = UOp._cache.get(key)
+            ref = UOp._cache.get(key)
         except TypeError as e:
             raise TypeError(f"UOp arg must be hashable, got {type(arg).__name__}") from e
-        if hit is not None:
-            return hit
+        if ref is not None:
+            hit = ref()
+            if hit is not None:
+                return hit
         self = object.__new__(cls)
         self.op, self.dtype, self.src, self.arg = op, dtype, tuple(src), arg
-        UOp._cache[key] = self
+        UOp._cache[key] = weakref.ref(self, lambda _, k=key: _drop(k))
         return self
 
     def __reduce__(self):
@@ -180,6 +191,15 @@ class UOp:
     @cached_property
     def vmax(self):
         return bounds(self)[1]
+
+    @property
+    def parts(self) -> tuple[UOp, ...]:
+        """A kernel-level REDUCE's values, accumulated in order (its other sources are RANGEs)."""
+        return tuple(s for s in self.src if s.op is not Ops.RANGE)
+
+    @property
+    def ranges(self) -> tuple[UOp, ...]:
+        return tuple(s for s in self.src if s.op is Ops.RANGE)
 
     def toposort(self) -> list[UOp]:
         """Sources before users, iteratively: graphs are deep (thousands of nodes in a chain)."""

@@ -93,53 +93,80 @@ class CStyle:
         return f"for (int {name} = 0; {name} < {end}; {name}++) {{"
 
     def render_kernel(self, name: str, lin: list[UOp]) -> str:
-        names: dict[UOp, str] = {}
-        lines, indent = [], 1
-
-        def ref(u: UOp) -> str:
-            if u.op is Ops.CONST:
-                return self.literal(u.arg, u.dtype)
-            return names[u]
-
+        body = Body(self)
         for u in lin:
             op = u.op
-            if op in (Ops.PARAM, Ops.CONST, Ops.SINK):
-                if op is Ops.PARAM:
-                    names[u] = f"p{u.arg[0]}"
+            if op is Ops.PARAM:
+                body.names[u] = f"p{u.arg[0]}"
+            elif op in (Ops.CONST, Ops.SINK):
                 continue
-            pad = "  " * indent
-            if op is Ops.RANGE:
-                names[u] = f"r{u.arg[0]}"
-                lines.append(pad + self.range_open(u, names[u], ref(u.src[0])))
-                indent += 1
+            elif op is Ops.RANGE:
+                self.render_range(body, u)
             elif op is Ops.ENDRANGE:
-                indent -= 1
-                lines.append("  " * indent + "}")
+                self.render_endrange(body, u)
             elif op is Ops.DEFINE_ACC:
                 red = u.src[0]
-                names[red] = f"acc{len(names)}"
+                body.names[red] = f"acc{len(body.names)}"
                 init = self.literal(reduce_identity(red.arg, red.dtype), red.dtype)
-                lines.append(f"{pad}{self.dtype(red.dtype)} {names[red]} = {init};")
+                body.emit(f"{self.dtype(red.dtype)} {body.names[red]} = {init};")
             elif op is Ops.REDUCE:
-                acc, val = names[u], ref(u.src[0])
-                fake = UOp(u.arg, u.dtype, (u, u.src[0]))
-                expr = self.alu(fake, [acc, val])
-                lines.append(f"{pad}{acc} = {expr};")
+                acc = body.names[u]
+                for part in u.parts:
+                    step = UOp(u.arg, u.dtype, (u, part))
+                    body.emit(f"{acc} = {self.alu(step, [acc, body.ref(part)])};")
             elif op is Ops.LOAD:
-                expr = f"{ref(u.src[0])}[{ref(u.src[1])}]"
-                if len(u.src) == 3:
-                    expr = f"({ref(u.src[2])} ? {expr} : {self.literal(0, u.dtype)})"
-                names[u] = self._bind(lines, pad, u, expr)
+                self.render_load(body, u)
             elif op is Ops.STORE:
-                lines.append(f"{pad}{ref(u.src[0])}[{ref(u.src[1])}] = {ref(u.src[2])};")
+                self.render_store(body, u)
             else:
-                names[u] = self._bind(lines, pad, u, self.alu(u, [ref(s) for s in u.src]))
+                body.bind(u, self.alu(u, [body.ref(s) for s in u.src]))
         params = ", ".join(self.param_decl(p) for p in self.params(lin))
-        return f"{self.kernel_prefix} {name}({params}) {{\n" + "\n".join(lines) + "\n}\n"
+        return f"{self.kernel_prefix} {name}({params}) {{\n" + "\n".join(body.lines) + "\n}\n"
 
-    def _bind(self, lines, pad, u: UOp, expr: str) -> str:
-        name = f"v{len(lines)}"
-        lines.append(f"{pad}{self.dtype(u.dtype)} {name} = {expr};")
+    # ---- per-op hooks a language overrides ----------------------------------------------------
+    def render_range(self, body: Body, u: UOp) -> None:
+        body.names[u] = f"r{u.arg[0]}"
+        body.emit(self.range_open(u, body.names[u], body.ref(u.src[0])))
+        body.depth += 1
+
+    def render_endrange(self, body: Body, u: UOp) -> None:
+        body.depth -= 1
+        body.emit("}")
+
+    def render_load(self, body: Body, u: UOp) -> None:
+        expr = f"{body.ref(u.src[0])}[{body.ref(u.src[1])}]"
+        if len(u.src) == 3:
+            expr = f"({body.ref(u.src[2])} ? {expr} : {self.literal(0, u.dtype)})"
+        body.bind(u, expr)
+
+    def render_store(self, body: Body, u: UOp) -> None:
+        p, idx, val = (body.ref(s) for s in u.src)
+        body.emit(f"{p}[{idx}] = {val};")
+
+
+class Body:
+    """A kernel body being written: statements at the current loop depth, and the source name of
+    every value rendered so far."""
+
+    def __init__(self, renderer: CStyle):
+        self.renderer = renderer
+        self.lines: list[str] = []
+        self.names: dict[UOp, str] = {}
+        self.depth = 1
+
+    def ref(self, u: UOp) -> str:
+        if u.op is Ops.CONST:
+            return self.renderer.literal(u.arg, u.dtype)
+        return self.names[u]
+
+    def emit(self, text: str) -> None:
+        self.lines.append("  " * self.depth + text)
+
+    def bind(self, u: UOp, expr: str) -> str:
+        """Declare a variable holding `expr` as the value of `u`."""
+        name = f"v{len(self.lines)}"
+        self.emit(f"{self.renderer.dtype(u.dtype)} {name} = {expr};")
+        self.names[u] = name
         return name
 
 

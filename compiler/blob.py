@@ -1,0 +1,77 @@
+"""Artifact -> one .blob file (format v1, docs/blob.md). Same artifact, same bytes.
+
+The layout constants and the pieces the reader re-derives (canonical JSON, the graph section, the
+file hash) come from runner.blob, so the writer cannot disagree with the reader.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+
+from compiler.artifact import Artifact, Buffer
+from runner.blob import (FILE_SHA256_AT, HEADER, MAGIC, SECTION_ALIGN, SECTIONS, VERSION,
+                         canonical_json, file_sha256, graph_section)
+
+PRODUCER = "keel-compiler 0.1"
+
+
+def write_blob(artifact: Artifact, path) -> None:
+    data = blob_bytes(artifact)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)  # a reader never sees half a blob
+
+
+def blob_bytes(artifact: Artifact) -> bytes:
+    launches = [{"kernel": l.kernel, "args": list(l.args), "global_size": list(l.global_size),
+                 "local_size": None if l.local_size is None else list(l.local_size)}
+                for l in artifact.launches]
+    manifest = {
+        "arena_bytes": artifact.arena_bytes,
+        "arena_lower_bound_bytes": artifact.arena_lower_bound_bytes,
+        "buffers": [_buffer_record(b) for b in artifact.buffers],
+        "inputs": [b.id for b in artifact.inputs],
+        "outputs": [b.id for b in artifact.outputs],
+        "launches": launches,
+        "meta": artifact.meta,
+    }
+    payloads = {"weights": bytes(artifact.weights), "programs": bytes(artifact.programs),
+                "graph": graph_section(launches)}
+    return assemble(artifact.target, manifest, payloads)
+
+
+def assemble(target: str, manifest: dict, payloads: dict[str, bytes]) -> bytes:
+    """Lay out the sections, add their table to `manifest`, write the header and the hashes.
+    Takes the manifest as data so tests can build blobs that are well-formed but wrong."""
+    table, end = [], SECTION_ALIGN  # the header's page stays to itself
+    for name in SECTIONS:
+        table.append({"name": name, "offset": end, "size": len(payloads[name]),
+                      "sha256": hashlib.sha256(payloads[name]).hexdigest()})
+        end = _align(end + len(payloads[name]))
+    manifest_offset = table[-1]["offset"] + table[-1]["size"]
+    manifest_json = canonical_json({**manifest, "sections": table})
+    out = bytearray(manifest_offset + len(manifest_json))
+    for s in table:
+        out[s["offset"]:s["offset"] + s["size"]] = payloads[s["name"]]
+    out[manifest_offset:] = manifest_json
+    HEADER.pack_into(out, 0, MAGIC, VERSION, HEADER.size, 0, len(out), manifest_offset,
+                     len(manifest_json), hashlib.sha256(manifest_json).digest(), bytes(32),
+                     _cstr(PRODUCER, "producer"), _cstr(target, "target"))
+    out[FILE_SHA256_AT:FILE_SHA256_AT + 32] = file_sha256(out)
+    return bytes(out)
+
+
+def _buffer_record(b: Buffer) -> dict:
+    return {"id": b.id, "region": b.region, "offset": b.offset, "nbytes": b.nbytes,
+            "dtype": b.dtype, "shape": list(b.shape), "name": b.name}
+
+
+def _align(n: int) -> int:
+    return -(-n // SECTION_ALIGN) * SECTION_ALIGN
+
+
+def _cstr(text: str, what: str) -> bytes:
+    if len(text) > 32 or not (text.isascii() and text.isprintable()):
+        raise ValueError(f"blob {what}: expected printable ASCII of at most 32 bytes, got {text!r}")
+    return text.encode().ljust(32, b"\0")

@@ -1,0 +1,89 @@
+"""Vectorization by zipping lanes: the W scalar copies of a store that lowering made for the
+vector axis are merged node by node into vector UOps.
+
+Two lane nodes zip when they have the same op, dtype and arg and their sources zip; lanes that are
+one shared node stay scalar (the renderer broadcasts them); W loads at consecutive addresses
+become one vector load. Anything else becomes VECTORIZE of its scalar lanes, and those keep their
+scalar graph, so vectorizing is an optimization that can never change what is computed.
+"""
+from __future__ import annotations
+
+from compiler.dtypes import dtypes
+from compiler.symbolic import terms
+from compiler.uop import Ops, UOp
+
+# ops with a direct lane-wise vector form in every C-family target
+LANEWISE = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.MAX, Ops.MIN, Ops.NEG, Ops.CMPLT,
+            Ops.CMPEQ, Ops.CMPNE, Ops.WHERE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR,
+            Ops.CAST, Ops.BITCAST, Ops.REDUCE}
+
+
+def _linear(idx: UOp) -> tuple[dict, int]:
+    ts, c = terms(idx)
+    out: dict[UOp, int] = {}
+    for coef, u in ts:
+        out[u] = out.get(u, 0) + coef
+    return {u: k for u, k in out.items() if k}, c
+
+
+def _contiguous(idxs: tuple[UOp, ...]) -> bool:
+    """Lane k reads base + k."""
+    base, c0 = _linear(idxs[0])
+    return all(_linear(idx) == (base, c0 + k) for k, idx in enumerate(idxs[1:], 1))
+
+
+class Zipper:
+    def __init__(self, width: int):
+        self.width = width
+        self.memo: dict[tuple, UOp] = {}
+
+    def __call__(self, lanes: tuple[UOp, ...]) -> UOp:
+        if lanes not in self.memo:
+            self.memo[lanes] = self._zip(lanes)
+        return self.memo[lanes]
+
+    def _zip(self, lanes: tuple[UOp, ...]) -> UOp:
+        first = lanes[0]
+        if all(u is first for u in lanes):
+            return first  # the same value in every lane: stays scalar
+        dt = first.dtype
+        vdt = dt.vec(self.width)
+        same = all(u.op is first.op and u.dtype is dt and u.arg == first.arg
+                   and len(u.src) == len(first.src) for u in lanes)
+        if same and first.op is Ops.LOAD and len(first.src) == 2 and dt is not dtypes.bool \
+                and all(u.src[0] is first.src[0] for u in lanes) \
+                and _contiguous(tuple(u.src[1] for u in lanes)):
+            return UOp(Ops.LOAD, vdt, first.src)
+        if same and first.op in LANEWISE and self._vector_ok(first):
+            src = tuple(self(tuple(u.src[i] for u in lanes)) for i in range(len(first.src)))
+            if first.op is Ops.REDUCE and any(s.dtype.count > 1 for s in src if s.op is Ops.RANGE):
+                return UOp(Ops.VECTORIZE, vdt, lanes)
+            return UOp(first.op, vdt, src, first.arg)
+        return UOp(Ops.VECTORIZE, vdt, lanes)
+
+    def _vector_ok(self, u: UOp) -> bool:
+        """Bool data and 8-byte integers stay scalar: their masks and conversions differ between
+        C compilers, and they are rare in hot loops."""
+        kinds = [u.dtype] + [s.dtype for s in u.src]
+        if u.op in (Ops.CAST, Ops.BITCAST) and dtypes.bool in kinds:
+            return False
+        return all(d.kind != "i" or d.itemsize <= 4 for d in kinds if d is not dtypes.void)
+
+
+def vectorize(sink: UOp) -> UOp:
+    width = sink.arg or 1
+    if width <= 1 or len(sink.src) % width:
+        return sink
+    z, stores = Zipper(width), []
+    for g in range(0, len(sink.src), width):
+        group = sink.src[g:g + width]
+        params = {s.src[0] for s in group}
+        idxs = tuple(s.src[1] for s in group)
+        if len(params) != 1 or not _contiguous(idxs) or group[0].src[2].dtype is dtypes.bool:
+            stores.extend(group)
+            continue
+        value = z(tuple(s.src[2] for s in group))
+        if value.dtype.count == 1:  # every lane the same value: store it W times
+            value = UOp(Ops.VECTORIZE, value.dtype.vec(width), (value,) * width)
+        stores.append(UOp(Ops.STORE, dtypes.void, (group[0].src[0], idxs[0], value)))
+    return UOp(Ops.SINK, dtypes.void, tuple(stores))

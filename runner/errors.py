@@ -1,0 +1,13 @@
+"""The runner's typed errors. Messages name the thing, the expected value and the received one."""
+
+
+class BlobError(Exception):
+    """The blob cannot be used: unreadable, corrupt, inconsistent, or built for another host."""
+
+
+class InputError(ValueError):
+    """run() got feeds or out= arrays that do not match the model's inputs or outputs."""
+
+
+class DeviceTimeout(TimeoutError):
+    """A submission did not finish before its deadline."""

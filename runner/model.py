@@ -1,0 +1,118 @@
+"""Model: load a blob, bind inputs and outputs, run.
+
+    m = Model.load("model.blob")
+    m.input_view("img")[:] = frame            # or m.run({"img": frame, ...})
+    out = {"outputs": np.empty(*m.outputs["outputs"])}
+    m.run(out=out)                              # writes into out["outputs"], no copy
+
+Inputs: arrays passed in `feeds` that are C-contiguous and aligned are bound directly (no copy);
+others are copied into the model's own input slot. Outputs: arrays passed in `out` are written in
+place; outputs not passed get a fresh array per run, which the next run never touches. Without
+feeds, run() reads the input slots as they are (see input_view). One run at a time per Model.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from runner.blob import Blob, read_blob
+from runner.device import TARGETS, Device, aligned_empty, get_device
+from runner.errors import InputError
+
+DEFAULT_TIMEOUT_MS = 2000
+
+
+class Model:
+    def __init__(self, blob: Blob, device: Device):
+        self.blob, self.device = blob, device
+        self.timeout_ms = DEFAULT_TIMEOUT_MS
+        self._in = [(b.name, b.shape, b.dtype) for b in blob.inputs]
+        self._out = [(b.name, b.shape, b.dtype) for b in blob.outputs]
+        self._slots = [aligned_empty(shape, dtype) for _, shape, dtype in self._in]
+        self._io = self._slots + [None] * len(self._out)  # what the next submit binds, slot order
+
+    @classmethod
+    def load(cls, path, device: str | None = None) -> "Model":
+        blob = read_blob(path)
+        dev = get_device(TARGETS[blob.target] if device is None else device)
+        dev.check_target(blob.target)
+        dev.cache_dir = f"{path}.clcache"
+        dev.alloc(blob.arena_bytes)
+        dev.upload(blob.weights)
+        dev.load(blob.programs, blob.launches, blob.buffers)
+        return cls(blob, dev)
+
+    @property
+    def inputs(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        return {name: (shape, dtype) for name, shape, dtype in self._in}
+
+    @property
+    def outputs(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        return {name: (shape, dtype) for name, shape, dtype in self._out}
+
+    @property
+    def meta(self) -> dict:
+        return self.blob.manifest["meta"]
+
+    def input_view(self, name: str) -> np.ndarray:
+        """The input slot itself: write into it, then run() without feeds."""
+        for (slot_name, _, _), slot in zip(self._in, self._slots):
+            if slot_name == name:
+                return slot
+        raise InputError(f"unknown input {name!r}; inputs are {[n for n, _, _ in self._in]}")
+
+    def run(self, feeds: dict | None = None, out: dict | None = None) -> dict[str, np.ndarray]:
+        if feeds is None:
+            self._io[:len(self._slots)] = self._slots
+        else:
+            self._bind_feeds(feeds)
+        results = self._bind_outputs(out)
+        self.device.wait(self.device.submit(self._io), self.timeout_ms)
+        return results
+
+    def _bind_feeds(self, feeds: dict) -> None:
+        for i, (name, shape, dtype) in enumerate(self._in):
+            if name not in feeds:
+                raise InputError(f"missing input {name!r} ({dtype} {shape}); "
+                                 f"received {sorted(feeds)}")
+            arr = _checked(f"input {name!r}", feeds[name], shape, dtype)
+            if arr.flags.c_contiguous and arr.flags.aligned:
+                self._io[i] = arr
+            else:
+                np.copyto(self._slots[i], arr)
+                self._io[i] = self._slots[i]
+        if len(feeds) != len(self._in):
+            extra = sorted(set(feeds) - {name for name, _, _ in self._in})
+            raise InputError(f"unexpected inputs {extra}; inputs are {[n for n, _, _ in self._in]}")
+
+    def _bind_outputs(self, out: dict | None) -> dict[str, np.ndarray]:
+        out = {} if out is None else out
+        results, used = {}, 0
+        for j, (name, shape, dtype) in enumerate(self._out, start=len(self._in)):
+            if name not in out:
+                arr = np.empty(shape, dtype)
+            else:
+                used += 1
+                what = f"out[{name!r}]"
+                arr = _checked(what, out[name], shape, dtype)
+                flags = arr.flags
+                if not (flags.c_contiguous and flags.aligned and flags.writeable):
+                    raise InputError(f"{what}: expected a C-contiguous, aligned, writable array, "
+                                     f"got c_contiguous={flags.c_contiguous} "
+                                     f"aligned={flags.aligned} writeable={flags.writeable}")
+            self._io[j] = results[name] = arr
+        if used != len(out):
+            extra = sorted(set(out) - {name for name, _, _ in self._out})
+            raise InputError(f"out has unknown outputs {extra}; "
+                             f"outputs are {[n for n, _, _ in self._out]}")
+        return results
+
+
+def _checked(what: str, arr, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    if not isinstance(arr, np.ndarray):
+        raise InputError(f"{what}: expected numpy.ndarray {dtype} {shape}, "
+                         f"got {type(arr).__name__}")
+    if arr.dtype != dtype:
+        raise InputError(f"{what}: expected dtype {dtype}, got {arr.dtype}")
+    if arr.shape != shape:
+        raise InputError(f"{what}: expected shape {shape}, got {arr.shape}")
+    return arr

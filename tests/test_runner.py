@@ -1,0 +1,229 @@
+import dataclasses
+import gc
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import runner.cpu
+from compiler.toolchain import TARGETS, build_shared, host_target
+from runner import BlobError, DeviceTimeout, InputError, Model
+from runner.device import MAX_SLEEP_S, Fence, get_device, wait_until
+from tests.hand_graphs import ADD_N, add_artifact, chain_artifact, chain_reference, write
+
+REPO = Path(__file__).parents[1]
+
+
+@pytest.fixture(scope="module")
+def blobs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("blobs")
+    return {"add": write(add_artifact(), d / "add.blob"),
+            "chain": write(chain_artifact(), d / "chain.blob")}
+
+
+@pytest.fixture
+def chain(blobs):
+    return Model.load(blobs["chain"])
+
+
+def _chain_feeds(seed=0):
+    rng = np.random.default_rng(seed)
+    return {"x": rng.integers(0, 256, (1, 64), dtype=np.uint8),
+            "b": rng.uniform(-1, 1, (1, 64)).astype(np.float32)}
+
+
+def test_add_graph_matches_numpy(blobs):
+    m = Model.load(blobs["add"])
+    a, b = (np.random.default_rng(i).standard_normal((4, ADD_N // 4), np.float32) for i in (0, 1))
+    np.testing.assert_array_equal(m.run({"a": a, "b": b})["y"], a + b)
+
+
+def test_two_kernel_chain_through_arena_and_weights_matches_reference(chain):
+    feeds = _chain_feeds()
+    np.testing.assert_array_equal(chain.run(feeds)["y"], chain_reference(**feeds))
+
+
+def test_inputs_and_outputs_describe_names_shapes_dtypes(chain):
+    assert chain.inputs == {"x": ((1, 64), np.dtype("uint8")), "b": ((1, 64), np.dtype("float32"))}
+    assert chain.outputs == {"y": ((1, 64), np.dtype("float32"))}
+    assert chain.meta == {"graph": "chain"}
+
+
+def test_models_loaded_side_by_side_keep_their_own_code(blobs):
+    # memfd paths (/proc/self/fd/N) are reused after close; each model must still get its own code
+    for _ in range(3):
+        add, chain = Model.load(blobs["add"]), Model.load(blobs["chain"])
+        del add
+        gc.collect()
+        add = Model.load(blobs["add"])
+        feeds = _chain_feeds()
+        np.testing.assert_array_equal(chain.run(feeds)["y"], chain_reference(**feeds))
+        ones = np.ones((4, ADD_N // 4), np.float32)
+        np.testing.assert_array_equal(add.run({"a": ones, "b": ones})["y"], 2 * ones)
+
+
+@pytest.mark.parametrize("feeds, message", [
+    ({"x": np.zeros((1, 64), np.uint8)},
+     r"missing input 'b' \(float32 \(1, 64\)\); received \['x'\]"),
+    ({**_chain_feeds(), "z": np.zeros(1)}, r"unexpected inputs \['z'\]"),
+    ({**_chain_feeds(), "b": np.zeros((1, 64), np.float64)},
+     "input 'b': expected dtype float32, got float64"),
+    ({**_chain_feeds(), "x": np.zeros((64,), np.uint8)},
+     r"input 'x': expected shape \(1, 64\), got \(64,\)"),
+    ({**_chain_feeds(), "x": [[0] * 64]}, "input 'x': expected numpy.ndarray uint8 .* got list"),
+])
+def test_bad_feeds_raise_input_error_naming_input_expected_and_received(chain, feeds, message):
+    with pytest.raises(InputError, match=message):
+        chain.run(feeds)
+    assert issubclass(InputError, ValueError)
+
+
+def test_input_view_writes_are_what_run_without_feeds_reads(chain):
+    feeds = _chain_feeds(1)
+    for name, arr in feeds.items():
+        chain.input_view(name)[:] = arr
+    chain.run(_chain_feeds(2))  # binding feeds once must not detach the slots for later runs
+    np.testing.assert_array_equal(chain.run()["y"], chain_reference(**feeds))
+    with pytest.raises(InputError, match="unknown input 'nope'"):
+        chain.input_view("nope")
+
+
+def test_out_arrays_are_written_in_place_and_returned_as_the_same_objects(chain):
+    y = np.full((1, 64), np.nan, np.float32)
+    feeds = _chain_feeds()
+    result = chain.run(feeds, out={"y": y})
+    assert result["y"] is y
+    np.testing.assert_array_equal(y, chain_reference(**feeds))
+
+
+@pytest.mark.parametrize("out, message", [
+    ({"y": np.zeros((1, 64), np.float64)}, r"out\['y'\]: expected dtype float32, got float64"),
+    ({"y": np.zeros((64, 1), np.float32)}, r"out\['y'\]: expected shape \(1, 64\), got \(64, 1\)"),
+    ({"y": np.zeros((1, 128), np.float32)[:, ::2]}, "expected a C-contiguous, aligned, writable"),
+    ({"y": np.frombuffer(bytes(256), np.float32).reshape(1, 64)}, "writeable=False"),
+    ({"y": np.zeros((1, 64), np.float32), "q": np.zeros(1)}, r"unknown outputs \['q'\]"),
+])
+def test_bad_out_arrays_raise_input_error(chain, out, message):
+    with pytest.raises(InputError, match=message):
+        chain.run(_chain_feeds(), out=out)
+
+
+def test_results_without_out_survive_the_next_run(chain):
+    first_feeds = _chain_feeds(3)
+    first = chain.run(first_feeds)["y"]
+    chain.run(_chain_feeds(4))
+    np.testing.assert_array_equal(first, chain_reference(**first_feeds))
+
+
+def test_non_contiguous_feeds_are_copied_and_give_the_same_result(chain):
+    feeds = _chain_feeds(5)
+    wide = {k: np.repeat(v, 2, axis=1)[:, ::2] for k, v in feeds.items()}
+    assert not wide["b"].flags.c_contiguous
+    np.testing.assert_array_equal(chain.run(wide)["y"], chain_reference(**feeds))
+
+
+def test_runner_runs_with_compiler_onnx_and_onnxruntime_blocked(blobs):
+    script = textwrap.dedent(f"""
+        import sys
+        for name in ("compiler", "onnx", "onnxruntime"):
+            sys.modules[name] = None  # any import of them now raises ImportError
+        import numpy as np
+        from runner import Model
+        m = Model.load({blobs['add']!r})
+        a = np.ones((4, {ADD_N // 4}), np.float32)
+        assert (m.run({{"a": a, "b": a}})["y"] == 2).all()
+        loaded = [n for n, mod in sys.modules.items() if mod and n.split(".")[0] in
+                  ("compiler", "onnx", "onnxruntime")]
+        assert not loaded, loaded
+        print("ok")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=REPO)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_blob_for_another_cpu_target_is_a_blob_error_naming_both(tmp_path):
+    other = next(t for t in TARGETS if t != host_target())
+    path = write(add_artifact(other), tmp_path / "other.blob")
+    with pytest.raises(BlobError, match=f"blob target '{other}' cannot run on this host: "
+                                        f"host target is '{host_target()}'"):
+        Model.load(path)
+
+
+@pytest.mark.skipif(host_target() != "cpu", reason="x86-64 host only")
+def test_x86_64_v3_blob_on_a_cpu_without_avx2_is_a_blob_error(blobs, monkeypatch):
+    monkeypatch.setattr(runner.cpu, "_cpu_flags", lambda needed: {"sse2", "avx"})
+    with pytest.raises(BlobError, match=r"needs CPU features \['avx2', 'fma'"):
+        Model.load(blobs["add"])
+
+
+def test_programs_without_keel_graph_is_a_blob_error(tmp_path):
+    code = build_shared("void other(void) {}", host_target())
+    art = dataclasses.replace(add_artifact(), programs=code)
+    with pytest.raises(BlobError, match="does not export keel_graph"):
+        Model.load(write(art, tmp_path / "nograph.blob"))
+
+
+def test_unknown_device_name_is_a_value_error(blobs):
+    with pytest.raises(ValueError, match="unknown device 'gpu9'"):
+        Model.load(blobs["add"], device="gpu9")
+    assert get_device("cpu").name == "cpu"
+
+
+class FakeClock:
+    """A monotonic clock that only moves when the waiter sleeps; records every sleep."""
+
+    def __init__(self):
+        self.now, self.sleeps = 100.0, []
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+class FakeFence(Fence):
+    def __init__(self, clock, signal_at):
+        self.clock, self.signal_at = clock, signal_at
+
+    def signalled(self):
+        return self.clock() >= self.signal_at
+
+
+def test_wait_returns_once_the_fence_signals_with_bounded_sleeps():
+    clock = FakeClock()
+    wait_until(FakeFence(clock, 100.050).signalled, 1000, "fake", clock, clock.sleep)
+    assert 100.050 <= clock.now < 100.050 + MAX_SLEEP_S and max(clock.sleeps) <= MAX_SLEEP_S
+
+
+def test_wait_times_out_with_device_timeout_after_the_deadline():
+    clock = FakeClock()
+    with pytest.raises(DeviceTimeout, match="fake not signalled within 20 ms"):
+        wait_until(FakeFence(clock, 1e9).signalled, 20, "fake", clock, clock.sleep)
+    assert clock.now == pytest.approx(100.020) and max(clock.sleeps) <= MAX_SLEEP_S
+    assert issubclass(DeviceTimeout, TimeoutError)
+
+
+def test_wait_rechecks_after_the_deadline_before_raising():
+    clock = FakeClock()
+    polls_after_deadline = []
+
+    def lands_between_last_sleep_and_deadline_check():
+        if clock.now >= 100.020:
+            polls_after_deadline.append(clock.now)
+        return len(polls_after_deadline) >= 2  # first poll past the deadline says no, then yes
+    wait_until(lands_between_last_sleep_and_deadline_check, 20, "fake", clock, clock.sleep)
+    assert len(polls_after_deadline) == 2
+
+
+def test_wait_on_a_real_clock_never_sleeps_past_its_deadline_by_much():
+    t = time.monotonic()
+    with pytest.raises(DeviceTimeout):
+        get_device("cpu").wait(FakeFence(time.monotonic, float("inf")), 15)
+    assert 0.015 <= time.monotonic() - t < 0.2

@@ -1,0 +1,36 @@
+import pytest
+
+from compiler.errors import CompileError
+from compiler.toolchain import TARGETS, build_shared, can_run, host_target
+
+SOURCE = "void keel_graph(unsigned char *a, const unsigned char *w, void *const *io) { *a = *w; }"
+MAGICS = {"cpu": (b"\x7fELF", 62), "cpu-aarch64": (b"\x7fELF", 183),
+          "cpu-arm64-apple": (b"\xcf\xfa\xed\xfe", None)}  # ELF e_machine: 62 x86-64, 183 aarch64
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_every_target_builds_a_shared_object_for_its_architecture(target):
+    so = build_shared(SOURCE, target)
+    magic, machine = MAGICS[target]
+    assert so.startswith(magic)
+    if machine is not None:
+        assert int.from_bytes(so[18:20], "little") == machine
+
+
+def test_same_source_gives_identical_bytes():
+    assert build_shared(SOURCE, "cpu-aarch64") == build_shared(SOURCE, "cpu-aarch64")
+
+
+def test_compile_failure_raises_compile_error_with_target_and_stderr():
+    with pytest.raises(CompileError, match=r"(?s)target 'cpu-aarch64'.*expected expression"):
+        build_shared("int x = ;", "cpu-aarch64")
+
+
+def test_unknown_target_raises_compile_error_listing_targets():
+    with pytest.raises(CompileError, match="unknown CPU target 'riscv'"):
+        build_shared(SOURCE, "riscv")
+
+
+def test_host_target_is_runnable_and_others_are_not():
+    assert can_run(host_target())
+    assert not any(can_run(t) for t in TARGETS if t != host_target())

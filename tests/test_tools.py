@@ -1,0 +1,68 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.hand_graphs import CHAIN_N, CHAIN_W, chain_artifact, write
+
+REPO = Path(__file__).parents[1]
+
+
+def _tool(*args):
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def chain_blob(tmp_path_factory):
+    return write(chain_artifact(), tmp_path_factory.mktemp("tools") / "chain.blob")
+
+
+def _chain_onnx(path: Path) -> str:
+    """The hand-written chain graph as ONNX: y = float(x) * w + b."""
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
+         helper.make_node("Mul", ["xf", "w"], ["t"]), helper.make_node("Add", ["t", "b"], ["y"])],
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, (1, CHAIN_N)),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, (1, CHAIN_N))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, CHAIN_N))],
+        [numpy_helper.from_array(CHAIN_W, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.save(model, path)
+    return str(path)
+
+
+def test_inspect_json_reports_sizes_arena_kernels_and_io(chain_blob):
+    proc = _tool("tools/inspect.py", chain_blob, "--json")
+    d = json.loads(proc.stdout)
+    assert (d["arena_bytes"], d["arena_lower_bound_bytes"], d["weights_bytes"], d["kernels"]) == \
+        (384, 256, CHAIN_N * 4, 2)
+    assert [i["name"] for i in d["inputs"]] == ["x", "b"] and d["outputs"][0]["name"] == "y"
+
+
+@pytest.mark.parametrize("tool", ["tools/inspect.py", "tools/run.py"])
+def test_invalid_blob_gives_one_line_error_and_exit_2(tool, tmp_path):
+    bad = tmp_path / "bad.blob"
+    bad.write_bytes(b"KEELBLOB" + bytes(300))
+    proc = _tool(tool, str(bad))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in proc.stderr and "format version" in proc.stderr
+
+
+def test_run_check_matches_onnxruntime_on_random_inputs(chain_blob, tmp_path):
+    proc = _tool("tools/run.py", chain_blob, "--bench", "20", "--check",
+                 _chain_onnx(tmp_path / "chain.onnx"))
+    assert proc.returncode == 0, proc.stderr
+    assert "output y: float32 (1, 64)" in proc.stdout and "median" in proc.stdout
+    assert "check y: max abs err 0.000e+00" in proc.stdout
+
+
+def test_run_with_npz_missing_an_input_names_it(chain_blob, tmp_path):
+    np.savez(tmp_path / "f.npz", x=np.zeros((1, CHAIN_N), np.uint8))
+    proc = _tool("tools/run.py", chain_blob, "--inputs", str(tmp_path / "f.npz"))
+    assert proc.returncode == 2 and "missing input 'b'" in proc.stderr
