@@ -12,9 +12,9 @@ import onnx
 from onnx import numpy_helper
 
 from compiler.dtypes import DType, dtypes
-from compiler.errors import CompileError
+from compiler.errors import CompileError, StaticInputError
 from compiler.tensor import Tensor
-from compiler.uop import UOp
+from compiler.uop import Ops, UOp
 
 ONNX_DTYPES = {
     onnx.TensorProto.BOOL: dtypes.bool, onnx.TensorProto.INT8: dtypes.int8,
@@ -57,18 +57,16 @@ class Ctx:
         from compiler.schedule import static
         if t is None:
             raise CompileError(f"{self.where()}: input {what} is required")
-        if not static(t.uop) and not _all_static(t.uop):
-            raise CompileError(f"{self.where()}: input {what} must be known at compile time "
-                               f"(a constant or computed from shapes), but it depends on a graph input")
+        graph_inputs = [] if static(t.uop) else \
+            sorted({n.arg[0] for n in t.uop.toposort() if n.op is Ops.INPUT})
+        if graph_inputs:
+            raise StaticInputError(f"{self.where()}: input {what} must be known at compile time "
+                                   f"(a constant or computed from shapes), but it depends on "
+                                   f"graph input(s) {graph_inputs}", graph_inputs)
         return evaluate(t.uop)
 
     def where(self) -> str:
         return f"{self.node.op_type} node {self.node.name or '(unnamed)'!r} (opset {self.opset})"
-
-
-def _all_static(u: UOp) -> bool:
-    from compiler.uop import Ops
-    return all(n.op is not Ops.INPUT for n in u.toposort())
 
 
 def _load_proto(model) -> onnx.ModelProto:
@@ -221,6 +219,9 @@ def _expand_function(ctx: Ctx, args: list, local, functions: dict) -> list:
     opset = next((o.version for o in fn.opset_import if o.domain in ("", "ai.onnx")), ctx.opset)
     try:
         _build(body, env, opset, ctx.float16, functions)
+    except StaticInputError as e:
+        raise StaticInputError(f"{ctx.where()}, expanded from its ONNX function: {e}",
+                               e.inputs) from None
     except CompileError as e:
         raise CompileError(f"{ctx.where()}, expanded from its ONNX function: {e}") from None
     return [env.get(formal) for formal in fn.output]

@@ -4,12 +4,14 @@
     outputs = rep.run([x, y])              # graph outputs, in graph order
 
 A rep runs the blob through the runner exactly as a user's blob runs. keel compiles for static
-shapes, so each rep compiles once per input-shape signature: eagerly in prepare() when the model's
-inputs are fully static, otherwise on the first run() that sees a new signature.
+shapes, so a rep compiles once per input signature: eagerly in prepare() when the model's inputs
+are fully static, otherwise on the first run() that sees a new signature. A graph input that the
+compiler needs as a value (the `shape` of a Reshape, the `axes` of a reduction: StaticInputError)
+is bound as a constant from the values run() receives, so the signature includes its value.
 
 Compiled blobs are cached on disk (KEEL_CACHE_DIR, default ~/.cache/keel/onnx_backend), keyed by
-the model bytes, the bound input shapes and a hash of the compiler's own source, so editing the
-compiler never serves a stale blob. KEEL_CACHE_DIR="" turns the cache off.
+the model bytes, the bound shapes and constants, and a hash of the compiler's own source, so editing
+the compiler never serves a stale blob. KEEL_CACHE_DIR="" turns the cache off.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from onnx.backend.base import Backend, BackendRep, namedtupledict
 
 from compiler.blob import write_blob
 from compiler.compile import compile_model
+from compiler.errors import StaticInputError
 from runner import Model
 
 COMPILER_DIR = Path(__file__).parent
@@ -45,14 +48,17 @@ def _cache_dir() -> Path | None:
 class KeelRep(BackendRep):
     def __init__(self, model: onnx.ModelProto, device: str = "CPU"):
         self.model, self.device = model, device
-        self._bytes = model.SerializeToString()
         inits = {i.name for i in model.graph.initializer}
         self.input_names = [vi.name for vi in model.graph.input if vi.name not in inits]
         self.output_names = [vi.name for vi in model.graph.output]
-        self._compiled: dict[tuple, Model] = {}
+        self.constant_inputs: set[str] = set()  # inputs the compiler needs as values
+        self._compiled: dict[bytes, Model] = {}
         static = _static_shapes(model, inits)
         if static is not None:
-            self._model_for(static)
+            try:
+                self._model_for({}, static)
+            except StaticInputError as e:  # compiled on the first run(), with the values
+                self.constant_inputs.update(e.inputs)
 
     def run(self, inputs, **kwargs):
         if isinstance(inputs, dict):
@@ -64,30 +70,57 @@ class KeelRep(BackendRep):
                                  f"{self.input_names}, got {len(inputs)}")
             feeds = dict(zip(self.input_names, inputs))
         feeds = {k: _array(v) for k, v in feeds.items()}
-        model = self._model_for({k: v.shape for k, v in feeds.items()})
-        out = model.run(feeds)
+        while True:
+            try:
+                model = self._model_for(feeds, {k: v.shape for k, v in feeds.items()})
+                break
+            except StaticInputError as e:
+                if set(e.inputs) <= self.constant_inputs:
+                    raise
+                self.constant_inputs.update(e.inputs)
+        out = model.run({k: v for k, v in feeds.items() if k not in self.constant_inputs})
         return namedtupledict("Outputs", self.output_names)(*(out[n] for n in self.output_names))
 
-    def _model_for(self, shapes: dict) -> Model:
-        sig = tuple((n, tuple(shapes[n])) for n in self.input_names if n in shapes)
-        if sig not in self._compiled:
-            self._compiled[sig] = Model.load(self._blob_path(dict(sig)))
-        return self._compiled[sig]
+    def _model_for(self, values: dict, shapes: dict) -> Model:
+        """The loaded blob for these input shapes (and values of the constant inputs)."""
+        consts = {n: values[n] for n in sorted(self.constant_inputs)}
+        shapes = {n: tuple(shapes[n]) for n in self.input_names
+                  if n in shapes and n not in consts}
+        key = hashlib.sha256(repr(sorted(shapes.items())).encode())
+        for n, v in consts.items():
+            key.update(f"{n}:{v.dtype}:{v.shape}".encode() + v.tobytes())
+        key = key.digest()
+        if key not in self._compiled:
+            self._compiled[key] = Model.load(self._blob_path(key, shapes, consts))
+        return self._compiled[key]
 
-    def _blob_path(self, shapes: dict) -> Path:
+    def _blob_path(self, key: bytes, shapes: dict, consts: dict) -> Path:
+        model = _with_constants(self.model, consts)
         cache = _cache_dir()
-        key = hashlib.sha256(self._bytes + repr(sorted(shapes.items())).encode()
-                             + _DIGEST.encode()).hexdigest()
-        if cache is not None and (cache / f"{key}.blob").exists():
-            return cache / f"{key}.blob"
-        artifact = compile_model(self.model, target="cpu", input_shapes=shapes)
+        name = hashlib.sha256(key + model.SerializeToString() + _DIGEST.encode()).hexdigest()
+        if cache is not None and (cache / f"{name}.blob").exists():
+            return cache / f"{name}.blob"
+        artifact = compile_model(model, target="cpu", input_shapes=shapes)
         if cache is None:
             path = Path(tempfile.mkdtemp(prefix="keel-backend-")) / "model.blob"
         else:
             cache.mkdir(parents=True, exist_ok=True)
-            path = cache / f"{key}.blob"
+            path = cache / f"{name}.blob"
         write_blob(artifact, path)  # atomic: a concurrent reader never sees half a blob
         return path
+
+
+def _with_constants(model: onnx.ModelProto, consts: dict) -> onnx.ModelProto:
+    """The model with these graph inputs turned into initializers holding the given values."""
+    if not consts:
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    keep = [vi for vi in out.graph.input if vi.name not in consts]
+    del out.graph.input[:]
+    out.graph.input.extend(keep)
+    out.graph.initializer.extend(onnx.numpy_helper.from_array(v, n) for n, v in consts.items())
+    return out
 
 
 def _array(x) -> np.ndarray:

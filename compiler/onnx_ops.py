@@ -46,9 +46,21 @@ for _name, _fn in {
     "Erf": Tensor.erf, "Not": Tensor.logical_not, "Identity": lambda x: x,
     "Softplus": lambda x: _softplus(x), "Mish": lambda x: x * _softplus(x).tanh(),
     "Tan": lambda x: x.sin() / x.cos(), "IsNaN": lambda x: x.ne(x),
-    "IsInf": lambda x: x.abs().eq(math.inf),
+    "Atan": Tensor.atan, "Asin": Tensor.asin, "Acos": Tensor.acos,
+    "Sinh": lambda x: (x.exp() - (-x).exp()) * 0.5, "Cosh": lambda x: (x.exp() + (-x).exp()) * 0.5,
+    "Asinh": lambda x: x.sign() * (x.abs() + (x * x + 1.0).sqrt()).log(),
+    "Acosh": lambda x: (x + (x * x - 1.0).sqrt()).log(),
+    "Atanh": lambda x: ((1.0 + x) / (1.0 - x)).log() * 0.5,
+    "BitwiseNot": lambda x: x ^ Tensor.full(-1 if x.dtype.kind == "i" else x.dtype.max, x.dtype),
 }.items():
     OPS[_name] = _unary(_fn)
+
+
+@op("IsInf")
+def _isinf(ctx, i, a):
+    x = i[0]
+    pos = x.eq(math.inf) if a.get("detect_positive", 1) else Tensor.full(False, dtypes.bool, x.shape)
+    return pos | x.eq(-math.inf) if a.get("detect_negative", 1) else pos
 
 
 def _softplus(x: Tensor) -> Tensor:
@@ -65,6 +77,7 @@ for _name, _fn in {
     "Div": Tensor.__truediv__, "Equal": Tensor.eq, "Less": Tensor.__lt__,
     "Greater": Tensor.__gt__, "LessOrEqual": Tensor.__le__, "GreaterOrEqual": Tensor.__ge__,
     "And": Tensor.__and__, "Or": Tensor.__or__, "Xor": Tensor.__xor__,
+    "BitwiseAnd": Tensor.__and__, "BitwiseOr": Tensor.__or__, "BitwiseXor": Tensor.__xor__,
 }.items():
     OPS[_name] = _binary(_fn)
 

@@ -23,7 +23,7 @@ from compiler.uop import ALU, MOVEMENT, Ops, UOp
 # Folding never materialises a weight much larger than the data it came from (an expanded bias
 # stays a view of the small bias); below this many elements size does not matter.
 FOLD_FREE_ELEMENTS = 1 << 16
-EXPENSIVE = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.FDIV, Ops.RECIP, Ops.POW, Ops.IDIV, Ops.MOD}
+EXPENSIVE = {Ops.EXP2, Ops.EXP, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.FDIV, Ops.RECIP, Ops.POW, Ops.IDIV, Ops.MOD}
 
 
 # ---- 1. fold ------------------------------------------------------------------------------

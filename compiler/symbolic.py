@@ -93,14 +93,19 @@ def fold_divmod(x: UOp) -> UOp | None:
     qconst = k // c
     if rem.vmax < c:
         return build(quot, qconst, x.dtype) if x.op is Ops.IDIV else rem
-    g = math.gcd(c, *(a for a, _ in rest))
-    if g > 1 and all(a > 0 and t.vmin >= 0 for a, t in rest):
-        # rest = g*m + r0 with m >= 0: floor(rest / (g*c')) = floor((m + r0//g) / c')
-        inner = build([(a // g, t) for a, t in rest], (k % c) // g, x.dtype)
-        small = UOp.const(c // g, x.dtype)
+    for d in range(c, 1, -1):
+        # rest = d*m + s with 0 <= s < d and d | c: floor(rest / c) = floor(m / (c/d))
+        if c % d or not all(t.vmin >= 0 for _, t in rest):
+            continue
+        big = [(a // d, t) for a, t in rest if a % d == 0]
+        small = build([(a, t) for a, t in rest if a % d], (k % c) % d, x.dtype)
+        if not big or small.vmin < 0 or small.vmax >= d:
+            continue
+        m = build(big, (k % c) // d, x.dtype)
+        inner = UOp(x.op, x.dtype, (m, UOp.const(c // d, x.dtype)))
         if x.op is Ops.IDIV:
-            return build(quot + [(1, UOp(Ops.IDIV, x.dtype, (inner, small)))], qconst, x.dtype)
-        return build([(g, UOp(Ops.MOD, x.dtype, (inner, small)))], (k % c) % g, x.dtype)
+            return build(quot + [(1, inner)], qconst, x.dtype)
+        return build([(d, inner), (1, small)], 0, x.dtype)
     if not quot and qconst == 0:
         return None  # nothing to pull out
     if x.op is Ops.IDIV:

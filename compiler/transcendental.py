@@ -56,6 +56,28 @@ def exp2(x: UOp) -> UOp:
     return x.ne(x).where(x, out)
 
 
+# Cody-Waite split of ln 2: n * hi is exact for the n a float exponent can reach
+LN2_SPLIT = {dtypes.float32: (0.693359375, -2.12194440e-4),
+             dtypes.float64: (6.93147180369123816490e-01, 1.90821492927058770002e-10)}
+
+
+def exp(x: UOp) -> UOp:
+    """e^x = 2^n * e^r, n = rint(x / ln2), r = x - n ln2 (|r| <= 0.347) with ln2 split in two so
+    r keeps full precision (exp2(x * log2e) would lose ~1e-6 relative at |x| ~ 20)."""
+    dt, it = x.dtype, F[x.dtype]["int"]
+    deg = 7 if dt is dtypes.float32 else 13
+    lim = 105.0 if dt is dtypes.float32 else 746.0
+    xc = x.maximum(_c(-lim, x)).minimum(_c(lim, x))
+    nf = _rint(xc * (1 / math.log(2)))
+    hi, lo = LN2_SPLIT[dt]
+    r = (xc - nf * hi) - nf * lo
+    p = _poly(r, [1 / math.factorial(k) for k in range(deg, -1, -1)])
+    n = nf.cast(it)
+    half = n.alu(Ops.SHR, UOp.const(1, it))
+    out = p * _pow2i(half, dt) * _pow2i(n - half, dt)
+    return x.ne(x).where(x, out)
+
+
 def log2(x: UOp) -> UOp:
     """log2(x) = e + log2(m), m in [sqrt(1/2), sqrt(2)); log(m) = 2 atanh(t), t = (m-1)/(m+1),
     |t| <= 0.1716: series to t^9 (next term 4e-10) for float32, to t^21 for float64."""
@@ -156,6 +178,7 @@ half_rules = PatternMatcher([
 
 transcendental_rules = PatternMatcher([
     (UPat(Ops.EXP2, name="x"), _float(exp2)),
+    (UPat(Ops.EXP, name="x"), _float(exp)),
     (UPat(Ops.LOG2, name="x"), _float(log2)),
     (UPat(Ops.SIN, name="x"), _float(sin)),
     (UPat(Ops.TRUNC, name="x"), _float(trunc)),

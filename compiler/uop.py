@@ -32,7 +32,8 @@ class Ops(IntEnum):  # IntEnum: hashing an op is C-level, and every UOp key hash
     WINDOW = auto()  # arg = (kernel, strides, dilations) over the trailing dims
     GATHER = auto()  # src = (data, indices), arg = axis; the one data-dependent view
     # unary
-    NEG = auto(); RECIP = auto(); SQRT = auto(); EXP2 = auto(); LOG2 = auto(); SIN = auto()
+    NEG = auto(); RECIP = auto(); SQRT = auto(); EXP2 = auto(); EXP = auto(); LOG2 = auto()
+    SIN = auto()
     TRUNC = auto()  # float -> float toward zero
     CAST = auto(); BITCAST = auto()
     # binary
@@ -58,7 +59,7 @@ class Ops(IntEnum):  # IntEnum: hashing an op is C-level, and every UOp key hash
     ENDRANGE = auto()  # src = (range,)
 
 
-UNARY = {Ops.NEG, Ops.RECIP, Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.TRUNC, Ops.CAST, Ops.BITCAST}
+UNARY = {Ops.NEG, Ops.RECIP, Ops.SQRT, Ops.EXP2, Ops.EXP, Ops.LOG2, Ops.SIN, Ops.TRUNC, Ops.CAST, Ops.BITCAST}
 BINARY = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.MIN, Ops.POW,
           Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR}
 ALU = UNARY | BINARY | {Ops.WHERE}

@@ -1,0 +1,184 @@
+"""The compiler core: IR invariants, rewrite engine, symbolic index math, fusion, freestanding
+code, bad input. End-to-end numerics against onnxruntime live in test_models.py / test_fuzz.py."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+
+from compiler.compile import compile_model
+from compiler.dtypes import dtypes
+from compiler.errors import CompileError
+from compiler.lower import iconst
+from compiler.rewrite import PatternMatcher, UPat, graph_rewrite
+from compiler.symbolic import symbolic
+from compiler.uop import Ops, UOp
+from tests.graphs import assert_close, keel_run, make_model, ort_run, single_node_model
+
+IDX = dtypes.index
+
+
+def rng_var(name: int, end: int) -> UOp:
+    return UOp(Ops.RANGE, IDX, (iconst(end),), (name, "loop"))
+
+
+def simplify(u: UOp) -> UOp:
+    return graph_rewrite(u, symbolic)
+
+
+# ---- IR and rewrite engine --------------------------------------------------------------------
+def test_uops_are_hash_consed():
+    a = UOp.const(3, IDX) + rng_var(0, 8)
+    b = UOp.const(3, IDX) + rng_var(0, 8)
+    assert a is b
+
+
+def test_rewrite_reaches_fixpoint_on_deep_graph():
+    # 20k-deep chain of +0: iterative rewriting must not hit the recursion limit
+    x = rng_var(0, 4)
+    for _ in range(20000):
+        x = UOp(Ops.ADD, IDX, (x, iconst(0)))
+    assert simplify(x) is rng_var(0, 4)
+
+
+def test_patterns_match_commutative_sources():
+    pm = PatternMatcher([(UPat(Ops.MUL, src=(UPat.var("x"), UPat.cvar("c"))),
+                          lambda x, c: x if c.arg == 1 else None)])
+    r = rng_var(0, 4)
+    assert graph_rewrite(UOp(Ops.MUL, IDX, (iconst(1), r)), pm) is r
+
+
+# ---- symbolic index math ----------------------------------------------------------------------
+def test_reshape_roundtrip_index_simplifies_to_the_loop_variables():
+    i, j = rng_var(0, 6), rng_var(1, 10)
+    flat = i * 10 + j
+    assert simplify((flat // 10) % 6) is i
+    assert simplify(flat % 10) is j
+
+
+def test_split_axis_index_divides_exactly():
+    outer, lane = rng_var(0, 32), UOp.const(3, IDX)
+    idx = (outer * 4 + lane) * 7 + rng_var(1, 7)
+    assert simplify(idx // 7) is simplify(outer * 4 + 3)
+
+
+def test_mask_known_from_ranges_folds_to_constant():
+    i = rng_var(0, 5)
+    assert simplify(i.lt(5)).arg is True
+    assert simplify((i + 1).lt(1)) is simplify(i.lt(0))
+    assert simplify(i.lt(0)).arg is False
+
+
+def test_common_factor_divides_out():
+    a, b = rng_var(0, 100), rng_var(1, 2)
+    assert simplify((a * 4 + b * 2) // 8) is simplify(a // 2)
+
+
+# ---- fusion -----------------------------------------------------------------------------------
+def _conv_block(residual: bool) -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.1
+    b = rng.standard_normal(8).astype(np.float32)
+    nodes = [onnx.helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             onnx.helper.make_node("Relu", ["c"], ["r"])]
+    out = "r"
+    if residual:
+        nodes.append(onnx.helper.make_node("Add", ["r", "x"], ["y"]))
+        out = "y"
+    return make_model(nodes, [("x", (1, 8, 12, 12), np.float32)], [(out, (1, 8, 12, 12), np.float32)],
+                      [onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(b, "b")])
+
+
+def test_conv_bias_activation_residual_is_one_kernel():
+    art = compile_model(_conv_block(residual=True))
+    assert len(art.launches) == 1
+    x = np.random.default_rng(1).standard_normal((1, 8, 12, 12)).astype(np.float32)
+    got = keel_run(_conv_block(residual=True), {"x": x})
+    want = ort_run(_conv_block(residual=True), {"x": x})
+    # fp32 with FMA contraction and a different summation order than MLAS: a few ulp per term
+    assert_close(got["y"], want["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_identical_kernels_share_one_program():
+    nodes = [onnx.helper.make_node("Relu", ["x"], ["a"]), onnx.helper.make_node("Relu", ["z"], ["b"])]
+    model = make_model(nodes, [("x", (4, 16), np.float32), ("z", (4, 16), np.float32)],
+                       [("a", (4, 16), np.float32), ("b", (4, 16), np.float32)])
+    art = compile_model(model)
+    assert len(art.launches) == 2 and len({ln.kernel for ln in art.launches}) == 1
+
+
+# ---- freestanding code and renderers ------------------------------------------------------------
+def _undefined_symbols(code: bytes, tmp_path) -> list[str]:
+    path = tmp_path / "k.so"
+    path.write_bytes(code)
+    out = subprocess.run(["llvm-nm-19", "-u", str(path)], capture_output=True, text=True)
+    if out.returncode:
+        out = subprocess.run(["nm", "-u", str(path)], capture_output=True, text=True)
+    return out.stdout.split()
+
+
+def _transcendental_model() -> onnx.ModelProto:
+    names = ["Exp", "Log", "Sin", "Erf", "Tanh", "Sqrt", "Sigmoid"]
+    nodes = [onnx.helper.make_node("Abs", ["x"], ["ax"])]
+    nodes += [onnx.helper.make_node(n, ["ax" if n in ("Log", "Sqrt") else "x"], [f"y{i}"])
+              for i, n in enumerate(names)]
+    return make_model(nodes, [("x", (64,), np.float32)],
+                      [(f"y{i}", (64,), np.float32) for i in range(len(names))])
+
+
+def test_kernels_need_no_libc_or_libm(tmp_path):
+    art = compile_model(_transcendental_model())
+    assert _undefined_symbols(art.programs, tmp_path) == []
+
+
+def test_transcendentals_match_onnxruntime_to_a_few_ulp():
+    model = _transcendental_model()
+    x = np.linspace(-20, 20, 64).astype(np.float32)
+    got, want = keel_run(model, {"x": x}), ort_run(model, {"x": x})
+    for name in want:
+        # polynomial approximations, reduced-range error ~1e-7 relative: 4 float32 ulp
+        assert_close(got[name], want[name], rtol=5e-7, atol=2e-7, what=name)
+
+
+def test_one_model_renders_for_two_triples_and_aarch64_cross_compiles(tmp_path):
+    model = _conv_block(residual=True)
+    x86 = compile_model(model, target="cpu").programs
+    arm = compile_model(model, target="cpu-aarch64").programs
+    assert x86[:4] == arm[:4] == b"\x7fELF"
+    assert int.from_bytes(x86[18:20], "little") == 62  # EM_X86_64
+    assert int.from_bytes(arm[18:20], "little") == 183  # EM_AARCH64
+    assert _undefined_symbols(arm, tmp_path) == []
+
+
+# ---- bad input ------------------------------------------------------------------------------------
+def test_unsupported_ops_are_all_listed_with_node_and_opset():
+    nodes = [onnx.helper.make_node("FooOp", ["x"], ["a"], name="first"),
+             onnx.helper.make_node("Relu", ["a"], ["b"]),
+             onnx.helper.make_node("BarOp", ["b"], ["y"], name="second")]
+    model = make_model(nodes, [("x", (4,), np.float32)], [("y", (4,), np.float32)])
+    with pytest.raises(CompileError) as e:
+        compile_model(model)
+    msg = str(e.value)
+    assert "FooOp" in msg and "'first'" in msg and "BarOp" in msg and "'second'" in msg
+    assert "opset 17" in msg
+
+
+def test_dynamic_dim_needs_input_shape_and_the_message_names_it():
+    model = single_node_model("Relu", [(("batch", 8), np.float32)])
+    model.graph.input[0].name = model.graph.node[0].input[0] = "x"
+    with pytest.raises(CompileError, match=r"'x'.*dim 0.*'batch'.*--input-shape"):
+        compile_model(model)
+    art = compile_model(model, input_shapes={"x": (3, 8)})
+    assert art.inputs[0].shape == (3, 8)
+
+
+def test_cli_rejects_malformed_onnx_with_exit_2_and_no_traceback(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x07garbage that is not a protobuf")
+    proc = subprocess.run([sys.executable, "tools/compile.py", str(bad), "-o", str(tmp_path / "o")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and "not a valid ONNX model" in proc.stderr

@@ -1,0 +1,85 @@
+"""Compile an ONNX model into one keel blob.
+
+  python tools/compile.py MODEL.onnx -o OUT.blob [--target cpu] [--input-shape NAME=d0,d1,...]...
+                          [--float16] [--verbose]
+
+Exit codes: 0 success, 2 bad input (unreadable or unsupported model, bad arguments).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+# replace (not prepend): tools/inspect.py would shadow the stdlib module of that name
+sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from compiler.blob import write_blob  # noqa: E402
+from compiler.compile import Stages, compile_model  # noqa: E402
+from compiler.errors import CompileError  # noqa: E402
+from compiler.target import TARGETS  # noqa: E402
+
+
+def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    name, sep, dims = text.rpartition("=")
+    try:
+        shape = tuple(int(d) for d in dims.split(","))
+    except ValueError:
+        shape = ()
+    if not sep or not name or not shape or any(d < 0 for d in shape):
+        raise argparse.ArgumentTypeError(f"expected NAME=d0,d1,... with non-negative ints, got {text!r}")
+    return name, shape
+
+
+class Progress:
+    """One status line on stderr: rewritten in place on a terminal, every 10% otherwise."""
+
+    def __init__(self, stream=sys.stderr):
+        self.stream, self.tty, self.last = stream, stream.isatty(), -1
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        pct = 100 * done // max(total, 1)
+        if self.tty:
+            self.stream.write(f"\r{stage}: {done}/{total} ({pct}%)" + ("\n" if done == total else ""))
+            self.stream.flush()
+        elif pct // 10 != self.last // 10 or done == total:
+            self.stream.write(f"{stage}: {done}/{total} ({pct}%)\n")
+        self.last = pct
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", help="ONNX model file")
+    ap.add_argument("-o", "--output", required=True, help="blob file to write")
+    ap.add_argument("--target", default="cpu", choices=sorted(TARGETS))
+    ap.add_argument("--input-shape", action="append", type=parse_shape, default=[],
+                    metavar="NAME=d0,d1,...", help="bind an input's dynamic dims (repeatable)")
+    ap.add_argument("--float16", action="store_true", help="store weights and activations as fp16")
+    ap.add_argument("--verbose", action="store_true", help="per-stage timings")
+    args = ap.parse_args(argv)
+    stages = Stages(progress=Progress())
+    t0 = time.perf_counter()
+    try:
+        art = compile_model(args.model, target=args.target, input_shapes=dict(args.input_shape),
+                            float16=args.float16, stages=stages)
+        write_blob(art, args.output)
+    except CompileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: cannot write {args.output}: {e.strerror}", file=sys.stderr)
+        return 2
+    total = time.perf_counter() - t0
+    if args.verbose:
+        for name, secs in stages.times.items():
+            print(f"  {name:<10} {secs:8.2f} s")
+    size = os.path.getsize(args.output)
+    print(f"wrote {args.output}: {size / 2**20:.1f} MiB, {len(art.launches)} launches, "
+          f"arena {art.arena_bytes / 2**20:.2f} MiB (lower bound "
+          f"{art.arena_lower_bound_bytes / 2**20:.2f} MiB), {total:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
