@@ -3,6 +3,7 @@ frontend -> schedule -> optimize -> lower -> simplify -> linearize -> render -> 
 from __future__ import annotations
 
 import time
+from math import prod
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -16,6 +17,7 @@ from compiler.linearize import linearize
 from compiler.lower import lower_kernel
 from compiler.memory import plan as plan_memory
 from compiler.optimize import plan_kernel
+from compiler.pack import pack_weights
 from compiler.renderers import get_renderer
 from compiler.rewrite import graph_rewrite, substitute
 from compiler.schedule import Kernel, schedule
@@ -24,7 +26,7 @@ from compiler.storage import (demote_half, device_storage, image_meta, promote_f
 from compiler.symbolic import symbolic
 from compiler.target import Target, get_target
 from compiler.transcendental import half_rules, transcendental_rules
-from compiler.uop import Ops, UOp
+from compiler.uop import Ops, UOp, Weight
 from compiler.vectorize import vectorize
 
 VERSION = "0.1.0"
@@ -64,18 +66,24 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
     programs: dict[tuple, tuple] = {}  # canonical kernel -> (name, linear uops, plan)
     for i, k in enumerate(kernels):
         st.tick("kernels", i, len(kernels))
-        args = [bufs.output_of(k)] + [bufs.of(u) for u in k.inputs]
-        key, ck = canonical(k, [bufs.table[b] for b in args])
+        out = bufs.output_of(k)
+        if k.root.size == 0:  # writes nothing: an empty tensor needs a buffer but no launch
+            continue
+        layouts = [bufs.layout_of(out)] + [bufs.layout(u) for u in k.inputs]
+        key, ck = canonical(k, layouts)
         if key not in programs:
-            programs[key] = build_kernel(ck, [dtypes.from_np(bufs.table[b].dtype) for b in args],
-                                         tgt, st)
-        name, _, plan = programs[key]
+            packable = {j: u.size for j, (u, lay) in enumerate(zip(k.inputs, layouts[1:]), 1)
+                        if lay[0] == "weights" and lay[2] is None and tgt.renderer == "c"}
+            programs[key] = build_kernel(ck, [dtypes.from_np(lay[1]) for lay in layouts], tgt, st,
+                                         packable)
+        name, _, plan, perms = programs[key]
+        args = [out] + [bufs.of(u, perms.get(j)) for j, u in enumerate(k.inputs, 1)]
         bufs.launch(Kernel(name, k.root, k.inputs), args, plan)
     st.tick("kernels", len(kernels), len(kernels))
     with st("plan"):
         bufs.plan_arena()
     with st("render"):
-        source = get_renderer(tgt).render_program([(n, lin) for n, lin, _ in programs.values()],
+        source = get_renderer(tgt).render_program([(n, lin) for n, lin, *_ in programs.values()],
                                                   bufs.launches, bufs.by_id())
     with st("build"):
         code = toolchain.build_shared(source, tgt.name) if tgt.renderer == "c" else \
@@ -86,27 +94,32 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         arena_lower_bound_bytes=bufs.lower_bound, launches=bufs.launches, programs=code,
         meta={"producer": f"keel {VERSION}", "float16": float16, **graph.meta,
               **image_meta(bufs.by_id().values()),
+              "flops": bufs.flops,
               "stage_seconds": {k: round(v, 4) for k, v in st.times.items()}})
 
 
-def canonical(k: Kernel, args: list) -> tuple[tuple, Kernel]:
+def canonical(k: Kernel, layouts: list) -> tuple[tuple, Kernel]:
     """The kernel with its reads replaced by numbered placeholders, keyed with how each buffer is
     stored: kernels that differ only in which buffers they touch share one program."""
     holes = {u: UOp(Ops.INPUT, u.dtype, (), (f"param{j + 1}", u.shape))
              for j, u in enumerate(k.inputs)}
     root = substitute(k.root, holes)
-    key = (root, tuple((b.dtype, b.image) for b in args))
+    key = (root, tuple(layouts))
     return key, Kernel(k.name, root, list(holes.values()))
 
 
-def build_kernel(k: Kernel, param_dtypes: list, tgt: Target, st: Stages) -> tuple:
+def build_kernel(k: Kernel, param_dtypes: list, tgt: Target, st: Stages,
+                 packable: dict[int, int]) -> tuple:
+    """-> (name, linear uops, plan, {param: weight packing permutation})"""
     params = {u: j + 1 for j, u in enumerate(k.inputs)}
     with st("optimize"):
-        plan = plan_kernel(k, set(k.inputs), tgt, params)
+        plan = plan_kernel(k, set(k.inputs), tgt, params, packable)
     with st("lower"):
         sink = simplify(lower_kernel(k, params, param_dtypes, plan), tgt)
+        sink, perms = pack_weights(sink, packable)
+        sink = vectorize(sink)
     with st("linearize"):
-        return k.name, linearize(sink), plan
+        return k.name, linearize(sink), plan, perms
 
 
 KERNEL_RULES = storage_casts + half_rules + transcendental_rules + symbolic
@@ -115,10 +128,10 @@ HALF_COMPUTE_RULES = promote_for_half_compute + transcendental_rules + symbolic
 
 def simplify(sink: UOp, tgt: Target) -> UOp:
     if not tgt.half_compute:
-        return vectorize(graph_rewrite(sink, KERNEL_RULES))
+        return graph_rewrite(sink, KERNEL_RULES)
     # fp16 arithmetic: demote before transcendental lowering, so its polynomials stay fp32
     sink = graph_rewrite(sink, storage_casts + demote_half + symbolic)
-    return vectorize(graph_rewrite(sink, HALF_COMPUTE_RULES))
+    return graph_rewrite(sink, HALF_COMPUTE_RULES)
 
 
 def _copies_for_shared_outputs(outs: list[UOp], kernels: list[Kernel]) -> list[Kernel]:
@@ -149,6 +162,7 @@ class Buffers:
         self.weights: list[tuple[int, np.ndarray]] = []
         self.weight_size = 0
         self.launches: list[Launch] = []
+        self.flops: list[int] = []
         self.life: dict[int, list[int]] = {}
 
     def _new(self, region: str, offset: int, u: UOp, name: str = "") -> Buffer:
@@ -171,21 +185,39 @@ class Buffers:
         self.node_buf[k.root] = b.id
         return b.id
 
-    def of(self, u: UOp) -> int:
-        if u not in self.node_buf:
+    def layout(self, u: UOp) -> tuple:
+        """(region, storage dtype, image) of the buffer that `u` is or will be read from."""
+        if u in self.node_buf:
+            return self.layout_of(self.node_buf[u])
+        dt, image = self.storage("weights", u.dtype, u.shape) if self.storage else (u.dtype, None)
+        return ("weights", dt.name, image)
+
+    def layout_of(self, bid: int) -> tuple:
+        b = self.table[bid]
+        return (b.region, b.dtype, b.image)
+
+    def of(self, u: UOp, perm: np.ndarray | None = None) -> int:
+        """The buffer `u` is read from; a weight read through a packing permutation gets its own
+        packed copy (one per distinct permutation)."""
+        key = u if perm is None else (u, id(perm))
+        if key not in self.node_buf:
             assert u.op is Ops.WEIGHT, f"unscheduled read of {u.op}"
+            data = u.arg.data if perm is None else u.arg.data.reshape(-1)[perm]
             self.weight_size = -(-self.weight_size // self.align) * self.align
-            b = self._new("weights", self.weight_size, u)
-            self.weights.append((self.weight_size, storage_bytes(u.arg.data, b)))
+            b = self._new("weights", self.weight_size, u if perm is None else
+                          UOp(Ops.WEIGHT, u.dtype, (), Weight(data)))
+            self.weights.append((self.weight_size, storage_bytes(data, b)))
             self.weight_size += b.nbytes
-            self.node_buf[u] = b.id
-        return self.node_buf[u]
+            self.node_buf[key] = b.id
+        return self.node_buf[key]
 
     def launch(self, k: Kernel, args: list[int], plan) -> None:
         step = len(self.launches)
         for b in args:
             self.life.setdefault(b, [step, step])[1] = step
         self.launches.append(Launch(k.name, tuple(args), plan.global_size, plan.local))
+        # work per launch, for GFLOP/s in profiles: a multiply-add per reduced element
+        self.flops.append(2 * prod(plan.full_shape) if plan.reduce_dims else prod(plan.full_shape))
 
     def plan_arena(self) -> None:
         n_in = len(self.inputs)
@@ -194,7 +226,7 @@ class Buffers:
             self.table[bid] = replace(b, offset=n_in + j)
         self.outputs = [self.table[bid] for bid in sorted(self.out_index, key=self.out_index.get)]
         arena = [b for b in self.table.values() if b.region == "arena"]
-        p = plan_memory([b.nbytes for b in arena], [tuple(self.life[b.id]) for b in arena],
+        p = plan_memory([b.nbytes for b in arena], [tuple(self.life.get(b.id, (0, 0))) for b in arena],
                         self.align)
         for b, off in zip(arena, p.offsets):
             self.table[b.id] = replace(b, offset=off)

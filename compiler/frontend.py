@@ -25,7 +25,7 @@ ONNX_DTYPES = {
     onnx.TensorProto.FLOAT: dtypes.float32, onnx.TensorProto.DOUBLE: dtypes.float64,
 }
 _ONNX_CODES = {dt: code for code, dt in ONNX_DTYPES.items()}
-MIN_OPSET, MAX_OPSET = 7, 21
+MIN_OPSET, MAX_OPSET = 1, 21
 
 
 def onnx_dtype(code: int, what: str) -> DType:

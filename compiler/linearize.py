@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from compiler.uop import Ops, UOp
 
-KIND_ORDER = {"global": 0, "loop": 1, "reduce": 2}
+KIND_ORDER = {"global": 0, "group": 1, "loop": 2, "reduce": 3}  # group: a local id, not a loop
 
 
 def _range_deps(order: list[UOp]) -> dict[UOp, frozenset]:

@@ -16,7 +16,7 @@ from compiler.schedule import Kernel
 from compiler.uop import ALU, Ops, UOp
 
 IDX = dtypes.index
-LOOP_KINDS = ("global", "loop", "reduce")
+LOOP_KINDS = ("global", "group", "loop", "reduce")
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,8 @@ class Axis:
     dim: int  # which dim of the kernel's full shape this axis (or part of it) iterates
     size: int
     kind: str  # "global" | "loop" | "reduce" (loops) ; "upcast" | "unroll" (expanded)
+    # GPU: "group" splits a reduce dim across the work items of one work-group (local ids);
+    # each accumulates its share, then the group combines them through local memory
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class Plan:
         grouped = {i for g in self.fused for i in g[1:]}
         sizes = []
         for i, a in enumerate(self.axes):
-            if a.kind == "global" and i not in grouped:
+            if a.kind in ("global", "group") and i not in grouped:
                 group = next((g for g in self.fused if g[0] == i), (i,))
                 sizes.append(math.prod(self.axes[j].size for j in group))
         return tuple(reversed(sizes)) or (1,)
@@ -213,7 +215,7 @@ def lower_kernel(kernel: Kernel, params: dict[UOp, int], param_dtypes: list, pla
             for vcombo in product(*(range(a.size) for a in unrolls)):
                 full = dim_index({**values, **{a: iconst(v) for a, v in zip(unrolls, vcombo)}}, True)
                 parts.append(lw(red.src[0], full))
-            rr = [r for a, r in ranges.items() if a.kind == "reduce"]
+            rr = [r for a, r in ranges.items() if a.kind in ("reduce", "group")]
             # unrolled parts accumulate one by one: acc += a*b chains become FMAs
             lw.acc = UOp(Ops.REDUCE, red.dtype, (*parts, *rr), red.arg[0]) if rr else \
                 _combine(red.arg[0], parts)

@@ -91,10 +91,15 @@ def _pow(ctx, i, a):
 @op("Mod")
 def _mod(ctx, i, a):
     x, y = i
-    if a.get("fmod", 0) or x.dtype.is_float:
-        return x % y  # C fmod semantics: sign of the dividend
-    r = x % y  # Python semantics: sign of the divisor
-    fix = r.ne(0) & ((r < 0).ne(y < 0))
+    if x.dtype.is_float:  # C fmod: x - trunc(x/y)*y, sign of the dividend; fmod(x, +-inf) = x
+        r = y.abs().eq(math.inf).where(x, x - (x / y).trunc() * y)
+    elif a.get("fmod", 0) or x.dtype.is_unsigned:
+        return x % y
+    else:
+        r = x % y  # C semantics: sign of the dividend
+    if a.get("fmod", 0):
+        return r
+    fix = r.ne(0) & (r < 0).ne(y < 0)  # Python semantics: sign of the divisor
     return fix.where(r + y, r)
 
 
@@ -138,6 +143,9 @@ def _cast(ctx, i, a):
 def _cast_to(x: Tensor, dt) -> Tensor:
     if x.dtype.is_float and dt is dtypes.bool:
         return x.ne(0.0)
+    if dtypes.float16 in (x.dtype, dt) and dtypes.float32 not in (x.dtype, dt) and x.dtype != dt:
+        # freestanding C has no half<->double/int64 conversion routines: go through float
+        return x.cast(dtypes.float32).cast(dt)
     return x.cast(dt)
 
 
@@ -556,7 +564,8 @@ def _reshape(ctx, i, a):
 
 @op("Flatten")
 def _flatten(ctx, i, a):
-    return i[0].flatten(a.get("axis", 1) % (i[0].ndim + 1) if i[0].ndim else 0)
+    axis = a.get("axis", 1)
+    return i[0].flatten(axis + i[0].ndim if axis < 0 else axis)
 
 
 @op("Transpose")
@@ -956,3 +965,7 @@ def _resize_axis(x: Tensor, ax: int, out_n: int, scale: float, mode: str, ctm: s
         shape[ax] = out_n
         y = Tensor.weight(outside.reshape(shape)).where(Tensor.full(extrap, y.dtype), y)
     return y
+
+
+# ops in topic modules register themselves into OPS on import
+from compiler import onnx_index, onnx_quant, onnx_rnn, onnx_signal  # noqa: E402,F401

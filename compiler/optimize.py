@@ -17,9 +17,13 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from dataclasses import dataclass
+
 from compiler.lower import Axis, Plan, find_reduce, lower_kernel
 from compiler.schedule import Kernel
 from compiler.target import Target
+from compiler.rewrite import graph_rewrite
+from compiler.symbolic import symbolic, terms
 from compiler.uop import Ops, UOp
 
 FULL_UNROLL = 8  # reduce dims up to this size disappear into straight-line code
@@ -34,23 +38,41 @@ def _factor(size: int, limit: int) -> int:
     return 1
 
 
-def operand_dims(kernel: Kernel, params: dict[UOp, int], plan: Plan) -> list[tuple[int, set]]:
-    """For each LOAD in the kernel: (buffer bytes, the full-shape dims its index depends on)."""
+@dataclass
+class Operand:
+    nbytes: int
+    strides: dict[int, int | None]  # full-shape dim -> element stride (None: not affine)
+    packable: bool  # a weight: pack.py will lay it out in read order
+
+
+def operands(kernel: Kernel, params: dict[UOp, int], plan: Plan, packable) -> list[Operand]:
+    """What each LOAD of the kernel (lowered with a plain one-loop-per-dim plan) depends on."""
     dts = [kernel.root.dtype] + [n.dtype for n in sorted(params, key=params.get)]
-    sink = lower_kernel(kernel, params, dts, plan)
-    dim_of = {u: u.arg[0] for u in sink.toposort() if u.op is Ops.RANGE}
-    axis_dim = [a.dim for a in plan.axes]
+    sink = graph_rewrite(lower_kernel(kernel, params, dts, plan), symbolic)
+    dim_of = {u: plan.axes[u.arg[0]].dim for u in sink.toposort() if u.op is Ops.RANGE}
     out = []
     for u in sink.toposort():
-        if u.op is Ops.LOAD:
-            node = next(n for n, i in params.items() if i == u.src[0].arg[0])
-            rs = {axis_dim[dim_of[r]] for r in u.src[1].toposort() if r.op is Ops.RANGE}
-            out.append((node.size * node.dtype.itemsize, rs))
+        if u.op is not Ops.LOAD:
+            continue
+        node = next(n for n, i in params.items() if i == u.src[0].arg[0])
+        ts, _ = terms(u.src[1])
+        strides: dict[int, int | None] = {}
+        for coef, t in ts:
+            if t.op is Ops.RANGE:
+                strides[dim_of[t]] = strides.get(dim_of[t], 0) + coef
+            else:  # div/mod or data-dependent index: every range inside is "not affine"
+                strides.update({dim_of[r]: None for r in t.toposort() if r.op is Ops.RANGE})
+        out.append(Operand(node.size * node.dtype.itemsize, strides, params[node] in packable))
     return out
 
 
+def _gathers(ops: list[Operand], d: int) -> int:
+    """Loads that would need one scalar load per lane if dim d were the vector dim."""
+    return sum(1 for o in ops if not o.packable and o.strides.get(d, 0) not in (0, 1))
+
+
 def plan_kernel(kernel: Kernel, realized: set, target: Target,
-                params: dict[UOp, int] | None = None) -> Plan:
+                params: dict[UOp, int] | None = None, packable=()) -> Plan:
     if target.renderer != "c":
         return _plan_gpu(kernel, realized, target)
     red = find_reduce(kernel.root, realized)
@@ -64,14 +86,18 @@ def plan_kernel(kernel: Kernel, realized: set, target: Target,
     if red is not None and params is not None and out_dims:
         plain = Plan(tuple(full), tuple(rdims), tuple(
             Axis(d, s, "reduce" if d in rdims else "loop") for d, s in enumerate(full) if s > 1))
-        loads = operand_dims(kernel, params, plain)
-        big = max(loads, key=lambda t: t[0])[1] if loads else set()
+        ops = operands(kernel, params, plain, packable)
+        big = set(max(ops, key=lambda o: o.nbytes).strides) if ops else set()
         order = sorted(order, key=lambda d: (d not in big, d))
-        inner = out_dims[-1]
-        upcast[inner] = _factor(full[inner], 2 * lanes if full[inner] >= 2 * lanes else lanes)
-        reuse = [d for d in out_dims[:-1] if d not in big]
+        # vector dim: fewest per-lane gathers, then innermost
+        vec = min(out_dims, key=lambda d: (_gathers(ops, d), -d))
+        upcast[vec] = _factor(full[vec], 2 * lanes if full[vec] >= 2 * lanes else lanes)
+        # row dim: one the vector operands do not depend on, so each vector load feeds a row
+        feeders = [o for o in ops if o.strides.get(vec, 0) != 0]
+        reuse = [d for d in out_dims if d != vec and all(o.strides.get(d, 0) == 0 for o in feeders)]
         if reuse:
             upcast[reuse[-1]] = _factor(full[reuse[-1]], ROW_TILE)
+        vec_dim = vec
     elif red is not None and out_dims:
         inner = out_dims[-1]
         upcast[inner] = _factor(full[inner], lanes)
@@ -82,7 +108,8 @@ def plan_kernel(kernel: Kernel, realized: set, target: Target,
             unroll[last] = full[last] if full[last] <= FULL_UNROLL else _factor(full[last], 4)
     elif out_dims:
         upcast[out_dims[-1]] = _factor(full[out_dims[-1]], lanes)
-    vec_dim = out_dims[-1] if out_dims else -1
+    if red is None or params is None or not out_dims:
+        vec_dim = out_dims[-1] if out_dims else -1
     lanes = _lanes(upcast.get(vec_dim, 1), lanes) if target.renderer == "c" else 1
     axes: list[Axis] = []
     for d in order:
@@ -118,14 +145,17 @@ def _nest(axes: list[Axis], vec_dim: int) -> list[Axis]:
 # One work item per output tile; OpenCL gives a kernel at most 3 global ids.
 GPU_VECTOR = 4  # float4/half4 loads and stores, and one RGBA texel per image read
 GPU_GROUP = 128  # work-group size aimed for: two 64-wide waves on Adreno
-GPU_MIN_ITEMS = 1024  # keep at least this many work items before tiling a second output dim
+GPU_MIN_ITEMS = 1024  # fewer work items than this: tile less, or split the reduction
+GPU_MIN_GROUP = 16  # a work-group reduction over fewer lanes is not worth its barriers
 
 
 def _plan_gpu(kernel: Kernel, realized: set, target: Target) -> Plan:
     """Every output dim is a global id (outer ones fused down to 3); the innermost output dim is
     upcast by 4 so loads and stores are float4 and image reads fetch whole texels; reductions
     also tile one more output dim by 4 (16 accumulators per work item) while enough work items
-    remain, and unroll their innermost reduce dim."""
+    remain, and unroll their innermost reduce dim. A reduction with too few outputs to fill the
+    device (LayerNorm rows, a pooled vector) is split across a work-group instead ("group" axis:
+    each work item sums a strided share, local memory combines the shares)."""
     red = find_reduce(kernel.root, realized)
     full = red.src[0].shape if red is not None else kernel.root.shape
     rdims = red.arg[1] if red is not None else ()
@@ -143,25 +173,46 @@ def _plan_gpu(kernel: Kernel, realized: set, target: Target) -> Plan:
             if items // f >= GPU_MIN_ITEMS:
                 upcast[other] = f
     rd = [d for d in rdims if full[d] > 1]
+    group = 0
     if rd:
         last = rd[-1]
-        unroll[last] = full[last] if full[last] <= FULL_UNROLL else _factor(full[last], 4)
+        if items < GPU_MIN_ITEMS:
+            group = _pow2_factor(full[last], min(target.max_workgroup, GPU_GROUP))
+            group = group if group >= GPU_MIN_GROUP else 0
+        share = full[last] // max(group, 1)
+        unroll[last] = share if share <= FULL_UNROLL and not group else _factor(share, 4)
     axes: list[Axis] = []
     for d, size in enumerate(full):
         if size == 1:
             continue
         kind = "reduce" if d in rdims else "global"
         split = unroll.get(d, 1) if d in rdims else upcast.get(d, 1)
-        if split < size:
-            axes.append(Axis(d, size // split, kind))
+        across = group if group and d == rd[-1] else 1
+        if split * across < size:
+            axes.append(Axis(d, size // (split * across), kind))
+        if across > 1:  # between the loop and the unrolled part: work items read side by side
+            axes.append(Axis(d, across, "group"))
         if split > 1:
             axes.append(Axis(d, split, "unroll" if d in rdims else "upcast"))
-    axes = _nest(axes, out_dims[-1] if out_dims else -1)
+    # global ids first, then the loops; within a dim the order above (outer to inner) is kept
+    rank = {"global": 0, "reduce": 1, "group": 1, "upcast": 2, "unroll": 2}
+    axes = sorted(axes, key=lambda a: rank[a.kind])
     n_global = sum(a.kind == "global" for a in axes)
-    fused = (tuple(range(n_global - 2)),) if n_global > 3 else ()  # outermost ones share id 2
+    keep = 3 - (group > 0)  # the group's local id takes one of OpenCL's 3 ids
+    fused = (tuple(range(n_global - keep + 1)),) if n_global > keep else ()
     plan = Plan(tuple(full), tuple(rdims), tuple(axes), fused=fused)
+    if group:
+        return replace(plan, local=(group,) + (1,) * (len(plan.global_size) - 1))
     return replace(plan, local=_local_size(plan.global_size, min(target.max_workgroup,
                                                                   GPU_GROUP)))
+
+
+def _pow2_factor(size: int, limit: int) -> int:
+    """The largest power of two dividing size that is <= limit (halving trees need one)."""
+    f = 1
+    while size % (f * 2) == 0 and f * 2 <= limit:
+        f *= 2
+    return f
 
 
 def _local_size(global_size: tuple[int, ...], budget: int) -> tuple[int, ...] | None:

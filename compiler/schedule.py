@@ -23,6 +23,7 @@ from compiler.uop import ALU, MOVEMENT, Ops, UOp
 # Folding never materialises a weight much larger than the data it came from (an expanded bias
 # stays a view of the small bias); below this many elements size does not matter.
 FOLD_FREE_ELEMENTS = 1 << 16
+PADDED_COPY_DEPTH = 32  # reduction length from which a conv reads a materialized padded input
 EXPENSIVE = {Ops.EXP2, Ops.EXP, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.FDIV, Ops.RECIP, Ops.POW, Ops.IDIV, Ops.MOD}
 
 
@@ -122,15 +123,21 @@ def _reduces_in(u: UOp, realized: set) -> list[UOp]:
 def _duplicated_work(root: UOp, realized: set) -> set[UOp]:
     """ALU nodes under a broadcasting view (EXPAND, overlapping WINDOW): inlining them would
     recompute them once per broadcast element (a relu before a conv would run Cout*K*K times per
-    input). Inside reductions any such node is realized; in elementwise kernels only costly ones."""
-    in_reduce = bool(_reduces_in(root, realized))
+    input). Inside reductions any such node is realized; in elementwise kernels only costly ones.
+    The padded input of a deep windowed reduction (a conv over many channels) is realized too:
+    one copy with zero borders beats a bounds check on every one of its Cin*K*K reads."""
+    reds = _reduces_in(root, realized)
+    depth = reds[0].src[0].size // max(reds[0].size, 1) if reds else 0
     hits, stack, seen = set(), [(root, False)], set()
     while stack:
         n, dup = stack.pop()
         if (n, dup) in seen:
             continue
         seen.add((n, dup))
-        if dup and n.op in ALU and not static(n) and (in_reduce or _costly(n, realized)):
+        if dup and n.op in ALU and not static(n) and (reds or _costly(n, realized)):
+            hits.add(n)
+            continue
+        if dup and n.op is Ops.PAD and depth >= PADDED_COPY_DEPTH and not static(n):
             hits.add(n)
             continue
         grows = n.op in (Ops.EXPAND, Ops.WINDOW)
@@ -146,8 +153,8 @@ def realize(outputs: list[UOp]) -> set[UOp]:
         if u.op is Ops.REDUCE:
             realized.add(u)
     rank = {u: i for i, u in enumerate(order)}
-    for r in [u for u in order if u.op is Ops.REDUCE]:
-        _fuse_epilogue(r, users, realized, rank)
+    for r in [u for u in order if u.op is Ops.REDUCE and u not in outputs]:
+        _fuse_epilogue(r, users, realized, rank)  # a reduction that is an output stays one
     for u in order:  # shared, expensive subexpressions are computed once
         if u not in realized and u.op in ALU and len(users[u]) > 1 and _costly(u, realized):
             realized.add(u)

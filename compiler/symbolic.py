@@ -169,7 +169,7 @@ symbolic = PatternMatcher([
     (UPat(Ops.MUL, src=(x_, c_)), lambda x, c: x if c.arg == 1 else
         (UOp.const(0, x.dtype) if c.arg == 0 and not x.dtype.is_float else None)),
     (UPat(Ops.SUB, src=(x_, c_)), lambda x, c: x if c.arg == 0 else None),
-    (UPat(Ops.SUB, dtype=INTS, name="s"), lambda s: UOp(Ops.ADD, s.dtype, (
+    (UPat(Ops.SUB, dtype=dtypes.index, name="s"), lambda s: UOp(Ops.ADD, s.dtype, (
         s.src[0], s.src[1] * -1))),
     (UPat(Ops.IDIV, src=(x_, c_)), lambda x, c: x if c.arg == 1 else None),
     (UPat({Ops.IDIV, Ops.MOD}, name="x"), fold_divmod),
@@ -179,15 +179,14 @@ symbolic = PatternMatcher([
     (UPat(Ops.CMPLT, name="x"), fold_cmp_offset),
     (UPat(Ops.WHERE, src=(c_, UPat.var("a"), UPat.var("b"))), lambda c, a, b: a if c.arg else b),
     (UPat(Ops.WHERE, src=(UPat.var(), x_, x_)), lambda x: x),
+    # a gated load already yields 0 where its gate is false
+    (UPat(Ops.WHERE, src=(UPat.var("g"), UPat(Ops.LOAD, name="ld"), c_)),
+        lambda g, ld, c: ld if len(ld.src) == 3 and ld.src[2] is g and c.arg == 0 else None),
     (UPat(Ops.AND, src=(x_, c_), dtype=dtypes.bool), lambda x, c: x if c.arg else c),
     (UPat(Ops.OR, src=(x_, c_), dtype=dtypes.bool), lambda x, c: c if c.arg else x),
     (UPat(Ops.LOAD, name="ld"), lambda ld: UOp(Ops.LOAD, ld.dtype, ld.src[:2])
         if len(ld.src) == 3 and ld.src[2].op is Ops.CONST and ld.src[2].arg else
         (UOp.const(0, ld.dtype) if len(ld.src) == 3 and ld.src[2].op is Ops.CONST else None)),
-    (UPat(Ops.CAST, src=(UPat(Ops.CAST, name="inner"),), name="x"),
-        lambda x, inner: inner.src[0] if inner.src[0].dtype == x.dtype and
-        x.dtype.itemsize > inner.dtype.itemsize and x.dtype.is_float and inner.dtype.is_float
-        else None),
     (UPat(Ops.CAST, src=(c_,), name="x"), lambda x, c: UOp.const(c.arg, x.dtype)
         if not x.dtype.is_float and not c.dtype.is_float else None),
 ])

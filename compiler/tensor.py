@@ -284,8 +284,8 @@ class Tensor:
     # ---- reductions -----------------------------------------------------------------------
     def reduce(self, op: Ops, axes=None, keepdims: bool = True) -> Tensor:
         axes = tuple(range(self.ndim)) if axes is None else tuple(sorted({a % self.ndim for a in axes}))
-        axes = tuple(a for a in axes if self.shape[a] != 1)
-        out = Tensor(UOp(Ops.REDUCE, self.dtype, (self.uop,), (op, axes))) if axes else self
+        work = tuple(a for a in axes if self.shape[a] != 1)  # size-1 dims need no reduction
+        out = Tensor(UOp(Ops.REDUCE, self.dtype, (self.uop,), (op, work))) if work else self
         if 0 in self.shape:  # reducing nothing gives the identity
             out = Tensor.full(identity(op, self.dtype), self.dtype,
                               tuple(1 if i in axes else s for i, s in enumerate(self.shape)))
@@ -315,8 +315,9 @@ class Tensor:
     def matmul(self, w: Tensor) -> Tensor:
         """(..., M, K) @ (..., K, N); the reduction axis is last so both operands stream."""
         a, b = self, w
-        if a.ndim == 1:
-            return a.unsqueeze(0).matmul(b).reshape(a.shape[:0] + b.shape[:-2] + b.shape[-1:])
+        if a.ndim == 1:  # a row vector whose row axis is dropped again
+            out = a.unsqueeze(0).matmul(b)
+            return out.reshape(out.shape[:-2] + out.shape[-1:] if b.ndim > 1 else ())
         if b.ndim == 1:
             return a.matmul(b.unsqueeze(1)).reshape(a.shape[:-1])
         lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])

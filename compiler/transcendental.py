@@ -36,8 +36,21 @@ def _pow2i(n: UOp, dt) -> UOp:
     return UOp(Ops.BITCAST, dt, (bits,))
 
 
-def _rint(x: UOp) -> UOp:
-    return UOp(Ops.TRUNC, x.dtype, (x + x.lt(0).where(_c(-0.5, x), _c(0.5, x)),))
+def _rint(x: UOp, bounded: bool = False) -> UOp:
+    """Round to nearest even by adding and subtracting 1.5 * 2^mantissa: the add rounds away the
+    fraction (2 ops). Exact for |x| < 2^(mantissa-1); larger floats are already integers, which
+    `bounded=False` selects back."""
+    magic = _c(1.5 * 2.0 ** F[x.dtype]["mant"], x)
+    r = (x + magic) - magic
+    if bounded:
+        return r
+    return x.maximum(-x).lt(_c(2.0 ** (F[x.dtype]["mant"] - 1), x)).where(r, x)
+
+
+def _clamp(x: UOp, lo: float, hi: float) -> UOp:
+    """Compare-and-select clamp: a NaN fails both compares and passes through unchanged."""
+    x = x.lt(_c(lo, x)).where(_c(lo, x), x)
+    return _c(hi, x).lt(x).where(_c(hi, x), x)
 
 
 def exp2(x: UOp) -> UOp:
@@ -46,8 +59,8 @@ def exp2(x: UOp) -> UOp:
     dt, it = x.dtype, F[x.dtype]["int"]
     deg = 7 if dt is dtypes.float32 else 13
     lim = 152.0 if dt is dtypes.float32 else 1077.0
-    xc = x.maximum(_c(-lim, x)).minimum(_c(lim, x))
-    nf = _rint(xc)
+    xc = _clamp(x, -lim, lim)
+    nf = _rint(xc, bounded=True)
     f = (xc - nf) * math.log(2)
     p = _poly(f, [1 / math.factorial(k) for k in range(deg, -1, -1)])
     n = nf.cast(it)
@@ -67,8 +80,8 @@ def exp(x: UOp) -> UOp:
     dt, it = x.dtype, F[x.dtype]["int"]
     deg = 7 if dt is dtypes.float32 else 13
     lim = 105.0 if dt is dtypes.float32 else 746.0
-    xc = x.maximum(_c(-lim, x)).minimum(_c(lim, x))
-    nf = _rint(xc * (1 / math.log(2)))
+    xc = _clamp(x, -lim, lim)
+    nf = _rint(xc * (1 / math.log(2)), bounded=True)
     hi, lo = LN2_SPLIT[dt]
     r = (xc - nf * hi) - nf * lo
     p = _poly(r, [1 / math.factorial(k) for k in range(deg, -1, -1)])

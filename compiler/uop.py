@@ -54,6 +54,7 @@ class Ops(IntEnum):  # IntEnum: hashing an op is C-level, and every UOp key hash
     STORE = auto()  # src = (param, index, value)
     SINK = auto()  # groups stores; the root of a kernel
     VECTORIZE = auto()  # src = one scalar per lane
+    GEP = auto()  # arg = lane: one lane of a vector
     # linearized program only
     DEFINE_ACC = auto()  # src = (reduce,), declares its accumulator before the reduce loops
     ENDRANGE = auto()  # src = (range,)

@@ -79,11 +79,18 @@ def vectorize(sink: UOp) -> UOp:
         group = sink.src[g:g + width]
         params = {s.src[0] for s in group}
         idxs = tuple(s.src[1] for s in group)
-        if len(params) != 1 or not _contiguous(idxs) or group[0].src[2].dtype is dtypes.bool:
+        if group[0].src[2].dtype is dtypes.bool:
             stores.extend(group)
             continue
         value = z(tuple(s.src[2] for s in group))
-        if value.dtype.count == 1:  # every lane the same value: store it W times
-            value = UOp(Ops.VECTORIZE, value.dtype.vec(width), (value,) * width)
-        stores.append(UOp(Ops.STORE, dtypes.void, (group[0].src[0], idxs[0], value)))
+        if len(params) == 1 and _contiguous(idxs):
+            if value.dtype.count == 1:  # every lane the same value: store it W times
+                value = UOp(Ops.VECTORIZE, value.dtype.vec(width), (value,) * width)
+            stores.append(UOp(Ops.STORE, dtypes.void, (group[0].src[0], idxs[0], value)))
+        elif value.op is Ops.VECTORIZE or value.dtype.count == 1:
+            stores.extend(group)  # nothing was vectorized: keep the scalar stores
+        else:  # computed as a vector, stored lane by lane (a strided output)
+            stores.extend(UOp(Ops.STORE, dtypes.void, (s.src[0], s.src[1],
+                                                       UOp(Ops.GEP, value.dtype.scalar, (value,), k)))
+                          for k, s in enumerate(group))
     return UOp(Ops.SINK, dtypes.void, tuple(stores))

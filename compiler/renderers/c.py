@@ -34,7 +34,13 @@ class CRenderer(CStyle):
         masks = {_int_of(b).vec(n) for n in counts for b in (1, 2, 4, 8)}  # for select()
         vectors = {d for d in used if d.scalar is not dtypes.bool} | masks
         typedefs = "".join(self.typedef(d) for d in sorted(vectors, key=lambda d: d.cname))
-        body = [typedefs] + [self.render_kernel(name, lin) for name, lin in kernels]
+        # every parameter is declared, even one whose loads simplified away: the call passes it
+        signature = {ln.kernel: [dtypes.from_np(buffers[b].dtype) for b in ln.args]
+                     for ln in reversed(launches)}
+        body = [typedefs]
+        for name, lin in kernels:
+            self.param_dtypes = signature[name]
+            body.append(self.render_kernel(name, lin))
         calls = [f"  {ln.kernel}({', '.join(self._arg(buffers[b]) for b in ln.args)});"
                  for ln in launches]
         sig = "unsigned char *arena, const unsigned char *weights, void *const *io"
@@ -51,6 +57,9 @@ class CRenderer(CStyle):
         if b.region == "weights":
             return f"({ty} *)(weights + {b.offset})"
         return f"({ty} *)io[{b.offset}]"
+
+    def params(self, lin: list[UOp]) -> list[UOp]:
+        return [UOp(Ops.PARAM, dt, (), (i, dt)) for i, dt in enumerate(self.param_dtypes)]
 
     # ---- vectors ----------------------------------------------------------------------------
     def dtype(self, dt: DType) -> str:
@@ -83,6 +92,8 @@ class CRenderer(CStyle):
         body.emit(f"*({val.dtype.cname}_u *)({p} + {idx}) = {body.ref(val)};")
 
     def alu(self, u: UOp, a: list[str]) -> str:
+        if u.op is Ops.GEP:
+            return f"{a[0]}[{u.arg}]"
         if u.dtype.count == 1:
             return super().alu(u, a)
         return self.valu(u, [self.lanes(x, s, u) for x, s in zip(a, u.src)])

@@ -110,10 +110,7 @@ class CStyle:
                 init = self.literal(reduce_identity(red.arg, red.dtype), red.dtype)
                 body.emit(f"{self.dtype(red.dtype)} {body.names[red]} = {init};")
             elif op is Ops.REDUCE:
-                acc = body.names[u]
-                for part in u.parts:
-                    step = UOp(u.arg, u.dtype, (u, part))
-                    body.emit(f"{acc} = {self.alu(step, [acc, body.ref(part)])};")
+                self.render_reduce(body, u)
             elif op is Ops.LOAD:
                 self.render_load(body, u)
             elif op is Ops.STORE:
@@ -132,6 +129,12 @@ class CStyle:
     def render_endrange(self, body: Body, u: UOp) -> None:
         body.depth -= 1
         body.emit("}")
+
+    def render_reduce(self, body: Body, u: UOp) -> None:
+        acc = body.names[u]
+        for part in u.parts:
+            step = UOp(u.arg, u.dtype, (u, part))
+            body.emit(f"{acc} = {self.alu(step, [acc, body.ref(part)])};")
 
     def render_load(self, body: Body, u: UOp) -> None:
         expr = f"{body.ref(u.src[0])}[{body.ref(u.src[1])}]"

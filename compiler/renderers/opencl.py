@@ -31,6 +31,7 @@ CL_TYPES = {dtypes.bool: "bool", dtypes.int8: "char", dtypes.int16: "short", dty
             dtypes.uint32: "uint", dtypes.uint64: "ulong", dtypes.float16: "half",
             dtypes.float32: "float", dtypes.float64: "double", dtypes.index: "int"}
 VECTOR_DTYPES = (dtypes.float16, dtypes.float32)
+WORK_ITEM_KINDS = ("global", "group")  # RANGEs that are work-item ids, not loops
 VECTOR_WIDTHS = (4, 3, 2)
 SAMPLER = "keel_smp"
 HELPERS = {
@@ -53,6 +54,7 @@ class OpenCLRenderer(CStyle):
         self.target = target
         self.half_compute = target.half_compute
         self.used: set[str] = set()  # helpers and extensions the program needs
+        self.rounded_by_store: set[UOp] = set()
 
     # ---- program ------------------------------------------------------------------------------
     def render_program(self, kernels: list[tuple[str, list[UOp]]], launches: list[Launch],
@@ -75,6 +77,8 @@ class OpenCLRenderer(CStyle):
 
     def render_cl_kernel(self, name: str, lin: list[UOp], launch: Launch,
                          buffers: dict[int, Buffer]) -> str:
+        # every argument the launch binds, even one simplification left unused (Where(c, x, x))
+        self.param_dtypes = [dtypes.from_np(buffers[b].dtype) for b in launch.args]
         layouts = [buffers[b].image for b in launch.args]
         self.out_image = layouts[0]  # the output is written as a buffer, in its pitched rows
         self.images = {i: img for i, img in enumerate(layouts) if i > 0 and img is not None}
@@ -82,6 +86,9 @@ class OpenCLRenderer(CStyle):
         self.global_ids = _global_ids(name, lin, launch)
         self.loads, self.stores = vector_groups(lin, self.images)
         self.texels: dict[tuple, tuple[str, tuple]] = {}
+        self.rounded_by_store = _rounded_by_store(lin) if not self.half_compute else set()
+        self.lid = None  # the group's local id, when the kernel reduces across a work-group
+        self.combine_after = _combine_point(lin)
         src = super().render_kernel(name, lin)
         if launch.local_size is not None:
             wg = ", ".join(map(str, (tuple(launch.local_size) + (1, 1))[:3]))
@@ -119,6 +126,8 @@ class OpenCLRenderer(CStyle):
         if op is Ops.SQRT:
             return f"sqrt({a[0]})"
         if op is Ops.CAST:
+            if u in self.rounded_by_store:
+                return f"({a[0]})"
             if dt is dtypes.float16 and not self.half_compute:
                 self.used.add("keel_round_half")
                 return f"keel_round_half((float)({a[0]}))"
@@ -129,6 +138,9 @@ class OpenCLRenderer(CStyle):
         return f"as_{self.dtype(dst)}({x})"
 
     # ---- parameters and work-items ------------------------------------------------------------
+    def params(self, lin: list[UOp]) -> list[UOp]:
+        return [UOp(Ops.PARAM, dt, (), (i, dt)) for i, dt in enumerate(self.param_dtypes)]
+
     def param_decl(self, p: UOp) -> str:
         i, dt = p.arg
         if i in self.images:
@@ -141,16 +153,51 @@ class OpenCLRenderer(CStyle):
         return f"{self.buffer_prefix}{const}{elem} *{self.restrict} p{i}"
 
     def render_range(self, body: Body, u: UOp) -> None:
-        if u.arg[1] != "global":
+        kind = u.arg[1]
+        if kind not in WORK_ITEM_KINDS:
             self.scope.append(u)
             return super().render_range(body, u)
         body.names[u] = f"r{u.arg[0]}"
-        body.emit(f"int {body.names[u]} = get_global_id({self.global_ids[u]});")
+        fn = "get_global_id" if kind == "global" else "get_local_id"
+        body.emit(f"int {body.names[u]} = {fn}({self.global_ids[u]});")
+        if kind == "group":
+            self.lid = (body.names[u], u.src[0].arg)
 
     def render_endrange(self, body: Body, u: UOp) -> None:
-        if u.src[0].arg[1] != "global":
+        if u.src[0].arg[1] not in WORK_ITEM_KINDS:
             super().render_endrange(body, u)
             self.scope.pop()
+        if u is self.combine_after:
+            self._combine(body)
+
+    def render_reduce(self, body: Body, u: UOp) -> None:
+        super().render_reduce(body, u)
+        if u is self.combine_after:
+            self._combine(body)
+
+    def _combine(self, body: Body) -> None:
+        """Every work item holds partial accumulators: a halving tree in local memory combines
+        them; afterwards all work items hold the totals."""
+        if self.lid is None:
+            return
+        lid, n = self.lid
+        reds = [u for u in body.names if u.op is Ops.REDUCE and any(
+            r.arg[1] == "group" for r in u.ranges)]
+        tmp = {r: f"lds_{body.names[r]}" for r in reds}
+        for r in reds:
+            body.emit(f"__local {self.dtype(r.dtype)} {tmp[r]}[{n}];")
+            body.emit(f"{tmp[r]}[{lid}] = {body.names[r]};")
+        body.emit("barrier(CLK_LOCAL_MEM_FENCE);")
+        body.emit(f"for (int s = {n // 2}; s > 0; s >>= 1) {{")
+        body.emit(f"  if ({lid} < s) {{")
+        for r in reds:
+            step = self.alu(UOp(r.arg, r.dtype, (r, r)), [f"{tmp[r]}[{lid}]", f"{tmp[r]}[{lid} + s]"])
+            body.emit(f"    {tmp[r]}[{lid}] = {step};")
+        body.emit("  }")
+        body.emit("  barrier(CLK_LOCAL_MEM_FENCE);")
+        body.emit("}")
+        for r in reds:
+            body.emit(f"{body.names[r]} = {tmp[r]}[0];")
 
     # ---- memory ---------------------------------------------------------------------------------
     def render_load(self, body: Body, u: UOp) -> None:
@@ -234,13 +281,17 @@ class OpenCLRenderer(CStyle):
             ptr = self._address(body, p, base, first)
             fn = f"vstore_half{n}" if dt is dtypes.float16 and not self.half_compute \
                 else f"vstore{n}"
-            body.emit(f"{fn}({vec}, 0, {ptr});")
+            body.emit(f"{self._only_one()}{fn}({vec}, 0, {ptr});")
             return
         i = self.expr(body, self._stored_index(p, idx))
         if p.dtype is dtypes.float16 and not self.half_compute:
-            body.emit(f"vstore_half({body.ref(val)}, {i}, {body.ref(p)});")
+            body.emit(f"{self._only_one()}vstore_half({body.ref(val)}, {i}, {body.ref(p)});")
         else:
-            body.emit(f"{body.ref(p)}[{i}] = {body.ref(val)};")
+            body.emit(f"{self._only_one()}{body.ref(p)}[{i}] = {body.ref(val)};")
+
+    def _only_one(self) -> str:
+        """After a work-group reduction every work item has the result; one of them stores."""
+        return "" if self.lid is None else f"if ({self.lid[0]} == 0) "
 
     def _stored_index(self, p: UOp, idx: UOp) -> UOp:
         """Element index in memory: image-layout buffers have pitched rows."""
@@ -323,8 +374,27 @@ def vector_groups(lin: list[UOp], images: dict[int, Image]):
     return out_loads, out_stores
 
 
+def _rounded_by_store(lin: list[UOp]) -> set[UOp]:
+    """Casts to half whose only users are stores: vstore_half rounds the same way, once."""
+    users: dict[UOp, list[UOp]] = {}
+    for u in lin:
+        for s in u.src:
+            users.setdefault(s, []).append(u)
+    return {u for u in lin if u.op is Ops.CAST and u.dtype is dtypes.float16 and users.get(u)
+            and all(s.op is Ops.STORE and s.src[2] is u for s in users[u])}
+
+
+def _combine_point(lin: list[UOp]) -> UOp | None:
+    """The last REDUCE or reduce-loop end: where a work-group's partial sums are complete."""
+    last = None
+    for u in lin:
+        if u.op is Ops.REDUCE or (u.op is Ops.ENDRANGE and u.src[0].arg[1] == "reduce"):
+            last = u
+    return last
+
+
 def _global_ids(name: str, lin: list[UOp], launch: Launch) -> dict[UOp, int]:
-    ranges = sorted((u for u in lin if u.op is Ops.RANGE and u.arg[1] == "global"),
+    ranges = sorted((u for u in lin if u.op is Ops.RANGE and u.arg[1] in WORK_ITEM_KINDS),
                     key=lambda r: r.arg[0])
     ids = {r: len(ranges) - 1 - i for i, r in enumerate(ranges)}
     sizes = tuple(r.src[0].arg for r in reversed(ranges)) or (1,)

@@ -1,0 +1,76 @@
+"""Weight packing: lay every weight out in the order its kernel reads it.
+
+Weights are constants, so their layout is the compiler's choice. After lowering, a kernel reads a
+weight at `sum(coef_r * r) + c_l` over its loop ranges r, with one constant c_l per unrolled copy.
+The packed weight is ordered [ranges in loop-nest order][copies sorted by c_l], so the innermost
+loop walks it sequentially (a matmul's column strip becomes one contiguous stream instead of one
+cache line and page per k step) and lanes that were adjacent stay adjacent for vector loads.
+The permutation depends only on the kernel, so every launch of a shared program packs its own
+weight with the same index array.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from compiler.dtypes import dtypes
+from compiler.linearize import KIND_ORDER
+from compiler.rewrite import substitute
+from compiler.symbolic import build, terms
+from compiler.uop import Ops, UOp
+
+MAX_GROWTH = 1.0  # packed size / original size: never duplicate weight data
+
+
+def _affine(idx: UOp) -> tuple[dict[UOp, int], int] | None:
+    ts, const = terms(idx)
+    coef: dict[UOp, int] = {}
+    for c, u in ts:
+        if u.op is not Ops.RANGE:
+            return None
+        coef[u] = coef.get(u, 0) + c
+    return {u: c for u, c in coef.items() if c}, const
+
+
+def pack_weights(sink: UOp, weights: dict[int, int]) -> tuple[UOp, dict[int, np.ndarray]]:
+    """weights: param index -> element count. Returns the kernel with rewritten weight loads and,
+    per packed param, the gather index (packed position -> original flat index)."""
+    loads: dict[int, list[UOp]] = {}
+    for u in sink.toposort():
+        if u.op is Ops.LOAD and u.src[0].arg[0] in weights:
+            loads.setdefault(u.src[0].arg[0], []).append(u)
+    mapping, perms = {}, {}
+    for param, group in loads.items():
+        packed = _pack(group, weights[param])
+        if packed is not None:
+            new_loads, perms[param] = packed
+            mapping.update(new_loads)
+    return (substitute(sink, mapping) if mapping else sink), perms
+
+
+def _pack(group: list[UOp], size: int):
+    if any(len(u.src) != 2 for u in group):
+        return None  # gated loads (padding) keep the original layout
+    forms = [_affine(u.src[1]) for u in group]
+    if any(f is None for f in forms) or any(f[0] != forms[0][0] for f in forms):
+        return None
+    coef = forms[0][0]
+    ranges = sorted(coef, key=lambda r: (KIND_ORDER[r.arg[1]], r.arg[0]))
+    consts = sorted({c for _, c in forms})
+    sizes = [r.src[0].arg for r in ranges]
+    n = int(np.prod(sizes, dtype=np.int64)) * len(consts)
+    if n > size * MAX_GROWTH:
+        return None
+    old = np.asarray(consts, np.int64)
+    for r, s in zip(reversed(ranges), reversed(sizes)):  # old index over [ranges..., copy]
+        old = old + coef[r] * np.arange(s, dtype=np.int64).reshape((s,) + (1,) * old.ndim)
+    perm = old.reshape(-1)
+    if perm.min() < 0 or perm.max() >= size or np.array_equal(perm, np.arange(perm.size)):
+        return None
+    stride, terms_new = len(consts), []
+    for r, s in zip(reversed(ranges), reversed(sizes)):
+        terms_new.append((stride, r))
+        stride *= s
+    slot = {c: i for i, c in enumerate(consts)}
+    new = {u: UOp(Ops.LOAD, u.dtype, (u.src[0], build(terms_new, slot[c], dtypes.index)))
+           for u, (_, c) in zip(group, forms)}
+    return new, perm
