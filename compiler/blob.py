@@ -9,8 +9,8 @@ import hashlib
 import os
 
 from compiler.artifact import Artifact, Buffer
-from runner.blob import (FILE_SHA256_AT, HEADER, MAGIC, SECTION_ALIGN, SECTIONS, VERSION,
-                         canonical_json, file_sha256, graph_section)
+from runner.blob import (FILE_SHA256_AT, HEADER, MAGIC, SECTIONS, VERSION, canonical_json,
+                         chunk_sha256, file_sha256, graph_section, section_offsets)
 
 PRODUCER = "keel-compiler 0.1"
 
@@ -44,12 +44,12 @@ def blob_bytes(artifact: Artifact) -> bytes:
 def assemble(target: str, manifest: dict, payloads: dict[str, bytes]) -> bytes:
     """Lay out the sections, add their table to `manifest`, write the header and the hashes.
     Takes the manifest as data so tests can build blobs that are well-formed but wrong."""
-    table, end = [], SECTION_ALIGN  # the header's page stays to itself
-    for name in SECTIONS:
-        table.append({"name": name, "offset": end, "size": len(payloads[name]),
-                      "sha256": hashlib.sha256(payloads[name]).hexdigest()})
-        end = _align(end + len(payloads[name]))
-    manifest_offset = table[-1]["offset"] + table[-1]["size"]
+    sizes = [len(payloads[name]) for name in SECTIONS]
+    offsets = section_offsets(sizes)
+    table = [{"name": name, "offset": offset, "size": size,
+              "chunk_sha256": chunk_sha256(payloads[name])}
+             for name, offset, size in zip(SECTIONS, offsets, sizes)]
+    manifest_offset = offsets[-1] + sizes[-1]
     manifest_json = canonical_json({**manifest, "sections": table})
     out = bytearray(manifest_offset + len(manifest_json))
     for s in table:
@@ -58,17 +58,13 @@ def assemble(target: str, manifest: dict, payloads: dict[str, bytes]) -> bytes:
     HEADER.pack_into(out, 0, MAGIC, VERSION, HEADER.size, 0, len(out), manifest_offset,
                      len(manifest_json), hashlib.sha256(manifest_json).digest(), bytes(32),
                      _cstr(PRODUCER, "producer"), _cstr(target, "target"))
-    out[FILE_SHA256_AT:FILE_SHA256_AT + 32] = file_sha256(out)
+    out[FILE_SHA256_AT:FILE_SHA256_AT + 32] = file_sha256(out, zip(offsets, sizes))
     return bytes(out)
 
 
 def _buffer_record(b: Buffer) -> dict:
     return {"id": b.id, "region": b.region, "offset": b.offset, "nbytes": b.nbytes,
             "dtype": b.dtype, "shape": list(b.shape), "name": b.name}
-
-
-def _align(n: int) -> int:
-    return -(-n // SECTION_ALIGN) * SECTION_ALIGN
 
 
 def _cstr(text: str, what: str) -> bytes:

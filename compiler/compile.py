@@ -2,7 +2,11 @@
 frontend -> schedule -> optimize -> lower -> simplify -> linearize -> render -> plan -> build."""
 from __future__ import annotations
 
+import multiprocessing
+import os
+import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from math import prod
 from contextlib import contextmanager
 from dataclasses import replace
@@ -63,23 +67,23 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         kernels = _copies_for_shared_outputs(outs, kernels)
     bufs = Buffers(graph.inputs, list(zip([n for n, _ in graph.outputs], outs)),
                    device_storage(tgt, float16, images), tgt.buffer_align)
-    programs: dict[tuple, tuple] = {}  # canonical kernel -> (name, linear uops, plan)
-    for i, k in enumerate(kernels):
-        st.tick("kernels", i, len(kernels))
+    jobs: dict[tuple, tuple] = {}  # canonical kernel -> what build_kernel needs
+    uses = []
+    for k in kernels:
         out = bufs.output_of(k)
-        if k.root.size == 0:  # writes nothing: an empty tensor needs a buffer but no launch
-            continue
         layouts = [bufs.layout_of(out)] + [bufs.layout(u) for u in k.inputs]
         key, ck = canonical(k, layouts)
-        if key not in programs:
+        if key not in jobs:
             packable = {j: u.size for j, (u, lay) in enumerate(zip(k.inputs, layouts[1:]), 1)
                         if lay[0] == "weights" and lay[2] is None and tgt.renderer == "c"}
-            programs[key] = build_kernel(ck, [dtypes.from_np(lay[1]) for lay in layouts], tgt, st,
-                                         packable)
+            jobs[key] = (ck, [dtypes.from_np(lay[1]) for lay in layouts], tgt, packable)
+        uses.append((k, out, key))
+    with st("kernels"):
+        programs = build_all(jobs, st)
+    for k, out, key in uses:
         name, _, plan, perms = programs[key]
         args = [out] + [bufs.of(u, perms.get(j)) for j, u in enumerate(k.inputs, 1)]
         bufs.launch(Kernel(name, k.root, k.inputs), args, plan)
-    st.tick("kernels", len(kernels), len(kernels))
     with st("plan"):
         bufs.plan_arena()
     with st("render"):
@@ -108,8 +112,55 @@ def canonical(k: Kernel, layouts: list) -> tuple[tuple, Kernel]:
     return key, Kernel(k.name, root, list(holes.values()))
 
 
-def build_kernel(k: Kernel, param_dtypes: list, tgt: Target, st: Stages,
-                 packable: dict[int, int]) -> tuple:
+PARALLEL_MIN_KERNELS = 8  # below this, starting worker processes costs more than it saves
+
+
+def build_all(jobs: dict[tuple, tuple], st: Stages) -> dict[tuple, tuple]:
+    """Build every distinct kernel; on Linux in forked worker processes, one per core (kernels
+    are independent once scheduled, and building them is most of the compile time)."""
+    keys = list(jobs)
+    workers = min(compile_jobs(), len(keys))
+    if workers < 2 or len(keys) < PARALLEL_MIN_KERNELS or sys.platform != "linux":
+        out = {}
+        for i, key in enumerate(keys):
+            st.tick("kernels", i, len(keys))
+            out[key] = build_kernel(*jobs[key], st)
+        st.tick("kernels", len(keys), len(keys))
+        return out
+    global _JOBS
+    _JOBS = [jobs[k] for k in keys]  # inherited by the forked workers; nothing is pickled in
+    out = {}
+    ctx = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futures = [pool.submit(_build_job, i) for i in range(len(keys))]
+        for done, fut in enumerate(as_completed(futures)):
+            i, result, times = fut.result()
+            out[keys[i]] = result
+            for name, secs in times.items():
+                st.times[name] = st.times.get(name, 0.0) + secs
+            st.tick("kernels", done + 1, len(keys))
+    _JOBS = []
+    return out
+
+
+_JOBS: list = []
+
+
+def _build_job(i: int):
+    st = Stages()
+    return i, build_kernel(*_JOBS[i], st), st.times
+
+
+def compile_jobs() -> int:
+    text = os.environ.get("KEEL_COMPILE_JOBS", "")
+    if text.strip().isdigit() and int(text) > 0:
+        return int(text)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+
+
+def build_kernel(k: Kernel, param_dtypes: list, tgt: Target, packable: dict[int, int],
+                 st: Stages) -> tuple:
     """-> (name, linear uops, plan, {param: weight packing permutation})"""
     params = {u: j + 1 for j, u in enumerate(k.inputs)}
     with st("optimize"):

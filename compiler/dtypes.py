@@ -28,7 +28,11 @@ class DType:
         return self.base or self
 
     def __repr__(self) -> str:
-        return f"dtypes.{self.name}"
+        return f"dtypes.{self.name}" if self.count == 1 else f"dtypes.{self.name}.vec({self.count})"
+
+    def __reduce__(self):
+        """Unpickle to the same singleton: dtypes compare by identity."""
+        return (_lookup, (self.scalar.name, self.scalar.kind, self.count))
 
     @property
     def np(self) -> np.dtype:
@@ -97,6 +101,12 @@ class dtypes:
             if d.name == name:
                 return d
         raise KeyError(f"no keel dtype for numpy dtype {name}")
+
+
+def _lookup(name: str, kind: str, count: int) -> DType:
+    scalar = dtypes.index if kind == "x" else dtypes.void if kind == "v" else \
+        next(d for d in dtypes.all if d.name == name)
+    return scalar.vec(count) if count > 1 else scalar
 
 
 def promote_float(dt: DType) -> DType:

@@ -262,3 +262,93 @@ def _bitcast(ctx, i, a):
     if dtypes.bool in (x.dtype, dt):
         return x.ne(0) if dt is dtypes.bool else x.cast(dt)
     return x.bitcast(dt)
+
+
+@op("MaxUnpool")
+def _max_unpool(ctx, i, a):
+    """out.flat[I] = X; MaxPool's indices stay inside their own (n, c) plane."""
+    x, ind = i[0], i[1]
+    ks = a["kernel_shape"]
+    nsp = len(ks)
+    strides = a.get("strides", [1] * nsp)
+    pads = a.get("pads", [0] * 2 * nsp)
+    out_sp = tuple((s - 1) * st - pads[d] - pads[nsp + d] + k
+                   for d, (s, st, k) in enumerate(zip(x.shape[2:], strides, ks)))
+    want = tuple(int(v) for v in ctx.static(i[2], "output_shape"))[2:] \
+        if len(i) > 2 and i[2] is not None else out_sp
+    n, c = x.shape[:2]
+    p_in, p_out = math.prod(x.shape[2:]), math.prod(out_sp)
+    plane = arange_at(n * c, 0, 1).reshape((n, c, 1)) * p_out
+    local = ind.cast(dtypes.int64).reshape((n, c, p_in)) - plane
+    hit = local.unsqueeze(2).eq(arange_at(p_out, 2, 4))  # (n, c, p_out, p_in)
+    out = pick(hit, x.reshape((n, c, 1, p_in)), 3).reshape((n, c) + out_sp)
+    # a larger output_shape keeps the unpooled block at the origin (the ONNX reference)
+    return out.pad(((0, 0), (0, 0)) + tuple((0, w - o) for w, o in zip(want, out_sp)))
+
+
+@op("Col2Im")
+def _col2im(ctx, i, a):
+    """Sum every column entry into its image pixel: a matmul with a compile-time 0/1 matrix."""
+    x = i[0]  # (N, C*K, L)
+    image = [int(v) for v in ctx.static(i[1], "image_shape")]
+    block = [int(v) for v in ctx.static(i[2], "block_shape")]
+    nsp = len(image)
+    dil = a.get("dilations", [1] * nsp)
+    pads = a.get("pads", [0] * 2 * nsp)
+    strides = a.get("strides", [1] * nsp)
+    slide = [(im + pads[d] + pads[nsp + d] - dil[d] * (b - 1) - 1) // strides[d] + 1
+             for d, (im, b) in enumerate(zip(image, block))]
+    k, L, P = math.prod(block), math.prod(slide), math.prod(image)
+    m = np.zeros((k, L, P), x.dtype.np)
+    for kk, kpos in enumerate(np.ndindex(*block)):
+        for ll, lpos in enumerate(np.ndindex(*slide)):
+            pix = [lp * st - pads[d] + kp * dl for d, (lp, st, kp, dl)
+                   in enumerate(zip(lpos, strides, kpos, dil))]
+            if all(0 <= p < s for p, s in zip(pix, image)):
+                m[kk, ll, np.ravel_multi_index(pix, image)] = 1
+    n, c = x.shape[0], x.shape[1] // k
+    y = x.reshape((n, c, k * L)).matmul(Tensor.weight(m.reshape(k * L, P)))
+    return y.reshape([n, c] + image)
+
+
+@op("TfIdfVectorizer")
+def _tfidf(ctx, i, a):
+    """Count each pool n-gram at every start and skip distance (unigrams once), then weight."""
+    x = i[0]
+    rows = x.reshape((1, x.shape[0])) if x.ndim == 1 else x
+    width = rows.shape[1]
+    lo, hi, skips = a["min_gram_length"], a["max_gram_length"], a["max_skip_count"]
+    pool, counts = list(a["pool_int64s"]), list(a["ngram_counts"]) + [len(a["pool_int64s"])]
+    columns: dict[int, Tensor] = {}
+    gram = 0
+    for size, (start, end) in enumerate(zip(counts, counts[1:]), 1):
+        for at in range(start, end, size):
+            col = a["ngram_indexes"][gram]
+            gram += 1
+            if not lo <= size <= hi:
+                continue
+            for dist in range(1, (skips + 1 if size > 1 else 1) + 1):
+                span = (size - 1) * dist
+                if span >= width:
+                    continue
+                match = None
+                for j in range(size):
+                    part = rows.shrink(((0, rows.shape[0]), (j * dist, j * dist + width - span)))
+                    eq = part.eq(Tensor.full(pool[at + j], rows.dtype))
+                    match = eq if match is None else match & eq
+                n = match.cast(dtypes.float32).sum([1])
+                columns[col] = n if col not in columns else columns[col] + n
+    size_out = max(a["ngram_indexes"]) + 1
+    zero = Tensor.full(0.0, dtypes.float32, (rows.shape[0], 1))
+    tf = Tensor.cat([columns.get(c, zero) for c in range(size_out)], 1)
+    weights = a.get("weights")
+    mode = a["mode"]
+    if mode == "IDF":
+        w = Tensor.weight(np.asarray(weights, np.float32)) if weights else 1.0
+        out = (tf > 0).where(w if isinstance(w, Tensor) else Tensor.full(w, dtypes.float32),
+                             Tensor.full(0.0, dtypes.float32))
+    elif mode == "TFIDF" and weights:
+        out = tf * Tensor.weight(np.asarray(weights, np.float32))
+    else:
+        out = tf
+    return out.reshape((size_out,)) if x.ndim == 1 else out

@@ -64,8 +64,14 @@ def _isinf(ctx, i, a):
 
 
 def _softplus(x: Tensor) -> Tensor:
-    # log(1 + e^x) without overflow: max(x, 0) + log(1 + e^-|x|)
-    return x.relu() + ((-x.abs()).exp() + 1.0).log()
+    # log(1 + e^x) without overflow: max(x, 0) + log1p(e^-|x|)
+    return x.relu() + _log1p((-x.abs()).exp())
+
+
+def _log1p(t: Tensor) -> Tensor:
+    """log(1 + t), accurate for tiny t: log(u) * t / (u - 1) with u = 1 + t rounded."""
+    u = t + 1.0
+    return u.eq(1.0).where(t, u.log() * t / (u - 1.0))
 
 
 def _binary(fn):
@@ -105,7 +111,15 @@ def _mod(ctx, i, a):
 
 @op("BitShift")
 def _bitshift(ctx, i, a):
-    return i[0].shl(i[1]) if a["direction"] == "LEFT" else i[0].shr(i[1])
+    """Shift counts outside [0, bits) saturate (0, or -1 for a negative value shifted right),
+    as numpy does; C would take them modulo the width."""
+    x, n = i
+    wide = (n < 0) | (n >= x.dtype.bits) if n.dtype.kind == "i" else n >= x.dtype.bits
+    if a["direction"] == "LEFT":
+        return wide.where(Tensor.full(0, x.dtype), x.shl(n))
+    fill = (x < 0).where(Tensor.full(-1, x.dtype), Tensor.full(0, x.dtype)) \
+        if x.dtype.kind == "i" else Tensor.full(0, x.dtype)
+    return wide.where(fill, x.shr(n))
 
 
 @op("Max", "Min", "Sum", "Mean")
@@ -258,8 +272,17 @@ def _onehot_argmax(x: Tensor, axis: int) -> Tensor:
 @op("BatchNormalization")
 def _batchnorm(ctx, i, a):
     x, scale, bias, mean, var = i[:5]
-    inv = scale / (var + a.get("epsilon", 1e-5)).sqrt()
-    return x * _bshape(inv, x) + _bshape(bias - mean * inv, x)
+    eps = a.get("epsilon", 1e-5)
+    if not a.get("training_mode", 0):
+        inv = scale / (var + eps).sqrt()
+        return x * _bshape(inv, x) + _bshape(bias - mean * inv, x)
+    axes = [0] + list(range(2, x.ndim))  # batch statistics; running ones move by momentum
+    bmean = x.mean(axes)
+    bvar = ((x - bmean) * (x - bmean)).mean(axes)
+    y = (x - bmean) / (bvar + eps).sqrt() * _bshape(scale, x) + _bshape(bias, x)
+    m = a.get("momentum", 0.9)
+    flat = lambda t: t.reshape((x.shape[1],))  # noqa: E731
+    return [y, mean * m + flat(bmean) * (1 - m), var * m + flat(bvar) * (1 - m)]
 
 
 def _bshape(t: Tensor, x: Tensor) -> Tensor:
@@ -301,6 +324,13 @@ def _lrn(ctx, i, a):
     s = win.pool(Ops.ADD, (size,), (1,), (1,), ((0, 0),), 0.0)
     s = s.permute([0, x.ndim - 1] + list(range(1, x.ndim - 1)))
     return x / (s * (alpha / size) + bias).pow(Tensor.full(beta, x.dtype))
+
+
+@op("LpNormalization")
+def _lpnorm(ctx, i, a):
+    x, axis = i[0], a.get("axis", -1)
+    norm = x.abs().sum([axis]) if a.get("p", 2) == 1 else (x * x).sum([axis]).sqrt()
+    return norm.eq(0).where(Tensor.full(0, x.dtype), x / norm)
 
 
 @op("MeanVarianceNormalization")
@@ -435,7 +465,34 @@ def _maxpool(ctx, i, a):
     dil = tuple(a.get("dilations", [1] * len(ks)))
     pads = _pool_pads(a, x, ks, strides, dil)
     fill = -math.inf if x.dtype.is_float else x.dtype.min
-    return x.pool(Ops.MAX, ks, strides, dil, pads, fill)
+    y = x.pool(Ops.MAX, ks, strides, dil, pads, fill)
+    if len(ctx.node.output) < 2 or not ctx.node.output[1]:
+        return y
+    return [y, _maxpool_indices(x, y, ks, strides, dil, pads, a.get("storage_order", 0))]
+
+
+def _maxpool_indices(x, y, ks, strides, dil, pads, storage_order: int) -> Tensor:
+    """Flat (N, C, *S) index of each window's first maximum (row-major scan of the window)."""
+    nsp, sp = len(ks), x.shape[2:]
+    fill = -math.inf if x.dtype.is_float else x.dtype.min
+    lead = ((0, 0), (0, 0))
+    win = x.pad(lead + tuple(pads), fill).window(ks, strides, dil)  # (N, C, *O, *K)
+    order = np.arange(math.prod(sp)).reshape(sp)  # row-major scan order breaks ties
+    pos = np.arange(math.prod(sp)).reshape(sp[::-1]).transpose() if storage_order else order
+    kaxes = list(range(2 + nsp, 2 + 2 * nsp))
+    big = math.prod(sp)
+
+    def windowed(v):
+        return Tensor.weight(v.reshape((1, 1) + sp).astype(np.int64)).pad(
+            lead + tuple(pads), 0).window(ks, strides, dil)
+
+    hit = win.eq(y.reshape(y.shape + (1,) * nsp))
+    first = hit.where(windowed(order), Tensor.full(big, dtypes.int64)).min(kaxes)
+    at = windowed(order).eq(first)
+    local = (hit & at).where(windowed(pos), Tensor.full(0, dtypes.int64)).max(kaxes, False)
+    n, c = x.shape[:2]
+    plane = Tensor.weight(np.arange(n * c, dtype=np.int64).reshape((n, c) + (1,) * nsp) * big)
+    return local + plane
 
 
 @op("AveragePool")
@@ -829,143 +886,11 @@ def _d2s(ctx, i, a):
 def _s2d(ctx, i, a):
     x, b = i[0], a["blocksize"]
     n, c, h, w = x.shape
-    t = x.reshape((n, c, h // b, b, w // b, b)).permute((0, 3, 5, 1, 2, 4))
+    order = (0, 1, 3, 5, 2, 4) if a.get("mode", "DCR") == "CRD" else (0, 3, 5, 1, 2, 4)
+    t = x.reshape((n, c, h // b, b, w // b, b)).permute(order)
     return t.reshape((n, c * b * b, h // b, w // b))
 
 
-# ---- resize ---------------------------------------------------------------------------------
-def _src_coords(mode: str, out_n: int, in_n: int, scale: float, roi=None) -> np.ndarray:
-    o = np.arange(out_n, dtype=np.float64)
-    if mode == "half_pixel":
-        return (o + 0.5) / scale - 0.5
-    if mode == "pytorch_half_pixel":
-        return (o + 0.5) / scale - 0.5 if out_n > 1 else np.zeros(out_n)
-    if mode == "align_corners":
-        return o * (in_n - 1) / (out_n - 1) if out_n > 1 else np.zeros(out_n)
-    if mode == "asymmetric":
-        return o / scale
-    if mode == "half_pixel_symmetric":
-        adj = out_n / (scale * in_n)
-        center = in_n / 2
-        offset = center * (1 - adj)
-        return offset + (o + 0.5) / scale - 0.5
-    if mode == "tf_crop_and_resize":
-        s, e = roi
-        if out_n > 1:
-            return s * (in_n - 1) + o * (e - s) * (in_n - 1) / (out_n - 1)
-        return np.full(out_n, 0.5 * (s + e) * (in_n - 1))
-    raise CompileError(f"Resize coordinate_transformation_mode {mode!r} is not supported")
-
-
-def _nearest(x: np.ndarray, mode: str) -> np.ndarray:
-    if mode == "round_prefer_floor":
-        return np.where(x - np.floor(x) == 0.5, np.floor(x), np.round(x))
-    if mode == "round_prefer_ceil":
-        return np.where(x - np.floor(x) == 0.5, np.ceil(x), np.round(x))
-    if mode == "floor":
-        return np.floor(x)
-    if mode == "ceil":
-        return np.ceil(x)
-    raise CompileError(f"Resize nearest_mode {mode!r} is not supported")
-
-
-def _cubic_weights(t: np.ndarray, A: float) -> np.ndarray:
-    def k(d):
-        d = np.abs(d)
-        return np.where(d <= 1, ((A + 2) * d - (A + 3)) * d * d + 1,
-                        np.where(d < 2, ((A * d - 5 * A) * d + 8 * A) * d - 4 * A, 0.0))
-    return np.stack([k(t + 1), k(t), k(1 - t), k(2 - t)], -1)
-
-
-@op("Resize", "Upsample")
-def _resize(ctx, i, a):
-    """Separable: per resized axis, gather source rows with compile-time index/weight tables."""
-    x = i[0]
-    scales, sizes, roi = None, None, None
-    if ctx.node.op_type == "Upsample" or ctx.opset < 11:
-        scales = a["scales"] if "scales" in a else ctx.static(i[1], "scales")
-    else:
-        if len(i) > 1 and i[1] is not None and i[1].uop.size:
-            roi = ctx.static(i[1], "roi").astype(np.float64)
-        if len(i) > 2 and i[2] is not None and i[2].uop.size:
-            scales = ctx.static(i[2], "scales")
-        if len(i) > 3 and i[3] is not None and i[3].uop.size:
-            sizes = ctx.static(i[3], "sizes")
-    axes = [d % x.ndim for d in a.get("axes", range(x.ndim))]
-    mode = a.get("mode", "nearest")
-    ctm = a.get("coordinate_transformation_mode", "half_pixel" if ctx.opset >= 11 else "asymmetric")
-    if ctx.node.op_type == "Upsample" or ctx.opset < 11:
-        ctm = "asymmetric"
-    full_scales = [1.0] * x.ndim
-    out = list(x.shape)
-    if sizes is not None:
-        sizes = [int(v) for v in sizes]
-        policy = a.get("keep_aspect_ratio_policy", "stretch")
-        sc = [sizes[j] / x.shape[ax] for j, ax in enumerate(axes)]
-        if policy != "stretch":
-            s = min(sc) if policy == "not_larger" else max(sc)
-            sc = [s] * len(axes)
-            sizes = [int(round(s * x.shape[ax])) for ax in axes]
-        for j, ax in enumerate(axes):
-            out[ax], full_scales[ax] = sizes[j], sc[j]
-    else:
-        scales = [float(v) for v in scales]
-        if len(scales) == x.ndim and len(axes) != x.ndim:
-            scales = [scales[ax] for ax in axes]
-        for j, ax in enumerate(axes):
-            full_scales[ax] = scales[j]
-            out[ax] = int(math.floor(x.shape[ax] * scales[j]))
-    for ax in range(x.ndim):
-        if out[ax] == x.shape[ax] and full_scales[ax] == 1.0 and ctm != "tf_crop_and_resize":
-            continue
-        r = None
-        if roi is not None and ctm == "tf_crop_and_resize":
-            k = axes.index(ax) if ax in axes else None
-            n_ax = len(roi) // 2
-            r = (roi[k], roi[n_ax + k]) if k is not None and n_ax == len(axes) else \
-                (roi[ax], roi[x.ndim + ax])
-        x = _resize_axis(x, ax, out[ax], full_scales[ax], mode, ctm, a, r)
-    return x
-
-
-def _resize_axis(x: Tensor, ax: int, out_n: int, scale: float, mode: str, ctm: str, a, roi):
-    in_n = x.shape[ax]
-    src = _src_coords(ctm, out_n, in_n, scale, roi)
-    outside = (src < 0) | (src > in_n - 1)
-    extrap = a.get("extrapolation_value", 0.0)
-    if mode == "nearest":
-        idx = np.clip(_nearest(src, a.get("nearest_mode", "round_prefer_floor")), 0, in_n - 1)
-        y = x.gather(Tensor.weight(idx.astype(np.int64)), ax)
-    else:
-        if mode == "linear":
-            base = np.floor(src)
-            t = src - base
-            taps, w = [base, base + 1], np.stack([1 - t, t], -1)
-        elif mode == "cubic":
-            base = np.floor(src)
-            t = src - base
-            taps = [base - 1, base, base + 1, base + 2]
-            w = _cubic_weights(t, a.get("cubic_coeff_a", -0.75))
-            if a.get("exclude_outside", 0):
-                inside = np.stack([(tp >= 0) & (tp <= in_n - 1) for tp in taps], -1)
-                w = np.where(inside, w, 0.0)
-                w = w / w.sum(-1, keepdims=True)
-        else:
-            raise CompileError(f"Resize mode {mode!r} is not supported")
-        y = None
-        for j, tp in enumerate(taps):
-            idx = np.clip(tp, 0, in_n - 1).astype(np.int64)
-            shape = [1] * x.ndim
-            shape[ax] = out_n
-            wj = Tensor.weight(w[:, j].astype(x.dtype.np).reshape(shape))
-            term = x.gather(Tensor.weight(idx), ax) * wj
-            y = term if y is None else y + term
-    if ctm == "tf_crop_and_resize" and outside.any():
-        shape = [1] * x.ndim
-        shape[ax] = out_n
-        y = Tensor.weight(outside.reshape(shape)).where(Tensor.full(extrap, y.dtype), y)
-    return y
-
-
 # ops in topic modules register themselves into OPS on import
-from compiler import onnx_index, onnx_quant, onnx_rnn, onnx_signal  # noqa: E402,F401
+from compiler import (onnx_attention, onnx_index, onnx_quant,  # noqa: E402,F401
+                      onnx_resize, onnx_rnn, onnx_sample, onnx_signal)

@@ -27,7 +27,7 @@ from compiler.symbolic import symbolic, terms
 from compiler.uop import Ops, UOp
 
 FULL_UNROLL = 8  # reduce dims up to this size disappear into straight-line code
-ROW_TILE = 6  # rows of accumulators per vector column (MLAS-style 6 x 2-vector tiles)
+MAX_ROWS = 8  # accumulator rows: past this, code size (and compile time) grows for no gain
 
 
 def _factor(size: int, limit: int) -> int:
@@ -86,17 +86,19 @@ def plan_kernel(kernel: Kernel, realized: set, target: Target,
     if red is not None and params is not None and out_dims:
         plain = Plan(tuple(full), tuple(rdims), tuple(
             Axis(d, s, "reduce" if d in rdims else "loop") for d, s in enumerate(full) if s > 1))
-        ops = operands(kernel, params, plain, packable)
+        # only what the reduction reads shapes the inner loop (epilogue loads run once per output)
+        ops = [o for o in operands(kernel, params, plain, packable)
+               if any(d in rdims for d in o.strides)]
         big = set(max(ops, key=lambda o: o.nbytes).strides) if ops else set()
         order = sorted(order, key=lambda d: (d not in big, d))
-        # vector dim: fewest per-lane gathers, then innermost
-        vec = min(out_dims, key=lambda d: (_gathers(ops, d), -d))
-        upcast[vec] = _factor(full[vec], 2 * lanes if full[vec] >= 2 * lanes else lanes)
+        # vector dim: whole vectors first (a 14-wide row does not fill 8 lanes, 256 channels
+        # do), then fewest per-lane gathers, then innermost
+        vec = min(out_dims, key=lambda d: (full[d] % lanes != 0, _gathers(ops, d), -d))
         # row dim: one the vector operands do not depend on, so each vector load feeds a row
         feeders = [o for o in ops if o.strides.get(vec, 0) != 0]
         reuse = [d for d in out_dims if d != vec and all(o.strides.get(d, 0) == 0 for o in feeders)]
-        if reuse:
-            upcast[reuse[-1]] = _factor(full[reuse[-1]], ROW_TILE)
+        row = reuse[-1] if reuse else None
+        upcast.update(_register_tile(full, vec, row, lanes, target.registers))
         vec_dim = vec
     elif red is not None and out_dims:
         inner = out_dims[-1]
@@ -123,6 +125,21 @@ def plan_kernel(kernel: Kernel, realized: set, target: Target,
         if split > 1:
             axes.append(Axis(d, split, "unroll" if d in rdims else "upcast"))
     return Plan(tuple(full), tuple(rdims), tuple(_nest(axes, vec_dim)), lanes=lanes)
+
+
+def _register_tile(full, vec: int, row: int | None, lanes: int, registers: int) -> dict:
+    """Upcasts for a (rows x vector columns) accumulator tile: as many accumulators as the
+    register file holds beside the operands (4 registers: two vector loads, a broadcast, spare)."""
+    budget = max(registers - 4, 1)
+    best, best_tile = 0, {vec: _factor(full[vec], lanes)}
+    for vregs in (1, 2, 3):
+        cols = _factor(full[vec], vregs * lanes)
+        if cols % lanes or cols < vregs * lanes:
+            continue
+        rows = _factor(full[row], min(budget // vregs, MAX_ROWS)) if row is not None else 1
+        if vregs * rows > best:
+            best, best_tile = vregs * rows, {vec: cols, **({row: rows} if rows > 1 else {})}
+    return best_tile
 
 
 def _lanes(tile: int, width: int) -> int:

@@ -118,14 +118,15 @@ DEMOTE = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG, Ops.MAX, Ops.MIN, Ops.WHERE,
 PROMOTE = {Ops.EXP2, Ops.EXP, Ops.LOG2, Ops.SIN, Ops.POW, Ops.SQRT, Ops.FDIV, Ops.RECIP, Ops.TRUNC}
 
 
-def _as_half(u: UOp) -> UOp | None:
-    """u (fp32) as an exact fp16 node, or None when it is not exactly a half value."""
+def _as_half(u: UOp, exact: bool) -> UOp | None:
+    """u (fp32) as an fp16 node: a value read from half, or a constant rounded to half (only when
+    that is exact, if `exact`: a comparison threshold must not move). None if neither."""
     if u.op is Ops.CAST and u.src[0].dtype is F16:
         return u.src[0]
     if u.op is Ops.CONST:
         h = np.float16(u.arg)
-        if np.isfinite(h) or not np.isfinite(u.arg):  # rounding a constant is fine, overflow not
-            return UOp.const(float(h), F16)
+        if float(h) == u.arg or np.isnan(u.arg) or (not exact and np.isfinite(h)):
+            return UOp.const(float(h), F16)  # overflow to inf is never accepted
     return None
 
 
@@ -135,7 +136,7 @@ def _demote(x: UOp) -> UOp | None:
         return None
     src = list(x.src)
     for i in floats:
-        h = _as_half(src[i])
+        h = _as_half(src[i], exact=x.dtype is dtypes.bool)
         if h is None:
             return None
         src[i] = h

@@ -31,6 +31,7 @@ class Target:
 
 TARGETS = {t.name: t for t in (
     Target("cpu", "c", "cpu", vector_bytes=32, registers=16),  # x86-64-v3: AVX2 + FMA
+    Target("cpu-avx512", "c", "cpu", vector_bytes=64, registers=32),  # x86-64-v4: AVX-512
     Target("cpu-aarch64", "c", "cpu", vector_bytes=16, registers=32),  # comma 3X (Kryo 385)
     Target("cpu-arm64-apple", "c", "cpu", vector_bytes=16, registers=32),
     # any OpenCL 1.2 device (PoCL in CI): no fp16 arithmetic, images opt-in within the limits

@@ -36,6 +36,8 @@ class CpuTarget:
 TARGETS: dict[str, CpuTarget] = {
     "cpu": CpuTarget("x86_64-linux-gnu", ("-march=x86-64-v3",), ("-fuse-ld=lld",),
                      "Linux", ("x86_64", "AMD64")),
+    "cpu-avx512": CpuTarget("x86_64-linux-gnu", ("-march=x86-64-v4",), ("-fuse-ld=lld",),
+                            "Linux", ("x86_64", "AMD64")),
     # comma 3X: Snapdragon 845, Kryo 385 gold cores are Cortex-A75 derivatives
     "cpu-aarch64": CpuTarget("aarch64-linux-gnu", ("-mcpu=cortex-a75",), ("-fuse-ld=lld",),
                              "Linux", ("aarch64", "arm64")),

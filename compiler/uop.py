@@ -82,6 +82,10 @@ class Weight:
         return f"Weight({self.data.dtype}{list(self.data.shape)})"
 
 
+# constants are few and reused everywhere (index strides, lane offsets): keep them for good
+_CONSTS: dict = {}
+
+
 def _drop(key) -> None:
     ref = UOp._cache.get(key)
     if ref is not None and ref() is None:
@@ -99,7 +103,8 @@ class UOp:
     _cache: dict = {}
 
     def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple = (), arg=None):
-        key = (op, dtype, tuple(map(id, src)), arg)
+        # -0.0 == 0.0 in Python, but they are different constants (1/x tells them apart)
+        key = (op, dtype, tuple(map(id, src)), arg if type(arg) is not float or arg else repr(arg))
         try:
             ref = UOp._cache.get(key)
         except TypeError as e:
@@ -122,7 +127,13 @@ class UOp:
     # ---- construction helpers -------------------------------------------------------------
     @staticmethod
     def const(value, dtype: DType) -> UOp:
-        return UOp(Ops.CONST, dtype, (), normalize_const(value, dtype))
+        key = (value, dtype, type(value))
+        if value == 0 and type(value) is float:
+            key = (repr(value), dtype)  # keep -0.0 apart from 0.0
+        hit = _CONSTS.get(key)
+        if hit is None:
+            hit = _CONSTS[key] = UOp(Ops.CONST, dtype, (), normalize_const(value, dtype))
+        return hit
 
     def alu(self, op: Ops, *others: UOp) -> UOp:
         out = dtypes.bool if op in COMPARE else self.dtype

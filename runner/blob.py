@@ -1,18 +1,24 @@
 """Blob format v1 (docs/blob.md): the layout constants, and the reader that validates everything.
 
 `read_blob` maps the file and checks the header, the manifest (structure, types, every field), the
-section table, every SHA-256, every buffer's bounds, the io slots and the launch table before
-returning. Nothing in a blob runs until all of that has passed. The compiler's writer imports the
-layout from here, so reader and writer cannot drift apart.
+layout, every SHA-256, every buffer's bounds, the io slots and the launch table before returning.
+Nothing in a blob runs until all of that has passed. The compiler's writer imports the layout from
+here, so reader and writer cannot drift apart.
+
+Every byte of the file is hashed exactly once: the sections as CHUNK_BYTES chunks whose digests the
+manifest lists, everything else (header, padding, manifest) into the file digest. The chunks are
+spread over threads (hashlib releases the GIL on large buffers) while the calling thread validates
+the manifest, then joins in: load costs about one pass over the file divided by the cores.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import mmap
 import os
 import struct
-from concurrent.futures import ThreadPoolExecutor
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,12 +31,16 @@ VERSION = 1
 # magic, version, header_size, flags, file_size, manifest_offset, manifest_size,
 # manifest_sha256, file_sha256, producer, target  (little-endian, 176 bytes)
 HEADER = struct.Struct("<8sIIQQQQ32s32s32s32s")
-FILE_SHA256_AT = 80  # the file hash covers the whole file with these 32 bytes read as zeros
+FILE_SHA256_AT = 80  # the file hash reads these 32 bytes (the field itself) as zeros
 SECTION_ALIGN = 4096
-SECTIONS = ("weights", "programs", "graph")
+SECTIONS = ("weights", "programs", "graph")  # in file order
+CHUNK_BYTES = 4 << 20  # sections are hashed in chunks of this size, in parallel
+MAX_INT = 2**63 - 1  # manifest integers must fit an int64 / uint64 on the C side
+MAX_HASH_THREADS = 8
 REGIONS = ("arena", "weights", "input", "output")
 DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
           "float16", "float32", "float64")
+_NP_DTYPES = {name: np.dtype(name) for name in DTYPES}
 
 
 @dataclass(frozen=True)
@@ -77,10 +87,37 @@ def graph_section(launches: list[dict]) -> bytes:
                            for l in launches])
 
 
-def file_sha256(data) -> bytes:
+def section_offsets(sizes: list[int]) -> list[int]:
+    """Where sections of these sizes start, in order: the first at SECTION_ALIGN (the header's
+    page stays to itself), each next one at the first SECTION_ALIGN multiple at or after the end
+    of the one before. The manifest starts right after the last section."""
+    offsets, end = [], SECTION_ALIGN
+    for size in sizes:
+        offsets.append(end)
+        end = -(-(end + size) // SECTION_ALIGN) * SECTION_ALIGN
+    return offsets
+
+
+def chunk_sha256(section) -> list[str]:
+    """SHA-256 (hex) of each CHUNK_BYTES piece of a section, in order; the last may be shorter."""
+    view = memoryview(section).cast("B")
+    return [hashlib.sha256(view[i:i + CHUNK_BYTES]).hexdigest()
+            for i in range(0, len(view), CHUNK_BYTES)]
+
+
+def file_sha256(data, sections) -> bytes:
+    """The file digest: SHA-256 of every byte outside the sections, in file order, with the 32
+    bytes at FILE_SHA256_AT read as zeros. `sections` are (offset, size) in file order, past the
+    header and not overlapping. Since the manifest lists every chunk's digest, this one digest
+    binds every byte of the file (docs/blob.md)."""
+    data = memoryview(data).cast("B")
     h = hashlib.sha256(data[:FILE_SHA256_AT])
     h.update(bytes(32))
-    h.update(data[FILE_SHA256_AT + 32:])
+    pos = FILE_SHA256_AT + 32
+    for offset, size in sections:
+        h.update(data[pos:offset])
+        pos = offset + size
+    h.update(data[pos:])
     return h.digest()
 
 
@@ -99,22 +136,26 @@ def parse_blob(data: memoryview) -> Blob:
     data = memoryview(data).cast("B")
     target, producer, m_start, m_end = _header(data)
     manifest = _manifest(data[m_start:m_end])
-    # hashlib drops the GIL on large buffers: hash the whole file while the sections are hashed
-    with ThreadPoolExecutor(1) as pool:
-        whole = pool.submit(file_sha256, data)
-        sections = _sections(data, manifest["sections"], m_start, m_end)
-        if whole.result() != bytes(data[FILE_SHA256_AT:FILE_SHA256_AT + 32]):
-            raise BlobError("file SHA-256 does not match the header (corrupt header or padding)")
-    buffers = _buffers(manifest["buffers"])
-    _check_regions(buffers, manifest, len(sections["weights"]))
-    launches = _launches(manifest["launches"], buffers)
+    table = manifest["sections"]
+    _check_layout(table, m_start)
+    if file_sha256(data, [(s["offset"], s["size"]) for s in table]) != \
+            bytes(data[FILE_SHA256_AT:FILE_SHA256_AT + 32]):
+        raise BlobError("file SHA-256 does not match the header (corrupt header, padding or "
+                        "manifest)")
+    sections = {s["name"]: data[s["offset"]:s["offset"] + s["size"]] for s in table}
+    # the manifest is now known intact: check its meaning while other threads hash the sections
+    with _ChunkCheck(sections, table) as chunks:
+        buffers = _buffers(manifest["buffers"])
+        _check_regions(buffers, manifest, len(sections["weights"]))
+        launches = _launches(manifest["launches"], buffers)
+        inputs = _io(manifest["inputs"], buffers, "input", first_slot=0)
+        outputs = _io(manifest["outputs"], buffers, "output", first_slot=len(manifest["inputs"]))
+        chunks.finish()
     if bytes(sections["graph"]) != graph_section(manifest["launches"]):
         raise BlobError("graph section does not match the manifest's launch table")
     return Blob(target=target, producer=producer, manifest=manifest, buffers=buffers,
-                inputs=_io(manifest["inputs"], buffers, "input", first_slot=0),
-                outputs=_io(manifest["outputs"], buffers, "output",
-                            first_slot=len(manifest["inputs"])),
-                launches=launches, arena_bytes=manifest["arena_bytes"], **sections)
+                inputs=inputs, outputs=outputs, launches=launches,
+                arena_bytes=manifest["arena_bytes"], **sections)
 
 
 def _header(data: memoryview) -> tuple[str, str, int, int]:
@@ -131,9 +172,9 @@ def _header(data: memoryview) -> tuple[str, str, int, int]:
     target, producer = _cstr(target, "target"), _cstr(producer, "producer")
     if target not in TARGETS:
         raise BlobError(f"header target: expected one of {sorted(TARGETS)}, got {target!r}")
-    if m_offset < HEADER.size or m_offset + m_size > file_size:
-        raise BlobError(f"manifest [{m_offset}, {m_offset + m_size}) is outside the file body "
-                        f"[{HEADER.size}, {file_size})")
+    if m_offset < SECTION_ALIGN or m_offset + m_size != file_size:
+        raise BlobError(f"manifest [{m_offset}, {m_offset + m_size}): expected to start at or "
+                        f"after {SECTION_ALIGN} and end the {file_size}-byte file")
     if hashlib.sha256(data[m_offset:m_offset + m_size]).digest() != m_sha:
         raise BlobError("manifest SHA-256 does not match the header")
     return target, producer, m_offset, m_offset + m_size
@@ -146,63 +187,84 @@ def _cstr(field: bytes, what: str) -> str:
     return text.decode()
 
 
-# Manifest schema: each checker takes (value, where) and returns the value or raises BlobError.
+# Manifest schema: each checker takes a value and returns nothing or raises _Invalid. The path to
+# the bad value is collected while the exception unwinds, so valid manifests pay for no strings.
 
-def _fail(where: str, want: str, got) -> BlobError:
-    text = repr(got)
-    return BlobError(f"manifest {where}: expected {want}, got {text[:80]}")
+class _Invalid(Exception):
+    def __init__(self, want: str, got):
+        self.want, self.got, self.path = want, got, []
+
+    def error(self) -> BlobError:
+        where = "".join(f"[{k}]" if type(k) is int else f".{k}" for k in reversed(self.path))
+        return BlobError(f"manifest {where.lstrip('.')}: expected {self.want}, "
+                         f"got {repr(self.got)[:80]}")
 
 
-def _int(v, where):
-    if type(v) is not int or v < 0:
-        raise _fail(where, "a non-negative integer", v)
-    return v
+def _int(v):
+    if type(v) is not int or not 0 <= v <= MAX_INT:
+        raise _Invalid("an integer in [0, 2**63)", v)
 
 
-def _str(v, where):
+def _str(v):
     if type(v) is not str:
-        raise _fail(where, "a string", v)
-    return v
+        raise _Invalid("a string", v)
 
 
-def _sha256(v, where):
+def _sha256(v):
     if type(v) is not str or len(v) != 64 or v.strip("0123456789abcdef"):
-        raise _fail(where, "64 lowercase hex digits", v)
-    return v
+        raise _Invalid("64 lowercase hex digits", v)
 
 
-def _dict(v, where):
+def _dict(v):
     if type(v) is not dict:
-        raise _fail(where, "an object", v)
-    return v
+        raise _Invalid("an object", v)
 
 
 def _one_of(choices):
-    def check(v, where):
-        if v not in choices:
-            raise _fail(where, f"one of {list(choices)}", v)
-        return v
+    want, choices = f"one of {list(choices)}", frozenset(choices)
+
+    def check(v):
+        if type(v) is not str or v not in choices:
+            raise _Invalid(want, v)
     return check
 
 
 def _list(item):
-    def check(v, where):
+    def check(v):
         if type(v) is not list:
-            raise _fail(where, "a list", v)
-        return [item(x, f"{where}[{i}]") for i, x in enumerate(v)]
+            raise _Invalid("a list", v)
+        x = None
+        try:
+            for x in v:
+                item(x)
+        except _Invalid as e:  # x is the first bad item: every equal item before it passed
+            e.path.append(next(i for i, y in enumerate(v) if y is x))
+            raise
     return check
 
 
 def _nullable(check):
-    return lambda v, where: None if v is None else check(v, where)
+    def nullable(v):
+        if v is not None:
+            check(v)
+    return nullable
 
 
 def _obj(fields):
-    def check(v, where):
-        _dict(v, where)
-        if v.keys() != fields.keys():
-            raise _fail(where, f"keys {sorted(fields)}", sorted(v))
-        return {k: fields[k](v[k], f"{where}.{k}".lstrip(".")) for k in fields}
+    keys, items = fields.keys(), tuple(fields.items())
+
+    def check(v):
+        if type(v) is not dict:
+            raise _Invalid("an object", v)
+        if v.keys() != keys:
+            raise _Invalid(f"keys {sorted(keys)}", sorted(v))
+        k = None
+        try:
+            for k, item in items:
+                item(v[k])
+        except _Invalid as e:
+            e.path.append(k)
+            raise
     return check
 
 
@@ -217,57 +279,120 @@ _MANIFEST = _obj({
     "launches": _list(_obj({"kernel": _str, "args": _list(_int), "global_size": _list(_int),
                             "local_size": _nullable(_list(_int))})),
     "sections": _list(_obj({"name": _one_of(SECTIONS), "offset": _int, "size": _int,
-                            "sha256": _sha256})),
+                            "chunk_sha256": _list(_sha256)})),
     "meta": _dict,
 })
 
 
-def _manifest(raw: memoryview) -> dict:
-    def no_duplicates(pairs):
-        keys = [k for k, _ in pairs]
-        if len(set(keys)) != len(keys):
-            raise BlobError(f"manifest: duplicate keys in object with keys {keys}")
-        return dict(pairs)
+def _no_duplicates(pairs: list) -> dict:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise BlobError(f"manifest: duplicate keys in object with keys {[k for k, _ in pairs]}")
+    return obj
 
-    def no_constants(name):
-        raise BlobError(f"manifest: expected finite numbers, got {name}")
+
+def _no_constants(name):
+    raise BlobError(f"manifest: expected finite numbers, got {name}")
+
+
+def _manifest(raw: memoryview) -> dict:
     try:
-        manifest = json.loads(bytes(raw).decode(), object_pairs_hook=no_duplicates,
-                              parse_constant=no_constants)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        manifest = json.loads(bytes(raw).decode(), object_pairs_hook=_no_duplicates,
+                              parse_constant=_no_constants)
+    except (ValueError, RecursionError) as e:  # ValueError: bad UTF-8, bad JSON, huge integers
         raise BlobError(f"manifest is not valid UTF-8 JSON: {e}") from None
-    manifest = _MANIFEST(manifest, "")
+    try:
+        _MANIFEST(manifest)
+    except _Invalid as e:
+        raise e.error() from None
     if manifest["arena_lower_bound_bytes"] > manifest["arena_bytes"]:
         raise BlobError(f"manifest arena_lower_bound_bytes: expected <= arena_bytes "
                         f"{manifest['arena_bytes']}, got {manifest['arena_lower_bound_bytes']}")
     return manifest
 
 
-def _sections(data: memoryview, table: list[dict], m_start: int, m_end: int) -> dict:
+def _check_layout(table: list[dict], m_start: int) -> None:
+    """Sections in file order at exactly the offsets docs/blob.md gives, the manifest right after
+    the last one: the layout follows from the sizes, so there is nothing to overlap or skip."""
     names = [s["name"] for s in table]
-    if sorted(names) != sorted(SECTIONS):
-        raise BlobError(f"section table: expected sections {list(SECTIONS)}, got {names}")
-    busy = [(0, HEADER.size, "header"), (m_start, m_end, "manifest")]
-    for s in table:
-        start, end = s["offset"], s["offset"] + s["size"]
-        if start % SECTION_ALIGN:
-            raise BlobError(f"section {s['name']}: offset {start} is not {SECTION_ALIGN}-aligned")
-        if end > len(data):
-            raise BlobError(f"section {s['name']}: [{start}, {end}) runs past the end of the "
-                            f"{len(data)}-byte file")
-        busy.append((start, end, f"section {s['name']}"))
-    busy.sort()
-    for (_, a_end, a), (b_start, _, b) in zip(busy, busy[1:]):
-        if b_start < a_end:
-            raise BlobError(f"{b} starts at {b_start}, inside {a} which ends at {a_end}")
-    views = {}
-    for s in table:
-        view = data[s["offset"]:s["offset"] + s["size"]]
-        if hashlib.sha256(view).hexdigest() != s["sha256"]:
-            raise BlobError(f"section {s['name']}: SHA-256 mismatch, expected {s['sha256']}, "
-                            f"got {hashlib.sha256(view).hexdigest()}")
-        views[s["name"]] = view
-    return views
+    if names != list(SECTIONS):
+        raise BlobError(f"section table: expected sections {list(SECTIONS)} in this order, "
+                        f"got {names}")
+    for s, want in zip(table, section_offsets([s["size"] for s in table])):
+        if s["offset"] != want:
+            raise BlobError(f"section {s['name']}: offset expected {want}, got {s['offset']}")
+        chunks = -(-s["size"] // CHUNK_BYTES)
+        if len(s["chunk_sha256"]) != chunks:
+            raise BlobError(f"section {s['name']}: expected {chunks} chunk digests for "
+                            f"{s['size']} bytes, got {len(s['chunk_sha256'])}")
+    end = table[-1]["offset"] + table[-1]["size"]
+    if m_start != end:
+        raise BlobError(f"manifest offset: expected {end} (the end of section {SECTIONS[-1]}), "
+                        f"got {m_start}")
+
+
+def _cpus() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+class _ChunkCheck:
+    """Checks every section chunk's SHA-256. Worker threads start hashing at once; finish() lends
+    the calling thread to the remaining chunks, joins the workers and raises on a mismatch.
+    Leaving the `with` block early stops the workers after their current chunk."""
+
+    def __init__(self, sections: dict[str, memoryview], table: list[dict]):
+        self._jobs = [(s["name"], i, want, sections[s["name"]][i * CHUNK_BYTES:][:CHUNK_BYTES])
+                      for s in table for i, want in enumerate(s["chunk_sha256"])]
+        self._got: list[str | None] = [None] * len(self._jobs)
+        self._todo = iter(range(len(self._jobs)))  # shared: next() on it is atomic under the GIL
+        self._stop = False
+        self._errors: list[BaseException] = []
+        big = sum(s["size"] for s in table) > CHUNK_BYTES  # below that a thread costs more
+        n = min(_cpus(), len(self._jobs), MAX_HASH_THREADS) - 1 if big else 0
+        self._threads = []
+        for _ in range(n):
+            t = threading.Thread(target=self._work, daemon=True, name="keel-sha256")
+            try:
+                t.start()
+            except RuntimeError:  # no more threads: the ones we have do the work
+                break
+            self._threads.append(t)
+
+    def _work(self) -> None:
+        try:
+            for i in self._todo:
+                if self._stop:
+                    return
+                self._got[i] = hashlib.sha256(self._jobs[i][3]).hexdigest()
+        except BaseException as e:  # re-raised by finish() in the calling thread
+            self._stop = True
+            self._errors.append(e)
+
+    def finish(self) -> None:
+        self._work()
+        self._join()
+        if self._errors:
+            raise self._errors[0]
+        for (name, i, want, chunk), got in zip(self._jobs, self._got):
+            if got != want:
+                start = i * CHUNK_BYTES
+                raise BlobError(f"section {name}: SHA-256 mismatch in chunk {i} (bytes "
+                                f"[{start}, {start + len(chunk)}) of the section), expected "
+                                f"{want}, got {got}")
+
+    def _join(self) -> None:
+        for t in self._threads:
+            t.join()
+        self._threads = []
+
+    def __enter__(self) -> "_ChunkCheck":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop = True
+        self._join()
 
 
 def _buffers(records: list[dict]) -> dict[int, BufferSpec]:
@@ -276,7 +401,7 @@ def _buffers(records: list[dict]) -> dict[int, BufferSpec]:
         if r["id"] in buffers:
             raise BlobError(f"manifest buffers: id {r['id']} appears twice")
         buffers[r["id"]] = BufferSpec(r["id"], r["region"], r["offset"], r["nbytes"],
-                                      np.dtype(r["dtype"]), tuple(r["shape"]), r["name"])
+                                      _NP_DTYPES[r["dtype"]], tuple(r["shape"]), r["name"])
     return buffers
 
 
@@ -287,7 +412,7 @@ def _check_regions(buffers: dict[int, BufferSpec], manifest: dict, weights_bytes
             raise BlobError(f"buffer {b.id}: [{b.offset}, {b.offset + b.nbytes}) exceeds the "
                             f"{limits[b.region]}-byte {b.region} region")
         if b.region in ("input", "output"):
-            want = int(np.prod(b.shape, dtype=np.int64)) * b.dtype.itemsize
+            want = math.prod(b.shape) * b.dtype.itemsize  # exact: int64 could wrap
             if b.nbytes != want:
                 raise BlobError(f"buffer {b.id} ({b.name!r}): nbytes expected {want} for "
                                 f"{b.dtype} {b.shape}, got {b.nbytes}")

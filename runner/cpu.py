@@ -1,15 +1,22 @@
 """CPU device: the programs section is one shared object exporting
 
     void keel_graph(uint8_t *arena, const uint8_t *weights, void *const *io);
+    void keel_graph_mt(uint8_t *arena, const uint8_t *weights, void *const *io,
+                       int tid, int nt, keel_sync *sync);
 
 loaded straight from memory and called once per submission, synchronously. Weights are a pointer
 into the mapped blob (zero-copy); the arena is a 64-byte aligned host array.
+
+Threads: KEEL_THREADS (default: the cores this process may run on). With one thread the runner
+calls keel_graph and starts no thread at all. With n > 1 it starts n-1 workers once, at load; each
+submission wakes them and all n run keel_graph_mt together (cffi releases the GIL during the call).
 """
 from __future__ import annotations
 
 import os
 import platform
 import tempfile
+import threading
 import weakref
 from dataclasses import dataclass
 
@@ -19,7 +26,13 @@ from runner.device import Device, Fence, aligned_empty
 from runner.errors import BlobError
 
 ffi = cffi.FFI()
-ffi.cdef("void keel_graph(uint8_t *arena, const uint8_t *weights, void *const *io);")
+ffi.cdef("""
+typedef struct { int count, sense; int (*yield_fn)(void); } keel_sync;
+int sched_yield(void);
+void keel_graph(uint8_t *arena, const uint8_t *weights, void *const *io);
+void keel_graph_mt(uint8_t *arena, const uint8_t *weights, void *const *io, int tid, int nt,
+                   keel_sync *sync);
+""")
 
 
 @dataclass(frozen=True)
@@ -32,6 +45,9 @@ class Host:
 HOSTS = {
     "cpu": Host("Linux", ("x86_64", "AMD64"),  # built with -march=x86-64-v3
                 ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe")),
+    "cpu-avx512": Host("Linux", ("x86_64", "AMD64"),  # built with -march=x86-64-v4
+                       ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe",
+                        "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")),
     "cpu-aarch64": Host("Linux", ("aarch64", "arm64"), ()),
     "cpu-arm64-apple": Host("Darwin", ("arm64",), ()),
 }
@@ -77,6 +93,16 @@ class CpuDevice(Device):
             self._graph = lib.keel_graph
         except AttributeError:
             raise BlobError("programs section does not export keel_graph") from None
+        self.threads = threads_from_env()
+        self._pool = None
+        if self.threads > 1:
+            try:
+                graph_mt = lib.keel_graph_mt
+            except AttributeError:  # a single-threaded program: run it as such
+                self.threads = 1
+            else:
+                self._pool = Pool(graph_mt, self.threads)
+                weakref.finalize(self, self._pool.close)
 
     def submit(self, io: list) -> Fence:
         bound = self._bound
@@ -84,8 +110,71 @@ class CpuDevice(Device):
             if arr is not bound[i]:
                 self._io_ptrs[i] = ffi.from_buffer(arr)
                 bound[i] = arr
-        self._graph(self._arena_ptr, self._weights_ptr, self._io_ptrs)
+        if self._pool is None:
+            self._graph(self._arena_ptr, self._weights_ptr, self._io_ptrs)
+        else:
+            self._pool.run(self._arena_ptr, self._weights_ptr, self._io_ptrs)
         return DONE
+
+
+try:  # the process's own C library, for sched_yield in the barrier
+    _LIBC = ffi.dlopen(None)
+except OSError:
+    _LIBC = None
+
+
+def threads_from_env() -> int:
+    text = os.environ.get("KEEL_THREADS", "").strip()
+    if not text:
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            (os.cpu_count() or 1)
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"KEEL_THREADS must be a positive integer, got {text!r}")
+    return n
+
+
+class Pool:
+    """n-1 worker threads that each run one share of keel_graph_mt per submission; the calling
+    thread runs share 0. Workers sleep on a semaphore between submissions (no spinning while
+    idle: modeld runs at 20 Hz)."""
+
+    def __init__(self, graph_mt, nt: int):
+        self.graph_mt, self.nt = graph_mt, nt
+        self.sync = ffi.new("keel_sync *")
+        self.sync.yield_fn = _LIBC.sched_yield if _LIBC is not None else ffi.NULL
+        self.args: tuple = ()
+        self.stop = False
+        self.start = [threading.Semaphore(0) for _ in range(nt - 1)]
+        self.done = threading.Semaphore(0)
+        self.workers = [threading.Thread(target=self._work, args=(tid,), daemon=True,
+                                         name=f"keel-cpu-{tid}") for tid in range(1, nt)]
+        for w in self.workers:
+            w.start()
+
+    def _work(self, tid: int) -> None:
+        while True:
+            self.start[tid - 1].acquire()
+            if self.stop:
+                return
+            self.graph_mt(*self.args, tid, self.nt, self.sync)
+            self.done.release()
+
+    def run(self, *args) -> None:
+        self.args = args
+        for s in self.start:
+            s.release()
+        self.graph_mt(*args, 0, self.nt, self.sync)  # returns once every share is done
+        for _ in self.start:
+            self.done.acquire()  # workers are back on their semaphores: args may change
+
+    def close(self) -> None:
+        self.stop = True
+        for s in self.start:
+            s.release()
 
 
 def host_target() -> str:

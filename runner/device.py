@@ -19,7 +19,7 @@ import numpy as np
 from runner.errors import DeviceTimeout
 
 # blob target -> device that runs it
-TARGETS = {"cpu": "cpu", "cpu-aarch64": "cpu", "cpu-arm64-apple": "cpu",
+TARGETS = {"cpu": "cpu", "cpu-avx512": "cpu", "cpu-aarch64": "cpu", "cpu-arm64-apple": "cpu",
            "opencl": "opencl", "qcom": "opencl"}  # qcom: OpenCL C for Adreno, via libOpenCL
 # device name -> "module:Class"
 DEVICES = {"cpu": "runner.cpu:CpuDevice", "opencl": "runner.opencl:OpenCLDevice"}

@@ -6,8 +6,10 @@ The programs section is one OpenCL C source holding every kernel. Its first line
 
 Guarantees:
   * load() builds the program once per (device, driver, source) and caches the device binary in
-    `cache_dir` (beside the blob); a stale or unreadable cache entry is rebuilt from source. A build
-    failure raises BlobError with the build log and the kernel it points at.
+    `cache_dir` (beside the blob; not on PoCL, which caches kernels itself); a stale or unreadable
+    cache entry is rebuilt from source. A build failure raises BlobError with the build log and
+    the kernel it points at. load() then runs the graph once, so drivers that compile kernels at
+    their first enqueue (PoCL) do it inside load, not inside the first run's deadline.
   * every tensor is a sub-buffer of the arena or weights buffer (offsets are aligned by the
     compiler to the target's buffer_align); io slots are device buffers written/read per run.
   * submit() enqueues the whole graph on one in-order queue (input writes, kernels, output reads)
@@ -257,6 +259,11 @@ class OpenCLDevice(Device):
                                  self.dev, 0), lib.clReleaseCommandQueue)
         self.cache_dir = None
         self.inflight: list[_EventFence] = []
+        # PoCL caches its compiled kernels itself (~/.cache/pocl), and asking it for a program
+        # binary compiles every kernel a second time (for a generic work-group size), doubling
+        # the first load; elsewhere (Adreno: seconds per build) the binary cache is the win.
+        platform = _info_str(lib.clGetPlatformInfo, self.platform, CL_PLATFORM_NAME)
+        self.cache_binaries = platform != "Portable Computing Language"
 
     # ---- Device interface -----------------------------------------------------------------------
     def check_target(self, target: str) -> None:
@@ -406,8 +413,9 @@ class OpenCLDevice(Device):
         pitch_align = _info_uint(get, self.dev, CL_DEVICE_IMAGE_PITCH_ALIGNMENT)
         base_align = _info_uint(get, self.dev, CL_DEVICE_IMAGE_BASE_ADDRESS_ALIGNMENT)
         texel = 4 * b.dtype.itemsize
+        # both limits are in pixels (texels)
         return (pitch_align == 0 or row_pitch % (pitch_align * texel) == 0) and \
-            (base_align == 0 or b.offset % base_align == 0)
+            (base_align == 0 or b.offset % (base_align * texel) == 0)
 
     def _copy_to_image(self, img: "_Image") -> None:
         src, offset, origin, region = img.copy
@@ -420,7 +428,8 @@ class OpenCLDevice(Device):
         """(program, cache path to save its binary to, or None when it came from the cache)"""
         key = hashlib.sha256(b"\0".join([self.device_name.encode(), self.driver.encode(),
                                          BUILD_OPTIONS, source])).hexdigest()[:32]
-        path = Path(self.cache_dir) / f"{key}.bin" if self.cache_dir else None
+        path = Path(self.cache_dir) / f"{key}.bin" if self.cache_dir and self.cache_binaries \
+            else None
         if path is not None and path.exists():
             program = self._from_binary(path.read_bytes())
             if program is not None:
@@ -452,8 +461,9 @@ class OpenCLDevice(Device):
         devs = ffi.new("cl_device_id[]", [self.dev])
         err = lib.clBuildProgram(program, 1, devs, BUILD_OPTIONS, ffi.NULL, ffi.NULL)
         if err != CL_SUCCESS:
-            log = _info_str(lambda o, p, n, v, s: lib.clGetProgramBuildInfo(o, self.dev, p, n, v, s),
-                            program, CL_PROGRAM_BUILD_LOG)
+            def build_info(prog, param, size, value, size_out):
+                return lib.clGetProgramBuildInfo(prog, self.dev, param, size, value, size_out)
+            log = _info_str(build_info, program, CL_PROGRAM_BUILD_LOG)
             kernels = _kernels_at(source.decode(errors="replace"), log)
             raise BlobError(f"OpenCL build failed (error {err}) on {self.device_name!r} in "
                             f"kernel(s) {kernels or ['?']}:\n{log.strip()}")
@@ -481,8 +491,8 @@ class OpenCLDevice(Device):
 
 
 class _Image:
-    """An image param's memory object; `copy` is (buffer, offset, origin, region) when it does not alias
-    its buffer and must be refreshed from it after every write."""
+    """An image param's memory object; `copy` is (buffer, offset, origin, region) when it does
+    not alias its buffer and must be refreshed from it after every write."""
 
     def __init__(self, mem, copy):
         self.mem, self.copy = mem, copy
@@ -505,7 +515,12 @@ def _kernels_at(source: str, log: str) -> list[str]:
     starts = [(i + 1, m.group(1)) for i, line in enumerate(source.splitlines())
               for m in [re.search(r"__kernel void (\w+)\(", line)] if m]
     names = []
-    for n in sorted({int(m) for m in re.findall(r":(\d+):\d+: error", log)}):
+    lines = set()  # "file:LINE:COL: error: ..." (clang) or "error: file:LINE:COL: ..." (PoCL)
+    for diag in log.splitlines():
+        m = re.search(r":(\d+):\d+:", diag)
+        if m and "error" in diag:
+            lines.add(int(m.group(1)))
+    for n in sorted(lines):
         owner = [name for start, name in starts if start <= n]
         if owner and owner[-1] not in names:
             names.append(owner[-1])

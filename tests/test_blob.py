@@ -1,12 +1,15 @@
 import hashlib
 import json
+import threading
 
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+import runner.blob
 from compiler.blob import assemble, blob_bytes, write_blob
-from runner.blob import (FILE_SHA256_AT, HEADER, SECTION_ALIGN, canonical_json, file_sha256,
-                         graph_section, parse_blob, read_blob)
+from runner.blob import (CHUNK_BYTES, FILE_SHA256_AT, HEADER, SECTION_ALIGN, canonical_json,
+                         file_sha256, graph_section, parse_blob, read_blob)
 from runner.errors import BlobError
 from tests.hand_graphs import CHAIN_W, chain_artifact
 
@@ -79,7 +82,9 @@ def test_bit_flips_in_each_region_are_blob_errors(region):
 
 
 def test_bit_flips_in_padding_and_file_hash_are_blob_errors():
-    for pos in (HEADER.size, SECTION_ALIGN - 1, FILE_SHA256_AT, FILE_SHA256_AT + 31):
+    regions = _regions(BLOB)
+    between = [regions["weights"][1], regions["programs"][0] - 1, regions["programs"][1]]
+    for pos in (HEADER.size, SECTION_ALIGN - 1, FILE_SHA256_AT, FILE_SHA256_AT + 31, *between):
         with pytest.raises(BlobError, match="SHA-256"):
             parse_blob(_flip(BLOB, pos))
 
@@ -95,12 +100,12 @@ def test_random_byte_corruption_is_always_a_blob_error(edits):
         parse_blob(bytes(out))
 
 
-def _resigned(edit=lambda m: None, target="cpu", graph=None) -> bytes:
+def _resigned(edit=lambda m: None, target="cpu", graph=None, weights=ARTIFACT.weights) -> bytes:
     """A blob with a wrong-but-well-hashed manifest: only semantic validation can catch it."""
     m = _manifest(BLOB)
     del m["sections"]
     edit(m)
-    payloads = {"weights": ARTIFACT.weights, "programs": ARTIFACT.programs,
+    payloads = {"weights": weights, "programs": ARTIFACT.programs,
                 "graph": graph or graph_section(m.get("launches", []))}
     return assemble(target, m, payloads)
 
@@ -128,8 +133,11 @@ def _set(path, value):
     (_set(["launches", 1, "args"], [2, 9, 1]), r"launch 1 \(bias\): args reference unknown"),
     (_set(["launches", 0, "global_size"], []), "expected positive sizes"),
     (_set(["arena_lower_bound_bytes"], 10**6), "expected <= arena_bytes 384"),
-    (_set(["arena_bytes"], -1), "arena_bytes: expected a non-negative integer, got -1"),
-    (_set(["arena_bytes"], True), "arena_bytes: expected a non-negative integer, got True"),
+    (_set(["arena_bytes"], -1), r"arena_bytes: expected an integer in \[0, 2\*\*63\), got -1"),
+    (_set(["arena_bytes"], True), r"arena_bytes: expected an integer .*, got True"),
+    (_set(["buffers", 3, "nbytes"], 2**63), r"buffers\[3\].nbytes: expected an integer in"),
+    (_set(["buffers", 0, "shape"], [2**32, 2**32, 4]), f"nbytes expected {2**66} for uint8"),
+    (_set(["buffers", 0, "region"], ["input"]), r"buffers\[0\].region: expected one of"),
     (_set(["buffers", 0, "shape"], "1x64"), r"buffers\[0\].shape: expected a list"),
     (_set(["meta"], []), "meta: expected an object"),
     (_set(["buffers", 2, "extra"], 1), r"buffers\[2\]: expected keys"),
@@ -160,20 +168,94 @@ def _with_section_table(edit) -> bytes:
     out = bytearray(BLOB[:fields[5]] + manifest)
     fields[4], fields[6], fields[7] = len(out), len(manifest), hashlib.sha256(manifest).digest()
     HEADER.pack_into(out, 0, *fields)
-    out[FILE_SHA256_AT:FILE_SHA256_AT + 32] = file_sha256(out)
+    spans = [(s["offset"], s["size"]) for s in m["sections"]]
+    out[FILE_SHA256_AT:FILE_SHA256_AT + 32] = file_sha256(out, spans)
     return bytes(out)
 
 
+def _swap(i, j):
+    def edit(table):
+        table[i], table[j] = table[j], table[i]
+    return edit
+
+
 @pytest.mark.parametrize("edit, message", [
-    (_set([1, "offset"], SECTION_ALIGN + 4), "section programs: offset 4100 is not 4096-aligned"),
-    (_set([1, "offset"], SECTION_ALIGN), "section programs starts at 4096, inside section weights"),
-    (_set([2, "size"], 10**9), r"section graph: \[\d+, \d+\) runs past the end"),
+    (_set([1, "offset"], SECTION_ALIGN + 4), "section programs: offset expected 8192, got 4100"),
+    (_set([1, "offset"], SECTION_ALIGN), "section programs: offset expected 8192, got 4096"),
+    (_set([2, "size"], 5000), r"manifest offset: expected \d+ \(the end of section graph\)"),
+    (_set([2, "size"], 10**9), "section graph: expected 239 chunk digests for 1000000000 bytes"),
     (lambda table: table.pop(), r"expected sections \['weights', 'programs', 'graph'\]"),
-    (_set([0, "sha256"], "0" * 64), "section weights: SHA-256 mismatch"),
+    (_swap(0, 1), r"expected sections \['weights', 'programs', 'graph'\] in this order"),
+    (lambda table: table[0]["chunk_sha256"].append("0" * 64),
+     "section weights: expected 1 chunk digests for 256 bytes, got 2"),
+    (_set([0, "chunk_sha256", 0], "0" * 64),
+     r"section weights: SHA-256 mismatch in chunk 0 \(bytes \[0, 256\) of the section\)"),
+    (_set([0, "size"], 257), "SHA-256"),  # takes in a byte of padding: changes what is hashed
 ])
 def test_section_table_errors_name_the_section(edit, message):
     with pytest.raises(BlobError, match=message):
         parse_blob(_with_section_table(edit))
+
+
+# A blob whose weights span three chunks, the last one short: the chunked hashing, its threads and
+# the chunk boundaries. Only the weights grow, so every other region is the small blob's.
+BIG_WEIGHTS = 2 * CHUNK_BYTES + 1000
+
+
+@pytest.fixture(scope="module")
+def big() -> bytes:
+    return _resigned(weights=np.random.default_rng(1).bytes(BIG_WEIGHTS))
+
+
+@pytest.fixture(params=[1, 2, 5], ids=lambda n: f"{n}cpu")
+def cpus(request, monkeypatch):
+    """Hash with this many threads (the calling one included)."""
+    monkeypatch.setattr(runner.blob, "_cpus", lambda: request.param)
+    return request.param
+
+
+def test_big_blob_round_trips_with_one_digest_per_chunk(big, cpus):
+    blob = parse_blob(big)
+    assert len(blob.weights) == BIG_WEIGHTS
+    weights = blob.manifest["sections"][0]
+    assert len(weights["chunk_sha256"]) == 3
+    assert weights["chunk_sha256"][2] == \
+        hashlib.sha256(big[weights["offset"] + 2 * CHUNK_BYTES:][:1000]).hexdigest()
+
+
+def test_a_flipped_byte_in_the_weights_is_detected_in_every_chunk(big, cpus):
+    start, _ = _regions(big)["weights"]
+    for pos in (0, 1234567, CHUNK_BYTES - 1, CHUNK_BYTES, 2 * CHUNK_BYTES - 1, 2 * CHUNK_BYTES,
+                BIG_WEIGHTS - 1):
+        chunk = pos // CHUNK_BYTES
+        with pytest.raises(BlobError, match=f"section weights: SHA-256 mismatch in chunk {chunk} "):
+            parse_blob(_flip(big, start + pos, 0x80))
+
+
+def test_big_blob_truncated_at_chunk_boundaries_is_a_blob_error(big):
+    start, end = _regions(big)["weights"]
+    for cut in (start + CHUNK_BYTES, start + 2 * CHUNK_BYTES, end, len(big) - 1):
+        with pytest.raises(BlobError, match="file size"):
+            parse_blob(big[:cut])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_random_byte_corruption_of_the_big_blob_is_always_a_blob_error(big, data):
+    pos = data.draw(st.one_of(st.integers(0, len(big) - 1),
+                              st.sampled_from([k * CHUNK_BYTES + d + SECTION_ALIGN
+                                               for k in range(3) for d in (-1, 0, 1)])))
+    with pytest.raises(BlobError):
+        parse_blob(_flip(big, pos, data.draw(st.integers(1, 255))))
+
+
+def test_a_manifest_error_found_while_hashing_stops_the_hash_threads(cpus):
+    threads = threading.active_count()
+    bad = _resigned(_set(["buffers", 4, "offset"], 256),
+                    weights=np.random.default_rng(1).bytes(BIG_WEIGHTS))
+    with pytest.raises(BlobError, match="arena region"):
+        parse_blob(bad)
+    assert threading.active_count() == threads
 
 
 def test_missing_file_is_a_blob_error(tmp_path):

@@ -1,6 +1,12 @@
 """Runner benchmarks: Model.load time, host overhead per run(), cost of feeding inputs as a dict.
 
-    python tools/bench_runner.py [--runs N] [--blob model.blob]
+    python tools/bench_runner.py [--runs N] [--loads N] [--blob model.blob]
+
+Load time: min and median wall time of `--loads` Model.load calls after one warm-up load (so the
+page cache is warm), the CPU time per load (above the wall time when hashing runs on several
+threads), and the hash-verification share: the wall time of checking every SHA-256 alone (the
+manifest digest, the file digest and every section chunk, on the same threads load uses) over the
+load time. On a shared machine take the minimum as the figure for an idle one.
 
 Host overhead = median wall time of run() minus median of a direct cffi call of keel_graph with the
 same pointers, measured on a hand-written graph with openpilot's io signature and a trivial kernel
@@ -13,14 +19,19 @@ import sys
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import argparse  # noqa: E402
+import hashlib  # noqa: E402
+import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 from runner import Model  # noqa: E402
-from runner.blob import read_blob  # noqa: E402
+from runner.blob import (HEADER, MAX_HASH_THREADS, _ChunkCheck, _cpus, file_sha256,  # noqa: E402
+                         read_blob)
 from tests.hand_graphs import openpilot_io_artifact, write  # noqa: E402
+
+REPO = sys.path[0]
 
 
 def median_us(fn, runs: int) -> float:
@@ -35,15 +46,68 @@ def median_us(fn, runs: int) -> float:
     return float(np.median(times)) / 1e3
 
 
+def times_ms(fns: dict, runs: int) -> dict[str, np.ndarray]:
+    """Wall times (ms) of each function, called in turn `runs` times after one warm-up call each,
+    so that on a shared machine they all see the same background load."""
+    times = {name: np.empty(runs) for name in fns}
+    for name, fn in fns.items():
+        fn()  # warm-up: page cache, imports, first-call costs
+    for i in range(runs):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[name][i] = time.perf_counter() - t
+    return {name: t * 1e3 for name, t in times.items()}
+
+
+def verify_hashes(blob) -> None:
+    """Every SHA-256 check load makes, alone: what the format costs over parsing."""
+    data = blob.weights.obj  # the mapped file
+    m_offset, m_size = HEADER.unpack_from(data)[5:7]
+    hashlib.sha256(memoryview(data)[m_offset:m_offset + m_size]).digest()
+    table = blob.manifest["sections"]
+    file_sha256(data, [(s["offset"], s["size"]) for s in table])
+    with _ChunkCheck({"weights": blob.weights, "programs": blob.programs, "graph": blob.graph},
+                     table) as chunks:
+        chunks.finish()
+
+
+def first_load_ms(path: str, tries: int = 3) -> str:
+    """Fresh processes: importing the runner, then the first Model.load (which imports the device
+    backend): what a process pays once at startup. Minimum of `tries`."""
+    script = ("import time; t = time.perf_counter(); from runner import Model; "
+              "u = time.perf_counter(); Model.load(%r); v = time.perf_counter(); "
+              "print((u - t) * 1e3, (v - u) * 1e3)" % path)
+    best = None
+    for _ in range(tries):
+        proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                              text=True)
+        if proc.returncode:
+            return proc.stderr.strip().splitlines()[-1]
+        got = [float(x) for x in proc.stdout.split()]
+        best = got if best is None else [min(a, b) for a, b in zip(best, got)]
+    return (f"import runner {best[0]:.0f} ms, then first Model.load {best[1]:.1f} ms "
+            f"(min of {tries})")
+
+
 def bench_load(path: str, runs: int) -> None:
     size = os.path.getsize(path) / 2**20
-    Model.load(path)  # warm the page cache
+    blob = read_blob(path)
     cpu = time.process_time()
-    read_ms = median_us(lambda: read_blob(path), runs) / 1e3
-    cpu_ms = (time.process_time() - cpu) / (runs + min(runs, 100)) * 1e3
-    load_ms = median_us(lambda: Model.load(path), runs) / 1e3
-    print(f"  {size:6.1f} MiB blob: read_blob (validate + hash) {read_ms:7.2f} ms wall, "
-          f"{cpu_ms:7.2f} ms cpu; Model.load {load_ms:7.2f} ms wall")
+    load = times_ms({"load": lambda: Model.load(path)}, runs)["load"]
+    cpu_ms = (time.process_time() - cpu) / (runs + 1) * 1e3
+    t = times_ms({"load": lambda: Model.load(path), "read": lambda: read_blob(path),
+                  "hashes": lambda: verify_hashes(blob)}, runs)
+    load = np.concatenate([load, t["load"]])
+    med = np.median(load)
+    print(f"  {size:6.1f} MiB blob, {len(load)} loads: Model.load min {load.min():6.2f} median "
+          f"{med:6.2f} ms wall, {cpu_ms:6.2f} ms cpu per load")
+    print(f"{'':17s}of which read_blob (map + validate) min {t['read'].min():6.2f} median "
+          f"{np.median(t['read']):6.2f} ms")
+    share = np.median(t["hashes"] / t["load"])
+    print(f"{'':17s}hash verification alone min {t['hashes'].min():6.2f} median "
+          f"{np.median(t['hashes']):6.2f} ms: {share:4.0%} of load (median ratio, same rounds; "
+          f"{min(_cpus(), MAX_HASH_THREADS)} threads)")
 
 
 def bench_run(path: str, runs: int) -> None:
@@ -79,19 +143,21 @@ def bench_run(path: str, runs: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=20000)
+    ap.add_argument("--loads", type=int, default=20, help="Model.load calls timed per blob")
     ap.add_argument("--blob", help="also time loading and running this compiled blob")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         small = write(openpilot_io_artifact(), os.path.join(tmp, "io.blob"))
         big = write(openpilot_io_artifact(weights_bytes=50 * 2**20), os.path.join(tmp, "big.blob"))
-        print("Model.load, warm page cache (median):")
-        bench_load(small, 50)
-        bench_load(big, 10)
+        print("Model.load, warm page cache:")
+        bench_load(small, max(args.loads, 50))
+        bench_load(big, args.loads)
         print(f"run() on the openpilot io signature (median of {args.runs}):")
         bench_run(small, args.runs)
     if args.blob:
         print(f"{args.blob}:")
-        bench_load(args.blob, 10)
+        print(f"  fresh process: {first_load_ms(os.path.abspath(args.blob))}")
+        bench_load(args.blob, args.loads)
         m = Model.load(args.blob)
         out = {name: np.empty(shape, dt) for name, (shape, dt) in m.outputs.items()}
         print(f"  run(out=out) median of 20: {median_us(lambda: m.run(out=out), 20) / 1e3:.2f} ms")

@@ -1,6 +1,13 @@
-"""Freestanding C: every kernel plus one graph entry point in a single translation unit.
+"""Freestanding C: every kernel plus the graph entry points in a single translation unit.
 
-The entry point is the CPU "command buffer": one call from the runner executes the whole model.
+The entry points are the CPU "command buffer": one call from the runner executes the whole model.
+  keel_graph(arena, weights, io)                     one thread
+  keel_graph_mt(arena, weights, io, tid, nt, sync)   called by nt threads at once: each kernel
+      splits its outermost loop between them; a spin barrier separates a kernel from the next
+      one only where that one reads or overwrites something written since the last barrier
+  keel_profile(arena, weights, io, ticks)            one thread, a timestamp after every kernel
+Threads come from the runner (created once per model); the barrier is C11-style atomics and
+needs no libc.
 """
 from __future__ import annotations
 
@@ -9,7 +16,7 @@ from compiler.dtypes import DType, dtypes
 from compiler.renderers.cstyle import INFIX, Body, CStyle
 from compiler.uop import Ops, UOp
 
-ENTRY = "keel_graph"
+ENTRY, ENTRY_MT = "keel_graph", "keel_graph_mt"
 PROFILE = "keel_profile"  # same graph, recording a timestamp after every launch
 # Cycle counter without libc: clang's builtin on every target (rdtsc / cntvct), gcc on x86 only.
 TICKS = """
@@ -20,6 +27,28 @@ TICKS = """
 #else
 #define KEEL_TICKS() 0ull
 #endif
+#if defined(__x86_64__)
+#define KEEL_PAUSE() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define KEEL_PAUSE() __asm__ volatile("yield")
+#else
+#define KEEL_PAUSE() ((void)0)
+#endif
+/* yield: supplied by the runner (sched_yield), so a waiting thread gives its core away when the
+   machine is oversubscribed instead of spinning through the other thread's time slice */
+typedef struct { int count, sense; int (*yield_fn)(void); } keel_sync;
+/* sense-reversing barrier: the last thread to arrive flips the sense the others wait on */
+static void keel_barrier(keel_sync *s, int nt, int *sense) {
+  *sense = !*sense;
+  if (__atomic_add_fetch(&s->count, 1, __ATOMIC_ACQ_REL) == nt) {
+    __atomic_store_n(&s->count, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->sense, *sense, __ATOMIC_RELEASE);
+    return;
+  }
+  for (int spins = 0; __atomic_load_n(&s->sense, __ATOMIC_ACQUIRE) != *sense; spins++) {
+    if (spins < 4096 || !s->yield_fn) KEEL_PAUSE(); else s->yield_fn();
+  }
+}
 """
 
 
@@ -41,14 +70,42 @@ class CRenderer(CStyle):
         for name, lin in kernels:
             self.param_dtypes = signature[name]
             body.append(self.render_kernel(name, lin))
-        calls = [f"  {ln.kernel}({', '.join(self._arg(buffers[b]) for b in ln.args)});"
-                 for ln in launches]
+        args = [", ".join(self._arg(buffers[b]) for b in ln.args) for ln in launches]
+        one = [f"  {ln.kernel}({a}, 0, 1);" for ln, a in zip(launches, args)]
         sig = "unsigned char *arena, const unsigned char *weights, void *const *io"
-        entry = f"void {ENTRY}({sig}) {{\n" + "\n".join(calls) + "\n}\n"
-        timed = "\n".join(f"{c}\n  ticks[{i + 1}] = KEEL_TICKS();" for i, c in enumerate(calls))
+        entry = f"void {ENTRY}({sig}) {{\n" + "\n".join(one) + "\n}\n"
+        timed = "\n".join(f"{c}\n  ticks[{i + 1}] = KEEL_TICKS();" for i, c in enumerate(one))
         profile = (f"void {PROFILE}({sig}, unsigned long long *ticks) {{\n"
                    f"  ticks[0] = KEEL_TICKS();\n{timed}\n}}\n")
-        return TICKS + "\n".join(body) + "\n" + entry + profile
+        mt = []
+        for ln, a, sync in zip(launches, args, _barriers(launches, buffers)):
+            if sync:
+                mt.append("  keel_barrier(s, nt, &sense);")
+            mt.append(f"  {ln.kernel}({a}, tid, nt);")
+        mt.append("  keel_barrier(s, nt, &sense);  /* all work done before any thread returns */")
+        threaded = (f"void {ENTRY_MT}({sig}, int tid, int nt, keel_sync *s) {{\n"
+                    f"  int sense = __atomic_load_n(&s->sense, __ATOMIC_ACQUIRE);\n"
+                    + "\n".join(mt) + "\n}\n")
+        return TICKS + "\n".join(body) + "\n" + entry + threaded + profile
+
+    # ---- threads: each kernel takes its share of the outermost loop ---------------------------
+    def extra_params(self) -> list[str]:
+        return ["int tid", "int nt"]
+
+    def render_kernel(self, name: str, lin: list[UOp]) -> str:
+        first = next((u for u in lin if u.op is Ops.RANGE), None)
+        self.split = first if first is not None and first.arg[1] != "reduce" else None
+        text = super().render_kernel(name, lin)
+        if self.split is None:  # nothing to share: thread 0 does it all
+            head, rest = text.split("{\n", 1)
+            text = f"{head}{{\n  if (tid != 0) return;\n{rest}"
+        return text
+
+    def range_open(self, u: UOp, name: str, end: str) -> str:
+        if u is not self.split:
+            return super().range_open(u, name, end)
+        return (f"for (int {name} = tid * {end} / nt, {name}_end = (tid + 1) * {end} / nt; "
+                f"{name} < {name}_end; {name}++) {{")
 
     def _arg(self, b: Buffer) -> str:
         ty = dtypes.from_np(b.dtype).cname
@@ -121,7 +178,7 @@ class CRenderer(CStyle):
         if op in INFIX:
             return f"({a[0]} {INFIX[op]} {a[1]})"
         if op is Ops.NEG:
-            return f"(-{a[0]})"
+            return f"(-({a[0]}))"
         if op is Ops.WHERE:
             return self.select(a[0], a[1], a[2], dt)
         if op in (Ops.MAX, Ops.MIN):
@@ -155,3 +212,26 @@ def _int_of(nbytes: int) -> DType:
 def _mask(dt: DType) -> DType:
     """Vector compares yield integer lanes of 0 / -1; keel's vector bool is the 32-bit form."""
     return dtypes.int32.vec(dt.count) if dt.scalar is dtypes.bool else dt
+
+
+def _barriers(launches: list[Launch], buffers: dict[int, Buffer]) -> list[bool]:
+    """Whether each launch must wait for every thread to finish the launches before it: it reads
+    or writes memory written since the last barrier, or writes memory read since then."""
+    def span(b: Buffer):
+        return (b.region, b.offset, b.offset + b.nbytes) if b.region in ("arena", "weights") \
+            else (b.region, b.offset, b.offset + 1)  # io slots: one "byte" per slot
+
+    def hits(a, spans) -> bool:
+        return any(a[0] == s[0] and a[1] < s[2] and s[1] < a[2] for s in spans)
+
+    out, written, read = [], [], []
+    for ln in launches:
+        w = span(buffers[ln.args[0]])
+        r = [span(buffers[b]) for b in ln.args[1:]]
+        sync = hits(w, written) or hits(w, read) or any(hits(x, written) for x in r)
+        if sync:
+            written, read = [], []
+        out.append(sync)
+        written.append(w)
+        read.extend(r)
+    return out

@@ -45,7 +45,7 @@ class CStyle:
         if op in INFIX:
             return f"({a[0]} {INFIX[op]} {a[1]})"
         if op is Ops.NEG:
-            return f"(-{a[0]})" if dt is not dtypes.bool else f"(!{a[0]})"
+            return f"(-({a[0]}))" if dt is not dtypes.bool else f"(!{a[0]})"
         if op is Ops.WHERE:
             return f"({a[0]} ? {a[1]} : {a[2]})"
         if op in (Ops.MAX, Ops.MIN):
@@ -89,6 +89,10 @@ class CStyle:
         const = "" if p.arg[0] == 0 else "const "
         return f"{self.buffer_prefix}{const}{self.dtype(p.dtype)} *{self.restrict} p{p.arg[0]}"
 
+    def extra_params(self) -> list[str]:
+        """Parameters after the buffers (the C target's thread id and count)."""
+        return []
+
     def range_open(self, u: UOp, name: str, end: str) -> str:
         return f"for (int {name} = 0; {name} < {end}; {name}++) {{"
 
@@ -117,7 +121,7 @@ class CStyle:
                 self.render_store(body, u)
             else:
                 body.bind(u, self.alu(u, [body.ref(s) for s in u.src]))
-        params = ", ".join(self.param_decl(p) for p in self.params(lin))
+        params = ", ".join([self.param_decl(p) for p in self.params(lin)] + self.extra_params())
         return f"{self.kernel_prefix} {name}({params}) {{\n" + "\n".join(body.lines) + "\n}\n"
 
     # ---- per-op hooks a language overrides ----------------------------------------------------

@@ -125,6 +125,10 @@ class OpenCLRenderer(CStyle):
         op, dt = u.op, u.dtype
         if op is Ops.SQRT:
             return f"sqrt({a[0]})"
+        if op in (Ops.MAX, Ops.MIN) and dt.is_float and u.src[0].op is Ops.CONST \
+                and not math.isnan(u.src[0].arg):  # no NaN test on a constant (PoCL warns)
+            cmp = ">" if op is Ops.MAX else "<"
+            return f"(({a[0]} {cmp} {a[1]}) ? {a[0]} : {a[1]})"
         if op is Ops.CAST:
             if u in self.rounded_by_store:
                 return f"({a[0]})"
@@ -191,8 +195,8 @@ class OpenCLRenderer(CStyle):
         body.emit(f"for (int s = {n // 2}; s > 0; s >>= 1) {{")
         body.emit(f"  if ({lid} < s) {{")
         for r in reds:
-            step = self.alu(UOp(r.arg, r.dtype, (r, r)), [f"{tmp[r]}[{lid}]", f"{tmp[r]}[{lid} + s]"])
-            body.emit(f"    {tmp[r]}[{lid}] = {step};")
+            mine, other = f"{tmp[r]}[{lid}]", f"{tmp[r]}[{lid} + s]"
+            body.emit(f"    {mine} = {self.alu(UOp(r.arg, r.dtype, (r, r)), [mine, other])};")
         body.emit("  }")
         body.emit("  barrier(CLK_LOCAL_MEM_FENCE);")
         body.emit("}")
