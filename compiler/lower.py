@@ -171,6 +171,8 @@ def find_reduce(root: UOp, realized: set) -> UOp | None:
 
 
 def _combine(op: Ops, vals: list[UOp]) -> UOp:
+    if vals[0].dtype is dtypes.float16:  # accumulate in float32, as a float16 REDUCE does
+        return _combine(op, [v.cast(dtypes.float32) for v in vals]).cast(dtypes.float16)
     while len(vals) > 1:  # a balanced tree keeps the dependency chain short
         vals = [vals[i].alu(op, vals[i + 1]) if i + 1 < len(vals) else vals[i]
                 for i in range(0, len(vals), 2)]

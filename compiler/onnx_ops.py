@@ -342,9 +342,17 @@ def _mvn(ctx, i, a):
 
 
 # ---- contractions ---------------------------------------------------------------------------
+def contract(fn, x: Tensor, w: Tensor) -> Tensor:
+    """A matmul/conv of float16 operands: exact products summed in float32, rounded once (what
+    numpy and onnxruntime do; rounding each product to float16 loses up to 2 ulp)."""
+    if x.dtype is not dtypes.float16:
+        return fn(x, w)
+    return fn(x.cast(dtypes.float32), w.cast(dtypes.float32)).cast(dtypes.float16)
+
+
 @op("MatMul")
 def _matmul(ctx, i, a):
-    return i[0].matmul(i[1])
+    return contract(Tensor.matmul, i[0], i[1])
 
 
 @op("Gemm")
@@ -354,7 +362,7 @@ def _gemm(ctx, i, a):
         x = x.transpose()
     if a.get("transB", 0):
         w = w.transpose()
-    y = x.matmul(w)
+    y = contract(Tensor.matmul, x, w)
     if a.get("alpha", 1.0) != 1.0:
         y = y * a["alpha"]
     if len(i) > 2 and i[2] is not None:
@@ -392,7 +400,7 @@ def _conv(ctx, i, a):
     x, w = i[0], i[1]
     ks = tuple(w.shape[2:])
     strides, dil, pads = _window_attrs(a, x, ks)
-    y = x.conv(w, strides, dil, pads, a.get("group", 1))
+    y = contract(lambda x, w: x.conv(w, strides, dil, pads, a.get("group", 1)), x, w)
     if len(i) > 2 and i[2] is not None:
         y = y + _bshape(i[2], y)
     return y

@@ -125,7 +125,8 @@ class Tensor:
                 en = min(max(en + n if en < 0 else en, 0), n)
                 bounds[ax], strides[ax] = (st, max(st, en)), step
             else:  # walk backwards: flip, then it is a forward slice
-                st = min(max(st + n if st < 0 else st, -1), n - 1)
+                # ONNX clamps a backward start into [0, n-1] and its end into [-1, n-1]
+                st = min(max(st + n if st < 0 else st, 0), n - 1)
                 en = min(max(en + n if en < 0 else en, -1), n - 1)
                 bounds[ax], strides[ax] = (n - 1 - st, max(n - 1 - st, n - 1 - en)), -step
                 flips.append(ax)

@@ -359,6 +359,7 @@ class _ChunkCheck:
             except RuntimeError:  # no more threads: the ones we have do the work
                 break
             self._threads.append(t)
+        self.threads = 1 + len(self._threads)  # the calling thread hashes too
 
     def _work(self) -> None:
         try:

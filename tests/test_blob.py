@@ -159,6 +159,29 @@ def test_graph_section_must_match_the_manifest_launch_table():
         parse_blob(_resigned(graph=graph))
 
 
+def _with_manifest_bytes(raw: bytes) -> bytes:
+    """Replace the manifest with these bytes, as they are, and re-sign the header."""
+    fields = list(HEADER.unpack_from(BLOB))
+    out = bytearray(BLOB[:fields[5]] + raw)
+    fields[4], fields[6], fields[7] = len(out), len(raw), hashlib.sha256(raw).digest()
+    HEADER.pack_into(out, 0, *fields)
+    spans = [(s["offset"], s["size"]) for s in _manifest(BLOB)["sections"]]
+    out[FILE_SHA256_AT:FILE_SHA256_AT + 32] = file_sha256(out, spans)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("raw, message", [
+    (b'{"meta":' + b"[" * 100_000 + b"]" * 100_000 + b"}", "not valid UTF-8 JSON"),
+    (b'{"arena_bytes":' + b"9" * 5000 + b"}", "not valid UTF-8 JSON"),
+    (b'{"meta":{},"meta":{}}', "duplicate keys"),
+    (b'{"meta":NaN}', "expected finite numbers, got NaN"),
+    (b'{"meta":"\xff"}', "not valid UTF-8 JSON"),
+])
+def test_hostile_manifest_json_is_a_blob_error(raw, message):
+    with pytest.raises(BlobError, match=message):
+        parse_blob(_with_manifest_bytes(raw))
+
+
 def _with_section_table(edit) -> bytes:
     """Rewrite the section table, keeping the manifest and file hashes valid."""
     m = _manifest(BLOB)

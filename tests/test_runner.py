@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import runner.cpu
-from compiler.toolchain import TARGETS, build_shared, host_target
+from compiler.toolchain import build_shared, host_target
 from runner import BlobError, DeviceTimeout, InputError, Model
 from runner.device import MAX_SLEEP_S, Fence, get_device, wait_until
 from tests.hand_graphs import ADD_N, add_artifact, chain_artifact, chain_reference, write

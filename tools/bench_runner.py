@@ -27,8 +27,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from runner import Model  # noqa: E402
-from runner.blob import (HEADER, MAX_HASH_THREADS, _ChunkCheck, _cpus, file_sha256,  # noqa: E402
-                         read_blob)
+from runner.blob import HEADER, _ChunkCheck, file_sha256, read_blob  # noqa: E402
 from tests.hand_graphs import openpilot_io_artifact, write  # noqa: E402
 
 REPO = sys.path[0]
@@ -60,8 +59,9 @@ def times_ms(fns: dict, runs: int) -> dict[str, np.ndarray]:
     return {name: t * 1e3 for name, t in times.items()}
 
 
-def verify_hashes(blob) -> None:
-    """Every SHA-256 check load makes, alone: what the format costs over parsing."""
+def verify_hashes(blob) -> int:
+    """Every SHA-256 check load makes, alone: what the format costs over parsing. Returns the
+    number of threads that hashed."""
     data = blob.weights.obj  # the mapped file
     m_offset, m_size = HEADER.unpack_from(data)[5:7]
     hashlib.sha256(memoryview(data)[m_offset:m_offset + m_size]).digest()
@@ -70,6 +70,7 @@ def verify_hashes(blob) -> None:
     with _ChunkCheck({"weights": blob.weights, "programs": blob.programs, "graph": blob.graph},
                      table) as chunks:
         chunks.finish()
+    return chunks.threads
 
 
 def first_load_ms(path: str, tries: int = 3) -> str:
@@ -107,7 +108,7 @@ def bench_load(path: str, runs: int) -> None:
     share = np.median(t["hashes"] / t["load"])
     print(f"{'':17s}hash verification alone min {t['hashes'].min():6.2f} median "
           f"{np.median(t['hashes']):6.2f} ms: {share:4.0%} of load (median ratio, same rounds; "
-          f"{min(_cpus(), MAX_HASH_THREADS)} threads)")
+          f"{verify_hashes(blob)} hashing threads)")
 
 
 def bench_run(path: str, runs: int) -> None:

@@ -1,0 +1,90 @@
+"""The whole user path on the built-in models: generate, compile, write the blob, load it with the
+runner, run, and compare with onnxruntime.
+
+Tolerances: keel computes in float32 like onnxruntime's CPU provider (fp16 weights are widened at
+compile time, as onnxruntime widens them at run time), but sums in a different order, contracts
+multiply-adds into FMAs and uses its own polynomial exp/erf. Each of those is ~1 ulp per step;
+through ~100 layers with K up to 2048 the error stays below 1e-5 of the O(1) outputs (measured
+max abs ~6e-6), so atol=1e-4 leaves a 10x margin without hiding a wrong index or a missed op.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from compiler.blob import write_blob
+from compiler.compile import compile_model
+from models.efficientnet import make_efficientnet
+from models.openpilot import make_openpilot
+from models.resnet import make_resnet50
+from runner import Model
+from tests.graphs import assert_close, ort_run, random_feeds
+
+ATOL, RTOL = 1e-4, 1e-4
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["fp32", "fp16-weights"])
+def openpilot(request, tmp_path_factory):
+    proto = make_openpilot(float16=request.param)
+    path = tmp_path_factory.mktemp("op") / "op.blob"
+    artifact = compile_model(proto)
+    write_blob(artifact, path)
+    return proto, path, artifact
+
+
+def _run(path, feeds, threads: int, monkeypatch) -> dict:
+    monkeypatch.setenv("KEEL_THREADS", str(threads))
+    return Model.load(path).run(feeds)
+
+
+def test_openpilot_matches_onnxruntime(openpilot, monkeypatch):
+    proto, path, _ = openpilot
+    feeds = random_feeds(proto, seed=1)
+    got = _run(path, feeds, 1, monkeypatch)
+    want = ort_run(proto, feeds)
+    assert list(got) == ["outputs"] and got["outputs"].shape == (1, 6504)
+    assert_close(got["outputs"], want["outputs"], rtol=RTOL, atol=ATOL)
+
+
+def test_two_threads_compute_exactly_what_one_thread_does(openpilot, monkeypatch):
+    # threads split output loops only, never a reduction: the sums happen in the same order
+    proto, path, _ = openpilot
+    feeds = random_feeds(proto, seed=2)
+    one = _run(path, feeds, 1, monkeypatch)["outputs"]
+    two = _run(path, feeds, 2, monkeypatch)["outputs"]
+    np.testing.assert_array_equal(one, two)
+
+
+def test_keel_threads_1_starts_no_thread(openpilot, monkeypatch):
+    _, path, _ = openpilot
+    monkeypatch.setenv("KEEL_THREADS", "1")
+    before = threading.active_count()
+    m = Model.load(path)
+    m.run(random_feeds(openpilot[0]))
+    assert threading.active_count() == before
+
+
+def test_bad_keel_threads_is_a_clear_error(openpilot, monkeypatch):
+    monkeypatch.setenv("KEEL_THREADS", "many")
+    with pytest.raises(ValueError, match="KEEL_THREADS must be a positive integer, got 'many'"):
+        Model.load(openpilot[1])
+
+
+def test_openpilot_arena_is_near_its_lower_bound(openpilot):
+    art = openpilot[2]
+    assert art.arena_lower_bound_bytes <= art.arena_bytes <= 1.05 * art.arena_lower_bound_bytes
+
+
+@pytest.mark.parametrize("make", [lambda: make_resnet50(size=64), lambda: make_efficientnet(size=64)],
+                         ids=["resnet50", "efficientnet"])
+def test_conv_nets_match_onnxruntime(make, tmp_path, monkeypatch):
+    proto = make()
+    path = tmp_path / "m.blob"
+    write_blob(compile_model(proto), path)
+    feeds = random_feeds(proto, seed=3)
+    got = _run(path, feeds, 2, monkeypatch)
+    want = ort_run(proto, feeds)
+    for name in want:
+        assert_close(got[name], want[name], rtol=RTOL, atol=ATOL, what=name)
