@@ -9,14 +9,16 @@ are fully static, otherwise on the first run() that sees a new signature. A grap
 compiler needs as a value (the `shape` of a Reshape, the `axes` of a reduction: StaticInputError)
 is bound as a constant from the values run() receives, so the signature includes its value.
 
-Compiled blobs are cached on disk (KEEL_CACHE_DIR, default ~/.cache/keel/onnx_backend), keyed by
-the model bytes, the bound shapes and constants, and a hash of the compiler's own source, so editing
-the compiler never serves a stale blob. KEEL_CACHE_DIR="" turns the cache off.
+Compiled blobs are cached on disk (KEEL_CACHE_DIR, default ~/.cache/keel/onnx_backend), in a folder
+per hash of the compiler's and runner's source (so editing either never serves a stale blob; the
+newest few folders are kept), keyed by the model bytes and the bound shapes and constants.
+KEEL_CACHE_DIR="" turns the cache off.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -29,20 +31,33 @@ from compiler.compile import compile_model
 from compiler.errors import StaticInputError
 from runner import Model
 
-COMPILER_DIR = Path(__file__).parent
+SOURCE_DIRS = [Path(__file__).parent, Path(__file__).parent.parent / "runner"]
+KEEP_VERSIONS = 3  # cache folders of older compiler versions beyond this many are removed
 
 
-def _compiler_digest() -> str:
+def _source_digest() -> str:
+    """Hash of the compiler's and runner's source: a blob cached by another version is never
+    served."""
     h = hashlib.sha256()
-    for p in sorted(COMPILER_DIR.rglob("*.py")):
-        h.update(str(p.relative_to(COMPILER_DIR)).encode())
-        h.update(p.read_bytes())
-    return h.hexdigest()
+    for root in SOURCE_DIRS:
+        for p in sorted(root.rglob("*.py")):
+            h.update(str(p.relative_to(root.parent)).encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def _cache_dir() -> Path | None:
     d = os.environ.get("KEEL_CACHE_DIR", str(Path.home() / ".cache" / "keel" / "onnx_backend"))
-    return Path(d) if d else None
+    if not d:
+        return None
+    here = Path(d) / _DIGEST
+    if not here.exists():
+        here.mkdir(parents=True, exist_ok=True)
+        old = sorted((p for p in Path(d).iterdir() if p.is_dir() and p != here),
+                     key=lambda p: p.stat().st_mtime)
+        for p in old[:max(len(old) - (KEEP_VERSIONS - 1), 0)]:
+            shutil.rmtree(p, ignore_errors=True)
+    return here
 
 
 class KeelRep(BackendRep):
@@ -91,23 +106,22 @@ class KeelRep(BackendRep):
             key.update(f"{n}:{v.dtype}:{v.shape}".encode() + v.tobytes())
         key = key.digest()
         if key not in self._compiled:
-            self._compiled[key] = Model.load(self._blob_path(key, shapes, consts))
+            self._compiled[key] = self._load(key, shapes, consts)
         return self._compiled[key]
 
-    def _blob_path(self, key: bytes, shapes: dict, consts: dict) -> Path:
+    def _load(self, key: bytes, shapes: dict, consts: dict) -> Model:
         model = _with_constants(self.model, consts)
         cache = _cache_dir()
-        name = hashlib.sha256(key + model.SerializeToString() + _DIGEST.encode()).hexdigest()
-        if cache is not None and (cache / f"{name}.blob").exists():
-            return cache / f"{name}.blob"
-        artifact = compile_model(model, target="cpu", input_shapes=shapes)
         if cache is None:
-            path = Path(tempfile.mkdtemp(prefix="keel-backend-")) / "model.blob"
-        else:
-            cache.mkdir(parents=True, exist_ok=True)
-            path = cache / f"{name}.blob"
-        write_blob(artifact, path)  # atomic: a concurrent reader never sees half a blob
-        return path
+            with tempfile.TemporaryDirectory(prefix="keel-backend-") as tmp:
+                path = Path(tmp) / "model.blob"
+                write_blob(compile_model(model, target="cpu", input_shapes=shapes), path)
+                return Model.load(path)  # the mapping outlives the file
+        path = cache / f"{hashlib.sha256(key + model.SerializeToString()).hexdigest()}.blob"
+        if not path.exists():
+            # atomic: a concurrent reader never sees half a blob
+            write_blob(compile_model(model, target="cpu", input_shapes=shapes), path)
+        return Model.load(path)
 
 
 def _with_constants(model: onnx.ModelProto, consts: dict) -> onnx.ModelProto:
@@ -174,7 +188,7 @@ class KeelBackend(Backend):
         return device.upper() == "CPU"
 
 
-_DIGEST = _compiler_digest()
+_DIGEST = _source_digest()
 backend = KeelBackend
 prepare = KeelBackend.prepare
 run_model = KeelBackend.run_model

@@ -13,6 +13,9 @@ from compiler.dtypes import DType, dtypes
 from compiler.uop import Ops, UOp, Weight
 
 LOG2E, LN2 = 1.4426950408889634, 0.6931471805599453
+# tanh(x) = x * sum c_k x^2k
+TANH_SERIES = (1.0, -1 / 3, 2 / 15, -17 / 315, 62 / 2835, -1382 / 155925, 21844 / 6081075,
+               -929569 / 638512875, 6404582 / 10854718875)
 
 
 class Tensor:
@@ -237,9 +240,15 @@ class Tensor:
         return (tie & odd).where(f - 1.0, f)
 
     def tanh(self):
-        # 2*sigmoid(2x)-1 loses relative accuracy near 0; use the odd form via exp(-2|x|)
-        e = (self.abs() * -2.0).exp()
+        """(1 - e) / (1 + e) with e = exp(-2|x|); below |x| = 1/8, where 1 - e cancels, the odd
+        Taylor series (first omitted term < 1e-16 relative)."""
+        a = self.abs()
+        e = (a * -2.0).exp()
         t = (1.0 - e) / (1.0 + e)
+        x2, s = self * self, None
+        for c in TANH_SERIES[::-1]:
+            s = Tensor.full(c, self.dtype, self.shape) if s is None else s * x2 + c
+        t = (a < 0.125).where(a * s, t)
         return (self < 0).where(-t, t)
 
     def atan(self):
