@@ -5,7 +5,6 @@ rules make it collapse back to plain affine expressions so loads become base + s
 """
 from __future__ import annotations
 
-import math
 
 from compiler.dtypes import dtypes
 from compiler.rewrite import PatternMatcher, UPat

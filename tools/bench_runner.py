@@ -2,11 +2,13 @@
 
     python tools/bench_runner.py [--runs N] [--loads N] [--blob model.blob]
 
-Load time: min and median wall time of `--loads` Model.load calls after one warm-up load (so the
+Load time: min and median wall time of 2 x `--loads` Model.load calls after a warm-up load (so the
 page cache is warm), the CPU time per load (above the wall time when hashing runs on several
 threads), and the hash-verification share: the wall time of checking every SHA-256 alone (the
 manifest digest, the file digest and every section chunk, on the same threads load uses) over the
-load time. On a shared machine take the minimum as the figure for an idle one.
+load time. On a machine shared with other jobs, the rounds that began with every core idle (from
+/proc/stat, sampled 0.2 s before each round) are reported apart: they are the figure for an idle
+machine; the minimum over all rounds is the next best.
 
 Host overhead = median wall time of run() minus median of a direct cffi call of keel_graph with the
 same pointers, measured on a hand-written graph with openpilot's io signature and a trivial kernel
@@ -45,13 +47,32 @@ def median_us(fn, runs: int) -> float:
     return float(np.median(times)) / 1e3
 
 
-def times_ms(fns: dict, runs: int) -> dict[str, np.ndarray]:
+def idle_cores(dt: float = 0.2) -> float:
+    """Cores left idle by every process on the machine over the next `dt` seconds (Linux);
+    nan where /proc/stat cannot be read."""
+    def snap():
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+        return ticks[3] + ticks[4], sum(ticks)  # idle + iowait, total
+    try:
+        idle0, total0 = snap()
+        time.sleep(dt)
+        idle1, total1 = snap()
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+    return (os.cpu_count() or 1) * (idle1 - idle0) / max(total1 - total0, 1)
+
+
+def times_ms(fns: dict, runs: int, idle: list | None = None) -> dict[str, np.ndarray]:
     """Wall times (ms) of each function, called in turn `runs` times after one warm-up call each,
-    so that on a shared machine they all see the same background load."""
+    so that on a shared machine they all see the same background load. With `idle`, each round
+    starts by appending the machine's idle cores (idle_cores) to it."""
     times = {name: np.empty(runs) for name in fns}
     for name, fn in fns.items():
         fn()  # warm-up: page cache, imports, first-call costs
     for i in range(runs):
+        if idle is not None:
+            idle.append(idle_cores())
         for name, fn in fns.items():
             t = time.perf_counter()
             fn()
@@ -97,18 +118,28 @@ def bench_load(path: str, runs: int) -> None:
     cpu = time.process_time()
     load = times_ms({"load": lambda: Model.load(path)}, runs)["load"]
     cpu_ms = (time.process_time() - cpu) / (runs + 1) * 1e3
+    idle: list[float] = []
     t = times_ms({"load": lambda: Model.load(path), "read": lambda: read_blob(path),
-                  "hashes": lambda: verify_hashes(blob)}, runs)
-    load = np.concatenate([load, t["load"]])
-    med = np.median(load)
-    print(f"  {size:6.1f} MiB blob, {len(load)} loads: Model.load min {load.min():6.2f} median "
-          f"{med:6.2f} ms wall, {cpu_ms:6.2f} ms cpu per load")
+                  "hashes": lambda: verify_hashes(blob)}, runs, idle)
+    med = np.median(np.concatenate([load, t["load"]]))
+    print(f"  {size:6.1f} MiB blob, {2 * runs} loads: Model.load min "
+          f"{min(load.min(), t['load'].min()):6.2f} median {med:6.2f} ms wall, "
+          f"{cpu_ms:6.2f} ms cpu per load")
+    cores = os.cpu_count() or 1
+    quiet = np.array(idle) >= cores - 0.2
+    if quiet.any():
+        print(f"{'':17s}in the {quiet.sum()} of {runs} rounds that began with all {cores} cores "
+              f"idle: min {t['load'][quiet].min():6.2f} median {np.median(t['load'][quiet]):6.2f} "
+              f"ms")
+    else:
+        print(f"{'':17s}no round began with all {cores} cores idle (median idle "
+              f"{np.median(idle):.1f} cores)")
     print(f"{'':17s}of which read_blob (map + validate) min {t['read'].min():6.2f} median "
           f"{np.median(t['read']):6.2f} ms")
     share = np.median(t["hashes"] / t["load"])
     print(f"{'':17s}hash verification alone min {t['hashes'].min():6.2f} median "
           f"{np.median(t['hashes']):6.2f} ms: {share:4.0%} of load (median ratio, same rounds; "
-          f"{verify_hashes(blob)} hashing threads)")
+          f"threads hashing: {verify_hashes(blob)})")
 
 
 def bench_run(path: str, runs: int) -> None:

@@ -166,7 +166,7 @@ class CRenderer(CStyle):
 
     def valu(self, u: UOp, a: list[str]) -> str:
         op, dt = u.op, u.dtype
-        n, vt = dt.count, self.dtype(dt)
+        vt = self.dtype(dt)
         if op is Ops.VECTORIZE:
             lanes = [f"-(int)({x})" if dt.scalar is dtypes.bool else x for x in a]
             return f"(({vt}){{{', '.join(lanes)}}})"
