@@ -71,6 +71,8 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
     uses = []
     for k in kernels:
         out = bufs.output_of(k)
+        if k.root.size == 0:  # writes nothing: an empty tensor needs a buffer but no launch
+            continue
         layouts = [bufs.layout_of(out)] + [bufs.layout(u) for u in k.inputs]
         key, ck = canonical(k, layouts)
         if key not in jobs:

@@ -52,7 +52,8 @@ class Ctx:
     float16: bool = False
 
     def static(self, t: Tensor | None, what: str) -> np.ndarray:
-        """A compile-time value (shape vectors, pads, axes...): evaluate its weight-only subgraph."""
+        """A compile-time value (shape vectors, pads, axes...): its weight-only subgraph,
+        evaluated."""
         from compiler.interp import evaluate
         from compiler.schedule import static
         if t is None:
@@ -97,7 +98,8 @@ def _input_shape(vi: onnx.ValueInfoProto, given: dict) -> tuple[int, ...]:
         else:
             sym = d.dim_param or "?"
             raise CompileError(f"input {vi.name!r} has a dynamic dim {i} ({sym!r}); bind it with "
-                               f"--input-shape {vi.name}=d0,d1,... (input_shapes={{'{vi.name}': ...}})")
+                               f"--input-shape {vi.name}=d0,d1,... "
+                               f"(input_shapes={{'{vi.name}': ...}})")
     return tuple(dims)
 
 
@@ -110,7 +112,8 @@ def check_supported(model: onnx.ModelProto, opset: int) -> None:
     for g_node in _all_nodes(model.graph):
         if not _known(g_node, opset, local):
             dom = f"{g_node.domain}." if g_node.domain not in ("", "ai.onnx") else ""
-            bad.append(f"{dom}{g_node.op_type} (node {g_node.name or '(unnamed)'!r}, opset {opset})")
+            name = g_node.name or "(unnamed)"
+            bad.append(f"{dom}{g_node.op_type} (node {name!r}, opset {opset})")
     if bad:
         raise CompileError(f"{len(bad)} unsupported op(s):\n  " + "\n  ".join(bad))
 
@@ -156,7 +159,8 @@ def load_onnx(model, input_shapes: dict, float16: bool = False) -> Graph:
         if vi.name in vals:
             continue  # an initializer with a default value: a constant of the model
         if not vi.type.HasField("tensor_type"):
-            raise CompileError(f"input {vi.name!r} is not a tensor; keel supports tensor inputs only")
+            raise CompileError(f"input {vi.name!r} is not a tensor; "
+                               "keel supports tensor inputs only")
         dt = onnx_dtype(vi.type.tensor_type.elem_type, f"input {vi.name!r}")
         t = Tensor.input(vi.name, _input_shape(vi, input_shapes), dt)
         vals[vi.name] = t

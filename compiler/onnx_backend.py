@@ -176,7 +176,8 @@ class KeelBackend(Backend):
         names = [n for n in node.input if n]
         arrays = [_array(x) for x in (inputs.values() if isinstance(inputs, dict) else inputs)]
         graph_inputs = [onnx.helper.make_tensor_value_info(
-            n, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape) for n, a in zip(names, arrays)]
+            n, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+            for n, a in zip(names, arrays)]
         graph_outputs = [onnx.helper.make_empty_tensor_value_info(n) for n in node.output if n]
         graph = onnx.helper.make_graph([node], "run_node", graph_inputs, graph_outputs)
         opset = kwargs.get("opset_version", onnx.defs.onnx_opset_version())

@@ -8,29 +8,13 @@ These ops are O(n^2) along the indexed axis, fine for the sizes ONNX graphs inde
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 
 from compiler.dtypes import dtypes
-from compiler.onnx_ops import onnx_dtype, op
+from compiler.onnx_ops import arange_at, onnx_dtype, op, pick
 from compiler.tensor import Tensor
 from compiler.uop import Ops
-
-
-def arange_at(n: int, axis: int, ndim: int) -> Tensor:
-    """int64 0..n-1 laid along `axis` of an ndim-d tensor (size 1 elsewhere)."""
-    shape = [1] * ndim
-    shape[axis] = n
-    return Tensor.weight(np.arange(n, dtype=np.int64).reshape(shape)) if n > 1 else \
-        Tensor.full(0, dtypes.int64, shape)
-
-
-def pick(match: Tensor, x: Tensor, axis: int) -> Tensor:
-    """sum over `axis` of x where `match`; at most one match per output element."""
-    if x.dtype is dtypes.bool:
-        return pick(match, x.cast(dtypes.int32), axis).ne(0)
-    return match.where(x, Tensor.full(0, x.dtype)).sum([axis], keepdims=False)
 
 
 def any_(match: Tensor, axis: int) -> Tensor:

@@ -33,6 +33,22 @@ def _axes(ctx: Ctx, x, a: dict, inputs, pos: int = 1, key: str = "axes"):
     return a.get(key)
 
 
+def arange_at(n: int, axis: int, ndim: int) -> Tensor:
+    """int64 0..n-1 laid along `axis` of an ndim-d tensor (size 1 elsewhere)."""
+    shape = [1] * ndim
+    shape[axis] = n
+    return Tensor.weight(np.arange(n, dtype=np.int64).reshape(shape)) if n > 1 else \
+        Tensor.full(0, dtypes.int64, shape)
+
+
+def pick(match: Tensor, x: Tensor, axis: int) -> Tensor:
+    """sum over `axis` of x where `match`, with at most one match per output element: a one-hot
+    select that is exact for every dtype (the other terms are zeros)."""
+    if x.dtype is dtypes.bool:
+        return pick(match, x.cast(dtypes.int32), axis).ne(0)
+    return match.where(x, Tensor.full(0, x.dtype)).sum([axis], keepdims=False)
+
+
 # ---- elementwise ------------------------------------------------------------------------------
 def _unary(fn):
     return lambda ctx, i, a: fn(i[0])
@@ -59,7 +75,8 @@ for _name, _fn in {
 @op("IsInf")
 def _isinf(ctx, i, a):
     x = i[0]
-    pos = x.eq(math.inf) if a.get("detect_positive", 1) else Tensor.full(False, dtypes.bool, x.shape)
+    none = Tensor.full(False, dtypes.bool, x.shape)
+    pos = x.eq(math.inf) if a.get("detect_positive", 1) else none
     return pos | x.eq(-math.inf) if a.get("detect_negative", 1) else pos
 
 
@@ -188,7 +205,9 @@ def _elu(ctx, i, a):
 
 @op("Selu")
 def _selu(ctx, i, a):
-    x, alpha, gamma = i[0], a.get("alpha", 1.67326319217681884765625), a.get("gamma", 1.05070102214813232421875)
+    x = i[0]
+    alpha = a.get("alpha", 1.67326319217681884765625)
+    gamma = a.get("gamma", 1.05070102214813232421875)
     return (x > 0).where(x * gamma, (x.exp() - 1.0) * (alpha * gamma))
 
 
@@ -265,7 +284,7 @@ def _hardmax(ctx, i, a):
 
 def _onehot_argmax(x: Tensor, axis: int) -> Tensor:
     idx = _argext(x, axis, Ops.MAX, last=False)
-    ar = _arange_along(x, axis)
+    ar = arange_at(x.shape[axis % x.ndim], axis % x.ndim, x.ndim)
     return ar.eq(idx).cast(x.dtype)
 
 
@@ -437,10 +456,12 @@ def _conv_transpose(ctx, i, a):
     for d, st in enumerate(strides):
         if st > 1:
             ax = 2 + d
-            xd = xd.unsqueeze(ax + 1).pad([(0, 0)] * (ax + 1) + [(0, st - 1)] + [(0, 0)] * (xd.ndim - ax - 1))
+            zeros = [(0, 0)] * (ax + 1) + [(0, st - 1)] + [(0, 0)] * (xd.ndim - ax - 1)
+            xd = xd.unsqueeze(ax + 1).pad(zeros)
             shp = list(xd.shape)
             xd = xd.reshape(shp[:ax] + [shp[ax] * st] + shp[ax + 2:])
-            xd = xd.shrink([(0, s) if j != ax else (0, s - (st - 1)) for j, s in enumerate(xd.shape)])
+            xd = xd.shrink([(0, s) if j != ax else (0, s - (st - 1))
+                            for j, s in enumerate(xd.shape)])
     full_pads = tuple(((k - 1) * dd - pads[j], (k - 1) * dd - pads[nsp + j] + outpad[j])
                       for j, (k, dd) in enumerate(zip(ks, dil)))
     wt = w.reshape((g, cin // g, coutg) + ks).permute([0, 2, 1] + list(range(3, 3 + nsp)))
@@ -499,7 +520,7 @@ def _maxpool_indices(x, y, ks, strides, dil, pads, storage_order: int) -> Tensor
     at = windowed(order).eq(first)
     local = (hit & at).where(windowed(pos), Tensor.full(0, dtypes.int64)).max(kaxes, False)
     n, c = x.shape[:2]
-    plane = Tensor.weight(np.arange(n * c, dtype=np.int64).reshape((n, c) + (1,) * nsp) * big)
+    plane = arange_at(n * c, 0, 1).reshape((n, c) + (1,) * nsp) * big
     return local + plane
 
 
@@ -584,22 +605,13 @@ def _logsumexp(x: Tensor, axes, keep: bool) -> Tensor:
                                                if j not in [ax % x.ndim for ax in axes]))
 
 
-def _arange_along(x: Tensor, axis: int) -> Tensor:
-    axis = axis % x.ndim
-    n = x.shape[axis]
-    shape = [1] * x.ndim
-    shape[axis] = n
-    return Tensor.weight(np.arange(n, dtype=np.int64).reshape(shape)) if n > 1 else \
-        Tensor.full(0, dtypes.int64, shape)
-
-
 def _argext(x: Tensor, axis: int, op_: Ops, last: bool) -> Tensor:
     """Index of the max/min along axis (keepdims): the first (or last) position that equals it."""
     best = x.reduce(op_, [axis])
     hit = x.eq(best)
     if x.dtype.is_float:
         hit = hit | (x.ne(x) & best.ne(best))  # a NaN maximum is found at the NaN
-    ar = _arange_along(x, axis).expand(x.shape)
+    ar = arange_at(x.shape[axis % x.ndim], axis % x.ndim, x.ndim).expand(x.shape)
     if last:
         return hit.where(ar, Tensor.full(-1, dtypes.int64)).max([axis])
     return hit.where(ar, Tensor.full(x.shape[axis % x.ndim], dtypes.int64)).min([axis])
@@ -712,23 +724,15 @@ def _gather(ctx, i, a):
 
 @op("GatherElements")
 def _gather_elements(ctx, i, a):
-    """out[.., j, ..] = x[.., ind[.., j, ..], ..]: a one-hot match summed along `axis`, which is
-    exact for every dtype (one term is non-zero)."""
+    """out[.., j, ..] = x[.., ind[.., j, ..], ..]: a one-hot match along `axis`."""
     x, ind = i
     axis = a.get("axis", 0) % x.ndim
     n = x.shape[axis]
     x = x.shrink([(0, n) if d == axis else (0, s) for d, s in enumerate(ind.shape)])
     ind = ind.cast(dtypes.int64)
     ind = (ind < 0).where(ind + n, ind)
-    m = ind.shape[axis]
-    xe = x.unsqueeze(axis + 1).expand(x.shape[:axis + 1] + (m,) + x.shape[axis + 1:])
-    ar = _arange_along(Tensor.full(0, dtypes.int64, (1,) * axis + (n,) + (1,) * (x.ndim - axis)),
-                       axis)
-    match = ind.unsqueeze(axis).eq(ar)
-    if x.dtype is dtypes.bool:
-        return match.where(xe.cast(dtypes.int32), Tensor.full(0, dtypes.int32)).sum(
-            [axis], keepdims=False).ne(0)
-    return match.where(xe, Tensor.full(0, x.dtype)).sum([axis], keepdims=False)
+    match = ind.unsqueeze(axis).eq(arange_at(n, axis, x.ndim + 1))  # (.., n, m, ..)
+    return pick(match, x.unsqueeze(axis + 1), axis)
 
 
 @op("Expand")
@@ -795,7 +799,8 @@ def _pad_edges(x: Tensor, ax: int, b: int, e: int, mode: str) -> Tensor:
         before = part(n - b, n) if b else None
         after = part(0, e) if e else None
     else:
-        raise CompileError(f"Pad mode {mode!r} is not supported; expected constant, reflect, edge or wrap")
+        raise CompileError(f"Pad mode {mode!r} is not supported; "
+                           "expected constant, reflect, edge or wrap")
     pieces = [t for t in ((before if b else None), x, (after if e else None)) if t is not None]
     return Tensor.cat(pieces, ax)
 
@@ -856,8 +861,7 @@ def _onehot(ctx, i, a):
     out_axis = axis % (ind.ndim + 1)
     shape = [1] * (ind.ndim + 1)
     shape[out_axis] = d
-    ar = Tensor.weight(np.arange(d, dtype=np.int64).reshape(shape))
-    hot = ind.unsqueeze(out_axis).eq(ar)
+    hot = ind.unsqueeze(out_axis).eq(arange_at(d, out_axis, ind.ndim + 1))
     off = values.shrink(((0, 1),)).reshape(())
     on = values.shrink(((1, 2),)).reshape(())
     return hot.where(on, off)
@@ -875,7 +879,7 @@ def _trilu(ctx, i, a):
     x = i[0]
     k = int(ctx.static(i[1], "k").reshape(-1)[0]) if len(i) > 1 and i[1] is not None else 0
     n, m = x.shape[-2:]
-    mask = np.triu(np.ones((n, m), bool), k) if a.get("upper", 1) else np.tril(np.ones((n, m), bool), k)
+    mask = (np.triu if a.get("upper", 1) else np.tril)(np.ones((n, m), bool), k)
     return Tensor.weight(mask).where(x, Tensor.full(0, x.dtype))
 
 

@@ -21,7 +21,8 @@ def qparam(v: Tensor | None, x: Tensor, axis: int, block: int = 0) -> Tensor | N
     nb = v.shape[axis]
     rep = v.unsqueeze(axis + 1).expand(v.shape[:axis + 1] + (block,) + v.shape[axis + 1:])
     rep = rep.reshape(v.shape[:axis] + (nb * block,) + v.shape[axis + 1:])
-    return rep.shrink([(0, x.shape[axis]) if d == axis else (0, s) for d, s in enumerate(rep.shape)])
+    return rep.shrink([(0, x.shape[axis]) if d == axis else (0, s)
+                       for d, s in enumerate(rep.shape)])
 
 
 def saturate(v: Tensor, dt: DType) -> Tensor:

@@ -178,7 +178,8 @@ def _resize(ctx, i, a):
         if math.isclose(scale[d], 1.0) and out[d] == x.shape[d] and \
                 (ctm != "tf_crop_and_resize" or lohi == (0.0, 1.0)):
             continue
-        taps = axis_taps(x.shape[d], out[d], scale[d], ctm, lohi, fn, bool(a.get("exclude_outside", 0)))
+        taps = axis_taps(x.shape[d], out[d], scale[d], ctm, lohi, fn,
+                         bool(a.get("exclude_outside", 0)))
         x = _resize_axis(x, d, taps, mode == "nearest", a.get("extrapolation_value", 0.0))
     if x.dtype != dt and dt.is_int:
         return x.maximum(float(dt.min)).minimum(float(dt.max)).cast(dt)

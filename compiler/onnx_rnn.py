@@ -8,10 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from compiler.dtypes import dtypes
-from compiler.onnx_ops import op
+from compiler.onnx_ops import arange_at, op
 from compiler.tensor import Tensor
 
 
@@ -87,12 +85,13 @@ def _recurrent(ctx, i, a):
     clip = a.get("clip")
     mask = None
     if lens is not None:  # (steps, batch, 1): step t is inside sequence b
-        t = Tensor.weight(np.arange(steps, dtype=np.int64).reshape(steps, 1, 1))
-        mask = t < lens.cast(dtypes.int64).reshape((1, batch, 1))
+        mask = arange_at(steps, 0, 3) < lens.cast(dtypes.int64).reshape((1, batch, 1))
     reverse = [a.get("direction", "forward") == "reverse"] if ndir == 1 else [False, True]
     ys, hs, cs = [], [], []
     for d in range(ndir):
-        sel = lambda t: t.shrink([(d, d + 1)] + [(0, s) for s in t.shape[1:]]).reshape(t.shape[1:])  # noqa: E731,E501
+        def sel(t: Tensor) -> Tensor:  # direction d of a (ndir, ...) tensor
+            return t.shrink([(d, d + 1)] + [(0, s) for s in t.shape[1:]]).reshape(t.shape[1:])
+
         wd, rd = sel(w), sel(r)
         bd = sel(b) if b is not None else Tensor.full(0.0, x.dtype, (2 * cell.gates * hidden,))
         h = sel(h0) if h0 is not None else Tensor.full(0.0, x.dtype, (batch, hidden))

@@ -13,7 +13,7 @@ from itertools import product
 import numpy as np
 
 from compiler.dtypes import dtypes
-from compiler.onnx_ops import op
+from compiler.onnx_ops import arange_at, op
 from compiler.tensor import Tensor
 from compiler.uop import Ops
 
@@ -88,8 +88,7 @@ def _grid_sample(ctx, i, a):
                                                            a.get("mode", "linear"))
     padding, align = a.get("padding_mode", "zeros"), bool(a.get("align_corners", 0))
     out_sp = grid.shape[1:-1]
-    batch = Tensor.weight(np.arange(x.shape[0], dtype=np.int64).reshape(
-        (-1,) + (1,) * len(out_sp))) if x.shape[0] > 1 else Tensor.full(0, dtypes.int64)
+    batch = arange_at(x.shape[0], 0, 1 + len(out_sp))
     taps = []
     for d in range(nsp):
         n = x.shape[2 + d]
@@ -224,7 +223,7 @@ def _deform_conv(ctx, i, a):
         taps.append([_fetch(lo + j, wt, size, "zeros", 0.0, size - 1.0)
                      for j, wt in ((0, 1.0 - t), (1, t))])
     xg = x.reshape((n * og, c // og) + x.shape[2:])
-    batch = Tensor.weight(np.arange(n * og, dtype=np.int64).reshape((n, og) + (1,) * (nsp + 1)))
+    batch = arange_at(n * og, 0, 1).reshape((n, og) + (1,) * (nsp + 1))
     s = weighted_taps(xg, batch, taps)  # (n, og, kk, *osp, c/og)
     s = s.permute((0, 1, nsp + 3, 2) + tuple(range(3, 3 + nsp))).reshape((n, c, kk) + osp)
     if mask is not None:
