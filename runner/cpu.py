@@ -104,6 +104,12 @@ class CpuDevice(Device):
                 self._pool = Pool(graph_mt, self.threads)
                 weakref.finalize(self, self._pool.close)
 
+    def close(self) -> None:
+        for name in ("_weights_ptr", "_arena_ptr"):
+            ptr = self.__dict__.pop(name, None)
+            if ptr is not None:
+                ffi.release(ptr)
+
     def submit(self, io: list) -> Fence:
         bound = self._bound
         for i, arr in enumerate(io):

@@ -58,6 +58,9 @@ class Device:
         """io: one contiguous array per io slot. The backend may use them until wait() returns."""
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Release what the device holds of the blob (after a failed load); idempotent."""
+
     def wait(self, fence: Fence, timeout_ms: float) -> None:
         wait_until(fence.signalled, timeout_ms, f"{self.name} submission")
 

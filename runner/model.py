@@ -36,9 +36,15 @@ class Model:
         dev = get_device(TARGETS[blob.target] if device is None else device)
         dev.check_target(blob.target)
         dev.cache_dir = f"{path}.clcache"
-        dev.alloc(blob.arena_bytes)
-        dev.upload(blob.weights)
-        dev.load(blob.programs, blob.launches, blob.buffers)
+        try:
+            dev.alloc(blob.arena_bytes)
+            dev.upload(blob.weights)
+            dev.load(blob.programs, blob.launches, blob.buffers)
+        except BaseException:
+            # the traceback keeps `dev` alive in a cycle with the blob's mapping; let go of the
+            # mapped buffers now, or collecting that cycle would fail on still-exported views
+            dev.close()
+            raise
         return cls(blob, dev)
 
     @property

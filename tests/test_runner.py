@@ -170,6 +170,26 @@ def test_programs_without_keel_graph_is_a_blob_error(tmp_path):
         Model.load(write(art, tmp_path / "nograph.blob"))
 
 
+def test_failed_loads_leave_nothing_that_breaks_garbage_collection(tmp_path):
+    art = dataclasses.replace(add_artifact(), programs=b"\x7fELF not really a shared object")
+    path = write(art, tmp_path / "bad.blob")
+    script = textwrap.dedent(f"""
+        import gc
+        from runner import BlobError, Model
+        for _ in range(20):
+            try:
+                Model.load({str(path)!r})
+            except BlobError:
+                pass
+            gc.collect()
+        print("survived")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 0 and "survived" in proc.stdout, proc.stderr
+    assert "BufferError" not in proc.stderr, proc.stderr
+
+
 def test_unknown_device_name_is_a_value_error(blobs):
     with pytest.raises(ValueError, match="unknown device 'gpu9'"):
         Model.load(blobs["add"], device="gpu9")
