@@ -34,6 +34,7 @@ from compiler.uop import Ops, UOp, Weight
 from compiler.vectorize import vectorize
 
 VERSION = "0.1.0"
+ARENA_GUARD = 128  # >= the widest vector (16 lanes of 8 bytes) minus one lane
 WEIGHT_ALIGN = 64  # cache line: vector loads of a weight never straddle two lines at its start
 
 
@@ -78,7 +79,8 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         if key not in jobs:
             packable = {j: u.size for j, (u, lay) in enumerate(zip(k.inputs, layouts[1:]), 1)
                         if lay[0] == "weights" and lay[2] is None and tgt.renderer == "c"}
-            jobs[key] = (ck, [dtypes.from_np(lay[1]) for lay in layouts], tgt, packable)
+            arena = {j for j, lay in enumerate(layouts) if lay[0] == "arena"}
+            jobs[key] = (ck, [dtypes.from_np(lay[1]) for lay in layouts], tgt, packable, arena)
         uses.append((k, out, key))
     with st("kernels"):
         programs = build_all(jobs, st)
@@ -162,7 +164,7 @@ def compile_jobs() -> int:
 
 
 def build_kernel(k: Kernel, param_dtypes: list, tgt: Target, packable: dict[int, int],
-                 st: Stages) -> tuple:
+                 arena: set[int], st: Stages) -> tuple:
     """-> (name, linear uops, plan, {param: weight packing permutation})"""
     params = {u: j + 1 for j, u in enumerate(k.inputs)}
     with st("optimize"):
@@ -170,7 +172,7 @@ def build_kernel(k: Kernel, param_dtypes: list, tgt: Target, packable: dict[int,
     with st("lower"):
         sink = simplify(lower_kernel(k, params, param_dtypes, plan), tgt)
         sink, perms = pack_weights(sink, packable)
-        sink = vectorize(sink)
+        sink = vectorize(sink, arena)
     with st("linearize"):
         return k.name, linearize(sink), plan, perms
 
@@ -279,11 +281,14 @@ class Buffers:
             self.table[bid] = replace(b, offset=n_in + j)
         self.outputs = [self.table[bid] for bid in sorted(self.out_index, key=self.out_index.get)]
         arena = [b for b in self.table.values() if b.region == "arena"]
-        p = plan_memory([b.nbytes for b in arena], [tuple(self.life.get(b.id, (0, 0))) for b in arena],
-                        self.align)
+        p = plan_memory([b.nbytes for b in arena],
+                        [tuple(self.life.get(b.id, (0, 0))) for b in arena], self.align)
+        # guard bytes at both ends: a masked vector load may read a few elements past a buffer
+        # (vectorize.py), which must stay inside the arena; inside it they hit a neighbour
+        guard = -(-ARENA_GUARD // self.align) * self.align
         for b, off in zip(arena, p.offsets):
-            self.table[b.id] = replace(b, offset=off)
-        self.arena_bytes, self.lower_bound = p.arena_bytes, p.lower_bound
+            self.table[b.id] = replace(b, offset=off + guard)
+        self.arena_bytes, self.lower_bound = p.arena_bytes + 2 * guard, p.lower_bound
 
     def by_id(self) -> dict[int, Buffer]:
         return dict(sorted(self.table.items()))

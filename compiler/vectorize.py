@@ -33,8 +33,9 @@ def _contiguous(idxs: tuple[UOp, ...]) -> bool:
 
 
 class Zipper:
-    def __init__(self, width: int):
+    def __init__(self, width: int, overread: set[int]):
         self.width = width
+        self.overread = overread  # params whose neighbours are readable (arena, guarded ends)
         self.memo: dict[tuple, UOp] = {}
 
     def __call__(self, lanes: tuple[UOp, ...]) -> UOp:
@@ -54,12 +55,35 @@ class Zipper:
                 and all(u.src[0] is first.src[0] for u in lanes) \
                 and _contiguous(tuple(u.src[1] for u in lanes)):
             return UOp(Ops.LOAD, vdt, first.src)
+        if same and first.op is Ops.LOAD and len(first.src) == 3 and dt is not dtypes.bool \
+                and all(u.src[0] is first.src[0] for u in lanes) \
+                and _contiguous(tuple(u.src[1] for u in lanes)):
+            masked = self._gated_load(lanes, vdt)
+            if masked is not None:
+                return masked
         if same and first.op in LANEWISE and self._vector_ok(first):
             src = tuple(self(tuple(u.src[i] for u in lanes)) for i in range(len(first.src)))
             if first.op is Ops.REDUCE and any(s.dtype.count > 1 for s in src if s.op is Ops.RANGE):
                 return UOp(Ops.VECTORIZE, vdt, lanes)
             return UOp(first.op, vdt, src, first.arg)
         return UOp(Ops.VECTORIZE, vdt, lanes)
+
+    def _gated_load(self, lanes: tuple[UOp, ...], vdt) -> UOp | None:
+        """Padding gates: the conjuncts every lane shares gate the whole vector load (nothing is
+        read when they fail); the rest (a column check at a row edge) select lanes afterwards.
+        Those lanes may read a few elements past their row, so only where that memory is ours."""
+        first = lanes[0]
+        conj = [_conjuncts(u.src[2]) for u in lanes]
+        shared = [c for c in conj[0] if all(c in cs for cs in conj[1:])]
+        rest = tuple(_all_of([c for c in cs if c not in shared]) for cs in conj)
+        gate = _all_of(shared)
+        load = UOp(Ops.LOAD, vdt, first.src[:2] + ((gate,) if gate.op is not Ops.CONST else ()))
+        if all(r.op is Ops.CONST and r.arg for r in rest):
+            return load
+        if first.src[0].arg[0] not in self.overread:
+            return None
+        mask = self(rest)
+        return UOp(Ops.WHERE, vdt, (mask, load, UOp.const(0, vdt.scalar)))
 
     def _vector_ok(self, u: UOp) -> bool:
         """Bool data and 8-byte integers stay scalar: their masks and conversions differ between
@@ -70,11 +94,22 @@ class Zipper:
         return all(d.kind != "i" or d.itemsize <= 4 for d in kinds if d is not dtypes.void)
 
 
-def vectorize(sink: UOp) -> UOp:
+def _conjuncts(g: UOp) -> list[UOp]:
+    return _conjuncts(g.src[0]) + _conjuncts(g.src[1]) if g.op is Ops.AND else [g]
+
+
+def _all_of(conds: list[UOp]) -> UOp:
+    out = UOp.const(True, dtypes.bool)
+    for c in conds:
+        out = c if out.op is Ops.CONST else UOp(Ops.AND, dtypes.bool, (out, c))
+    return out
+
+
+def vectorize(sink: UOp, overread: set[int] = frozenset()) -> UOp:
     width = sink.arg or 1
     if width <= 1 or len(sink.src) % width:
         return sink
-    z, stores = Zipper(width), []
+    z, stores = Zipper(width, overread), []
     for g in range(0, len(sink.src), width):
         group = sink.src[g:g + width]
         params = {s.src[0] for s in group}

@@ -139,7 +139,10 @@ class CRenderer(CStyle):
         if u.dtype.count == 1:
             return super().render_load(body, u)
         p, idx = body.ref(u.src[0]), body.ref(u.src[1])
-        body.bind(u, f"(*(const {u.dtype.cname}_u *)({p} + {idx}))")
+        load = f"(*(const {u.dtype.cname}_u *)({p} + {idx}))"
+        if len(u.src) == 3:  # one gate for every lane: nothing is read when it fails
+            load = f"({body.ref(u.src[2])} ? {load} : {self.literal(0, u.dtype)})"
+        body.bind(u, load)
 
     def render_store(self, body: Body, u: UOp) -> None:
         val = u.src[2]
