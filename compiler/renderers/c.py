@@ -17,6 +17,7 @@ from compiler.renderers.cstyle import INFIX, Body, CStyle
 from compiler.uop import Ops, UOp
 
 ENTRY, ENTRY_MT = "keel_graph", "keel_graph_mt"
+SPLIT_MIN = 8  # trip count from which a loop is split between threads
 PROFILE = "keel_profile"  # same graph, recording a timestamp after every launch
 # Cycle counter without libc: clang's builtin on every target (rdtsc / cntvct), gcc on x86 only.
 TICKS = """
@@ -93,8 +94,11 @@ class CRenderer(CStyle):
         return ["int tid", "int nt"]
 
     def render_kernel(self, name: str, lin: list[UOp]) -> str:
-        first = next((u for u in lin if u.op is Ops.RANGE), None)
-        self.split = first if first is not None and first.arg[1] != "reduce" else None
+        # the outermost output loop long enough to share; a 5-row matmul tile loop would leave a
+        # thread idle, the loop inside it may not
+        loops = [u for u in lin if u.op is Ops.RANGE and u.arg[1] != "reduce"]
+        self.split = next((u for u in loops if u.src[0].arg >= SPLIT_MIN), None) or \
+            max(loops, key=lambda u: u.src[0].arg, default=None)
         text = super().render_kernel(name, lin)
         if self.split is None:  # nothing to share: thread 0 does it all
             head, rest = text.split("{\n", 1)
