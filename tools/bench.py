@@ -5,7 +5,7 @@
 
 For each model and thread count it times keel (`Model.run` with inputs in place and preallocated
 outputs) and onnxruntime (`intra_op_num_threads` = the same count, default optimizations) in
-interleaved rounds, so both see the same machine load, and reports medians. GFLOP counts Conv,
+alternating blocks of runs, so both see the same machine load, and reports medians. GFLOP counts Conv,
 MatMul and Gemm multiply-adds (models/flops.py); % of peak is against this machine's measured
 FMA throughput per thread (a register-only microbenchmark built with keel's own toolchain).
 """
@@ -46,6 +46,11 @@ MODELS = {
     "efficientnet": lambda: make_efficientnet(),
 }
 
+# Blocks of runs alternate between keel and onnxruntime, so both see the same machine load;
+# not single runs, because onnxruntime's intra-op threads spin for a while after each run and
+# would take the cores keel's next run needs.
+BLOCK = 5
+ORT_SPIN_S = 0.05
 PEAK_CHAINS = 12  # independent FMA chains: enough to cover FMA latency on every current core
 
 
@@ -121,14 +126,20 @@ def bench(onnx_path: str, blob_path: str, threads: int, runs: int) -> tuple[floa
     err = max(float(np.abs(out[o.name].astype(np.float64) - w).max())
               for o, w in zip(sess.get_outputs(), want))
     keel, ref = [], []
-    for _ in range(runs):
-        t = time.perf_counter()
-        model.run(out=out)
-        keel.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        sess.run(None, feeds)
-        ref.append(time.perf_counter() - t)
+    for _ in range(max(runs // BLOCK, 1)):
+        time.sleep(ORT_SPIN_S)  # let onnxruntime's idle workers stop spinning on our cores
+        keel += timed(lambda: model.run(out=out), BLOCK)
+        ref += timed(lambda: sess.run(None, feeds), BLOCK)
     return statistics.median(keel) * 1e3, statistics.median(ref) * 1e3, err
+
+
+def timed(fn, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
 
 
 def machine() -> str:
