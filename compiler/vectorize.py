@@ -69,14 +69,17 @@ class Zipper:
         return UOp(Ops.VECTORIZE, vdt, lanes)
 
     def _gated_load(self, lanes: tuple[UOp, ...], vdt) -> UOp | None:
-        """Padding gates: the conjuncts every lane shares gate the whole vector load (nothing is
-        read when they fail); the rest (a column check at a row edge) select lanes afterwards.
-        Those lanes may read a few elements past their row, so only where that memory is ours."""
+        """Padding gates: the vector load runs only if some lane's gate holds (the conjuncts every
+        lane shares, and any lane's remainder), and the remainders (a column check at a row edge)
+        select lanes afterwards. A running load's window thus holds at least one valid address,
+        so it reads at most W-1 elements past valid memory: allowed only where that memory is
+        ours (arena buffers; the arena has guard bytes at both ends)."""
         first = lanes[0]
         conj = [_conjuncts(u.src[2]) for u in lanes]
         shared = [c for c in conj[0] if all(c in cs for cs in conj[1:])]
         rest = tuple(_all_of([c for c in cs if c not in shared]) for cs in conj)
-        gate = _all_of(shared)
+        any_rest = [] if any(r.op is Ops.CONST and r.arg for r in rest) else [_any_of(rest)]
+        gate = _all_of(shared + any_rest)
         load = UOp(Ops.LOAD, vdt, first.src[:2] + ((gate,) if gate.op is not Ops.CONST else ()))
         if all(r.op is Ops.CONST and r.arg for r in rest):
             return load
@@ -102,6 +105,13 @@ def _all_of(conds: list[UOp]) -> UOp:
     out = UOp.const(True, dtypes.bool)
     for c in conds:
         out = c if out.op is Ops.CONST else UOp(Ops.AND, dtypes.bool, (out, c))
+    return out
+
+
+def _any_of(conds) -> UOp:
+    out = conds[0]
+    for c in conds[1:]:
+        out = UOp(Ops.OR, dtypes.bool, (out, c))
     return out
 
 

@@ -186,3 +186,18 @@ def test_cli_rejects_malformed_onnx_with_exit_2_and_no_traceback(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "not a valid ONNX model" in proc.stderr
+
+
+def test_vector_load_with_per_lane_gates_never_loads_when_no_lane_is_valid():
+    # lanes whose gates share no conjunct: the vector load itself must stay gated (by "some lane
+    # is valid"), or it would read at an address no lane may touch
+    from compiler.vectorize import Zipper
+    p = UOp(Ops.PARAM, dtypes.float32, (), (1, dtypes.float32))
+    r = rng_var(0, 64)
+    lanes = tuple(UOp(Ops.LOAD, dtypes.float32, (p, r * 4 + k, (r + k).lt(60)))
+                  for k in range(4))
+    out = Zipper(4, overread={1})(lanes)
+    assert out.op is Ops.WHERE
+    load = out.src[1]
+    assert load.op is Ops.LOAD and load.dtype.count == 4 and len(load.src) == 3
+    assert Zipper(4, overread=set())(lanes).op is Ops.VECTORIZE  # not ours to over-read: scalar
