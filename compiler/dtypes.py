@@ -108,7 +108,3 @@ def _lookup(name: str, kind: str, count: int) -> DType:
         next(d for d in dtypes.all if d.name == name)
     return scalar.vec(count) if count > 1 else scalar
 
-
-def promote_float(dt: DType) -> DType:
-    """Compute type for transcendental math: half computes in float (accuracy), others as is."""
-    return dtypes.float32 if dt in (dtypes.float16,) or not dt.is_float else dt

@@ -83,7 +83,7 @@ class Lowerer:
     def __init__(self, kernel: Kernel, params: dict[UOp, int], param_dtypes: list):
         self.kernel, self.root = kernel, kernel.root
         self.params = params
-        self.param_uops = [UOp(Ops.PARAM, dt, (), (i, dt)) for i, dt in enumerate(param_dtypes)]
+        self.param_uops = [UOp.param(i, dt) for i, dt in enumerate(param_dtypes)]
         self.memo: dict = {}
         self.acc: UOp | None = None
         self.red = find_reduce(kernel.root, set(params))

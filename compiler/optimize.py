@@ -23,7 +23,7 @@ from compiler.lower import Axis, Plan, find_reduce, lower_kernel
 from compiler.schedule import Kernel
 from compiler.target import Target
 from compiler.rewrite import graph_rewrite
-from compiler.symbolic import symbolic, terms
+from compiler.symbolic import linear_form, symbolic
 from compiler.uop import Ops, UOp
 
 FULL_UNROLL = 8  # reduce dims up to this size disappear into straight-line code
@@ -55,12 +55,13 @@ def operands(kernel: Kernel, params: dict[UOp, int], plan: Plan, packable) -> li
         if u.op is not Ops.LOAD:
             continue
         node = next(n for n, i in params.items() if i == u.src[0].arg[0])
-        ts, _ = terms(u.src[1])
+        coef, _ = linear_form(u.src[1])
         strides: dict[int, int | None] = {}
-        for coef, t in ts:
+        for t, c in coef.items():
             if t.op is Ops.RANGE:
-                strides[dim_of[t]] = strides.get(dim_of[t], 0) + coef
-            else:  # div/mod or data-dependent index: every range inside is "not affine"
+                strides[dim_of[t]] = strides.get(dim_of[t], 0) + c
+        for t in coef:  # div/mod or data-dependent: every range inside is "not affine"
+            if t.op is not Ops.RANGE:
                 strides.update({dim_of[r]: None for r in t.toposort() if r.op is Ops.RANGE})
         out.append(Operand(node.size * node.dtype.itemsize, strides, params[node] in packable))
     return out

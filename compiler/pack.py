@@ -15,20 +15,16 @@ import numpy as np
 from compiler.dtypes import dtypes
 from compiler.linearize import KIND_ORDER
 from compiler.rewrite import substitute
-from compiler.symbolic import build, terms
+from compiler.symbolic import build, linear_form
 from compiler.uop import Ops, UOp
 
 MAX_GROWTH = 1.0  # packed size / original size: never duplicate weight data
 
 
 def _affine(idx: UOp) -> tuple[dict[UOp, int], int] | None:
-    ts, const = terms(idx)
-    coef: dict[UOp, int] = {}
-    for c, u in ts:
-        if u.op is not Ops.RANGE:
-            return None
-        coef[u] = coef.get(u, 0) + c
-    return {u: c for u, c in coef.items() if c}, const
+    """The index as {range: coefficient} + constant, or None if it is not affine in the ranges."""
+    coef, const = linear_form(idx)
+    return (coef, const) if all(u.op is Ops.RANGE for u in coef) else None
 
 
 def pack_weights(sink: UOp, weights: dict[int, int]) -> tuple[UOp, dict[int, np.ndarray]]:

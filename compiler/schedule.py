@@ -9,7 +9,6 @@ Three decisions live here:
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -260,6 +259,3 @@ def _describe(u: UOp, realized: set) -> str:
         kind = "e" if any(n.op in ALU for n in body) else "copy"
     return f"{kind}_{'x'.join(map(str, u.shape)) or '1'}"
 
-
-def flops_of(u: UOp) -> int:
-    return math.prod(u.shape)

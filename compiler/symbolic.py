@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from compiler.dtypes import dtypes
 from compiler.rewrite import PatternMatcher, UPat
-from compiler.uop import ALU, BINARY, Ops, UOp
+from compiler.uop import ALU, Ops, UOp
 
 INTS = (dtypes.index, dtypes.int32, dtypes.int64, dtypes.int16, dtypes.int8, dtypes.uint8,
         dtypes.uint16, dtypes.uint32, dtypes.uint64)
@@ -59,6 +59,15 @@ def terms(x: UOp) -> tuple[list[tuple[int, UOp]], int]:
         k = x.src[1].arg
         return [(a * k, u) for a, u in t], c * k
     return [(1, x)], 0
+
+
+def linear_form(x: UOp) -> tuple[dict[UOp, int], int]:
+    """x as {term: coefficient} + constant: equal terms merged, zero coefficients dropped."""
+    ts, const = terms(x)
+    coef: dict[UOp, int] = {}
+    for c, t in ts:
+        coef[t] = coef.get(t, 0) + c
+    return {t: c for t, c in coef.items() if c}, const
 
 
 def build(ts: list[tuple[int, UOp]], const: int, dtype) -> UOp:
@@ -155,10 +164,6 @@ def reassociate(x: UOp) -> UOp | None:
     return None
 
 
-def _is(v):
-    return lambda u: u.op is Ops.CONST and u.arg == v
-
-
 x_, c_ = UPat.var("x"), UPat.cvar("c")
 
 symbolic = PatternMatcher([
@@ -189,5 +194,3 @@ symbolic = PatternMatcher([
     (UPat(Ops.CAST, src=(c_,), name="x"), lambda x, c: UOp.const(c.arg, x.dtype)
         if not x.dtype.is_float and not c.dtype.is_float else None),
 ])
-
-__all__ = ["symbolic", "terms", "build", "BINARY"]

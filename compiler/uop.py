@@ -135,6 +135,11 @@ class UOp:
             hit = _CONSTS[key] = UOp(Ops.CONST, dtype, (), normalize_const(value, dtype))
         return hit
 
+    @staticmethod
+    def param(index: int, dtype: DType) -> UOp:
+        """A kernel's buffer parameter `index` with elements of `dtype`."""
+        return UOp(Ops.PARAM, dtype, (), (index, dtype))
+
     def alu(self, op: Ops, *others: UOp) -> UOp:
         out = dtypes.bool if op in COMPARE else self.dtype
         return UOp(op, out, (self, *others))

@@ -9,7 +9,7 @@ scalar graph, so vectorizing is an optimization that can never change what is co
 from __future__ import annotations
 
 from compiler.dtypes import dtypes
-from compiler.symbolic import terms
+from compiler.symbolic import linear_form
 from compiler.uop import Ops, UOp
 
 # ops with a direct lane-wise vector form in every C-family target
@@ -18,18 +18,10 @@ LANEWISE = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.MAX, Ops.MIN, Ops.NEG, Ops.
             Ops.CAST, Ops.BITCAST, Ops.REDUCE}
 
 
-def _linear(idx: UOp) -> tuple[dict, int]:
-    ts, c = terms(idx)
-    out: dict[UOp, int] = {}
-    for coef, u in ts:
-        out[u] = out.get(u, 0) + coef
-    return {u: k for u, k in out.items() if k}, c
-
-
 def _contiguous(idxs: tuple[UOp, ...]) -> bool:
     """Lane k reads base + k."""
-    base, c0 = _linear(idxs[0])
-    return all(_linear(idx) == (base, c0 + k) for k, idx in enumerate(idxs[1:], 1))
+    base, c0 = linear_form(idxs[0])
+    return all(linear_form(idx) == (base, c0 + k) for k, idx in enumerate(idxs[1:], 1))
 
 
 class Zipper:

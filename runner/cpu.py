@@ -94,15 +94,16 @@ class CpuDevice(Device):
         except AttributeError:
             raise BlobError("programs section does not export keel_graph") from None
         self.threads = threads_from_env()
-        self._pool = None
+        self._run = self._graph  # decided once here, not per submission
         if self.threads > 1:
             try:
                 graph_mt = lib.keel_graph_mt
             except AttributeError:  # a single-threaded program: run it as such
                 self.threads = 1
             else:
-                self._pool = Pool(graph_mt, self.threads)
-                weakref.finalize(self, self._pool.close)
+                pool = Pool(graph_mt, self.threads)
+                weakref.finalize(self, pool.close)
+                self._run = pool.run
 
     def close(self) -> None:
         for name in ("_weights_ptr", "_arena_ptr"):
@@ -116,10 +117,7 @@ class CpuDevice(Device):
             if arr is not bound[i]:
                 self._io_ptrs[i] = ffi.from_buffer(arr)
                 bound[i] = arr
-        if self._pool is None:
-            self._graph(self._arena_ptr, self._weights_ptr, self._io_ptrs)
-        else:
-            self._pool.run(self._arena_ptr, self._weights_ptr, self._io_ptrs)
+        self._run(self._arena_ptr, self._weights_ptr, self._io_ptrs)
         return DONE
 
 

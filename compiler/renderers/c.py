@@ -119,9 +119,6 @@ class CRenderer(CStyle):
             return f"({ty} *)(weights + {b.offset})"
         return f"({ty} *)io[{b.offset}]"
 
-    def params(self, lin: list[UOp]) -> list[UOp]:
-        return [UOp(Ops.PARAM, dt, (), (i, dt)) for i, dt in enumerate(self.param_dtypes)]
-
     # ---- vectors ----------------------------------------------------------------------------
     def dtype(self, dt: DType) -> str:
         return self.dtype(_mask(dt)) if dt.count > 1 and dt.scalar is dtypes.bool else dt.cname

@@ -83,7 +83,9 @@ class CStyle:
 
     # ---- kernel -------------------------------------------------------------------------------
     def params(self, lin: list[UOp]) -> list[UOp]:
-        return sorted((u for u in lin if u.op is Ops.PARAM), key=lambda u: u.arg[0])
+        """Every parameter the launch passes (set in self.param_dtypes by render_program), even
+        one whose loads simplified away: the call site still passes it."""
+        return [UOp.param(i, dt) for i, dt in enumerate(self.param_dtypes)]
 
     def param_decl(self, p: UOp) -> str:
         const = "" if p.arg[0] == 0 else "const "

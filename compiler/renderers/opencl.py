@@ -142,9 +142,6 @@ class OpenCLRenderer(CStyle):
         return f"as_{self.dtype(dst)}({x})"
 
     # ---- parameters and work-items ------------------------------------------------------------
-    def params(self, lin: list[UOp]) -> list[UOp]:
-        return [UOp(Ops.PARAM, dt, (), (i, dt)) for i, dt in enumerate(self.param_dtypes)]
-
     def param_decl(self, p: UOp) -> str:
         i, dt = p.arg
         if i in self.images:
