@@ -2,9 +2,11 @@
 
 Weights are constants, so their layout is the compiler's choice. After lowering, a kernel reads a
 weight at `sum(coef_r * r) + c_l` over its loop ranges r, with one constant c_l per unrolled copy.
-The packed weight is ordered [ranges in loop-nest order][copies sorted by c_l], so the innermost
-loop walks it sequentially (a matmul's column strip becomes one contiguous stream instead of one
-cache line and page per k step) and lanes that were adjacent stay adjacent for vector loads.
+The packed weight is ordered [ranges in loop-nest order][copies], so the innermost loop walks it
+sequentially (a matmul's column strip becomes one contiguous stream instead of one cache line and
+page per k step). Copies are ordered so that the W copies one vector lane set reads (the same load
+in the W lane trees of a store group, see vectorize.py) sit side by side: a conv's output-channel
+lanes, 1152 floats apart in ONNX order, become one vector load instead of a W-lane gather.
 The permutation depends only on the kernel, so every launch of a shared program packs its own
 weight with the same index array.
 """
@@ -30,20 +32,47 @@ def _affine(idx: UOp) -> tuple[dict[UOp, int], int] | None:
 def pack_weights(sink: UOp, weights: dict[int, int]) -> tuple[UOp, dict[int, np.ndarray]]:
     """weights: param index -> element count. Returns the kernel with rewritten weight loads and,
     per packed param, the gather index (packed position -> original flat index)."""
+    lane = _lane_positions(sink, weights)
     loads: dict[int, list[UOp]] = {}
     for u in sink.toposort():
         if u.op is Ops.LOAD and u.src[0].arg[0] in weights:
             loads.setdefault(u.src[0].arg[0], []).append(u)
     mapping, perms = {}, {}
     for param, group in loads.items():
-        packed = _pack(group, weights[param])
+        packed = _pack(group, weights[param], lane)
         if packed is not None:
             new_loads, perms[param] = packed
             mapping.update(new_loads)
     return (substitute(sink, mapping) if mapping else sink), perms
 
 
-def _pack(group: list[UOp], size: int):
+def _lane_positions(sink: UOp, weights) -> dict[UOp, tuple[UOp, int]]:
+    """Weight load -> (the load in lane 0, its lane) for loads that vectorize.py will zip: the
+    same tree position in the W value trees of one store group, walked the way the zipper walks."""
+    width = sink.arg or 1
+    if width <= 1 or len(sink.src) % width:
+        return {}
+    out: dict[UOp, tuple[UOp, int]] = {}
+    todo = [tuple(s.src[2] for s in sink.src[g:g + width]) for g in range(0, len(sink.src), width)]
+    seen = set()
+    while todo:
+        lanes = todo.pop()
+        first = lanes[0]
+        if lanes in seen or all(u is first for u in lanes):
+            continue
+        seen.add(lanes)
+        if any(u.op is not first.op or len(u.src) != len(first.src) for u in lanes):
+            continue
+        if first.op is Ops.LOAD:
+            if first.src[0].arg[0] in weights:
+                for k, u in enumerate(lanes):
+                    out.setdefault(u, (first, k))
+            continue
+        todo.extend(tuple(u.src[i] for u in lanes) for i in range(len(first.src)))
+    return out
+
+
+def _pack(group: list[UOp], size: int, lane: dict[UOp, tuple[UOp, int]]):
     if any(len(u.src) != 2 for u in group):
         return None  # gated loads (padding) keep the original layout
     forms = [_affine(u.src[1]) for u in group]
@@ -51,7 +80,13 @@ def _pack(group: list[UOp], size: int):
         return None
     coef = forms[0][0]
     ranges = sorted(coef, key=lambda r: (KIND_ORDER[r.arg[1]], r.arg[0]))
-    consts = sorted({c for _, c in forms})
+    const_of = {u: f[1] for u, f in zip(group, forms)}
+    # a copy's place: its lane set (keyed by lane 0's constant), then its lane in the set
+    key = {}
+    for u, c in const_of.items():
+        head, k = lane.get(u, (u, 0))
+        key.setdefault(c, (const_of.get(head, c), k))
+    consts = sorted(key, key=lambda c: (key[c], c))
     sizes = [r.src[0].arg for r in ranges]
     n = int(np.prod(sizes, dtype=np.int64)) * len(consts)
     if n > size * MAX_GROWTH:

@@ -36,7 +36,10 @@ class CpuTarget:
 TARGETS: dict[str, CpuTarget] = {
     "cpu": CpuTarget("x86_64-linux-gnu", ("-march=x86-64-v3",), ("-fuse-ld=lld",),
                      "Linux", ("x86_64", "AMD64")),
-    "cpu-avx512": CpuTarget("x86_64-linux-gnu", ("-march=x86-64-v4",), ("-fuse-ld=lld",),
+    # clang's x86-64-v4 prefers 256-bit vectors (it splits a 64-byte vector type into two ymm
+    # halves) unless told otherwise; gcc understands the flag too
+    "cpu-avx512": CpuTarget("x86_64-linux-gnu", ("-march=x86-64-v4", "-mprefer-vector-width=512"),
+                            ("-fuse-ld=lld",),
                             "Linux", ("x86_64", "AMD64")),
     # comma 3X: Snapdragon 845, Kryo 385 gold cores are Cortex-A75 derivatives
     "cpu-aarch64": CpuTarget("aarch64-linux-gnu", ("-mcpu=cortex-a75",), ("-fuse-ld=lld",),

@@ -187,6 +187,14 @@ def host_target() -> str:
     return names[0] if names else f"none ({system}/{machine})"
 
 
+def best_host_target() -> str:
+    """The widest CPU target this host runs (HOSTS lists each machine's targets narrow to wide)."""
+    system, machine = platform.system(), platform.machine()
+    names = [t for t, h in HOSTS.items() if h.system == system and machine in h.machines
+             and all(f in _cpu_flags(h.cpu_flags) for f in h.cpu_flags)]
+    return names[-1] if names else host_target()
+
+
 def _cpu_flags(needed: tuple[str, ...]) -> set[str]:
     """Flags from /proc/cpuinfo; where that cannot be read, trust the target (assume `needed`)."""
     if not needed:

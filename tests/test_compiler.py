@@ -201,3 +201,24 @@ def test_vector_load_with_per_lane_gates_never_loads_when_no_lane_is_valid():
     load = out.src[1]
     assert load.op is Ops.LOAD and load.dtype.count == 4 and len(load.src) == 3
     assert Zipper(4, overread=set())(lanes).op is Ops.VECTORIZE  # not ours to over-read: scalar
+
+
+def test_conv_weight_lanes_are_packed_side_by_side(monkeypatch):
+    # a 3x3 conv vectorizes over output channels, 72 floats apart in ONNX order and unrolled
+    # together with kw: packing must put each vector's lanes side by side (one vector load),
+    # not in unroll order (an 8-lane gather per kw, 3x slower)
+    import compiler.compile as cc
+    built = []
+    build = cc.build_kernel
+    monkeypatch.setattr(cc, "build_kernel", lambda *a: built.append(build(*a)) or built[-1])
+    compile_model(_conv_block(residual=False))
+    (name, lin, _, perms), = [b for b in built if "radd" in b[0]]
+    assert perms, "the conv weight was not packed"
+    weight_loads = [u for u in lin if u.op is Ops.LOAD and u.src[0].arg[0] in perms]
+    assert any(u.dtype.count > 1 for u in weight_loads)
+    gathers = [u for u in lin if u.op is Ops.VECTORIZE and any(
+        s.op is Ops.LOAD and s.src[0].arg[0] in perms for s in u.src)]
+    assert gathers == []
+    x = np.random.default_rng(1).standard_normal((1, 8, 12, 12)).astype(np.float32)
+    model = _conv_block(residual=False)
+    assert_close(keel_run(model, {"x": x})["r"], ort_run(model, {"x": x})["r"], rtol=1e-5, atol=1e-5)

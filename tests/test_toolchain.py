@@ -38,3 +38,17 @@ def test_host_target_is_runnable_and_other_machines_are_not():
     # x86-64-v3 and -v4 share a machine: CPU flags are the runner's check, at load
     assert not any(can_run(t) for t, d in TARGETS.items()
                    if (d.system, d.machines) != (host.system, host.machines))
+
+
+def test_avx512_target_computes_in_512_bit_registers():
+    # clang's x86-64-v4 splits 64-byte vector types into ymm halves unless told to prefer 512
+    import subprocess
+    import tempfile
+    src = ("typedef float v16 __attribute__((vector_size(64)));\n"
+           "void k(v16 *a, const v16 *b, const v16 *c) { *a = *a * *b + *c; }\n")
+    with tempfile.NamedTemporaryFile(suffix=".so") as f:
+        f.write(build_shared(src, "cpu-avx512"))
+        f.flush()
+        asm = subprocess.run(["llvm-objdump-19", "-d", f.name], capture_output=True,
+                             text=True).stdout
+    assert "vfmadd" in asm and "zmm" in asm

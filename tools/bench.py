@@ -1,13 +1,15 @@
 """keel against onnxruntime, side by side in one run, on the built-in models.
 
   python tools/bench.py [--models openpilot,openpilot-fp16,resnet50,efficientnet]
-                        [--threads 1,2] [--runs 30] [--target cpu] [--cache DIR]
+                        [--threads 1,2] [--runs 30] [--target TARGET] [--cache DIR]
 
 For each model and thread count it times keel (`Model.run` with inputs in place and preallocated
 outputs) and onnxruntime (`intra_op_num_threads` = the same count, default optimizations) in
 alternating blocks of runs, so both see the same machine load, and reports medians. GFLOP counts Conv,
 MatMul and Gemm multiply-adds (models/flops.py); % of peak is against this machine's measured
 FMA throughput per thread (a register-only microbenchmark built with keel's own toolchain).
+The default target is the widest this host runs (cpu-avx512 where /proc/cpuinfo lists AVX-512),
+because onnxruntime dispatches on the host's widest vectors too.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ from models.flops import count_flops  # noqa: E402
 from models.openpilot import make_openpilot  # noqa: E402
 from models.resnet import make_resnet50  # noqa: E402
 from runner import Model  # noqa: E402
+from runner.cpu import best_host_target  # noqa: E402
 
 MODELS = {
     "openpilot": lambda: make_openpilot(),
@@ -158,7 +161,7 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--runs", type=int, default=30)
-    ap.add_argument("--target", default="cpu")
+    ap.add_argument("--target", default=best_host_target())
     ap.add_argument("--cache", default=os.path.join(os.path.expanduser("~"), ".cache", "keel",
                                                     "bench"))
     args = ap.parse_args(argv)
