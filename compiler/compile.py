@@ -20,7 +20,7 @@ from compiler.frontend import load_onnx
 from compiler.linearize import linearize
 from compiler.lower import lower_kernel
 from compiler.memory import plan as plan_memory
-from compiler.optimize import plan_kernel
+from compiler.optimize import merge_dims, plan_kernel
 from compiler.pack import pack_weights
 from compiler.renderers import get_renderer
 from compiler.rewrite import graph_rewrite, substitute
@@ -168,6 +168,8 @@ def build_kernel(k: Kernel, param_dtypes: list, tgt: Target, packable: dict[int,
     """-> (name, linear uops, plan, {param: weight packing permutation})"""
     params = {u: j + 1 for j, u in enumerate(k.inputs)}
     with st("optimize"):
+        if tgt.renderer == "c":
+            k = merge_dims(k, params)
         plan = plan_kernel(k, set(k.inputs), tgt, params, packable)
     with st("lower"):
         sink = simplify(lower_kernel(k, params, param_dtypes, plan), tgt)

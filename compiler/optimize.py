@@ -22,12 +22,14 @@ from dataclasses import dataclass
 from compiler.lower import Axis, Plan, find_reduce, lower_kernel
 from compiler.schedule import Kernel
 from compiler.target import Target
-from compiler.rewrite import graph_rewrite
+from compiler.rewrite import graph_rewrite, substitute
 from compiler.symbolic import linear_form, symbolic
 from compiler.uop import Ops, UOp
 
 FULL_UNROLL = 8  # reduce dims up to this size disappear into straight-line code
+WINDOW_UNROLL = 32  # whole reductions up to this size too (3x3 and 5x5 depthwise windows)
 MAX_ROWS = 8  # accumulator rows: past this, code size (and compile time) grows for no gain
+MAX_VREGS = 3  # accumulator columns, in vectors (measured: wider tiles stream more, gain nothing)
 
 
 def _factor(size: int, limit: int) -> int:
@@ -43,6 +45,7 @@ class Operand:
     nbytes: int
     strides: dict[int, int | None]  # full-shape dim -> element stride (None: not affine)
     packable: bool  # a weight: pack.py will lay it out in read order
+    gated: frozenset[int] = frozenset()  # dims its validity gate (padding) depends on
 
 
 def operands(kernel: Kernel, params: dict[UOp, int], plan: Plan, packable) -> list[Operand]:
@@ -63,8 +66,53 @@ def operands(kernel: Kernel, params: dict[UOp, int], plan: Plan, packable) -> li
         for t in coef:  # div/mod or data-dependent: every range inside is "not affine"
             if t.op is not Ops.RANGE:
                 strides.update({dim_of[r]: None for r in t.toposort() if r.op is Ops.RANGE})
-        out.append(Operand(node.size * node.dtype.itemsize, strides, params[node] in packable))
+        gated = frozenset(dim_of[r] for r in u.src[2].toposort() if r.op is Ops.RANGE) \
+            if len(u.src) > 2 else frozenset()
+        out.append(Operand(node.size * node.dtype.itemsize, strides, params[node] in packable,
+                           gated))
     return out
+
+
+def merge_dims(kernel: Kernel, params: dict[UOp, int]) -> Kernel:
+    """The same reduction over fewer, longer output dims: adjacent output dims that every operand
+    walks as one (stride of the outer = size * stride of the inner, no padding gate) merge, so a
+    1x1 conv over 28x28 pixels tiles like a 784-column matmul (784 = 49 vectors of 16; 28 is
+    not a whole number of vectors). The reduction's source is reshaped and its result reshaped
+    back, so the kernel's output and meaning are unchanged; symbolic.merge_divmod joins the
+    split index again."""
+    red = find_reduce(kernel.root, set(params))
+    if red is None:
+        return kernel
+    full, rdims = red.src[0].shape, red.arg[1]
+    plain = Plan(tuple(full), tuple(rdims), tuple(
+        Axis(d, s, "reduce" if d in rdims else "loop") for d, s in enumerate(full) if s > 1))
+    ops = operands(kernel, params, plain, ())
+
+    def joins(group: list[int], b: int) -> bool:
+        if group[-1] in rdims or b in rdims:
+            return False
+        if full[b] == 1:
+            return True
+        a = max((d for d in group if full[d] > 1), default=None)  # size-1 dims join anything
+        return a is None or all(
+            a not in o.gated and b not in o.gated and o.strides.get(a, 0) is not None
+            and o.strides.get(b, 0) is not None
+            and o.strides.get(a, 0) == full[b] * o.strides.get(b, 0) for o in ops)
+
+    groups = [[0]]
+    for d in range(1, len(full)):
+        if joins(groups[-1], d):
+            groups[-1].append(d)
+        else:
+            groups.append([d])
+    if len(groups) == len(full):
+        return kernel
+    shape = tuple(math.prod(full[d] for d in g) for g in groups)
+    axes = tuple(i for i, g in enumerate(groups) if g[0] in rdims)
+    src = UOp(Ops.RESHAPE, red.src[0].dtype, (red.src[0],), shape)
+    merged = UOp(Ops.REDUCE, red.dtype, (src,), (red.arg[0], axes))
+    back = UOp(Ops.RESHAPE, red.dtype, (merged,), red.shape)
+    return Kernel(kernel.name, substitute(kernel.root, {red: back}), kernel.inputs)
 
 
 def _gathers(ops: list[Operand], d: int) -> int:
@@ -84,6 +132,7 @@ def plan_kernel(kernel: Kernel, realized: set, target: Target,
     upcast: dict[int, int] = {}
     unroll: dict[int, int] = {}
     order = list(range(len(full)))
+    window = False  # every output position reads its own input window (depthwise conv)
     if red is not None and params is not None and out_dims:
         plain = Plan(tuple(full), tuple(rdims), tuple(
             Axis(d, s, "reduce" if d in rdims else "loop") for d, s in enumerate(full) if s > 1))
@@ -92,21 +141,31 @@ def plan_kernel(kernel: Kernel, realized: set, target: Target,
                if any(d in rdims for d in o.strides)]
         big = set(max(ops, key=lambda o: o.nbytes).strides) if ops else set()
         order = sorted(order, key=lambda d: (d not in big, d))
-        # vector dim: whole vectors first (a 14-wide row does not fill 8 lanes, 256 channels
-        # do), then fewest per-lane gathers, then innermost
-        vec = min(out_dims, key=lambda d: (full[d] % lanes != 0, _gathers(ops, d), -d))
+        # vector dim: whole (half) vectors first (a 14-wide row does not fill 8 lanes, 256
+        # channels do), then fewest per-lane gathers, then full vectors, then innermost
+        vec = min(out_dims, key=lambda d: (full[d] % max(lanes // 2, 1) != 0, _gathers(ops, d),
+                                           full[d] % lanes != 0, -d))
         # row dim: one the vector operands do not depend on, so each vector load feeds a row
         feeders = [o for o in ops if o.strides.get(vec, 0) != 0]
         reuse = [d for d in out_dims if d != vec and all(o.strides.get(d, 0) == 0 for o in feeders)]
-        row = reuse[-1] if reuse else None
-        upcast.update(_register_tile(full, vec, row, lanes, target.registers))
+        # no such dim (a depthwise conv reads its input at every output position): tile the
+        # innermost other dim anyway, for independent accumulators and shared window loads
+        others = [d for d in out_dims if d != vec]
+        row = reuse[-1] if reuse else (others[-1] if others else None)
+        window = not reuse
+        width = lanes if full[vec] % lanes == 0 else max(lanes // 2, 1)
+        upcast.update(_register_tile(full, vec, row, width, target.registers))
         vec_dim = vec
     elif red is not None and out_dims:
         inner = out_dims[-1]
         upcast[inner] = _factor(full[inner], lanes)
     if red is not None:
         rd = [d for d in rdims if full[d] > 1]
-        if rd:
+        if rd and window and math.prod(full[d] for d in rd) <= WINDOW_UNROLL:
+            # a depthwise window: all of it in straight-line code, so overlapping windows of
+            # neighbouring output rows share their loads
+            unroll.update({d: full[d] for d in rd})
+        elif rd:
             last = rd[-1]
             unroll[last] = full[last] if full[last] <= FULL_UNROLL else _factor(full[last], 4)
     elif out_dims:
@@ -130,16 +189,18 @@ def plan_kernel(kernel: Kernel, realized: set, target: Target,
 
 def _register_tile(full, vec: int, row: int | None, lanes: int, registers: int) -> dict:
     """Upcasts for a (rows x vector columns) accumulator tile: as many accumulators as the
-    register file holds beside the operands (4 registers: two vector loads, a broadcast, spare)."""
+    register file holds beside the operands (4 registers: two vector loads, a broadcast, spare);
+    among equal counts, the squarest tile (fewest loads per FMA: one per column and per row)."""
     budget = max(registers - 4, 1)
-    best, best_tile = 0, {vec: _factor(full[vec], lanes)}
-    for vregs in (1, 2, 3):
-        cols = _factor(full[vec], vregs * lanes)
-        if cols % lanes or cols < vregs * lanes:
+    best, best_tile = (0, 0), {vec: _factor(full[vec], lanes)}
+    for vregs in range(1, MAX_VREGS + 1):
+        cols = vregs * lanes
+        if full[vec] % cols:
             continue
         rows = _factor(full[row], min(budget // vregs, MAX_ROWS)) if row is not None else 1
-        if vregs * rows > best:
-            best, best_tile = vregs * rows, {vec: cols, **({row: rows} if rows > 1 else {})}
+        score = (vregs * rows, -(vregs + rows))
+        if score > best:
+            best, best_tile = score, {vec: cols, **({row: rows} if rows > 1 else {})}
     return best_tile
 
 

@@ -164,6 +164,22 @@ def reassociate(x: UOp) -> UOp | None:
     return None
 
 
+def merge_divmod(x: UOp) -> UOp | None:
+    """(y // c)*c*k + (y % c)*k -> y*k: a dim split by a reshape and joined again (merged
+    loop dims index their tensors through both halves)."""
+    if x.dtype not in INTS:
+        return None
+    coef, const = linear_form(x)
+    for t, a in coef.items():
+        if t.op is Ops.MOD and t.src[1].op is Ops.CONST:
+            y, c = t.src[0], t.src[1].arg
+            q = UOp(Ops.IDIV, x.dtype, (y, t.src[1]))
+            if coef.get(q) == a * c and y.vmin >= 0:
+                rest = [(b, u) for u, b in coef.items() if u is not t and u is not q]
+                return build(rest + [(a, y)], const, x.dtype)
+    return None
+
+
 x_, c_ = UPat.var("x"), UPat.cvar("c")
 
 symbolic = PatternMatcher([
@@ -180,6 +196,7 @@ symbolic = PatternMatcher([
     (UPat({Ops.MAX, Ops.MIN}, name="x"), fold_minmax),
     (UPat(Ops.MUL, name="x"), distribute),
     (UPat(Ops.ADD, name="x"), reassociate),
+    (UPat(Ops.ADD, name="x"), merge_divmod),
     (UPat(Ops.CMPLT, name="x"), fold_cmp_offset),
     (UPat(Ops.WHERE, src=(c_, UPat.var("a"), UPat.var("b"))), lambda c, a, b: a if c.arg else b),
     (UPat(Ops.WHERE, src=(UPat.var(), x_, x_)), lambda x: x),

@@ -72,6 +72,12 @@ def test_mask_known_from_ranges_folds_to_constant():
     assert simplify(i.lt(0)).arg is False
 
 
+def test_split_and_joined_dim_index_is_the_loop_variable():
+    # (r // 28) * 28 + r % 28 == r: a merged dim indexing a tensor through its two halves
+    r, c = rng_var(0, 784), rng_var(1, 16)
+    assert simplify(c * 50176 + ((r // 28) % 28) * 28 + r % 28 + 7) is simplify(c * 50176 + r + 7)
+
+
 def test_common_factor_divides_out():
     a, b = rng_var(0, 100), rng_var(1, 2)
     assert simplify((a * 4 + b * 2) // 8) is simplify(a // 2)
@@ -207,11 +213,7 @@ def test_conv_weight_lanes_are_packed_side_by_side(monkeypatch):
     # a 3x3 conv vectorizes over output channels, 72 floats apart in ONNX order and unrolled
     # together with kw: packing must put each vector's lanes side by side (one vector load),
     # not in unroll order (an 8-lane gather per kw, 3x slower)
-    import compiler.compile as cc
-    built = []
-    build = cc.build_kernel
-    monkeypatch.setattr(cc, "build_kernel", lambda *a: built.append(build(*a)) or built[-1])
-    compile_model(_conv_block(residual=False))
+    built = _built_kernels(monkeypatch, _conv_block(residual=False))
     (name, lin, _, perms), = [b for b in built if "radd" in b[0]]
     assert perms, "the conv weight was not packed"
     weight_loads = [u for u in lin if u.op is Ops.LOAD and u.src[0].arg[0] in perms]
@@ -222,3 +224,26 @@ def test_conv_weight_lanes_are_packed_side_by_side(monkeypatch):
     x = np.random.default_rng(1).standard_normal((1, 8, 12, 12)).astype(np.float32)
     model = _conv_block(residual=False)
     assert_close(keel_run(model, {"x": x})["r"], ort_run(model, {"x": x})["r"], rtol=1e-5, atol=1e-5)
+
+
+def _built_kernels(monkeypatch, model, **kw):
+    import compiler.compile as cc
+    built = []
+    build = cc.build_kernel
+    monkeypatch.setattr(cc, "build_kernel", lambda *a: built.append(build(*a)) or built[-1])
+    compile_model(model, **kw)
+    return built
+
+
+def test_1x1_conv_pixels_merge_into_one_dim_of_whole_vectors(monkeypatch):
+    # 28x28 pixels: a 28-wide row is not a whole number of 8-lane vectors, 784 pixels are
+    rng = np.random.default_rng(0)
+    w = onnx.numpy_helper.from_array(rng.standard_normal((16, 32, 1, 1)).astype(np.float32), "w")
+    model = make_model([onnx.helper.make_node("Conv", ["x", "w"], ["y"])],
+                       [("x", (1, 32, 28, 28), np.float32)], [("y", (1, 16, 28, 28), np.float32)], [w])
+    (_, lin, plan, _), = _built_kernels(monkeypatch, model)
+    assert 784 in plan.full_shape and 28 not in plan.full_shape
+    assert not any(u.op in (Ops.IDIV, Ops.MOD) for u in lin)  # the split index joined again
+    x = rng.standard_normal((1, 32, 28, 28)).astype(np.float32)
+    # 32-term fp32 dot products in a different order than MLAS: a few ulp of the row's magnitude
+    assert_close(keel_run(model, {"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-4)
