@@ -27,6 +27,7 @@ from compiler.symbolic import linear_form, symbolic
 from compiler.uop import Ops, UOp
 
 FULL_UNROLL = 8  # reduce dims up to this size disappear into straight-line code
+GATHER_LANES = 2  # what a vector of per-lane scalar loads is worth, in lanes
 WINDOW_UNROLL = 32  # whole reductions up to this size too (3x3 and 5x5 depthwise windows)
 MAX_ROWS = 8  # accumulator rows: past this, code size (and compile time) grows for no gain
 MAX_VREGS = 3  # accumulator columns, in vectors (measured: wider tiles stream more, gain nothing)
@@ -141,10 +142,11 @@ def plan_kernel(kernel: Kernel, realized: set, target: Target,
                if any(d in rdims for d in o.strides)]
         big = set(max(ops, key=lambda o: o.nbytes).strides) if ops else set()
         order = sorted(order, key=lambda d: (d not in big, d))
-        # vector dim: whole (half) vectors first (a 14-wide row does not fill 8 lanes, 256
-        # channels do), then fewest per-lane gathers, then full vectors, then innermost
-        vec = min(out_dims, key=lambda d: (full[d] % max(lanes // 2, 1) != 0, _gathers(ops, d),
-                                           full[d] % lanes != 0, -d))
+        # vector dim: the most useful lanes (a gathering dim fills its lanes one scalar load at
+        # a time: worth 2 lanes at most), then innermost. So a depthwise conv over 28-wide rows
+        # takes 4-lane vectors along the row, not 16-lane gathers across channels 784 apart.
+        vec = min(out_dims, key=lambda d: (-min(_width(full[d], lanes),
+                                                GATHER_LANES if _gathers(ops, d) else lanes), -d))
         # row dim: one the vector operands do not depend on, so each vector load feeds a row
         feeders = [o for o in ops if o.strides.get(vec, 0) != 0]
         reuse = [d for d in out_dims if d != vec and all(o.strides.get(d, 0) == 0 for o in feeders)]
@@ -153,7 +155,7 @@ def plan_kernel(kernel: Kernel, realized: set, target: Target,
         others = [d for d in out_dims if d != vec]
         row = reuse[-1] if reuse else (others[-1] if others else None)
         window = not reuse
-        width = lanes if full[vec] % lanes == 0 else max(lanes // 2, 1)
+        width = _width(full[vec], lanes)
         upcast.update(_register_tile(full, vec, row, width, target.registers))
         vec_dim = vec
     elif red is not None and out_dims:
@@ -172,7 +174,7 @@ def plan_kernel(kernel: Kernel, realized: set, target: Target,
         upcast[out_dims[-1]] = _factor(full[out_dims[-1]], lanes)
     if red is None or params is None or not out_dims:
         vec_dim = out_dims[-1] if out_dims else -1
-    lanes = _lanes(upcast.get(vec_dim, 1), lanes) if target.renderer == "c" else 1
+    lanes = _width(upcast.get(vec_dim, 1), lanes)
     axes: list[Axis] = []
     for d in order:
         size = full[d]
@@ -204,12 +206,12 @@ def _register_tile(full, vec: int, row: int | None, lanes: int, registers: int) 
     return best_tile
 
 
-def _lanes(tile: int, width: int) -> int:
-    """Vector lanes for a tile of `tile` elements: the register width, else a half register."""
-    for w in (width, width // 2):
-        if w > 1 and tile % w == 0:
-            return w
-    return 1
+def _width(size: int, lanes: int) -> int:
+    """Vector lanes for a dim of `size`: the widest power of two <= lanes that divides it."""
+    w = lanes
+    while w > 1 and size % w:
+        w //= 2
+    return w
 
 
 def _nest(axes: list[Axis], vec_dim: int) -> list[Axis]:
