@@ -163,6 +163,17 @@ def test_x86_64_v3_blob_on_a_cpu_without_avx2_is_a_blob_error(blobs, monkeypatch
         Model.load(blobs["add"])
 
 
+@pytest.mark.skipif(host_target() != "cpu", reason="x86-64 host only")
+def test_widest_host_target_follows_the_cpu_flags(monkeypatch):
+    # the bench compiles for it: AVX-512 only where /proc/cpuinfo lists every flag it needs
+    avx2 = set(runner.cpu.HOSTS["cpu"].cpu_flags)
+    monkeypatch.setattr(runner.cpu, "_cpu_flags", lambda needed: avx2)
+    assert runner.cpu.best_host_target() == "cpu"
+    monkeypatch.setattr(runner.cpu, "_cpu_flags",
+                        lambda needed: set(runner.cpu.HOSTS["cpu-avx512"].cpu_flags))
+    assert runner.cpu.best_host_target() == "cpu-avx512"
+
+
 def test_programs_without_keel_graph_is_a_blob_error(tmp_path):
     code = build_shared("void other(void) {}", host_target())
     art = dataclasses.replace(add_artifact(), programs=code)
