@@ -74,6 +74,12 @@ def operands(kernel: Kernel, params: dict[UOp, int], plan: Plan, packable) -> li
     return out
 
 
+def _plain(full, rdims) -> Plan:
+    """One loop per dim, nothing tiled: the plan operands() reads strides from."""
+    return Plan(tuple(full), tuple(rdims), tuple(
+        Axis(d, s, "reduce" if d in rdims else "loop") for d, s in enumerate(full) if s > 1))
+
+
 def merge_dims(kernel: Kernel, params: dict[UOp, int]) -> Kernel:
     """The same reduction over fewer, longer output dims: adjacent output dims that every operand
     walks as one (stride of the outer = size * stride of the inner, no padding gate) merge, so a
@@ -85,9 +91,7 @@ def merge_dims(kernel: Kernel, params: dict[UOp, int]) -> Kernel:
     if red is None:
         return kernel
     full, rdims = red.src[0].shape, red.arg[1]
-    plain = Plan(tuple(full), tuple(rdims), tuple(
-        Axis(d, s, "reduce" if d in rdims else "loop") for d, s in enumerate(full) if s > 1))
-    ops = operands(kernel, params, plain, ())
+    ops = operands(kernel, params, _plain(full, rdims), ())
 
     def joins(group: list[int], b: int) -> bool:
         if group[-1] in rdims or b in rdims:
@@ -135,10 +139,8 @@ def plan_kernel(kernel: Kernel, realized: set, target: Target,
     order = list(range(len(full)))
     window = False  # every output position reads its own input window (depthwise conv)
     if red is not None and params is not None and out_dims:
-        plain = Plan(tuple(full), tuple(rdims), tuple(
-            Axis(d, s, "reduce" if d in rdims else "loop") for d, s in enumerate(full) if s > 1))
         # only what the reduction reads shapes the inner loop (epilogue loads run once per output)
-        ops = [o for o in operands(kernel, params, plain, packable)
+        ops = [o for o in operands(kernel, params, _plain(full, rdims), packable)
                if any(d in rdims for d in o.strides)]
         big = set(max(ops, key=lambda o: o.nbytes).strides) if ops else set()
         order = sorted(order, key=lambda d: (d not in big, d))

@@ -17,6 +17,7 @@ saturates and nothing is constant enough to fold away:
 """
 from __future__ import annotations
 
+import argparse
 import collections
 import math
 
@@ -325,3 +326,15 @@ def transformer_block(g: GraphBuilder, x: str, seq: int, d: int, heads: int,
     hidden = gelu(g, linear(g, layer_norm(g, x, d), d, d * mlp_ratio))
     mlp = linear(g, hidden, d * mlp_ratio, d, gain=0.5 / math.sqrt(SECOND_MOMENT["gelu"]))
     return g.op("Add", x, mlp)
+
+
+def image_net_cli(make, description: str) -> None:
+    """`python -m models.NAME -o OUT.onnx [--size N] [--batch N] [--seed N]`: one CLI for the
+    image classifiers, which all take (seed, batch, size)."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("-o", "--output", required=True)
+    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    onnx.save(make(seed=args.seed, batch=args.batch, size=args.size), args.output)

@@ -4,16 +4,14 @@ Topology of B0 (Tan & Le 2019): stem conv 3x3/2, 16 MBConv blocks with depthwise
 convs and squeeze-excite, head conv 1x1 to 1280, global pool, fully connected to 1000 classes.
 SiLU is written x*Sigmoid(x). Drop-connect and dropout are training-only and absent.
 
-    python -m models.efficientnet -o efficientnet.onnx [--size 224] [--seed 0]
+    python -m models.efficientnet -o efficientnet.onnx [--size 224] [--batch 1] [--seed 0]
 """
 from __future__ import annotations
-
-import argparse
 
 import numpy as np
 import onnx
 
-from models.blocks import GraphBuilder, conv_bn_act, gemm, mbconv
+from models.blocks import GraphBuilder, conv_bn_act, gemm, image_net_cli, mbconv
 
 # (expand ratio, output channels, repeats, first stride, depthwise kernel) per stage.
 B0_STAGES = ((1, 16, 1, 1, 3), (6, 24, 2, 2, 3), (6, 40, 2, 2, 5), (6, 80, 3, 2, 3),
@@ -50,12 +48,7 @@ def make_efficientnet(seed: int = 0, size: int = 224, batch: int = 1,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-o", "--output", required=True)
-    ap.add_argument("--size", type=int, default=224)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    onnx.save(make_efficientnet(args.seed, args.size), args.output)
+    image_net_cli(make_efficientnet, __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

@@ -7,12 +7,10 @@ Stem conv 7x7/2 + BN + ReLU + MaxPool 3x3/2, bottleneck stages of 3, 4, 6, 3 blo
 """
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 import onnx
 
-from models.blocks import GraphBuilder, bottleneck, conv_bn_act, gemm
+from models.blocks import GraphBuilder, bottleneck, conv_bn_act, gemm, image_net_cli
 
 # (bottleneck width, blocks, first stride) per stage.
 RESNET50_STAGES = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))
@@ -36,13 +34,7 @@ def make_resnet50(seed: int = 0, batch: int = 1, size: int = 224,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-o", "--output", required=True)
-    ap.add_argument("--size", type=int, default=224)
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    onnx.save(make_resnet50(args.seed, args.batch, args.size), args.output)
+    image_net_cli(make_resnet50, __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

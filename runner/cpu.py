@@ -181,17 +181,21 @@ class Pool:
             s.release()
 
 
-def host_target() -> str:
+def _machine_targets() -> list[str]:
+    """Targets for this OS and machine, narrow to wide (the order HOSTS lists them)."""
     system, machine = platform.system(), platform.machine()
-    names = [t for t, h in HOSTS.items() if h.system == system and machine in h.machines]
-    return names[0] if names else f"none ({system}/{machine})"
+    return [t for t, h in HOSTS.items() if h.system == system and machine in h.machines]
+
+
+def host_target() -> str:
+    names = _machine_targets()
+    return names[0] if names else f"none ({platform.system()}/{platform.machine()})"
 
 
 def best_host_target() -> str:
-    """The widest CPU target this host runs (HOSTS lists each machine's targets narrow to wide)."""
-    system, machine = platform.system(), platform.machine()
-    names = [t for t, h in HOSTS.items() if h.system == system and machine in h.machines
-             and all(f in _cpu_flags(h.cpu_flags) for f in h.cpu_flags)]
+    """The widest CPU target this host runs: its CPU flags decide between ISA levels."""
+    names = [t for t in _machine_targets()
+             if all(f in _cpu_flags(HOSTS[t].cpu_flags) for f in HOSTS[t].cpu_flags)]
     return names[-1] if names else host_target()
 
 

@@ -1,3 +1,6 @@
+import subprocess
+import tempfile
+
 import pytest
 
 from compiler.errors import CompileError
@@ -42,13 +45,13 @@ def test_host_target_is_runnable_and_other_machines_are_not():
 
 def test_avx512_target_computes_in_512_bit_registers():
     # clang's x86-64-v4 splits 64-byte vector types into ymm halves unless told to prefer 512
-    import subprocess
-    import tempfile
     src = ("typedef float v16 __attribute__((vector_size(64)));\n"
            "void k(v16 *a, const v16 *b, const v16 *c) { *a = *a * *b + *c; }\n")
     with tempfile.NamedTemporaryFile(suffix=".so") as f:
         f.write(build_shared(src, "cpu-avx512"))
         f.flush()
-        asm = subprocess.run(["llvm-objdump-19", "-d", f.name], capture_output=True,
-                             text=True).stdout
+        out = subprocess.run(["llvm-objdump-19", "-d", f.name], capture_output=True, text=True)
+        if out.returncode:  # llvm-19 tools not installed: binutils reads x86-64 just as well
+            out = subprocess.run(["objdump", "-d", f.name], capture_output=True, text=True)
+        asm = out.stdout
     assert "vfmadd" in asm and "zmm" in asm
