@@ -20,7 +20,7 @@ from compiler.frontend import load_onnx
 from compiler.linearize import linearize
 from compiler.lower import lower_kernel
 from compiler.memory import plan as plan_memory
-from compiler.optimize import merge_dims, plan_kernel
+from compiler.optimize import channels_last, merge_dims, plan_kernel
 from compiler.pack import pack_weights
 from compiler.renderers import get_renderer
 from compiler.rewrite import graph_rewrite, substitute
@@ -66,6 +66,7 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
     with st("schedule"):
         outs, kernels, realized = schedule([u for _, u in graph.outputs])
         kernels = _copies_for_shared_outputs(outs, kernels)
+        last = channels_last(kernels, realized, set(outs)) if tgt.renderer == "c" else set()
     bufs = Buffers(graph.inputs, list(zip([n for n, _ in graph.outputs], outs)),
                    device_storage(tgt, float16, images), tgt.buffer_align)
     jobs: dict[tuple, tuple] = {}  # canonical kernel -> what build_kernel needs
@@ -75,7 +76,7 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         if k.root.size == 0:  # writes nothing: an empty tensor needs a buffer but no launch
             continue
         layouts = [bufs.layout_of(out)] + [bufs.layout(u) for u in k.inputs]
-        key, ck = canonical(k, layouts)
+        key, ck = canonical(k, layouts, last)
         if key not in jobs:
             packable = {j: u.size for j, (u, lay) in enumerate(zip(k.inputs, layouts[1:]), 1)
                         if lay[0] == "weights" and lay[2] is None and tgt.renderer == "c"}
@@ -106,14 +107,34 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
               "stage_seconds": {k: round(v, 4) for k, v in st.times.items()}})
 
 
-def canonical(k: Kernel, layouts: list) -> tuple[tuple, Kernel]:
+def canonical(k: Kernel, layouts: list, last: set) -> tuple[tuple, Kernel]:
     """The kernel with its reads replaced by numbered placeholders, keyed with how each buffer is
-    stored: kernels that differ only in which buffers they touch share one program."""
-    holes = {u: UOp(Ops.INPUT, u.dtype, (), (f"param{j + 1}", u.shape))
-             for j, u in enumerate(k.inputs)}
+    stored: kernels that differ only in which buffers they touch share one program. Tensors in
+    `last` are stored channels-last: read through a permute of their placeholder, written
+    through a permute of the root."""
+    params = [UOp(Ops.INPUT, u.dtype, (), (f"param{j + 1}", _stored(u.shape, u in last)))
+              for j, u in enumerate(k.inputs)]
+    holes = {u: _permute(p, _order(len(u.shape), inverse=True)) if u in last else p
+             for u, p in zip(k.inputs, params)}
     root = substitute(k.root, holes)
+    if k.root in last:
+        root = _permute(root, _order(len(root.shape)))
     key = (root, tuple(layouts))
-    return key, Kernel(k.name, root, list(holes.values()))
+    return key, Kernel(k.name, root, params)
+
+
+def _order(ndim: int, inverse: bool = False) -> tuple[int, ...]:
+    """Channels (dim 1) last, or back."""
+    last = (0,) + tuple(range(2, ndim)) + (1,)
+    return tuple(last.index(i) for i in range(ndim)) if inverse else last
+
+
+def _permute(u: UOp, order: tuple) -> UOp:
+    return UOp(Ops.PERMUTE, u.dtype, (u,), order)
+
+
+def _stored(shape: tuple, last: bool) -> tuple:
+    return tuple(shape[i] for i in _order(len(shape))) if last else shape
 
 
 PARALLEL_MIN_KERNELS = 8  # below this, starting worker processes costs more than it saves

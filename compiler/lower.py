@@ -170,6 +170,29 @@ def find_reduce(root: UOp, realized: set) -> UOp | None:
     return None
 
 
+def root_index(root: UOp, red: UOp, idx: tuple) -> tuple:
+    """The index in `root` of the output whose reduction index is `idx`: the views between them
+    (reshapes in the epilogue, a permute on top that stores in another layout) applied bottom-up.
+    The scheduler only fuses epilogues that every path leaves through the same views."""
+    for n in reversed(_views_between(root, red)):
+        if n.op is Ops.RESHAPE:
+            idx = reshape_index(idx, n.src[0].shape, n.shape)
+        elif n.op is Ops.PERMUTE:
+            idx = tuple(idx[o] for o in n.arg)
+    return idx
+
+
+def _views_between(root: UOp, red: UOp) -> list[UOp]:
+    stack = [(root, [])]
+    while stack:
+        n, path = stack.pop()
+        if n is red:
+            return path
+        step = path + [n] if n.op in (Ops.RESHAPE, Ops.PERMUTE) else path
+        stack.extend((s, step) for s in n.src)
+    raise ValueError("kernel root does not depend on its reduction")
+
+
 def _combine(op: Ops, vals: list[UOp]) -> UOp:
     if vals[0].dtype is dtypes.float16:  # accumulate in float32, as a float16 REDUCE does
         return _combine(op, [v.cast(dtypes.float32) for v in vals]).cast(dtypes.float16)
@@ -221,7 +244,7 @@ def lower_kernel(kernel: Kernel, params: dict[UOp, int], param_dtypes: list, pla
             # unrolled parts accumulate one by one: acc += a*b chains become FMAs
             lw.acc = UOp(Ops.REDUCE, red.dtype, (*parts, *rr), red.arg[0]) if rr else \
                 _combine(red.arg[0], parts)
-            out_idx = reshape_index(dim_index(values, False), red.shape, kernel.root.shape)
+            out_idx = root_index(kernel.root, red, dim_index(values, False))
         else:
             out_idx = dim_index(values, False)
         value = lw(kernel.root, out_idx)

@@ -20,7 +20,7 @@ from dataclasses import replace
 from dataclasses import dataclass
 
 from compiler.lower import Axis, Plan, find_reduce, lower_kernel
-from compiler.schedule import Kernel
+from compiler.schedule import Kernel, inlined
 from compiler.target import Target
 from compiler.rewrite import graph_rewrite, substitute
 from compiler.symbolic import linear_form, symbolic
@@ -30,6 +30,7 @@ FULL_UNROLL = 8  # reduce dims up to this size disappear into straight-line code
 GATHER_LANES = 2  # what a vector of per-lane scalar loads is worth, in lanes
 WINDOW_UNROLL = 32  # whole reductions up to this size too (3x3 and 5x5 depthwise windows)
 MAX_ROWS = 8  # accumulator rows: past this, code size (and compile time) grows for no gain
+SHORT_REDUCE = 64  # reductions shorter than this pay for a scattered store like for a gather
 MAX_VREGS = 3  # accumulator columns, in vectors (measured: wider tiles stream more, gain nothing)
 
 
@@ -47,18 +48,21 @@ class Operand:
     strides: dict[int, int | None]  # full-shape dim -> element stride (None: not affine)
     packable: bool  # a weight: pack.py will lay it out in read order
     gated: frozenset[int] = frozenset()  # dims its validity gate (padding) depends on
+    store: bool = False  # the kernel's output, not a load
 
 
 def operands(kernel: Kernel, params: dict[UOp, int], plan: Plan, packable) -> list[Operand]:
-    """What each LOAD of the kernel (lowered with a plain one-loop-per-dim plan) depends on."""
+    """What each LOAD and the STORE of the kernel (lowered with a plain one-loop-per-dim plan)
+    depend on."""
     dts = [kernel.root.dtype] + [n.dtype for n in sorted(params, key=params.get)]
     sink = graph_rewrite(lower_kernel(kernel, params, dts, plan), symbolic)
     dim_of = {u: plan.axes[u.arg[0]].dim for u in sink.toposort() if u.op is Ops.RANGE}
     out = []
     for u in sink.toposort():
-        if u.op is not Ops.LOAD:
+        if u.op not in (Ops.LOAD, Ops.STORE):
             continue
-        node = next(n for n, i in params.items() if i == u.src[0].arg[0])
+        node = kernel.root if u.op is Ops.STORE else \
+            next(n for n, i in params.items() if i == u.src[0].arg[0])
         coef, _ = linear_form(u.src[1])
         strides: dict[int, int | None] = {}
         for t, c in coef.items():
@@ -68,9 +72,41 @@ def operands(kernel: Kernel, params: dict[UOp, int], plan: Plan, packable) -> li
             if t.op is not Ops.RANGE:
                 strides.update({dim_of[r]: None for r in t.toposort() if r.op is Ops.RANGE})
         gated = frozenset(dim_of[r] for r in u.src[2].toposort() if r.op is Ops.RANGE) \
-            if len(u.src) > 2 else frozenset()
-        out.append(Operand(node.size * node.dtype.itemsize, strides, params[node] in packable,
-                           gated))
+            if u.op is Ops.LOAD and len(u.src) > 2 else frozenset()
+        out.append(Operand(node.size * node.dtype.itemsize, strides,
+                           u.op is Ops.LOAD and params[node] in packable, gated, u.op is Ops.STORE))
+    return out
+
+
+def channels_last(kernels: list[Kernel], realized: set, keep: set) -> set[UOp]:
+    """Tensors to store channels-last (NHWC): the input and output of every depthwise window
+    reduction (a conv or pool that reduces over its window only). There a vector of channels is
+    one load or store; in NCHW it is a gather, and rows of 7, 14 or 28 pixels are not whole
+    vectors. Elementwise kernels over a channels-last tensor (a squeeze-excite scale) store
+    channels-last too, and so do their same-shape inputs: they stay plain vector code instead of
+    becoming transposes.
+    `keep`: tensors whose layout is fixed (graph inputs and outputs)."""
+    out = set()
+
+    def take(*us):
+        out.update(u for u in us if u in realized and u.op not in (Ops.INPUT, Ops.WEIGHT)
+                   and u not in keep and len(u.shape) == 4 and u.shape[1] > 1)
+    for k in kernels:
+        red = find_reduce(k.root, realized)
+        if red is None:
+            if any(u in out and u.shape == k.root.shape for u in k.inputs):
+                take(k.root)
+            continue
+        depth = math.prod(red.src[0].shape[d] for d in red.arg[1])
+        for n in inlined(k.root, realized):
+            if red.arg[0] is Ops.ADD and n.op is Ops.WINDOW and math.prod(n.arg[0]) == depth:
+                src = n.src[0]
+                while src not in realized and src.op in (Ops.PAD, Ops.RESHAPE, Ops.PERMUTE):
+                    src = src.src[0]
+                take(src, k.root)
+    for k in reversed(kernels):  # and what feeds an elementwise kernel that stores channels-last
+        if k.root in out and find_reduce(k.root, realized) is None:
+            take(*(u for u in k.inputs if u.shape == k.root.shape))
     return out
 
 
@@ -140,15 +176,24 @@ def plan_kernel(kernel: Kernel, realized: set, target: Target,
     window = False  # every output position reads its own input window (depthwise conv)
     if red is not None and params is not None and out_dims:
         # only what the reduction reads shapes the inner loop (epilogue loads run once per output)
-        ops = [o for o in operands(kernel, params, _plain(full, rdims), packable)
-               if any(d in rdims for d in o.strides)]
+        every = operands(kernel, params, _plain(full, rdims), packable)
+        ops = [o for o in every if any(d in rdims for d in o.strides)]
+        store = next(o for o in every if o.store)
         big = set(max(ops, key=lambda o: o.nbytes).strides) if ops else set()
         order = sorted(order, key=lambda d: (d not in big, d))
         # vector dim: the most useful lanes (a gathering dim fills its lanes one scalar load at
-        # a time: worth 2 lanes at most), then innermost. So a depthwise conv over 28-wide rows
-        # takes 4-lane vectors along the row, not 16-lane gathers across channels 784 apart.
-        vec = min(out_dims, key=lambda d: (-min(_width(full[d], lanes),
-                                                GATHER_LANES if _gathers(ops, d) else lanes), -d))
+        # a time: worth 2 lanes at most), then fewest gathers, fewest scattered stores,
+        # innermost. So a depthwise conv over 28-wide rows takes 4-lane vectors along the row,
+        # not 16-lane gathers across channels 784 apart. A scattered store costs as much as a
+        # gather only under a short reduction: a 1x1 conv over 256 channels stores once per 256
+        # FMAs, a 3x3 depthwise once per 9.
+        short = math.prod(full[d] for d in rdims) < SHORT_REDUCE
+
+        def cost(d):
+            gathers, scatters = _gathers(ops, d), _gathers([store], d)
+            usable = GATHER_LANES if gathers or (short and scatters) else lanes
+            return -min(_width(full[d], lanes), usable), gathers, scatters, -d
+        vec = min(out_dims, key=cost)
         # row dim: one the vector operands do not depend on, so each vector load feeds a row
         feeders = [o for o in ops if o.strides.get(vec, 0) != 0]
         reuse = [d for d in out_dims if d != vec and all(o.strides.get(d, 0) == 0 for o in feeders)]

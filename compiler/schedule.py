@@ -100,7 +100,7 @@ def consumers(roots: list[UOp]) -> dict[UOp, list[UOp]]:
     return users
 
 
-def _inlined(u: UOp, realized: set) -> list[UOp]:
+def inlined(u: UOp, realized: set) -> list[UOp]:
     """`u` and the nodes its kernel computes or reads: the walk includes realized sources but
     does not enter them."""
     out, stack, seen = [], [u], set()
@@ -116,7 +116,7 @@ def _inlined(u: UOp, realized: set) -> list[UOp]:
 
 
 def _reduces_in(u: UOp, realized: set) -> list[UOp]:
-    return [n for n in _inlined(u, realized) if n.op is Ops.REDUCE and (n is u or n not in realized)]
+    return [n for n in inlined(u, realized) if n.op is Ops.REDUCE and (n is u or n not in realized)]
 
 
 def _duplicated_work(root: UOp, realized: set) -> set[UOp]:
@@ -210,7 +210,7 @@ def _rejoin(start: UOp, users: dict, realized: set, rank: dict, r: UOp) -> UOp |
 
 
 def _costly(u: UOp, realized: set) -> bool:
-    body = [n for n in _inlined(u, realized) if n is u or n not in realized]
+    body = [n for n in inlined(u, realized) if n is u or n not in realized]
     return sum(n.op in ALU for n in body) > 6 or any(n.op in EXPENSIVE for n in body)
 
 
@@ -240,7 +240,7 @@ def schedule(outputs: list[UOp]) -> tuple[list[UOp], list[Kernel], set[UOp]]:
     kernels = []
     for u in _topo(folded):
         if u in realized and not (u.op in (Ops.INPUT, Ops.WEIGHT, Ops.CONST) and u not in folded):
-            reads = [n for n in _inlined(u, realized)[1:] if n in realized
+            reads = [n for n in inlined(u, realized)[1:] if n in realized
                      or n.op in (Ops.INPUT, Ops.WEIGHT)]
             if u.op in (Ops.INPUT, Ops.WEIGHT):
                 reads = [u]  # an output that is an input or weight: a copy kernel
@@ -251,7 +251,7 @@ def schedule(outputs: list[UOp]) -> tuple[list[UOp], list[Kernel], set[UOp]]:
 
 def _describe(u: UOp, realized: set) -> str:
     """A short kernel name from its heaviest op: readable in profiles and inspect output."""
-    body = _inlined(u, realized)
+    body = inlined(u, realized)
     red = [n for n in body if n.op is Ops.REDUCE]
     if red:
         kind = "r" + red[0].arg[0].name.lower()

@@ -2,6 +2,7 @@
 code, bad input. End-to-end numerics against onnxruntime live in test_models.py / test_fuzz.py."""
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -233,6 +234,44 @@ def _built_kernels(monkeypatch, model, **kw):
     monkeypatch.setattr(cc, "build_kernel", lambda *a: built.append(build(*a)) or built[-1])
     compile_model(model, **kw)
     return built
+
+
+def _depthwise_block() -> onnx.ModelProto:
+    """1x1 expand + silu, 3x3 depthwise + silu, squeeze-excite scale, 1x1 project: the
+    EfficientNet block whose middle tensors keel stores channels-last."""
+    rng = np.random.default_rng(0)
+    ws = {"we": (32, 16, 1, 1), "wd": (32, 1, 3, 3), "wp": (16, 32, 1, 1)}
+    weights = [onnx.numpy_helper.from_array(rng.standard_normal(s).astype(np.float32) * 0.3, n)
+               for n, s in ws.items()]
+    node = onnx.helper.make_node
+    nodes = [node("Conv", ["x", "we"], ["e"]), node("Sigmoid", ["e"], ["es"]),
+             node("Mul", ["e", "es"], ["h"]),
+             node("Conv", ["h", "wd"], ["d"], pads=[1, 1, 1, 1], group=32),
+             node("Sigmoid", ["d"], ["ds"]), node("Mul", ["d", "ds"], ["g"]),
+             node("GlobalAveragePool", ["g"], ["p"]), node("Sigmoid", ["p"], ["s"]),
+             node("Mul", ["g", "s"], ["gs"]), node("Conv", ["gs", "wp"], ["y"])]
+    return make_model(nodes, [("x", (1, 16, 14, 14), np.float32)],
+                      [("y", (1, 16, 14, 14), np.float32)], weights)
+
+
+def test_depthwise_conv_reads_and_writes_whole_channel_vectors(monkeypatch):
+    # in NCHW a 14-wide row is not a whole number of 8-lane vectors and a vector of channels is
+    # a gather; channels-last in and out, the depthwise conv loads and stores whole vectors
+    built = _built_kernels(monkeypatch, _depthwise_block(), target="cpu")
+    (_, lin, plan, _), = [b for b in built
+                          if math.prod(b[2].full_shape[d] for d in b[2].reduce_dims) == 9]
+    assert plan.lanes == 8
+    assert not [u for u in lin if u.op is Ops.VECTORIZE and any(s.op is Ops.LOAD for s in u.src)]
+    stores = [u for u in lin if u.op is Ops.STORE]
+    assert stores and all(u.src[2].dtype.count == 8 for u in stores)
+    art = compile_model(_depthwise_block(), target="cpu")
+    # the producers store straight into the layout: no transposing copy kernel
+    assert not any("copy" in ln.kernel for ln in art.launches), art.launches
+    x = np.random.default_rng(1).standard_normal((1, 16, 14, 14)).astype(np.float32)
+    model = _depthwise_block()
+    # fp32 sums of 16, 9 and 32 terms in another order than MLAS, through two sigmoids: a few
+    # ulp of values of order 10
+    assert_close(keel_run(model, {"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-4)
 
 
 def test_1x1_conv_pixels_merge_into_one_dim_of_whole_vectors(monkeypatch):

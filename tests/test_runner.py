@@ -12,7 +12,7 @@ import pytest
 import runner.cpu
 from compiler.toolchain import build_shared, host_target
 from runner import BlobError, DeviceTimeout, InputError, Model
-from runner.device import MAX_SLEEP_S, Fence, get_device, wait_until
+from runner.device import HUGE_PAGE, HUGE_PAGES, MAX_SLEEP_S, Fence, aligned_empty, get_device, wait_until
 from tests.hand_graphs import ADD_N, add_artifact, chain_artifact, chain_reference, write
 
 REPO = Path(__file__).parents[1]
@@ -199,6 +199,31 @@ def test_failed_loads_leave_nothing_that_breaks_garbage_collection(tmp_path):
                           cwd=Path(__file__).resolve().parent.parent)
     assert proc.returncode == 0 and "survived" in proc.stdout, proc.stderr
     assert "BufferError" not in proc.stderr, proc.stderr
+
+
+def _thp_eligible(address: int) -> bool:
+    """Whether /proc/self/smaps marks the mapping holding `address` as eligible for huge pages."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if "-" in line.split()[0] and ":" not in line.split()[0]:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            inside = lo <= address < hi
+        elif inside and line.startswith("THPeligible:"):
+            return line.split()[1] == "1"
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def test_large_host_buffers_are_huge_page_aligned_and_advised():
+    small, big = aligned_empty((1000,), "float32"), aligned_empty((HUGE_PAGE + 12345,), "uint8")
+    assert small.ctypes.data % 64 == 0 and small.shape == (1000,)
+    big[:] = 7  # every byte of the requested size is writable
+    assert big.shape == (HUGE_PAGE + 12345,) and int(big.sum()) == 7 * big.size
+    if not HUGE_PAGES:
+        return  # no MADV_HUGEPAGE on this OS: 64-byte alignment is the whole contract
+    assert big.ctypes.data % HUGE_PAGE == 0
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if thp.exists() and "[never]" not in thp.read_text():
+        assert _thp_eligible(big.ctypes.data)
 
 
 def test_unknown_device_name_is_a_value_error(blobs):
