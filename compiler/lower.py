@@ -170,11 +170,10 @@ def find_reduce(root: UOp, realized: set) -> UOp | None:
     return None
 
 
-def root_index(root: UOp, red: UOp, idx: tuple) -> tuple:
-    """The index in `root` of the output whose reduction index is `idx`: the views between them
-    (reshapes in the epilogue, a permute on top that stores in another layout) applied bottom-up.
-    The scheduler only fuses epilogues that every path leaves through the same views."""
-    for n in reversed(_views_between(root, red)):
+def root_index(views: list[UOp], idx: tuple) -> tuple:
+    """The index in the kernel root of the output whose reduction index is `idx`: `views` (from
+    views_between) applied bottom-up."""
+    for n in reversed(views):
         if n.op is Ops.RESHAPE:
             idx = reshape_index(idx, n.src[0].shape, n.shape)
         elif n.op is Ops.PERMUTE:
@@ -182,12 +181,18 @@ def root_index(root: UOp, red: UOp, idx: tuple) -> tuple:
     return idx
 
 
-def _views_between(root: UOp, red: UOp) -> list[UOp]:
-    stack = [(root, [])]
+def views_between(root: UOp, red: UOp) -> list[UOp]:
+    """The views on a path from root down to red: reshapes in the epilogue, a permute on top that
+    stores in another layout. The scheduler only fuses epilogues whose paths all carry the same
+    views, so the first path found is the answer."""
+    stack, seen = [(root, [])], set()
     while stack:
         n, path = stack.pop()
         if n is red:
             return path
+        if n in seen:
+            continue
+        seen.add(n)
         step = path + [n] if n.op in (Ops.RESHAPE, Ops.PERMUTE) else path
         stack.extend((s, step) for s in n.src)
     raise ValueError("kernel root does not depend on its reduction")
@@ -232,6 +237,7 @@ def lower_kernel(kernel: Kernel, params: dict[UOp, int], param_dtypes: list, pla
         return tuple(out)
 
     red = lw.red
+    views = views_between(kernel.root, red) if red is not None else []
     stores = []
     for ucombo in product(*(range(a.size) for a in ups)):
         values = {**ranges, **{a: iconst(v) for a, v in zip(ups, ucombo)}}
@@ -244,7 +250,7 @@ def lower_kernel(kernel: Kernel, params: dict[UOp, int], param_dtypes: list, pla
             # unrolled parts accumulate one by one: acc += a*b chains become FMAs
             lw.acc = UOp(Ops.REDUCE, red.dtype, (*parts, *rr), red.arg[0]) if rr else \
                 _combine(red.arg[0], parts)
-            out_idx = root_index(kernel.root, red, dim_index(values, False))
+            out_idx = root_index(views, dim_index(values, False))
         else:
             out_idx = dim_index(values, False)
         value = lw(kernel.root, out_idx)

@@ -91,8 +91,8 @@ def channels_last(kernels: list[Kernel], realized: set, keep: set) -> set[UOp]:
     def take(*us):
         out.update(u for u in us if u in realized and u.op not in (Ops.INPUT, Ops.WEIGHT)
                    and u not in keep and len(u.shape) == 4 and u.shape[1] > 1)
-    for k in kernels:
-        red = find_reduce(k.root, realized)
+    reds = [find_reduce(k.root, realized) for k in kernels]
+    for k, red in zip(kernels, reds):
         if red is None:
             if any(u in out and u.shape == k.root.shape for u in k.inputs):
                 take(k.root)
@@ -104,8 +104,9 @@ def channels_last(kernels: list[Kernel], realized: set, keep: set) -> set[UOp]:
                 while src not in realized and src.op in (Ops.PAD, Ops.RESHAPE, Ops.PERMUTE):
                     src = src.src[0]
                 take(src, k.root)
-    for k in reversed(kernels):  # and what feeds an elementwise kernel that stores channels-last
-        if k.root in out and find_reduce(k.root, realized) is None:
+    # and what feeds an elementwise kernel that stores channels-last
+    for k, red in reversed(list(zip(kernels, reds))):
+        if red is None and k.root in out:
             take(*(u for u in k.inputs if u.shape == k.root.shape))
     return out
 
