@@ -2,9 +2,10 @@
 
 The plan is chosen from what each operand's index depends on, found by lowering the kernel once
 with a plain one-loop-per-dim plan and reading the loads:
-  * loop order (cache blocking): output dims that index the largest operand go outermost, so a
-    tile of it stays in cache while the inner loops reuse it (a matmul walks a column strip of
-    the weight once, not once per row);
+  * loop nest (cache blocking): the order of the output tile loops, possibly with one dim split
+    into a cache block, that streams the fewest bytes into L1 under a simple cache model
+    (_traffic), so a tile of an operand stays in cache while the inner loops reuse it (a matmul
+    walks a column strip of the weight once, not once per row);
   * register tile: the innermost output dim is upcast to the vector width (it is contiguous in
     the output and usually in the big operand, so it vectorises); one more output dim that the
     big operand does NOT depend on is upcast too, so each vector load of it feeds several
@@ -14,6 +15,7 @@ with a plain one-loop-per-dim plan and reading the loads:
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 
@@ -31,6 +33,11 @@ GATHER_LANES = 2  # what a vector of per-lane scalar loads is worth, in lanes
 WINDOW_UNROLL = 32  # whole reductions up to this size too (3x3 and 5x5 depthwise windows)
 MAX_ROWS = 8  # accumulator rows: past this, code size (and compile time) grows for no gain
 SHORT_REDUCE = 64  # reductions shorter than this pay for a scattered store like for a gather
+MIN_OUTER_TRIPS = 8  # the outermost loop is what threads share: enough trips to balance them
+# tiles in a cache block's inner loop: more walk so many rows a power-of-two stride apart (256
+# channels: 1 KiB) that they collide in L1's sets (measured: 7 tiles of 8 pixels ran 1.8x slower)
+BLOCK_TILES = 4
+DRAM_COST = 4  # a byte from memory costs this many from L2 (~15 against ~60 GB/s, one core)
 MAX_VREGS = 3  # accumulator columns, in vectors (measured: wider tiles stream more, gain nothing)
 
 
@@ -45,6 +52,7 @@ def _factor(size: int, limit: int) -> int:
 @dataclass
 class Operand:
     nbytes: int
+    itemsize: int
     strides: dict[int, int | None]  # full-shape dim -> element stride (None: not affine)
     packable: bool  # a weight: pack.py will lay it out in read order
     gated: frozenset[int] = frozenset()  # dims its validity gate (padding) depends on
@@ -73,18 +81,19 @@ def operands(kernel: Kernel, params: dict[UOp, int], plan: Plan, packable) -> li
                 strides.update({dim_of[r]: None for r in t.toposort() if r.op is Ops.RANGE})
         gated = frozenset(dim_of[r] for r in u.src[2].toposort() if r.op is Ops.RANGE) \
             if u.op is Ops.LOAD and len(u.src) > 2 else frozenset()
-        out.append(Operand(node.size * node.dtype.itemsize, strides,
+        out.append(Operand(node.size * node.dtype.itemsize, node.dtype.itemsize, strides,
                            u.op is Ops.LOAD and params[node] in packable, gated, u.op is Ops.STORE))
     return out
 
 
 def channels_last(kernels: list[Kernel], realized: set, keep: set) -> set[UOp]:
-    """Tensors to store channels-last (NHWC): the input and output of every depthwise window
-    reduction (a conv or pool that reduces over its window only). There a vector of channels is
-    one load or store; in NCHW it is a gather, and rows of 7, 14 or 28 pixels are not whole
-    vectors. Elementwise kernels over a channels-last tensor (a squeeze-excite scale) store
-    channels-last too, and so do their same-shape inputs: they stay plain vector code instead of
-    becoming transposes.
+    """Tensors to store channels-last (NHWC): the input and output of every 2-D window
+    reduction (conv or pool). There a conv's vector of output channels is one store (in NCHW,
+    a scatter 784 floats apart), its input pixel's channels are one contiguous run, rows of 7,
+    14 or 28 pixels need not be whole vectors, and a depthwise window reads whole channel
+    vectors instead of gathers. Elementwise kernels over a channels-last tensor (a residual
+    add, a squeeze-excite scale) store channels-last too, and so do their same-shape inputs:
+    they stay plain vector code instead of becoming transposes.
     `keep`: tensors whose layout is fixed (graph inputs and outputs)."""
     out = set()
 
@@ -97,9 +106,8 @@ def channels_last(kernels: list[Kernel], realized: set, keep: set) -> set[UOp]:
             if any(u in out and u.shape == k.root.shape for u in k.inputs):
                 take(k.root)
             continue
-        depth = math.prod(red.src[0].shape[d] for d in red.arg[1])
         for n in inlined(k.root, realized):
-            if red.arg[0] is Ops.ADD and n.op is Ops.WINDOW and math.prod(n.arg[0]) == depth:
+            if n.op is Ops.WINDOW:
                 src = n.src[0]
                 while src not in realized and src.op in (Ops.PAD, Ops.RESHAPE, Ops.PERMUTE):
                     src = src.src[0]
@@ -173,6 +181,7 @@ def plan_kernel(kernel: Kernel, realized: set, target: Target,
     out_dims = [d for d in range(len(full)) if d not in rdims and full[d] > 1]
     upcast: dict[int, int] = {}
     unroll: dict[int, int] = {}
+    blocks: dict[int, int] = {}  # dim -> outer cache-block loop trips (that loop goes first)
     order = list(range(len(full)))
     window = False  # every output position reads its own input window (depthwise conv)
     if red is not None and params is not None and out_dims:
@@ -181,7 +190,7 @@ def plan_kernel(kernel: Kernel, realized: set, target: Target,
         ops = [o for o in every if any(d in rdims for d in o.strides)]
         store = next(o for o in every if o.store)
         big = set(max(ops, key=lambda o: o.nbytes).strides) if ops else set()
-        order = sorted(order, key=lambda d: (d not in big, d))
+        order = sorted(order, key=lambda d: (d not in big, d))  # tie-break for _loop_order
         # vector dim: the most useful lanes (a gathering dim fills its lanes one scalar load at
         # a time: worth 2 lanes at most), then fewest gathers, fewest scattered stores,
         # innermost. So a depthwise conv over 28-wide rows takes 4-lane vectors along the row,
@@ -205,6 +214,7 @@ def plan_kernel(kernel: Kernel, realized: set, target: Target,
         window = not reuse
         width = _width(full[vec], lanes)
         upcast.update(_register_tile(full, vec, row, width, target.registers))
+        order, blocks = _loop_order(order, out_dims, every, full, upcast, target)
         vec_dim = vec
     elif red is not None and out_dims:
         inner = out_dims[-1]
@@ -230,8 +240,10 @@ def plan_kernel(kernel: Kernel, realized: set, target: Target,
             continue
         kind = "reduce" if d in rdims else ("global" if target.renderer != "c" else "loop")
         split = unroll.get(d, 1) if d in rdims else upcast.get(d, 1)
-        if split < size:
-            axes.append(Axis(d, size // split, kind))
+        if d in blocks:
+            axes.insert(0, Axis(d, blocks[d], kind))
+        if split * blocks.get(d, 1) < size:
+            axes.append(Axis(d, size // split // blocks.get(d, 1), kind))
         if split > 1:
             axes.append(Axis(d, split, "unroll" if d in rdims else "upcast"))
     return Plan(tuple(full), tuple(rdims), tuple(_nest(axes, vec_dim)), lanes=lanes)
@@ -252,6 +264,55 @@ def _register_tile(full, vec: int, row: int | None, lanes: int, registers: int) 
         if score > best:
             best, best_tile = score, {vec: cols, **({row: rows} if rows > 1 else {})}
     return best_tile
+
+
+def _loop_order(order: list[int], out_dims: list[int], ops: list[Operand], full, upcast,
+                target: Target) -> tuple[list[int], dict[int, int]]:
+    """The nest of output tile loops that streams the fewest bytes into L1 (see _traffic): an
+    order of the tiled dims, and optionally one dim split in two with its outer (block) loop
+    outermost, the classic cache block. Only nests whose outermost loop has enough trips to
+    share among threads count, when there is one. `order` is the preference among equals (and
+    places the reduce dims). Returns the order and {dim: outer block count}."""
+    trips = {d: full[d] // upcast.get(d, 1) for d in out_dims if full[d] // upcast.get(d, 1) > 1}
+    tiled = [d for d in order if d in trips]
+    perms = list(itertools.permutations(tiled))
+    nests = [[(d, trips[d]) for d in p] for p in perms]
+    nests += [[(b, trips[b] // inner)] + [(d, inner if d == b else trips[d]) for d in p]
+              for p in perms for b in p for inner in range(2, min(trips[b], BLOCK_TILES + 1))
+              if trips[b] % inner == 0]
+    ok = [n for n in nests if n and n[0][1] >= MIN_OUTER_TRIPS] or nests
+    best = min(ok, key=lambda n: _traffic(ops, n, full, upcast, target), default=[])
+    blocks = {best[0][0]: best[0][1]} if len(best) > len(tiled) else {}
+    rest = iter(d for d, _ in best[len(blocks):])
+    return [next(rest) if d in trips else d for d in order], blocks
+
+
+def _traffic(ops: list[Operand], loops, full, upcast, target: Target) -> float:
+    """Bytes the operands stream into L1 over the tile loops `loops` ((dim, trips), outermost
+    first), beyond their first read: a loop over a dim an operand does not depend on reads it
+    again, on every trip, all of it that one trip touches; from L2 when what all operands touch
+    in one trip fits there, from memory (DRAM_COST times dearer) when not, for free when it fits
+    L1. So a 1x1 conv over many pixels keeps a block of pixels and a slice of its weight in L1,
+    instead of re-reading the whole weight from L2 for every 8 pixels."""
+    def depends(o, d):
+        return o.strides.get(d, 0) != 0
+    # bytes of each operand that one register tile reads, over its whole reduction and all of
+    # every output dim that is not register-tiled: an upper bound, so the model does not bet on
+    # tight fits (measured: exact working sets picked a stem-conv nest that thrashed L1, 2x slower)
+    ws = [min(o.nbytes, o.itemsize * math.prod(upcast.get(d, 1) if d in upcast else full[d]
+                                               for d in range(len(full)) if depends(o, d)))
+          for o in ops]
+    cost = 0.0  # bytes re-read within one trip of the loops walked so far
+    for d, t in reversed(loops):
+        total = sum(ws)
+        level = 0 if total <= target.l1_bytes else 1 if total <= target.l2_bytes else DRAM_COST
+        cost *= t
+        for i, o in enumerate(ops):
+            if depends(o, d):
+                ws[i] = min(ws[i] * t, o.nbytes)
+            else:
+                cost += ws[i] * (t - 1) * level
+    return cost
 
 
 def _width(size: int, lanes: int) -> int:

@@ -14,6 +14,10 @@ class Target:
     device: str  # runner device that executes it
     vector_bytes: int = 32  # SIMD register width the optimizer tiles for
     registers: int = 16  # vector registers available for accumulators
+    # per-core L1d and L2 the CPU loop order blocks for: the smallest among the target's
+    # common CPUs (Skylake client for x86-64-v3, Skylake-SP for v4, Kryo 385 for aarch64)
+    l1_bytes: int = 32 << 10
+    l2_bytes: int = 256 << 10
     max_workgroup: int = 0  # GPU only
     # Sub-buffers (one per tensor in the arena / weights) must start on the device's base address
     # alignment (CL_DEVICE_MEM_BASE_ADDR_ALIGN: 1024 bits on Adreno 6xx and PoCL).
@@ -31,7 +35,8 @@ class Target:
 
 TARGETS = {t.name: t for t in (
     Target("cpu", "c", "cpu", vector_bytes=32, registers=16),  # x86-64-v3: AVX2 + FMA
-    Target("cpu-avx512", "c", "cpu", vector_bytes=64, registers=32),  # x86-64-v4: AVX-512
+    Target("cpu-avx512", "c", "cpu", vector_bytes=64, registers=32,
+           l2_bytes=1 << 20),  # x86-64-v4: AVX-512
     Target("cpu-aarch64", "c", "cpu", vector_bytes=16, registers=32),  # comma 3X (Kryo 385)
     Target("cpu-arm64-apple", "c", "cpu", vector_bytes=16, registers=32),
     # any OpenCL 1.2 device (PoCL in CI): no fp16 arithmetic, images opt-in within the limits

@@ -274,6 +274,45 @@ def test_depthwise_conv_reads_and_writes_whole_channel_vectors(monkeypatch):
     assert_close(keel_run(model, {"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-4)
 
 
+def _bottleneck() -> onnx.ModelProto:
+    """ResNet's 1x1 expand (64 -> 256 channels over 56x56 pixels) and strided 1x1 downsample
+    (256 -> 512, stride 2): both intermediate, so keel picks their layout."""
+    rng = np.random.default_rng(0)
+    ws = {"we": (256, 64, 1, 1), "wd": (512, 256, 1, 1)}
+    weights = [onnx.numpy_helper.from_array(rng.standard_normal(s).astype(np.float32) * 0.1, n)
+               for n, s in ws.items()]
+    node = onnx.helper.make_node
+    nodes = [node("Relu", ["x"], ["r"]), node("Conv", ["r", "we"], ["e"]), node("Relu", ["e"], ["h"]),
+             node("Conv", ["h", "wd"], ["d"], strides=[2, 2]), node("Relu", ["d"], ["g"]),
+             node("GlobalAveragePool", ["g"], ["y"])]
+    return make_model(nodes, [("x", (1, 64, 56, 56), np.float32)],
+                      [("y", (1, 512, 1, 1), np.float32)], weights)
+
+
+def test_convs_store_channels_last_and_block_their_loops_for_cache(monkeypatch):
+    # NCHW, a conv's vector of output channels is a scatter 3136 floats apart; channels-last
+    # it is one store. And walking every pixel tile per channel tile (or the reverse) re-reads
+    # an operand bigger than the cache once per tile: the planner blocks a loop instead
+    built = _built_kernels(monkeypatch, _bottleneck(), target="cpu")
+    depth = {math.prod(b[2].full_shape[d] for d in b[2].reduce_dims): b for b in built}
+    for _, lin, _, _ in (depth[64], depth[256]):
+        stores = [u for u in lin if u.op is Ops.STORE]
+        assert stores and all(u.src[2].dtype.count == 8 for u in stores)
+    expand, strided = depth[64][2], depth[256][2]
+    loops = [a for a in expand.axes if a.kind == "loop"]
+    # the 800 KB input and the 64 KB weight are both past L1 (and the input past the 256 KB L2
+    # the "cpu" target blocks for): the outermost loop is a cache block, a split of a dim that
+    # an inner loop walks too
+    assert any(a.dim == loops[0].dim for a in loops[1:]), expand.axes
+    # the strided conv's 512 KB weight must not be re-read per pixel tile: its channel tiles
+    # go outermost, and each tile's 16-channel slice stays in L1 while the pixels go by
+    assert strided.axes[0].dim == strided.full_shape.index(512), strided.axes
+    x = np.random.default_rng(1).standard_normal((1, 64, 56, 56)).astype(np.float32)
+    model = _bottleneck()
+    # fp32 sums of 64 and 256 terms, then a mean of 784, in another order than MLAS
+    assert_close(keel_run(model, {"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-4)
+
+
 def test_1x1_conv_pixels_merge_into_one_dim_of_whole_vectors(monkeypatch):
     # 28x28 pixels: a 28-wide row is not a whole number of 8-lane vectors, 784 pixels are
     rng = np.random.default_rng(0)
