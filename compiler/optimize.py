@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import replace
-
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from compiler.lower import Axis, Plan, find_reduce, lower_kernel
 from compiler.schedule import Kernel, inlined
@@ -273,7 +271,7 @@ def _loop_order(order: list[int], out_dims: list[int], ops: list[Operand], full,
     outermost, the classic cache block. Only nests whose outermost loop has enough trips to
     share among threads count, when there is one. `order` is the preference among equals (and
     places the reduce dims). Returns the order and {dim: outer block count}."""
-    trips = {d: full[d] // upcast.get(d, 1) for d in out_dims if full[d] // upcast.get(d, 1) > 1}
+    trips = {d: t for d in out_dims if (t := full[d] // upcast.get(d, 1)) > 1}
     tiled = [d for d in order if d in trips]
     perms = list(itertools.permutations(tiled))
     nests = [[(d, trips[d]) for d in p] for p in perms]

@@ -163,7 +163,8 @@ def test_x86_64_v3_blob_on_a_cpu_without_avx2_is_a_blob_error(blobs, monkeypatch
         Model.load(blobs["add"])
 
 
-@pytest.mark.skipif(host_target() != "cpu", reason="x86-64 host only")
+@pytest.mark.skipif(host_target() != "cpu",
+                    reason="x86-64 host only: the AVX2 and AVX-512 targets it chooses between")
 def test_widest_host_target_follows_the_cpu_flags(monkeypatch):
     # the bench compiles for it: AVX-512 only where /proc/cpuinfo lists every flag it needs
     avx2 = set(runner.cpu.HOSTS["cpu"].cpu_flags)
