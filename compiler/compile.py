@@ -21,7 +21,7 @@ from compiler.linearize import linearize
 from compiler.lower import lower_kernel
 from compiler.memory import plan as plan_memory
 from compiler.optimize import channels_last, merge_dims, plan_kernel
-from compiler.pack import pack_weights
+from compiler.pack import pack_weights, prefetch_next_tiles
 from compiler.renderers import get_renderer
 from compiler.rewrite import graph_rewrite, substitute
 from compiler.schedule import Kernel, schedule
@@ -196,6 +196,8 @@ def build_kernel(k: Kernel, param_dtypes: list, tgt: Target, packable: dict[int,
         sink = simplify(lower_kernel(k, params, param_dtypes, plan), tgt)
         sink, perms = pack_weights(sink, packable)
         sink = vectorize(sink, arena)
+        if tgt.prefetch:
+            sink = prefetch_next_tiles(sink, packable)
     with st("linearize"):
         return k.name, linearize(sink), plan, perms
 

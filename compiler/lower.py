@@ -210,18 +210,19 @@ def _combine(op: Ops, vals: list[UOp]) -> UOp:
 def lower_kernel(kernel: Kernel, params: dict[UOp, int], param_dtypes: list, plan: Plan) -> UOp:
     lw = Lowerer(kernel, params, param_dtypes)
     fused = {i for g in plan.fused for i in g}
-    ranges = {a: UOp(Ops.RANGE, IDX, (iconst(a.size),), (n, a.kind))
+    # keyed by position: two axes may be equal (a dim split into same-size parts)
+    ranges = {n: UOp(Ops.RANGE, IDX, (iconst(a.size),), (n, a.kind))
               for n, a in enumerate(plan.axes) if a.kind in LOOP_KINDS and n not in fused}
     for group in plan.fused:  # one RANGE, split back into each member axis's value
         members = [plan.axes[i] for i in group]
         r = UOp(Ops.RANGE, IDX, (iconst(math.prod(a.size for a in members)),),
                 (group[0], members[0].kind))
         stride = 1
-        for a in reversed(members):
-            ranges[a] = (r // stride) % a.size
-            stride *= a.size
-    ups = [a for a in plan.axes if a.kind == "upcast"]
-    unrolls = [a for a in plan.axes if a.kind == "unroll"]
+        for i in reversed(group):
+            ranges[i] = (r // stride) % plan.axes[i].size
+            stride *= plan.axes[i].size
+    ups = [n for n, a in enumerate(plan.axes) if a.kind == "upcast"]
+    unrolls = [n for n, a in enumerate(plan.axes) if a.kind == "unroll"]
 
     def dim_index(values: dict, reduce_too: bool) -> tuple:
         out = []
@@ -230,23 +231,23 @@ def lower_kernel(kernel: Kernel, params: dict[UOp, int], param_dtypes: list, pla
                 out.append(iconst(0))
                 continue
             idx, stride = iconst(0), 1
-            for a in reversed([a for a in plan.axes if a.dim == d]):
-                idx = idx + values[a] * stride
-                stride *= a.size
+            for n in reversed([n for n, a in enumerate(plan.axes) if a.dim == d]):
+                idx = idx + values[n] * stride
+                stride *= plan.axes[n].size
             out.append(idx)
         return tuple(out)
 
     red = lw.red
     views = views_between(kernel.root, red) if red is not None else []
     stores = []
-    for ucombo in product(*(range(a.size) for a in ups)):
+    for ucombo in product(*(range(plan.axes[n].size) for n in ups)):
         values = {**ranges, **{a: iconst(v) for a, v in zip(ups, ucombo)}}
         if red is not None:
             parts = []
-            for vcombo in product(*(range(a.size) for a in unrolls)):
+            for vcombo in product(*(range(plan.axes[n].size) for n in unrolls)):
                 full = dim_index({**values, **{a: iconst(v) for a, v in zip(unrolls, vcombo)}}, True)
                 parts.append(lw(red.src[0], full))
-            rr = [r for a, r in ranges.items() if a.kind in ("reduce", "group")]
+            rr = [r for n, r in ranges.items() if plan.axes[n].kind in ("reduce", "group")]
             # unrolled parts accumulate one by one: acc += a*b chains become FMAs
             lw.acc = UOp(Ops.REDUCE, red.dtype, (*parts, *rr), red.arg[0]) if rr else \
                 _combine(red.arg[0], parts)

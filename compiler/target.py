@@ -18,6 +18,8 @@ class Target:
     # common CPUs (Skylake client for x86-64-v3, Skylake-SP for v4, Kryo 385 for aarch64)
     l1_bytes: int = 32 << 10
     l2_bytes: int = 256 << 10
+    # CPU: hint the next output tile's weights into L2 while this tile computes (pack.py)
+    prefetch: bool = False
     max_workgroup: int = 0  # GPU only
     # Sub-buffers (one per tensor in the arena / weights) must start on the device's base address
     # alignment (CL_DEVICE_MEM_BASE_ADDR_ALIGN: 1024 bits on Adreno 6xx and PoCL).
@@ -34,11 +36,11 @@ class Target:
 
 
 TARGETS = {t.name: t for t in (
-    Target("cpu", "c", "cpu", vector_bytes=32, registers=16),  # x86-64-v3: AVX2 + FMA
+    Target("cpu", "c", "cpu", vector_bytes=32, registers=16, prefetch=True),  # x86-64-v3: AVX2+FMA
     Target("cpu-avx512", "c", "cpu", vector_bytes=64, registers=32,
-           l2_bytes=1 << 20),  # x86-64-v4: AVX-512
-    Target("cpu-aarch64", "c", "cpu", vector_bytes=16, registers=32),  # comma 3X (Kryo 385)
-    Target("cpu-arm64-apple", "c", "cpu", vector_bytes=16, registers=32),
+           l2_bytes=1 << 20, prefetch=True),  # x86-64-v4: AVX-512
+    Target("cpu-aarch64", "c", "cpu", vector_bytes=16, registers=32, prefetch=True),  # comma 3X
+    Target("cpu-arm64-apple", "c", "cpu", vector_bytes=16, registers=32, prefetch=True),
     # any OpenCL 1.2 device (PoCL in CI): no fp16 arithmetic, images opt-in within the limits
     # every OpenCL 1.2 image-capable device guarantees (8192 x 8192)
     Target("opencl", "opencl", "opencl", vector_bytes=16, max_workgroup=256, buffer_align=128,

@@ -52,7 +52,8 @@ class Ops(IntEnum):  # IntEnum: hashing an op is C-level, and every UOp key hash
     RANGE = auto()  # src = (end,), arg = (axis id, kind): kind in "loop", "reduce", "global"
     LOAD = auto()  # src = (param, index[, valid])
     STORE = auto()  # src = (param, index, value)
-    SINK = auto()  # groups stores; the root of a kernel
+    PREFETCH = auto()  # src = (param, index): a hint to start reading memory that comes next
+    SINK = auto()  # groups stores (and prefetches); the root of a kernel
     VECTORIZE = auto()  # src = one scalar per lane
     GEP = auto()  # arg = lane: one lane of a vector
     # linearized program only

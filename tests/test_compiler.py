@@ -13,7 +13,7 @@ import pytest
 from compiler.compile import compile_model
 from compiler.dtypes import dtypes
 from compiler.errors import CompileError
-from compiler.lower import iconst
+from compiler.lower import Axis, iconst
 from compiler.rewrite import PatternMatcher, UPat, graph_rewrite
 from compiler.symbolic import symbolic
 from compiler.uop import Ops, UOp
@@ -311,6 +311,59 @@ def test_convs_store_channels_last_and_block_their_loops_for_cache(monkeypatch):
     model = _bottleneck()
     # fp32 sums of 64 and 256 terms, then a mean of 784, in another order than MLAS
     assert_close(keel_run(model, {"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-4)
+
+
+def test_weight_prefetch_covers_the_next_tiles_slice_spread_over_the_tile(monkeypatch):
+    # the strided 1x1 conv walks 98 pixel tiles per 32-channel tile: each tile's reduction steps
+    # must hint every line of the next tile's weight slice into L2, from inside the reduction,
+    # a line or two per step, and not run further ahead than the tile after that
+    from compiler.symbolic import linear_form
+    built = _built_kernels(monkeypatch, _bottleneck(), target="cpu-avx512")
+    (_, lin, _, perms), = [b for b in built if math.prod(b[2].full_shape[d] for d in b[2].reduce_dims) == 256]
+    hints = [u for u in lin if u.op is Ops.PREFETCH]
+    assert 1 <= len(hints) <= 2 and all(u.src[0].arg[0] in perms for u in hints)
+    reduce = [u for u in lin if u.op is Ops.RANGE and u.arg[1] == "reduce"]
+    assert all(lin.index(reduce[-1]) < lin.index(u) for u in hints)  # per reduction step
+    load = next(u for u in lin if u.op is Ops.LOAD and u.src[0] is hints[0].src[0] and u.dtype.count > 1)
+    wcoef, _ = linear_form(load.src[1])
+    tiles = [r for r in wcoef if r.arg[1] != "reduce"]
+    slice_ = wcoef[max(tiles, key=lambda r: r.arg[0])]  # packed: the next slice right after
+    ranges = sorted({u for h in hints for u in h.toposort() if u.op is Ops.RANGE} - set(tiles),
+                    key=lambda r: r.arg[0])
+    grid = np.meshgrid(*[np.arange(r.src[0].arg) for r in ranges], indexing="ij")
+    at = {r: g.reshape(-1) for r, g in zip(ranges, grid)} | {r: 0 for r in tiles}  # first tile
+    ops = {Ops.ADD: np.add, Ops.MUL: np.multiply, Ops.AND: np.bitwise_and}
+
+    def value(u):  # every loop position at once
+        return at[u] if u.op is Ops.RANGE else u.arg if u.op is Ops.CONST else \
+            ops[u.op](value(u.src[0]), value(u.src[1]))
+    lines = set(np.concatenate([value(h.src[1]) for h in hints]) // 16)
+    assert set(range(slice_ // 16, 2 * slice_ // 16)) <= lines and max(lines) < 3 * slice_ // 16
+
+
+def _3x3_over_256_channels() -> onnx.ModelProto:
+    w = onnx.numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((32, 256, 3, 3)).astype(np.float32) * 0.05, "w")
+    node = onnx.helper.make_node
+    nodes = [node("Relu", ["x"], ["r"]), node("Conv", ["r", "w"], ["c"], pads=[1] * 4, strides=[2, 2]),
+             node("Relu", ["c"], ["h"]), node("GlobalAveragePool", ["h"], ["y"])]
+    return make_model(nodes, [("x", (1, 256, 10, 10), np.float32)], [("y", (1, 32, 1, 1), np.float32)], [w])
+
+
+def test_channels_last_conv_reads_each_input_line_whole_before_the_next(monkeypatch):
+    # channels-last, a 3x3 conv's 9 taps of one channel are lines 1 KiB apart (a power of two:
+    # few L1 sets); with the channel loop outermost, every tap's line stays live across all its
+    # channels. A line's worth of channels (16 floats) must be the innermost reduce loop. 256
+    # channels split into two equal loops of 16: lowering must keep them apart
+    built = _built_kernels(monkeypatch, _3x3_over_256_channels(), target="cpu")
+    (_, _, plan, _), = [b for b in built if len(b[2].reduce_dims) == 3]
+    cin = plan.full_shape.index(256)
+    loops = [a for a in plan.axes if a.kind == "reduce"]
+    assert loops[-1] == Axis(cin, 16, "reduce") and loops.count(loops[-1]) == 2, plan.axes
+    x = np.random.default_rng(1).standard_normal((1, 256, 10, 10)).astype(np.float32)
+    model = _3x3_over_256_channels()
+    # fp32 sums of 2304 terms in another order than MLAS, then a mean of 25
+    assert_close(keel_run(model, {"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)
 
 
 def test_1x1_conv_pixels_merge_into_one_dim_of_whole_vectors(monkeypatch):

@@ -152,6 +152,11 @@ class CRenderer(CStyle):
         p, idx = body.ref(u.src[0]), body.ref(u.src[1])
         body.emit(f"*({val.dtype.cname}_u *)({p} + {idx}) = {body.ref(val)};")
 
+    def render_prefetch(self, body: Body, u: UOp) -> None:
+        # read (0), into L2 but not L1 (locality 2: prefetcht1, PLDL2KEEP): the slice is needed
+        # one tile from now, and L1 holds the slice in use
+        body.emit(f"__builtin_prefetch({body.ref(u.src[0])} + {body.ref(u.src[1])}, 0, 2);")
+
     def alu(self, u: UOp, a: list[str]) -> str:
         if u.op is Ops.GEP:
             return f"{a[0]}[{u.arg}]"

@@ -121,6 +121,8 @@ class CStyle:
                 self.render_load(body, u)
             elif op is Ops.STORE:
                 self.render_store(body, u)
+            elif op is Ops.PREFETCH:
+                self.render_prefetch(body, u)
             else:
                 body.bind(u, self.alu(u, [body.ref(s) for s in u.src]))
         params = ", ".join([self.param_decl(p) for p in self.params(lin)] + self.extra_params())
@@ -151,6 +153,9 @@ class CStyle:
     def render_store(self, body: Body, u: UOp) -> None:
         p, idx, val = (body.ref(s) for s in u.src)
         body.emit(f"{p}[{idx}] = {val};")
+
+    def render_prefetch(self, body: Body, u: UOp) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no prefetch")
 
 
 class Body:
