@@ -248,9 +248,15 @@ def lower_kernel(kernel: Kernel, params: dict[UOp, int], param_dtypes: list, pla
                 full = dim_index({**values, **{a: iconst(v) for a, v in zip(unrolls, vcombo)}}, True)
                 parts.append(lw(red.src[0], full))
             rr = [r for n, r in ranges.items() if plan.axes[n].kind in ("reduce", "group")]
-            # unrolled parts accumulate one by one: acc += a*b chains become FMAs
-            lw.acc = UOp(Ops.REDUCE, red.dtype, (*parts, *rr), red.arg[0]) if rr else \
-                _combine(red.arg[0], parts)
+            if rr and not ups and red.dtype is not dtypes.float16:
+                # a lone accumulator would wait on its own latency every step: each unrolled
+                # part gets its own, summed after the loop (a 4955x256 matvec: 3x faster)
+                lw.acc = _combine(red.arg[0], [UOp(Ops.REDUCE, red.dtype, (p, *rr), red.arg[0])
+                                               for p in parts])
+            elif rr:  # unrolled parts accumulate one by one: acc += a*b chains become FMAs
+                lw.acc = UOp(Ops.REDUCE, red.dtype, (*parts, *rr), red.arg[0])
+            else:
+                lw.acc = _combine(red.arg[0], parts)
             out_idx = root_index(views, dim_index(values, False))
         else:
             out_idx = dim_index(values, False)

@@ -366,6 +366,20 @@ def test_channels_last_conv_reads_each_input_line_whole_before_the_next(monkeypa
     assert_close(keel_run(model, {"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)
 
 
+def test_a_lone_accumulator_splits_into_one_per_unrolled_part(monkeypatch):
+    # 13 outputs (prime): no vector, no register tile, one scalar accumulator per output. Its
+    # unrolled parts must each get their own accumulator, or every step waits on the last add
+    w = onnx.numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, 13)).astype(np.float32), "w")
+    model = make_model([onnx.helper.make_node("MatMul", ["x", "w"], ["y"])],
+                       [("x", (1, 64), np.float32)], [("y", (1, 13), np.float32)], [w])
+    (_, lin, plan, _), = _built_kernels(monkeypatch, model, target="cpu-avx512")
+    reduces = [u for u in lin if u.op is Ops.REDUCE]
+    assert len(reduces) == 4 and all(len(u.parts) == 1 for u in reduces), plan.axes
+    x = np.random.default_rng(1).standard_normal((1, 64)).astype(np.float32)
+    # fp32 sums of 64 terms, in 4 interleaved partial sums instead of MLAS's order
+    assert_close(keel_run(model, {"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)
+
+
 def test_1x1_conv_pixels_merge_into_one_dim_of_whole_vectors(monkeypatch):
     # 28x28 pixels: a 28-wide row is not a whole number of 8-lane vectors, 784 pixels are
     rng = np.random.default_rng(0)
