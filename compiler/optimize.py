@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 from compiler.lower import Axis, Plan, find_reduce, lower_kernel
 from compiler.schedule import Kernel, inlined
-from compiler.target import Target
+from compiler.target import LINE_BYTES, Target
 from compiler.rewrite import graph_rewrite, substitute
 from compiler.symbolic import linear_form, symbolic
 from compiler.uop import Ops, UOp
@@ -37,7 +37,6 @@ MIN_OUTER_TRIPS = 8  # the outermost loop is what threads share: enough trips to
 BLOCK_TILES = 4
 DRAM_COST = 4  # a byte from memory costs this many from L2 (~15 against ~60 GB/s, one core)
 MAX_VREGS = 3  # accumulator columns, in vectors (measured: wider tiles stream more, gain nothing)
-LINE_BYTES = 64  # a cache line
 
 
 def _factor(size: int, limit: int) -> int:

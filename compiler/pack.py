@@ -20,6 +20,7 @@ from compiler.dtypes import dtypes
 from compiler.linearize import KIND_ORDER
 from compiler.rewrite import substitute
 from compiler.symbolic import build, linear_form
+from compiler.target import LINE_BYTES
 from compiler.uop import Ops, UOp
 
 MAX_GROWTH = 1.0  # packed size / original size: never duplicate weight data
@@ -109,8 +110,6 @@ def _pack(group: list[UOp], size: int, lane: dict[UOp, tuple[UOp, int]]):
     return new, perm
 
 
-
-LINE_BYTES = 64
 
 
 def prefetch_next_tiles(sink: UOp, weights: dict[int, int]) -> UOp:
