@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from compiler.errors import CompileError
 
-LINE_BYTES = 64  # cache line of the x86-64 and Kryo targets (Apple M has 128: 64 reads it in halves)
+# cache line of the x86-64 and Kryo targets (Apple M's are 128 bytes: 64 reads one in halves)
+LINE_BYTES = 64
 
 
 @dataclass(frozen=True)
