@@ -241,11 +241,11 @@ def lower_kernel(kernel: Kernel, params: dict[UOp, int], param_dtypes: list, pla
     views = views_between(kernel.root, red) if red is not None else []
     stores = []
     for ucombo in product(*(range(plan.axes[n].size) for n in ups)):
-        values = {**ranges, **{a: iconst(v) for a, v in zip(ups, ucombo)}}
+        values = {**ranges, **{n: iconst(v) for n, v in zip(ups, ucombo)}}
         if red is not None:
             parts = []
             for vcombo in product(*(range(plan.axes[n].size) for n in unrolls)):
-                full = dim_index({**values, **{a: iconst(v) for a, v in zip(unrolls, vcombo)}}, True)
+                full = dim_index({**values, **{n: iconst(v) for n, v in zip(unrolls, vcombo)}}, True)
                 parts.append(lw(red.src[0], full))
             rr = [r for n, r in ranges.items() if plan.axes[n].kind in ("reduce", "group")]
             if rr and not ups and red.dtype is not dtypes.float16:

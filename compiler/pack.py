@@ -100,16 +100,11 @@ def _pack(group: list[UOp], size: int, lane: dict[UOp, tuple[UOp, int]]):
     perm = old.reshape(-1)
     if perm.min() < 0 or perm.max() >= size or np.array_equal(perm, np.arange(perm.size)):
         return None
-    stride, terms_new = len(consts), []
-    for r, s in zip(reversed(ranges), reversed(sizes)):
-        terms_new.append((stride, r))
-        stride *= s
+    terms_new = _strides(ranges, len(consts))
     slot = {c: i for i, c in enumerate(consts)}
     new = {u: UOp(Ops.LOAD, u.dtype, (u.src[0], build(terms_new, slot[c], dtypes.index)))
            for u, (_, c) in zip(group, forms)}
     return new, perm
-
-
 
 
 def prefetch_next_tiles(sink: UOp, weights: dict[int, int]) -> UOp:
@@ -124,6 +119,7 @@ def prefetch_next_tiles(sink: UOp, weights: dict[int, int]) -> UOp:
     slower)."""
     loops = sorted((u for u in sink.toposort() if u.op is Ops.RANGE),
                    key=lambda r: (KIND_ORDER[r.arg[1]], r.arg[0]))
+    steps = [r for r in loops if r.arg[1] == "reduce"]
     hints, done = [], set()
     for u in sink.toposort():
         if u.op is not Ops.LOAD or u.dtype.count == 1 or u.src[0] in done \
@@ -131,7 +127,6 @@ def prefetch_next_tiles(sink: UOp, weights: dict[int, int]) -> UOp:
             continue
         coef, _ = linear_form(u.src[1])
         outer = [r for r in loops if r.arg[1] != "reduce" and r in coef]
-        steps = [r for r in loops if r.arg[1] == "reduce"]
         if not outer or not steps or any(r not in coef for r in steps):
             continue
         done.add(u.src[0])
