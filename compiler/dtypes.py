@@ -88,7 +88,8 @@ class dtypes:
     float32 = DType("float32", 4, "f", "float")
     float64 = DType("float64", 8, "f", "double")
     # Index arithmetic inside kernels. 32-bit: every buffer keel plans is < 2**31 elements, and
-    # 32-bit math vectorises twice as wide on every target we render for.
+    # 32-bit math vectorises twice as wide on every target we render for. (C renders scalar
+    # indexes pointer-wide, so addresses need no sign extension: CRenderer.dtype.)
     index = DType("int32", 4, "x", "int")
     void = DType("void", 0, "v", "void")
 

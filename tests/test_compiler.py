@@ -3,6 +3,7 @@ code, bad input. End-to-end numerics against onnxruntime live in test_models.py 
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 
@@ -364,6 +365,21 @@ def test_channels_last_conv_reads_each_input_line_whole_before_the_next(monkeypa
     model = _3x3_over_256_channels()
     # fp32 sums of 2304 terms in another order than MLAS, then a mean of 25
     assert_close(keel_run(model, {"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_c_index_arithmetic_is_pointer_width(monkeypatch):
+    # an int index is sign-extended before every address, so clang cannot fold a window tap's
+    # `i + 128` into the load: a stride-2 3x3 conv kept each tap in its own register, spilled
+    # them, and ran 1.5x slower. Every loop counter and index value must be a `long`
+    import compiler.toolchain as tc
+    sources = []
+    build = tc.build_shared
+    monkeypatch.setattr(tc, "build_shared", lambda src, t: sources.append(src) or build(src, t))
+    compile_model(_3x3_over_256_channels(), target="cpu")
+    kernels = "".join(sources[0].split("static void ")[1:])
+    loops = re.findall(r"for \((\w+) r\d+ = ", kernels)
+    values = re.findall(r"(\w+) v\d+ = \(r\d+ [*+] ", kernels)  # v = (r3 * 896): index math
+    assert loops and values and set(loops) == set(values) == {"long"}, (set(loops), set(values))
 
 
 def test_a_lone_accumulator_splits_into_one_per_unrolled_part(monkeypatch):

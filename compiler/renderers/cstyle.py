@@ -96,7 +96,8 @@ class CStyle:
         return []
 
     def range_open(self, u: UOp, name: str, end: str) -> str:
-        return f"for (int {name} = 0; {name} < {end}; {name}++) {{"
+        i = self.dtype(u.dtype)
+        return f"for ({i} {name} = 0; {name} < {end}; {name}++) {{"
 
     def render_kernel(self, name: str, lin: list[UOp]) -> str:
         body = Body(self)
