@@ -20,7 +20,7 @@ from compiler.frontend import load_onnx
 from compiler.linearize import linearize
 from compiler.lower import lower_kernel
 from compiler.memory import plan as plan_memory
-from compiler.optimize import channels_last, merge_dims, plan_kernel
+from compiler.optimize import channels_last, merge_dims, pad_in_place, plan_kernel
 from compiler.pack import pack_weights, prefetch_next_tiles
 from compiler.renderers import get_renderer
 from compiler.rewrite import graph_rewrite, substitute
@@ -66,6 +66,8 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
     with st("schedule"):
         outs, kernels, realized = schedule([u for _, u in graph.outputs])
         kernels = _copies_for_shared_outputs(outs, kernels)
+        if tgt.renderer == "c":
+            kernels = pad_in_place(kernels, realized, set(outs))
         last = channels_last(kernels, realized, set(outs)) if tgt.renderer == "c" else set()
     bufs = Buffers(graph.inputs, list(zip([n for n, _ in graph.outputs], outs)),
                    device_storage(tgt, float16, images), tgt.buffer_align)
@@ -261,9 +263,10 @@ class Buffers:
                 if k.inputs != [k.root]:
                     self.node_buf.setdefault(u, b.id)
                 return b.id
-        b = self._new("arena", 0, k.root)
-        self.node_buf[k.root] = b.id
-        return b.id
+        node = k.into or k.root
+        if node not in self.node_buf:  # a padded tensor's buffer exists from its fill kernel on
+            self.node_buf[node] = self._new("arena", 0, node).id
+        return self.node_buf[node]
 
     def layout(self, u: UOp) -> tuple:
         """(region, storage dtype, image) of the buffer that `u` is or will be read from."""

@@ -178,12 +178,14 @@ def root_index(views: list[UOp], idx: tuple) -> tuple:
             idx = reshape_index(idx, n.src[0].shape, n.shape)
         elif n.op is Ops.PERMUTE:
             idx = tuple(idx[o] for o in n.arg)
+        elif n.op is Ops.PAD:  # a padded tensor's interior (optimize.pad_in_place)
+            idx = tuple(i + b for i, (b, _) in zip(idx, n.arg[0]))
     return idx
 
 
 def views_between(root: UOp, red: UOp) -> list[UOp]:
     """The views on a path from root down to red: reshapes in the epilogue, a permute on top that
-    stores in another layout. The scheduler only fuses epilogues whose paths all carry the same
+    stores in another layout, a pad on top whose interior the kernel writes. The scheduler only fuses epilogues whose paths all carry the same
     views, so the first path found is the answer."""
     stack, seen = [(root, [])], set()
     while stack:
@@ -193,7 +195,7 @@ def views_between(root: UOp, red: UOp) -> list[UOp]:
         if n in seen:
             continue
         seen.add(n)
-        step = path + [n] if n.op in (Ops.RESHAPE, Ops.PERMUTE) else path
+        step = path + [n] if n.op in (Ops.RESHAPE, Ops.PERMUTE, Ops.PAD) else path
         stack.extend((s, step) for s in n.src)
     raise ValueError("kernel root does not depend on its reduction")
 

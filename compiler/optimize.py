@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from dataclasses import dataclass, replace
 
 from compiler.lower import Axis, Plan, find_reduce, lower_kernel
 from compiler.schedule import Kernel, inlined
+from compiler.tensor import Tensor
 from compiler.target import LINE_BYTES, Target
 from compiler.rewrite import graph_rewrite, substitute
 from compiler.symbolic import linear_form, symbolic
@@ -115,6 +117,30 @@ def channels_last(kernels: list[Kernel], realized: set, keep: set) -> set[UOp]:
         if red is None and k.root in out:
             take(*(u for u in k.inputs if u.shape == k.root.shape))
     return out
+
+
+def pad_in_place(kernels: list[Kernel], realized: set, keep: set) -> list[Kernel]:
+    """A reduction whose only reader pads it (the padded input of a deep conv, realized by the
+    scheduler so the conv reads no bounds checks) stores straight into the padded tensor's
+    interior, after a kernel that fills the whole buffer with the pad value: a fill instead of
+    a copy, and no buffer for the unpadded tensor. `realized` loses the unpadded tensors.
+    `keep`: tensors whose buffers are fixed (graph outputs)."""
+    readers = Counter(u for k in kernels for u in k.inputs)
+    at = {k.root: i for i, k in enumerate(kernels)}
+    out: list[list[Kernel]] = [[k] for k in kernels]
+    for i, k in enumerate(kernels):
+        pad = k.root
+        src = pad.src[0] if pad.op is Ops.PAD else None
+        if src is None or k.inputs != [src] or src not in at or readers[src] != 1 \
+                or pad in keep or src in keep or find_reduce(src, realized) is None:
+            continue
+        j = at[src]
+        realized.discard(src)
+        fill = Tensor.full(pad.arg[1], pad.dtype, (pad.size,)).uop  # flat: whole vectors
+        out[j] = [Kernel(f"{kernels[j].name}_fill", fill, [], into=pad),
+                  Kernel(kernels[j].name, pad, kernels[j].inputs)]
+        out[i] = []
+    return [k for ks in out for k in ks]
 
 
 def _plain(full, rdims) -> Plan:
@@ -226,6 +252,9 @@ def plan_kernel(kernel: Kernel, realized: set, target: Target,
             # neighbouring output rows share their loads
             unroll.update({d: full[d] for d in rd})
         elif rd:
+            rd = _contiguous_last(ops, rd, full)
+            inner = iter(rd)
+            order = [next(inner) if d in rd else d for d in order]
             last = rd[-1]
             unroll[last] = full[last] if full[last] <= FULL_UNROLL else _factor(full[last], 4)
             lines = _line_split(ops, rd, full)
@@ -267,6 +296,20 @@ def _register_tile(full, vec: int, row: int | None, lanes: int, registers: int) 
         if score > best:
             best, best_tile = score, {vec: cols, **({row: rows} if rows > 1 else {})}
     return best_tile
+
+
+def _contiguous_last(ops: list[Operand], rdims: list[int], full) -> list[int]:
+    """Reduce dims, innermost last, with one that an activation reads contiguously and that fits
+    in a cache line moved innermost: each line read whole before the next. A stem conv over
+    3-channel channels-last input otherwise walks its 7 window columns innermost, 24 bytes
+    apart, and unrolls them (measured: 1.85 against 1.46 ms with the channels innermost).
+    Packed weights are read in loop order whatever it is, so they do not count."""
+    for o in ops:
+        short = [d for d in rdims if not o.packable and o.strides.get(d) == 1
+                 and full[d] * o.itemsize <= LINE_BYTES]
+        if short:
+            return [d for d in rdims if d != short[0]] + short[:1]
+    return rdims
 
 
 def _line_split(ops: list[Operand], rdims: list[int], full) -> dict[int, int]:

@@ -230,6 +230,9 @@ class Kernel:
     name: str
     root: UOp  # the tensor this kernel computes
     inputs: list[UOp]  # realized tensors / graph inputs / weights it reads, in parameter order
+    # the tensor whose buffer this kernel writes, when that is not its root: a fill of a padded
+    # tensor's border value, before the kernel computing that tensor writes its interior
+    into: UOp | None = None
 
 
 def schedule(outputs: list[UOp]) -> tuple[list[UOp], list[Kernel], set[UOp]]:

@@ -396,6 +396,58 @@ def test_a_lone_accumulator_splits_into_one_per_unrolled_part(monkeypatch):
     assert_close(keel_run(model, {"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)
 
 
+def test_a_stem_conv_reads_its_few_input_channels_innermost(monkeypatch):
+    # channels-last, a 3-channel pixel is 12 contiguous bytes: the channels are the innermost
+    # (unrolled) reduce loop, not the window columns 24 bytes apart
+    w = onnx.numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((64, 3, 7, 7)).astype(np.float32) * 0.1, "w")
+    node = onnx.helper.make_node
+    nodes = [node("Conv", ["x", "w"], ["c"], pads=[3] * 4, strides=[2, 2]), node("Relu", ["c"], ["h"]),
+             node("GlobalAveragePool", ["h"], ["y"])]
+    model = make_model(nodes, [("x", (1, 3, 32, 32), np.float32)], [("y", (1, 64, 1, 1), np.float32)], [w])
+    (_, _, plan, _), = [b for b in _built_kernels(monkeypatch, model, target="cpu-avx512")
+                        if len(b[2].reduce_dims) == 3]
+    reduce = [a for a in plan.axes if a.dim in plan.reduce_dims]
+    assert reduce[-1] == Axis(plan.full_shape.index(3), 3, "unroll"), plan.axes
+    x = np.random.default_rng(1).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    # fp32 sums of 147 terms in another order than MLAS, then a mean of 256
+    assert_close(keel_run(model, {"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)
+
+
+def _pad_fed_by(shared: bool) -> onnx.ModelProto:
+    """1x1 conv + relu, padded for a 3x3 conv over 64 channels (deep: the padded input is
+    realized); `shared`: the 1x1 result is also added to the 3x3 result."""
+    rng = np.random.default_rng(0)
+    ws = {"w1": (64, 32, 1, 1), "w3": (64, 64, 3, 3), "b1": (64,)}
+    weights = [onnx.numpy_helper.from_array(rng.standard_normal(s).astype(np.float32) * 0.1, n)
+               for n, s in ws.items()]
+    node = onnx.helper.make_node
+    nodes = [node("Relu", ["x"], ["r"]), node("Conv", ["r", "w1", "b1"], ["e"]), node("Relu", ["e"], ["h"]),
+             node("Conv", ["h", "w3"], ["c"], pads=[1] * 4), node("Relu", ["c"], ["g"])]
+    nodes += [node("Add", ["g", "h"], ["s"]), node("GlobalAveragePool", ["s"], ["y"])] if shared \
+        else [node("GlobalAveragePool", ["g"], ["y"])]
+    return make_model(nodes, [("x", (1, 32, 12, 12), np.float32)], [("y", (1, 64, 1, 1), np.float32)], weights)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_padded_reduction_is_stored_into_its_padded_buffer(shared):
+    # the 3x3 conv reads a padded copy of the 1x1 result; the 1x1 conv writes that copy's
+    # interior itself, after a fill of its border, instead of a buffer of its own and a copy
+    # kernel. A result read unpadded too keeps its own buffer and the copy
+    art = compile_model(_pad_fed_by(shared), target="cpu")
+    shape = {b.id: b.shape for b in art.buffers}
+    padded = [ln for ln in art.launches if shape[ln.args[0]] == (1, 64, 14, 14)]
+    fills = [ln for ln in art.launches if ln.kernel.endswith("_fill")]
+    if shared:
+        assert not fills and len(padded) == 1 and "_e_" in padded[0].kernel
+    else:
+        assert len(fills) == 1 and [ln.kernel for ln in padded] == [fills[0].kernel, fills[0].kernel[:-5]]
+    x = np.random.default_rng(1).standard_normal((1, 32, 12, 12)).astype(np.float32)
+    model = _pad_fed_by(shared)
+    # fp32 sums of 32 and 576 terms in another order than MLAS, then a mean of 144
+    assert_close(keel_run(model, {"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)
+
+
 def test_1x1_conv_pixels_merge_into_one_dim_of_whole_vectors(monkeypatch):
     # 28x28 pixels: a 28-wide row is not a whole number of 8-lane vectors, 784 pixels are
     rng = np.random.default_rng(0)
