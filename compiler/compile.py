@@ -20,7 +20,7 @@ from compiler.frontend import load_onnx
 from compiler.linearize import linearize
 from compiler.lower import lower_kernel
 from compiler.memory import plan as plan_memory
-from compiler.optimize import channels_last, merge_dims, pad_in_place, plan_kernel
+from compiler.optimize import channels_last, in_place, merge_dims, pad_in_place, plan_kernel
 from compiler.pack import pack_weights, prefetch_next_tiles
 from compiler.renderers import get_renderer
 from compiler.rewrite import graph_rewrite, substitute
@@ -66,9 +66,11 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
     with st("schedule"):
         outs, kernels, realized = schedule([u for _, u in graph.outputs])
         kernels = _copies_for_shared_outputs(outs, kernels)
-        if tgt.renderer == "c":
+        last = set()
+        if tgt.renderer == "c":  # CPU layouts and buffer reuse; GPU targets keep their buffers
             kernels = pad_in_place(kernels, realized, set(outs))
-        last = channels_last(kernels, realized, set(outs)) if tgt.renderer == "c" else set()
+            last = channels_last(kernels, realized, set(outs))
+            kernels = in_place(kernels, realized, last, set(outs))
     bufs = Buffers(graph.inputs, list(zip([n for n, _ in graph.outputs], outs)),
                    device_storage(tgt, float16, images), tgt.buffer_align)
     jobs: dict[tuple, tuple] = {}  # canonical kernel -> what build_kernel needs
@@ -114,7 +116,10 @@ def canonical(k: Kernel, layouts: list, last: set) -> tuple[tuple, Kernel]:
     stored: kernels that differ only in which buffers they touch share one program. Tensors in
     `last` are stored channels-last: read through a permute of their placeholder, written
     through a permute of the root."""
-    params = [UOp(Ops.INPUT, u.dtype, (), (f"param{j + 1}", _stored(u.shape, u in last)))
+    # a tensor the kernel overwrites in place (optimize.in_place) is read through the output
+    # pointer: one pointer per memory, so `restrict` on every parameter stays true
+    params = [UOp(Ops.INPUT, u.dtype, (), (f"param{0 if u is k.into else j + 1}",
+                                           _stored(u.shape, u in last)))
               for j, u in enumerate(k.inputs)]
     holes = {u: _permute(p, _order(len(u.shape), inverse=True)) if u in last else p
              for u, p in zip(k.inputs, params)}
@@ -189,7 +194,7 @@ def compile_jobs() -> int:
 def build_kernel(k: Kernel, param_dtypes: list, tgt: Target, packable: dict[int, int],
                  arena: set[int], st: Stages) -> tuple:
     """-> (name, linear uops, plan, {param: weight packing permutation})"""
-    params = {u: j + 1 for j, u in enumerate(k.inputs)}
+    params = {u: int(u.arg[0].removeprefix("param")) for u in k.inputs}
     with st("optimize"):
         if tgt.renderer == "c":
             k = merge_dims(k, params)
@@ -266,6 +271,7 @@ class Buffers:
         node = k.into or k.root
         if node not in self.node_buf:  # a padded tensor's buffer exists from its fill kernel on
             self.node_buf[node] = self._new("arena", 0, node).id
+        self.node_buf.setdefault(k.root, self.node_buf[node])
         return self.node_buf[node]
 
     def layout(self, u: UOp) -> tuple:

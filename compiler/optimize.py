@@ -26,7 +26,7 @@ from compiler.tensor import Tensor
 from compiler.target import LINE_BYTES, Target
 from compiler.rewrite import graph_rewrite, substitute
 from compiler.symbolic import linear_form, symbolic
-from compiler.uop import Ops, UOp
+from compiler.uop import ALU, Ops, UOp
 
 FULL_UNROLL = 8  # reduce dims up to this size disappear into straight-line code
 GATHER_LANES = 2  # what a vector of per-lane scalar loads is worth, in lanes
@@ -141,6 +141,45 @@ def pad_in_place(kernels: list[Kernel], realized: set, keep: set) -> list[Kernel
                   Kernel(kernels[j].name, pad, kernels[j].inputs)]
         out[i] = []
     return [k for ks in out for k in ks]
+
+
+def in_place(kernels: list[Kernel], realized: set, last: set, keep: set) -> list[Kernel]:
+    """A reduction whose epilogue adds a tensor at its own output position (a residual), as that
+    tensor's last reader, writes its result over it: each output line is read and written in
+    one visit instead of streaming a second tensor through the caches. Same shape, dtype and
+    layout, and only elementwise paths from the root to it, so every element is read before
+    the store that replaces it, by the thread that stores it."""
+    last_reader = {u: i for i, k in enumerate(kernels) for u in k.inputs}
+    out = []
+    for i, k in enumerate(kernels):
+        over = None
+        if k.into is None and k.root not in keep and find_reduce(k.root, realized) is not None:
+            over = next((r for r in k.inputs if last_reader[r] == i and r in realized and r not in keep
+                         and r.op not in (Ops.INPUT, Ops.WEIGHT) and r.shape == k.root.shape
+                         and r.dtype == k.root.dtype and (r in last) == (k.root in last)
+                         and _elementwise(k.root, r, realized)), None)
+        out.append(replace(k, into=over) if over is not None else k)
+    return out
+
+
+def _elementwise(root: UOp, r: UOp, realized: set) -> bool:
+    """Whether the kernel computing `root` reads `r` only along paths of ALU ops from the root,
+    so at its own output index: not inside its reduction, not through a view."""
+    stack, seen, found = [(root, True)], set(), False
+    while stack:
+        n, direct = stack.pop()
+        if (n, direct) in seen:
+            continue
+        seen.add((n, direct))
+        direct = direct and n.op in ALU
+        for s in n.src:
+            if s is r:
+                if not direct:
+                    return False
+                found = True
+            elif s not in realized:
+                stack.append((s, direct))
+    return found
 
 
 def _plain(full, rdims) -> Plan:

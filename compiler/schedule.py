@@ -230,8 +230,9 @@ class Kernel:
     name: str
     root: UOp  # the tensor this kernel computes
     inputs: list[UOp]  # realized tensors / graph inputs / weights it reads, in parameter order
-    # the tensor whose buffer this kernel writes, when that is not its root: a fill of a padded
-    # tensor's border value, before the kernel computing that tensor writes its interior
+    # the tensor whose buffer this kernel writes, when that is not its root: a padded tensor
+    # its fill kernel fills before the interior is computed (optimize.pad_in_place), or a
+    # residual the kernel overwrites in place (optimize.in_place)
     into: UOp | None = None
 
 

@@ -448,6 +448,37 @@ def test_a_padded_reduction_is_stored_into_its_padded_buffer(shared):
     assert_close(keel_run(model, {"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("conv_reads_it", [False, True])
+def test_a_residual_add_overwrites_its_residual_in_place(monkeypatch, conv_reads_it):
+    # a = relu(conv(x)) is read by the next conv and, last, by the residual add in the conv
+    # after it: that kernel writes its sum over a (one tensor streamed, not two), reading a
+    # through its own output pointer. A conv that itself reads a (every channel of a pixel per
+    # output) beside the add must not overwrite it
+    rng = np.random.default_rng(0)
+    weights = [onnx.numpy_helper.from_array(rng.standard_normal(s).astype(np.float32) * 0.1, n)
+               for n, s in {"w1": (64, 32, 1, 1), "w2": (64, 64, 1, 1), "w3": (64, 64, 1, 1)}.items()]
+    node = onnx.helper.make_node
+    nodes = [node("Conv", ["x", "w1"], ["c1"]), node("Relu", ["c1"], ["a"]),
+             node("Conv", ["a", "w2"], ["c2"]), node("Relu", ["c2"], ["b"]),
+             node("Conv", ["a" if conv_reads_it else "b", "w3"], ["c3"]), node("Add", ["c3", "a"], ["s"]),
+             node("Relu", ["s"], ["r"]), node("GlobalAveragePool", ["r"], ["y"])]
+    model = make_model(nodes, [("x", (1, 32, 12, 12), np.float32)], [("y", (1, 64, 1, 1), np.float32)], weights)
+    art = compile_model(model, target="cpu")
+    over = [ln for ln in art.launches if ln.args[0] in ln.args[1:]]
+    if conv_reads_it:
+        assert not over, [ln.args for ln in art.launches]
+    else:
+        assert len(over) == 1 and over[0] is art.launches[-2], [ln.args for ln in art.launches]
+        lins = {name: lin for name, lin, _, _ in _built_kernels(monkeypatch, model, target="cpu")}
+        assert any(u.op is Ops.LOAD and u.src[0].arg[0] == 0 for u in lins[over[0].kernel])
+    x = rng.standard_normal((1, 32, 12, 12)).astype(np.float32)
+    want = ort_run(model, {"x": x})["y"]
+    for threads in ("1", "2"):  # each thread reads the residual it overwrites
+        monkeypatch.setenv("KEEL_THREADS", threads)
+        # fp32 sums of 32 and 64 terms in another order than MLAS, then a mean of 144
+        assert_close(keel_run(model, {"x": x})["y"], want, rtol=1e-5, atol=1e-5, what=threads)
+
+
 def test_1x1_conv_pixels_merge_into_one_dim_of_whole_vectors(monkeypatch):
     # 28x28 pixels: a 28-wide row is not a whole number of 8-lane vectors, 784 pixels are
     rng = np.random.default_rng(0)
