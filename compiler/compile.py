@@ -269,7 +269,9 @@ class Buffers:
                     self.node_buf.setdefault(u, b.id)
                 return b.id
         node = k.into or k.root
-        if node not in self.node_buf:  # a padded tensor's buffer exists from its fill kernel on
+        # a padded tensor's buffer exists from its fill kernel on; one overwritten in place
+        # already has its own
+        if node not in self.node_buf:
             self.node_buf[node] = self._new("arena", 0, node).id
         self.node_buf.setdefault(k.root, self.node_buf[node])
         return self.node_buf[node]

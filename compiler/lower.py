@@ -185,8 +185,9 @@ def root_index(views: list[UOp], idx: tuple) -> tuple:
 
 def views_between(root: UOp, red: UOp) -> list[UOp]:
     """The views on a path from root down to red: reshapes in the epilogue, a permute on top that
-    stores in another layout, a pad on top whose interior the kernel writes. The scheduler only fuses epilogues whose paths all carry the same
-    views, so the first path found is the answer."""
+    stores in another layout, a pad on top whose interior the kernel writes. The scheduler only
+    fuses epilogues whose paths all carry the same views, so the first path found is the
+    answer."""
     stack, seen = [(root, [])], set()
     while stack:
         n, path = stack.pop()

@@ -150,15 +150,17 @@ def in_place(kernels: list[Kernel], realized: set, last: set, keep: set) -> list
     layout, and only elementwise paths from the root to it, so every element is read before
     the store that replaces it, by the thread that stores it."""
     last_reader = {u: i for i, k in enumerate(kernels) for u in k.inputs}
+
+    def over(i: int, k: Kernel, r: UOp) -> bool:
+        return (last_reader[r] == i and r in realized and r not in keep
+                and r.op not in (Ops.INPUT, Ops.WEIGHT) and r.shape == k.root.shape
+                and r.dtype == k.root.dtype and (r in last) == (k.root in last)
+                and _elementwise(k.root, r, realized))
     out = []
     for i, k in enumerate(kernels):
-        over = None
         if k.into is None and k.root not in keep and find_reduce(k.root, realized) is not None:
-            over = next((r for r in k.inputs if last_reader[r] == i and r in realized and r not in keep
-                         and r.op not in (Ops.INPUT, Ops.WEIGHT) and r.shape == k.root.shape
-                         and r.dtype == k.root.dtype and (r in last) == (k.root in last)
-                         and _elementwise(k.root, r, realized)), None)
-        out.append(replace(k, into=over) if over is not None else k)
+            k = replace(k, into=next((r for r in k.inputs if over(i, k, r)), None))
+        out.append(k)
     return out
 
 
@@ -430,7 +432,6 @@ def _nest(axes: list[Axis], vec_dim: int) -> list[Axis]:
     vector axis innermost so its lanes are consecutive stores."""
     rank = {"global": 0, "loop": 1, "reduce": 2, "upcast": 3, "unroll": 3}
     return sorted(axes, key=lambda a: (rank[a.kind], a.kind == "upcast" and a.dim == vec_dim))
-
 
 
 # ---- GPU targets ----------------------------------------------------------------------------
