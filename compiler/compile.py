@@ -261,7 +261,9 @@ class Buffers:
 
     def output_of(self, k: Kernel) -> int:
         for j, (name, u) in enumerate(self.pending_outputs):
-            if u is k.root:
+            # a kernel writing another tensor's buffer is never a graph output's writer, even
+            # when its root (hash-consed: a fill's constant) is the same node as an output
+            if u is k.root and k.into is None:
                 self.pending_outputs[j] = (name, None)
                 b = self._new("output", 0, u, name)
                 self.out_index[b.id] = j

@@ -448,6 +448,22 @@ def test_a_padded_reduction_is_stored_into_its_padded_buffer(shared):
     assert_close(keel_run(model, {"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)
 
 
+def test_a_fill_kernel_never_takes_an_equal_constant_graph_output():
+    # the fill of the padded 1x64x14x14 buffer is a flat constant of 12544 zeros, hash-consed to
+    # the very node of a zero graph output of that size: the fill must still write the padded
+    # buffer, and the output get its own kernel
+    model = _pad_fed_by(False)
+    model.graph.node.append(onnx.helper.make_node(
+        "ConstantOfShape", ["n"], ["z"], value=onnx.numpy_helper.from_array(np.zeros(1, np.float32))))
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.array([64 * 14 * 14], np.int64), "n"))
+    model.graph.output.append(onnx.helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [12544]))
+    x = np.random.default_rng(1).standard_normal((1, 32, 12, 12)).astype(np.float32)
+    got, want = keel_run(model, {"x": x}), ort_run(model, {"x": x})
+    assert np.array_equal(got["z"], want["z"])
+    # fp32 sums of 32 and 576 terms in another order than MLAS, then a mean of 144
+    assert_close(got["y"], want["y"], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("conv_reads_it", [False, True])
 def test_a_residual_add_overwrites_its_residual_in_place(monkeypatch, conv_reads_it):
     # a = relu(conv(x)) is read by the next conv and, last, by the residual add in the conv
