@@ -278,10 +278,14 @@ def plan_kernel(kernel: Kernel, realized: set, target: Target,
         # innermost other dim anyway, for independent accumulators and shared window loads
         others = [d for d in out_dims if d != vec]
         row = reuse[-1] if reuse else (others[-1] if others else None)
-        window = not reuse
+        window = not reuse and bool(others)
         width = _width(full[vec], lanes)
-        upcast.update(_register_tile(full, vec, row, width, target.registers))
-        order, blocks = _loop_order(order, out_dims, every, full, upcast, target)
+        # a window kernel's channels share no load: tiles wider than a vector only add
+        # accumulators, which spill under a long epilogue (swish)
+        upcast.update(_register_tile(full, vec, row, width, target.registers,
+                                     1 if window else MAX_VREGS))
+        order, blocks = _loop_order(order, out_dims, every, full, upcast, target,
+                                    store if window else None)
         vec_dim = vec
     elif red is not None and out_dims:
         inner = out_dims[-1]
@@ -322,13 +326,15 @@ def plan_kernel(kernel: Kernel, realized: set, target: Target,
     return Plan(tuple(full), tuple(rdims), tuple(_nest(axes, vec_dim)), lanes=lanes)
 
 
-def _register_tile(full, vec: int, row: int | None, lanes: int, registers: int) -> dict:
-    """Upcasts for a (rows x vector columns) accumulator tile: as many accumulators as the
-    register file holds beside the operands (4 registers: two vector loads, a broadcast, spare);
-    among equal counts, the squarest tile (fewest loads per FMA: one per column and per row)."""
+def _register_tile(full, vec: int, row: int | None, lanes: int, registers: int,
+                   max_vregs: int) -> dict:
+    """Upcasts for a (rows x vector columns) accumulator tile, at most `max_vregs` vectors
+    wide: as many accumulators as the register file holds beside the operands (4 registers: two
+    vector loads, a broadcast, spare); among equal counts, the squarest tile (fewest loads per
+    FMA: one per column and per row)."""
     budget = max(registers - 4, 1)
     best, best_tile = (0, 0), {vec: _factor(full[vec], lanes)}
-    for vregs in range(1, MAX_VREGS + 1):
+    for vregs in range(1, max_vregs + 1):
         cols = vregs * lanes
         if full[vec] % cols:
             continue
@@ -371,12 +377,18 @@ def _line_split(ops: list[Operand], rdims: list[int], full) -> dict[int, int]:
 
 
 def _loop_order(order: list[int], out_dims: list[int], ops: list[Operand], full, upcast,
-                target: Target) -> tuple[list[int], dict[int, int]]:
+                target: Target, window: Operand | None = None) -> tuple[list[int], dict[int, int]]:
     """The nest of output tile loops that streams the fewest bytes into L1 (see _traffic): an
     order of the tiled dims, and optionally one dim split in two with its outer (block) loop
     outermost, the classic cache block. Only nests whose outermost loop has enough trips to
     share among threads count, when there is one. `order` is the preference among equals (and
-    places the reduce dims). Returns the order and {dim: outer block count}."""
+    places the reduce dims). Returns the order and {dim: outer block count}.
+
+    A window kernel (`window`: its store) reuses nothing across tiles but its small weight and
+    the rows its windows overlap, which any order keeps in L1; it walks its output in memory
+    order instead, so every stream is sequential for the prefetchers. Measured on a 3x3
+    depthwise conv over 144 channels-last channels at 56x56: 242 us rows then pixels then
+    channels, 285 us with channels between, 293 us in channel strips."""
     trips = {d: t for d in out_dims if (t := full[d] // upcast.get(d, 1)) > 1}
     tiled = [d for d in order if d in trips]
     perms = list(itertools.permutations(tiled))
@@ -384,8 +396,13 @@ def _loop_order(order: list[int], out_dims: list[int], ops: list[Operand], full,
     nests += [[(b, trips[b] // inner)] + [(d, inner if d == b else trips[d]) for d in p]
               for p in perms for b in p for inner in range(2, min(trips[b], BLOCK_TILES + 1))
               if trips[b] % inner == 0]
+    if window is not None:
+        nests = nests[:len(perms)]  # no cache blocks
     ok = [n for n in nests if n and n[0][1] >= MIN_OUTER_TRIPS] or nests
-    best = min(ok, key=lambda n: _traffic(ops, n, full, upcast, target), default=[])
+    if window is not None:
+        best = min(ok, key=lambda n: [-(window.strides.get(d) or 0) for d, _ in n], default=[])
+    else:
+        best = min(ok, key=lambda n: _traffic(ops, n, full, upcast, target), default=[])
     blocks = {best[0][0]: best[0][1]} if len(best) > len(tiled) else {}
     rest = iter(d for d, _ in best[len(blocks):])
     return [next(rest) if d in trips else d for d in order], blocks

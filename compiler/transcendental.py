@@ -6,15 +6,20 @@ term is below the type's epsilon on the reduced interval (bounds are in each doc
 """
 from __future__ import annotations
 
+import decimal
+import functools
 import math
+from decimal import Decimal
+
+import numpy as np
 
 from compiler.dtypes import dtypes
 from compiler.rewrite import PatternMatcher, UPat
 from compiler.uop import ALU, Ops, UOp
 
 FLOATS = (dtypes.float32, dtypes.float64)
-F = {dtypes.float32: dict(int=dtypes.int32, mant=23, bias=127),
-     dtypes.float64: dict(int=dtypes.int64, mant=52, bias=1023)}
+F = {dtypes.float32: dict(int=dtypes.int32, uint=dtypes.uint32, mant=23, bias=127),
+     dtypes.float64: dict(int=dtypes.int64, uint=dtypes.uint64, mant=52, bias=1023)}
 
 
 def _c(v, like: UOp) -> UOp:
@@ -29,66 +34,74 @@ def _poly(x: UOp, coeffs) -> UOp:
     return acc
 
 
-def _pow2i(n: UOp, dt) -> UOp:
-    """2**n for an integer-valued n in the normal exponent range, built from its bits."""
-    f = F[dt]
-    bits = (n + f["bias"]).alu(Ops.SHL, UOp.const(f["mant"], f["int"]))
-    return UOp(Ops.BITCAST, dt, (bits,))
-
-
-def _rint(x: UOp, bounded: bool = False) -> UOp:
+def _rint(x: UOp) -> UOp:
     """Round to nearest even by adding and subtracting 1.5 * 2^mantissa: the add rounds away the
     fraction (2 ops). Exact for |x| < 2^(mantissa-1); larger floats are already integers, which
-    `bounded=False` selects back."""
+    the select keeps."""
     magic = _c(1.5 * 2.0 ** F[x.dtype]["mant"], x)
     r = (x + magic) - magic
-    if bounded:
-        return r
     return x.maximum(-x).lt(_c(2.0 ** (F[x.dtype]["mant"] - 1), x)).where(r, x)
 
 
-def _clamp(x: UOp, lo: float, hi: float) -> UOp:
-    """Compare-and-select clamp: a NaN fails both compares and passes through unchanged."""
-    x = x.lt(_c(lo, x)).where(_c(lo, x), x)
-    return _c(hi, x).lt(x).where(_c(hi, x), x)
+@functools.cache
+def _normal_range(dt, ln: bool) -> tuple[float, float]:
+    """[lo, hi]: the `dt` values x whose e^x (2^x unless `ln`) is a normal float. The edges are
+    found in 40-digit decimal and stepped inwards, so no rounding carries one across."""
+    info = np.finfo(dt.np)
+    with decimal.localcontext() as ctx:
+        ctx.prec = 40
+        scale = 1 if ln else Decimal(2).ln()
+        edges = [Decimal(float(v)).ln() / scale for v in (info.tiny, info.max)]
+
+    def inward(edge: Decimal, way: int) -> float:
+        v = dt.np.type(float(edge))
+        return float(v if way * (Decimal(float(v)) - edge) >= 0 else
+                     np.nextafter(v, dt.np.type(way * np.inf)))
+    return inward(edges[0], 1), inward(edges[1], -1)
 
 
-def exp2(x: UOp) -> UOp:
-    """2^x = 2^n * 2^f, n = rint(x), |f| <= 1/2: Taylor of e^(f ln2); first omitted term
-    (0.347^8/8! = 5e-9 for float32 at degree 7, 0.347^14/14! = 4e-18 for float64 at 13)."""
-    dt, it = x.dtype, F[x.dtype]["int"]
-    deg = 7 if dt is dtypes.float32 else 13
-    lim = 152.0 if dt is dtypes.float32 else 1077.0
-    xc = _clamp(x, -lim, lim)
-    nf = _rint(xc, bounded=True)
-    f = (xc - nf) * math.log(2)
-    p = _poly(f, [1 / math.factorial(k) for k in range(deg, -1, -1)])
-    n = nf.cast(it)
-    half = n.alu(Ops.SHR, UOp.const(1, it))  # two steps so 2^n for subnormal n still works
-    out = p * _pow2i(half, dt) * _pow2i(n - half, dt)
-    return x.ne(x).where(x, out)
-
-
-# Cody-Waite split of ln 2: n * hi is exact for the n a float exponent can reach
+# n ln 2 with ln 2 split in two (Cody-Waite): n * hi is exact for every n an exponent can reach
 LN2_SPLIT = {dtypes.float32: (0.693359375, -2.12194440e-4),
              dtypes.float64: (6.93147180369123816490e-01, 1.90821492927058770002e-10)}
 
 
+def _exp(x: UOp, ln: bool) -> UOp:
+    """e^x (2^x unless `ln`) = 2^n * e^r, n = rint(x / ln 2), |r| <= ln2 / 2: Taylor of e^r to
+    degree 7 for float32 (first omitted term 0.347^8/8! = 5e-9), 13 for float64 (4e-18).
+    For e^x, r = x - n ln2 with the split ln 2, so r keeps full precision (x * log2e would lose
+    ~1e-6 relative at |x| ~ 20). 2^n is added straight into e^r's exponent bits, which is right
+    for every x whose result is normal; outside that range the result is inf above, and 0 below:
+    subnormal results flush to zero, an absolute error under the smallest normal float (as on
+    GPUs and in flush-to-zero SIMD code)."""
+    dt, f = x.dtype, F[x.dtype]
+    lo, hi = _normal_range(dt, ln)
+    # x outside [lo, hi] computes garbage below, then is selected away: only bit casts, no
+    # float-to-int conversion that could overflow, so no clamp is needed
+    under, over = x.lt(_c(lo, x)), _c(hi, x).lt(x)
+    # rint by adding 1.5 * 2^mantissa: n lands in t's low mantissa bits
+    magic = _c(1.5 * 2.0 ** f["mant"], x)
+    t = x * (1 / math.log(2) if ln else 1.0) + magic
+    nf = t - magic
+    if ln:
+        ln2_hi, ln2_lo = LN2_SPLIT[dt]
+        r = (x - nf * ln2_hi) - nf * ln2_lo
+    else:
+        r = (x - nf) * math.log(2)
+    p = _poly(r, [1 / math.factorial(k) for k in range(7 if dt is dtypes.float32 else 13, -1, -1)])
+    # unsigned: t's bits shifted left leave n * 2^mantissa modulo the word, negative n included
+    u = f["uint"]
+    shift = UOp.const(f["mant"], u)
+    bits = UOp(Ops.BITCAST, u, (p,)) + UOp(Ops.BITCAST, u, (t,)).alu(Ops.SHL, shift)
+    out = over.where(_c(math.inf, x), under.where(_c(0, x), UOp(Ops.BITCAST, dt, (bits,))))
+    return x.ne(x).where(x, out)  # a NaN's payload bits would shift into the exponent
+
+
+def exp2(x: UOp) -> UOp:
+    return _exp(x, ln=False)
+
+
 def exp(x: UOp) -> UOp:
-    """e^x = 2^n * e^r, n = rint(x / ln2), r = x - n ln2 (|r| <= 0.347) with ln2 split in two so
-    r keeps full precision (exp2(x * log2e) would lose ~1e-6 relative at |x| ~ 20)."""
-    dt, it = x.dtype, F[x.dtype]["int"]
-    deg = 7 if dt is dtypes.float32 else 13
-    lim = 105.0 if dt is dtypes.float32 else 746.0
-    xc = _clamp(x, -lim, lim)
-    nf = _rint(xc * (1 / math.log(2)), bounded=True)
-    hi, lo = LN2_SPLIT[dt]
-    r = (xc - nf * hi) - nf * lo
-    p = _poly(r, [1 / math.factorial(k) for k in range(deg, -1, -1)])
-    n = nf.cast(it)
-    half = n.alu(Ops.SHR, UOp.const(1, it))
-    out = p * _pow2i(half, dt) * _pow2i(n - half, dt)
-    return x.ne(x).where(x, out)
+    return _exp(x, ln=True)
 
 
 def log2(x: UOp) -> UOp:
