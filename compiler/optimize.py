@@ -393,16 +393,15 @@ def _loop_order(order: list[int], out_dims: list[int], ops: list[Operand], full,
     tiled = [d for d in order if d in trips]
     perms = list(itertools.permutations(tiled))
     nests = [[(d, trips[d]) for d in p] for p in perms]
-    nests += [[(b, trips[b] // inner)] + [(d, inner if d == b else trips[d]) for d in p]
-              for p in perms for b in p for inner in range(2, min(trips[b], BLOCK_TILES + 1))
-              if trips[b] % inner == 0]
-    if window is not None:
-        nests = nests[:len(perms)]  # no cache blocks
+    if window is None:
+        nests += [[(b, trips[b] // inner)] + [(d, inner if d == b else trips[d]) for d in p]
+                  for p in perms for b in p for inner in range(2, min(trips[b], BLOCK_TILES + 1))
+                  if trips[b] % inner == 0]
     ok = [n for n in nests if n and n[0][1] >= MIN_OUTER_TRIPS] or nests
-    if window is not None:
-        best = min(ok, key=lambda n: [-(window.strides.get(d) or 0) for d, _ in n], default=[])
-    else:
+    if window is None:
         best = min(ok, key=lambda n: _traffic(ops, n, full, upcast, target), default=[])
+    else:  # memory order: the store's strides, descending
+        best = min(ok, key=lambda n: [-(window.strides.get(d) or 0) for d, _ in n], default=[])
     blocks = {best[0][0]: best[0][1]} if len(best) > len(tiled) else {}
     rest = iter(d for d, _ in best[len(blocks):])
     return [next(rest) if d in trips else d for d in order], blocks

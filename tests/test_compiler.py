@@ -438,6 +438,28 @@ def test_a_stem_conv_reads_its_few_input_channels_innermost(monkeypatch):
     assert_close(keel_run(model, {"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)
 
 
+def test_a_depthwise_conv_tiles_one_vector_and_walks_its_output_in_memory_order(monkeypatch):
+    # channels-last 3x3 depthwise with swish: 64 channels would fill a 4-vector tile, but its
+    # channels share no load; and its loops go rows, pixels, channels, as its output lies
+    c, hw = 64, 16
+    w = onnx.numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((c, 1, 3, 3)).astype(np.float32), "w")
+    node = onnx.helper.make_node
+    nodes = [node("Relu", ["x"], ["r"]), node("Conv", ["r", "w"], ["c"], pads=[1] * 4, group=c),
+             node("Sigmoid", ["c"], ["s"]), node("Mul", ["c", "s"], ["h"]),
+             node("GlobalAveragePool", ["h"], ["y"])]
+    model = make_model(nodes, [("x", (1, c, hw, hw), np.float32)], [("y", (1, c, 1, 1), np.float32)],
+                       [w])
+    (_, _, plan, _), = [b for b in _built_kernels(monkeypatch, model, target="cpu-avx512")
+                        if len(b[2].full_shape) == 5]
+    assert plan.full_shape == (c, hw, hw, 3, 3), plan
+    assert Axis(0, 16, "upcast") in plan.axes, plan.axes  # one 16-lane vector of channels
+    assert [a.dim for a in plan.axes if a.kind == "loop"] == [1, 2, 0], plan.axes
+    x = np.random.default_rng(1).standard_normal((1, c, hw, hw)).astype(np.float32)
+    # 9-term fp32 sums, a polynomial sigmoid (~2 ulp), then a mean of 256
+    assert_close(keel_run(model, {"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-6)
+
+
 def _pad_fed_by(shared: bool) -> onnx.ModelProto:
     """1x1 conv + relu, padded for a 3x3 conv over 64 channels (deep: the padded input is
     realized); `shared`: the 1x1 result is also added to the 3x3 result."""

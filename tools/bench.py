@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import os
 import platform
 import statistics
@@ -82,19 +83,23 @@ def peak_lib(target: str):
     return lib
 
 
-def measure_peak(target: str, threads: int, iters: int = 20_000_000) -> float:
-    """GFLOP/s of `threads` threads each running independent vector FMA chains."""
+def measure_peak(target: str, threads: int, iters: int = 20_000_000, tries: int = 3) -> float:
+    """GFLOP/s of `threads` threads each running independent vector FMA chains: the best of
+    `tries`, as a peak should be (one try on a shared VM once read 2-thread peak at 70%)."""
     tgt, lib = get_target(target), peak_lib(target)
     lib.keel_peak(1000, 0.999)  # warm up clocks and page in the code
-    workers = [threading.Thread(target=lib.keel_peak, args=(iters, 0.999)) for _ in range(threads)]
-    t = time.perf_counter()
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    secs = time.perf_counter() - t
+    best = math.inf
+    for _ in range(tries):
+        workers = [threading.Thread(target=lib.keel_peak, args=(iters, 0.999))
+                   for _ in range(threads)]
+        t = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        best = min(best, time.perf_counter() - t)
     flops = threads * iters * PEAK_CHAINS * (tgt.vector_bytes // 4) * 2
-    return flops / secs / 1e9
+    return flops / best / 1e9
 
 
 def feeds_for(inputs: dict, seed: int = 0) -> dict:
