@@ -34,11 +34,16 @@ def _poly(x: UOp, coeffs) -> UOp:
     return acc
 
 
+def _magic(x: UOp) -> UOp:
+    """1.5 * 2^mantissa: adding it to |v| < 2^(mantissa-1) rounds away v's fraction (to nearest
+    even) and leaves rint(v) in the sum's low mantissa bits."""
+    return _c(1.5 * 2.0 ** F[x.dtype]["mant"], x)
+
+
 def _rint(x: UOp) -> UOp:
-    """Round to nearest even by adding and subtracting 1.5 * 2^mantissa: the add rounds away the
-    fraction (2 ops). Exact for |x| < 2^(mantissa-1); larger floats are already integers, which
-    the select keeps."""
-    magic = _c(1.5 * 2.0 ** F[x.dtype]["mant"], x)
+    """Round to nearest even by adding and subtracting the magic constant (2 ops). Exact for
+    |x| < 2^(mantissa-1); larger floats are already integers, which the select keeps."""
+    magic = _magic(x)
     r = (x + magic) - magic
     return x.maximum(-x).lt(_c(2.0 ** (F[x.dtype]["mant"] - 1), x)).where(r, x)
 
@@ -78,8 +83,8 @@ def _exp(x: UOp, ln: bool) -> UOp:
     # x outside [lo, hi] computes garbage below, then is selected away: only bit casts, no
     # float-to-int conversion that could overflow, so no clamp is needed
     under, over = x.lt(_c(lo, x)), _c(hi, x).lt(x)
-    # rint by adding 1.5 * 2^mantissa: n lands in t's low mantissa bits
-    magic = _c(1.5 * 2.0 ** f["mant"], x)
+    # rint by the magic constant: n lands in t's low mantissa bits
+    magic = _magic(x)
     t = x * (1 / math.log(2) if ln else 1.0) + magic
     nf = t - magic
     if ln:
