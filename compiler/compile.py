@@ -62,7 +62,7 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
     """images: GPU targets only, read eligible buffers as 2D images (None: the target's default)."""
     st, tgt = stages or Stages(), get_target(target)
     with st("frontend"):
-        graph = load_onnx(model, input_shapes or {}, float16=float16)
+        graph = load_onnx(model, input_shapes or {}, float16=float16, winograd=tgt.renderer == "c")
     with st("schedule"):
         outs, kernels, realized = schedule([u for _, u in graph.outputs])
         kernels = _copies_for_shared_outputs(outs, kernels)

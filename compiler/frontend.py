@@ -5,7 +5,7 @@ the graph: inputs and their static shapes, initializers, dtype mapping, unsuppor
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import onnx
@@ -48,8 +48,9 @@ class Graph:
 class Ctx:
     """What an op implementation may ask about its node."""
     opset: int
-    node: onnx.NodeProto
+    node: onnx.NodeProto | None = None
     float16: bool = False
+    winograd: bool = False  # 3x3 convs may use Winograd's algorithm (CPU targets)
 
     def static(self, t: Tensor | None, what: str) -> np.ndarray:
         """A compile-time value (shape vectors, pads, axes...): its weight-only subgraph,
@@ -64,6 +65,13 @@ class Ctx:
             raise StaticInputError(f"{self.where()}: input {what} must be known at compile time "
                                    f"(a constant or computed from shapes), but it depends on "
                                    f"graph input(s) {graph_inputs}", graph_inputs)
+        return evaluate(t.uop)
+
+    def constant(self, t: Tensor) -> np.ndarray | None:
+        """t's value if it is computed from constants alone (a weight, maybe cast), else None."""
+        from compiler.interp import evaluate
+        if any(n.op is Ops.INPUT for n in t.uop.toposort()):
+            return None
         return evaluate(t.uop)
 
     def where(self) -> str:
@@ -140,7 +148,7 @@ def _all_nodes(graph: onnx.GraphProto):
         yield n
 
 
-def load_onnx(model, input_shapes: dict, float16: bool = False) -> Graph:
+def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool = False) -> Graph:
     proto = _load_proto(model)
     opset = _opset(proto)
     if not MIN_OPSET <= opset <= MAX_OPSET + 7:  # newer opsets are accepted op by op
@@ -166,7 +174,7 @@ def load_onnx(model, input_shapes: dict, float16: bool = False) -> Graph:
         vals[vi.name] = t
         inputs.append((vi.name, t.uop))
     functions = {(f.domain, f.name): f for f in proto.functions}
-    _build(proto.graph.node, vals, opset, float16, functions)
+    _build(proto.graph.node, vals, Ctx(opset, float16=float16, winograd=winograd), functions)
     outputs = []
     for vi in proto.graph.output:
         if vals.get(vi.name) is None:
@@ -176,11 +184,12 @@ def load_onnx(model, input_shapes: dict, float16: bool = False) -> Graph:
     return Graph(inputs, outputs, {"opset": opset, "metadata": meta} if meta else {"opset": opset})
 
 
-def _build(nodes, vals: dict, opset: int, float16: bool, functions: dict) -> None:
-    """Build `nodes` in order, reading and writing tensors by name in `vals`."""
+def _build(nodes, vals: dict, base: Ctx, functions: dict) -> None:
+    """Build `nodes` in order, reading and writing tensors by name in `vals`. `base`: the
+    options every node's Ctx shares."""
     from compiler.onnx_ops import OPS
     for node in nodes:
-        ctx = Ctx(opset, node, float16)
+        ctx = replace(base, node=node)
         args = [vals.get(n) if n else None for n in node.input]
         missing = [n for n in node.input if n and n not in vals]
         if missing:
@@ -222,7 +231,7 @@ def _expand_function(ctx: Ctx, args: list, local, functions: dict) -> list:
     env.update({formal: t for formal, t in zip(fn.input, args)})
     opset = next((o.version for o in fn.opset_import if o.domain in ("", "ai.onnx")), ctx.opset)
     try:
-        _build(body, env, opset, ctx.float16, functions)
+        _build(body, env, replace(ctx, opset=opset), functions)
     except StaticInputError as e:
         raise StaticInputError(f"{ctx.where()}, expanded from its ONNX function: {e}",
                                e.inputs) from None

@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 
+from compiler import winograd
 from compiler.dtypes import dtypes
 from compiler.errors import CompileError
 from compiler.frontend import Ctx, onnx_dtype
@@ -419,7 +420,13 @@ def _conv(ctx, i, a):
     x, w = i[0], i[1]
     ks = tuple(w.shape[2:])
     strides, dil, pads = _window_attrs(a, x, ks)
-    y = contract(lambda x, w: x.conv(w, strides, dil, pads, a.get("group", 1)), x, w)
+    group = a.get("group", 1)
+    if ctx.winograd and x.dtype is dtypes.float32 \
+            and winograd.eligible(x.shape, w.shape, strides, dil, group) \
+            and (value := ctx.constant(w)) is not None:
+        y = winograd.conv(x, Tensor.weight(winograd.weights(value)), pads)
+    else:
+        y = contract(lambda x, w: x.conv(w, strides, dil, pads, group), x, w)
     if len(i) > 2 and i[2] is not None:
         y = y + _bshape(i[2], y)
     return y

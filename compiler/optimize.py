@@ -111,7 +111,9 @@ def channels_last(kernels: list[Kernel], realized: set, keep: set) -> set[UOp]:
                 src = n.src[0]
                 while src not in realized and src.op in (Ops.PAD, Ops.RESHAPE, Ops.PERMUTE):
                     src = src.src[0]
-                take(src, k.root)
+                take(src)
+                if k.root.shape[2:] == n.shape[2:4]:  # a conv's or pool's own output
+                    take(k.root)
     # and what feeds an elementwise kernel that stores channels-last
     for k, red in reversed(list(zip(kernels, reds))):
         if red is None and k.root in out:
@@ -419,7 +421,11 @@ def _traffic(ops: list[Operand], loops, full, upcast, target: Target) -> float:
     # bytes of each operand that one register tile reads, over its whole reduction and all of
     # every output dim that is not register-tiled: an upper bound, so the model does not bet on
     # tight fits (measured: exact working sets picked a stem-conv nest that thrashed L1, 2x slower)
-    ws = [min(o.nbytes, o.itemsize * math.prod(upcast.get(d, 1) if d in upcast else full[d]
+    # A dim that every operand depends on (a batch: Winograd's 16 products) partitions them all,
+    # so one tile touches one index of it.
+    batch = {d for d in range(len(full)) if all(depends(o, d) for o in ops)}
+    ws = [min(o.nbytes, o.itemsize * math.prod(upcast.get(d, 1) if d in upcast or d in batch
+                                               else full[d]
                                                for d in range(len(full)) if depends(o, d)))
           for o in ops]
     cost = 0.0  # bytes re-read within one trip of the loops walked so far
