@@ -422,9 +422,9 @@ def _conv(ctx, i, a):
     strides, dil, pads = _window_attrs(a, x, ks)
     group = a.get("group", 1)
     if ctx.winograd and x.dtype is dtypes.float32 \
-            and winograd.eligible(x.shape, w.shape, strides, dil, group) \
+            and winograd.eligible(x.shape, w.shape, strides, dil, pads, group) \
             and (value := ctx.constant(w)) is not None:
-        y = winograd.conv(x, Tensor.weight(winograd.weights(value)), pads)
+        y = winograd.conv(x, value, pads)
     else:
         y = contract(lambda x, w: x.conv(w, strides, dil, pads, group), x, w)
     if len(i) > 2 and i[2] is not None:

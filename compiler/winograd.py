@@ -9,8 +9,9 @@ where t indexes the 16 points of the transformed tile, p the tiles and o a tile'
 U = G w G^T is computed at compile time, in float64. All three are plain reductions, so they
 take the optimizer's usual plans, and the output transform takes the conv's epilogue (bias,
 activation, residual). The transforms' matrices hold only 0, +-1 and +-1/2 (G, folded into
-U), so rounding stays that of a direct conv: each output is still a sum of products of the
-same inputs and weights, regrouped (measured: the same max error against onnxruntime).
+U), so rounding stays close to a direct conv's: each output is still a sum of products of the
+same inputs and weights, regrouped. Measured against float64: at most 1.9x onnxruntime's own
+max error (256 channels at 14x14: 1.1e-5 against 6.1e-6, on outputs up to 20).
 """
 from __future__ import annotations
 
@@ -28,28 +29,34 @@ MIN_TILES = 32
 MIN_CHANNELS = 32  # narrower convs are cheap either way, and their matmuls fill few vectors
 
 
-def eligible(x_shape, w_shape, strides, dilations, groups: int) -> bool:
+def eligible(x_shape, w_shape, strides, dilations, pads, groups: int) -> bool:
     if len(w_shape) != 4 or tuple(w_shape[2:]) != (3, 3) or groups != 1:
         return False
     if tuple(strides) != (1, 1) or tuple(dilations) != (1, 1):
         return False
-    tiles = x_shape[0] * -(-x_shape[2] // 2) * -(-x_shape[3] // 2)  # about; pads add a few
-    return min(w_shape[0], w_shape[1]) >= MIN_CHANNELS and tiles >= MIN_TILES
+    _, _, ty, tx = _tiles(x_shape, pads)
+    return min(w_shape[0], w_shape[1]) >= MIN_CHANNELS and x_shape[0] * ty * tx >= MIN_TILES
 
 
-def weights(w: np.ndarray) -> np.ndarray:
-    """U[t, k, c] for a (K, C, 3, 3) weight."""
-    u = np.einsum("xa,yb,kcab->xykc", G, G, w.astype(np.float64))
-    return u.reshape(16, *w.shape[:2]).astype(np.float32)
-
-
-def conv(x: Tensor, u: Tensor, pads) -> Tensor:
-    """x: (N, C, H, W); u: weights(w); pads: ((top, bottom), (left, right))."""
-    n, c, h, wd = x.shape
-    k = u.shape[1]
+def _tiles(x_shape, pads) -> tuple[int, int, int, int]:
+    """The output's height and width, and how many 2x2 tiles cover each."""
     (top, bottom), (left, right) = pads
-    oh, ow = h + top + bottom - 2, wd + left + right - 2
-    ty, tx = -(-oh // 2), -(-ow // 2)
+    oh, ow = x_shape[2] + top + bottom - 2, x_shape[3] + left + right - 2
+    return oh, ow, -(-oh // 2), -(-ow // 2)
+
+
+def _weights(w: np.ndarray) -> Tensor:
+    """U[t, k, c] = (G w G^T)[k, c] for a (K, C, 3, 3) weight, as a (16, K, C) constant."""
+    u = np.einsum("xa,yb,kcab->xykc", G, G, w.astype(np.float64))
+    return Tensor.weight(u.reshape(16, *w.shape[:2]).astype(np.float32))
+
+
+def conv(x: Tensor, w: np.ndarray, pads) -> Tensor:
+    """x: (N, C, H, W); w: the (K, C, 3, 3) weight's value; pads: ((top, bottom), (left, right))."""
+    n, c, h, wd = x.shape
+    k, u = w.shape[0], _weights(w)
+    (top, _), (left, _) = pads
+    oh, ow, ty, tx = _tiles(x.shape, pads)
     p = n * ty * tx
     x = x.pad(((0, 0), (0, 0), (top, 2 * ty + 2 - h - top), (left, 2 * tx + 2 - wd - left)))
     d = x.window((4, 4), (2, 2), (1, 1)).permute((0, 2, 3, 1, 4, 5)).reshape((1, p, c, 16))

@@ -6,7 +6,9 @@
 For each model and thread count it times keel (`Model.run` with inputs in place and preallocated
 outputs) and onnxruntime (`intra_op_num_threads` = the same count, default optimizations) in
 alternating blocks of runs, so both see the same machine load, and reports medians. GFLOP counts Conv,
-MatMul and Gemm multiply-adds (models/flops.py); % of peak is against this machine's measured
+MatMul and Gemm multiply-adds (models/flops.py) as a direct conv does them: nominal, since keel's
+Winograd convs do fewer, so a model with them can show a rate no kernel reaches (the same count
+serves both columns, so the ratio is unaffected); % of peak is against this machine's measured
 FMA throughput per thread (a register-only microbenchmark built with keel's own toolchain).
 The default target is the widest this host runs (cpu-avx512 where /proc/cpuinfo lists AVX-512),
 because onnxruntime dispatches on the host's widest vectors too.
