@@ -607,3 +607,18 @@ def test_convs_winograd_does_not_pay_for_stay_direct(shape, strides, group):
     x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
     # direct convs: sums of up to 576 terms in another order than MLAS
     assert_close(keel_run(model, {"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_a_conv_whose_weight_is_an_input_stays_direct():
+    # the transformed weight is computed at compile time, so a weight known only at run time
+    # keeps the direct conv (eligible otherwise: 64 channels, 64 tiles)
+    node = onnx.helper.make_node
+    model = make_model([node("Conv", ["x", "w"], ["y"], pads=[1] * 4)],
+                       [("x", (1, 64, 16, 16), np.float32), ("w", (64, 64, 3, 3), np.float32)],
+                       [("y", (1, 64, 16, 16), np.float32)], [])
+    assert not _winograd_planes(compile_model(model, target="cpu"))
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((1, 64, 16, 16)).astype(np.float32),
+             "w": (rng.standard_normal((64, 64, 3, 3)) * 0.1).astype(np.float32)}
+    # sums of 576 terms in another order than MLAS, on outputs up to about 10
+    assert_close(keel_run(model, feeds)["y"], ort_run(model, feeds)["y"], rtol=1e-5, atol=1e-5)
