@@ -55,22 +55,21 @@ class Ctx:
     def static(self, t: Tensor | None, what: str) -> np.ndarray:
         """A compile-time value (shape vectors, pads, axes...): its weight-only subgraph,
         evaluated."""
-        from compiler.interp import evaluate
-        from compiler.schedule import static
         if t is None:
             raise CompileError(f"{self.where()}: input {what} is required")
-        graph_inputs = [] if static(t.uop) else \
-            sorted({n.arg[0] for n in t.uop.toposort() if n.op is Ops.INPUT})
-        if graph_inputs:
+        value = self.constant(t)
+        if value is None:
+            graph_inputs = sorted({n.arg[0] for n in t.uop.toposort() if n.op is Ops.INPUT})
             raise StaticInputError(f"{self.where()}: input {what} must be known at compile time "
                                    f"(a constant or computed from shapes), but it depends on "
                                    f"graph input(s) {graph_inputs}", graph_inputs)
-        return evaluate(t.uop)
+        return value
 
     def constant(self, t: Tensor) -> np.ndarray | None:
         """t's value if it is computed from constants alone (a weight, maybe cast), else None."""
         from compiler.interp import evaluate
-        if any(n.op is Ops.INPUT for n in t.uop.toposort()):
+        from compiler.schedule import static
+        if not static(t.uop) and any(n.op is Ops.INPUT for n in t.uop.toposort()):
             return None
         return evaluate(t.uop)
 
