@@ -145,7 +145,7 @@ def keel_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray], target: str =
     """Compile, write the blob, load it with the runner and run: the whole user path."""
     # Imported here so these helpers (and ORT-only tests) work without a compiler or runner.
     from compiler.blob import write_blob
-    from compiler.compile import compile_model
+    from compiler.pipeline import compile_model
     from runner import Model
 
     artifact = compile_model(model, target=target, **compile_kwargs)

@@ -13,13 +13,13 @@ import numpy as np
 import onnx
 import pytest
 
-from compiler.compile import compile_model
-from compiler.dtypes import dtypes
+from compiler.pipeline import compile_model
+from compiler.ir.dtypes import dtypes
 from compiler.errors import CompileError
-from compiler.lower import Axis, iconst
-from compiler.rewrite import PatternMatcher, UPat, graph_rewrite
-from compiler.symbolic import symbolic
-from compiler.uop import Ops, UOp
+from compiler.codegen.lower import Axis, iconst
+from compiler.ir.rewrite import PatternMatcher, UPat, graph_rewrite
+from compiler.ir.symbolic import symbolic
+from compiler.ir.uop import Ops, UOp
 from tests.graphs import assert_close, keel_run, make_model, ort_run, single_node_model
 
 IDX = dtypes.index
@@ -227,7 +227,7 @@ def test_cli_rejects_malformed_onnx_with_exit_2_and_no_traceback(tmp_path):
 def test_vector_load_with_per_lane_gates_never_loads_when_no_lane_is_valid():
     # lanes whose gates share no conjunct: the vector load itself must stay gated (by "some lane
     # is valid"), or it would read at an address no lane may touch
-    from compiler.vectorize import Zipper
+    from compiler.codegen.vectorize import Zipper
     p = UOp(Ops.PARAM, dtypes.float32, (), (1, dtypes.float32))
     r = rng_var(0, 64)
     lanes = tuple(UOp(Ops.LOAD, dtypes.float32, (p, r * 4 + k, (r + k).lt(60)))
@@ -257,7 +257,7 @@ def test_conv_weight_lanes_are_packed_side_by_side(monkeypatch):
 
 
 def _built_kernels(monkeypatch, model, **kw):
-    import compiler.compile as cc
+    import compiler.pipeline as cc
     built = []
     build = cc.build_kernel
     monkeypatch.setattr(cc, "build_kernel", lambda *a: built.append(build(*a)) or built[-1])
@@ -346,7 +346,7 @@ def test_weight_prefetch_covers_the_next_tiles_slice_spread_over_the_tile(monkey
     # the strided 1x1 conv walks 98 pixel tiles per 32-channel tile: each tile's reduction steps
     # must hint every line of the next tile's weight slice into L2, from inside the reduction,
     # a line or two per step, and not run further ahead than the tile after that
-    from compiler.symbolic import linear_form
+    from compiler.ir.symbolic import linear_form
     built = _built_kernels(monkeypatch, _bottleneck(), target="cpu-avx512")
     (_, lin, _, perms), = [b for b in built if math.prod(b[2].full_shape[d] for d in b[2].reduce_dims) == 256]
     hints = [u for u in lin if u.op is Ops.PREFETCH]

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from compiler.blob import write_blob
-from compiler.compile import compile_model
+from compiler.pipeline import compile_model
 from models.efficientnet import make_efficientnet
 from models.openpilot import make_openpilot
 from models.resnet import make_resnet50

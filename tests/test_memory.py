@@ -3,7 +3,7 @@ import time
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from compiler.memory import plan
+from compiler.schedule.memory import plan
 
 
 def _graph_lifetimes(kernels):

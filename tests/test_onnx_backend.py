@@ -1,5 +1,5 @@
 """ONNX conformance: the node tests and the `light` real-model tests of onnx.backend.test, run
-through compiler/onnx_backend.py (compile -> blob -> runner), at each test's own rtol/atol.
+through tests/onnx_backend.py (compile -> blob -> runner), at each test's own rtol/atol.
 
 Out-of-scope tests are excluded by name, each pattern with its reason (EXCLUDE). In-scope tests
 that fail are listed in XFAIL with the concrete cause; they count as failed in
@@ -16,8 +16,8 @@ import onnx
 import onnx.backend.test
 import pytest
 
-from compiler import onnx_backend
-from compiler.compile import compile_model
+from tests import onnx_backend
+from compiler.pipeline import compile_model
 from compiler.errors import CompileError
 from tests.graphs import make_model
 

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from onnx import helper, numpy_helper
 
 from compiler.blob import write_blob
-from compiler.compile import compile_model
+from compiler.pipeline import compile_model
 from compiler.target import TARGETS
 from runner import BlobError, DeviceTimeout, Model
 from runner.opencl import unavailable_reason

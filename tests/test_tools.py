@@ -38,14 +38,14 @@ def _chain_onnx(path: Path) -> str:
 
 
 def test_inspect_json_reports_sizes_arena_kernels_and_io(chain_blob):
-    proc = _tool("tools/inspect.py", chain_blob, "--json")
+    proc = _tool("tools/blobinfo.py", chain_blob, "--json")
     d = json.loads(proc.stdout)
     assert (d["arena_bytes"], d["arena_lower_bound_bytes"], d["weights_bytes"], d["kernels"]) == \
         (384, 256, CHAIN_N * 4, 2)
     assert [i["name"] for i in d["inputs"]] == ["x", "b"] and d["outputs"][0]["name"] == "y"
 
 
-@pytest.mark.parametrize("tool", ["tools/inspect.py", "tools/run.py"])
+@pytest.mark.parametrize("tool", ["tools/blobinfo.py", "tools/run.py"])
 def test_invalid_blob_gives_one_line_error_and_exit_2(tool, tmp_path):
     bad = tmp_path / "bad.blob"
     bad.write_bytes(b"KEELBLOB" + bytes(300))

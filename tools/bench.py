@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 
-# replace (not prepend): tools/inspect.py would shadow the stdlib module of that name
+# the repository root, so the tool runs from a checkout without installing keel
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import cffi  # noqa: E402
@@ -35,7 +35,7 @@ import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
 from compiler.blob import write_blob  # noqa: E402
-from compiler.compile import compile_model  # noqa: E402
+from compiler.pipeline import compile_model  # noqa: E402
 from compiler.target import get_target  # noqa: E402
 from compiler.toolchain import build_shared  # noqa: E402
 from models.efficientnet import make_efficientnet  # noqa: E402

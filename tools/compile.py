@@ -12,11 +12,11 @@ import os
 import sys
 import time
 
-# replace (not prepend): tools/inspect.py would shadow the stdlib module of that name
+# the repository root, so the tool runs from a checkout without installing keel
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from compiler.blob import write_blob  # noqa: E402
-from compiler.compile import Stages, compile_model  # noqa: E402
+from compiler.pipeline import Stages, compile_model  # noqa: E402
 from compiler.errors import CompileError  # noqa: E402
 from compiler.target import TARGETS  # noqa: E402
 

@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 
-# replace (not prepend): tools/inspect.py would shadow the stdlib module of that name
+# the repository root, so the tool runs from a checkout without installing keel
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
@@ -19,7 +19,7 @@ import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
 from compiler.blob import write_blob  # noqa: E402
-from compiler.compile import compile_model  # noqa: E402
+from compiler.pipeline import compile_model  # noqa: E402
 from models.openpilot import make_openpilot  # noqa: E402
 from runner import Model  # noqa: E402
 

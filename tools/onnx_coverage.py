@@ -26,14 +26,14 @@ NOTES = """\
 - float32 and float64 compute in their own precision; int32/int64 and the other integer types
   compute in their own width (integer Div truncates toward zero, Mod follows `fmod`).
 - float16 is a storage type on CPU: every float16 operation is computed in float32 and rounded
-  back to float16 after each op (compiler/transcendental.py `promote_half`); reductions
+  back to float16 after each op (compiler/codegen/transcendental.py `promote_half`); reductions
   accumulate in float32, and MatMul/Gemm/Conv on float16 sum exact float32 products and round
   once, as numpy and onnxruntime do.
 - Transcendentals (exp, log, sin, erf, atan, ...) are polynomial lowerings with no libm; see
-  compiler/transcendental.py for their accuracy bounds.
+  compiler/codegen/transcendental.py for their accuracy bounds.
 - Graph inputs that an op needs as values at compile time (a Reshape's shape, a reduction's
   axes, Pad's pads, TopK's k, ...) are bound as constants by the backend from the values each
-  run receives (compiler/onnx_backend.py); keel compiles static shapes.
+  run receives (tests/onnx_backend.py); keel compiles static shapes.
 - Ops that ONNX defines by a function body (Attention, the losses, RMSNormalization,
   RotaryEmbedding, ...) and that keel has no direct implementation of are built from that body.
 - Out of scope, and why: training ops; sequence/optional/map and string types; If/Loop/Scan;

@@ -12,9 +12,9 @@ needs no libc.
 from __future__ import annotations
 
 from compiler.artifact import Buffer, Launch
-from compiler.dtypes import DType, dtypes
+from compiler.ir.dtypes import DType, dtypes
 from compiler.renderers.cstyle import INFIX, Body, CStyle
-from compiler.uop import Ops, UOp
+from compiler.ir.uop import Ops, UOp
 
 ENTRY, ENTRY_MT = "keel_graph", "keel_graph_mt"
 SPLIT_MIN = 8  # trip count from which a loop is split between threads

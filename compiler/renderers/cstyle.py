@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 
-from compiler.dtypes import DType, dtypes
-from compiler.uop import Ops, UOp
+from compiler.ir.dtypes import DType, dtypes
+from compiler.ir.uop import Ops, UOp
 
 INFIX = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.CMPLT: "<",
          Ops.CMPEQ: "==", Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^"}

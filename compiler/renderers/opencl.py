@@ -5,7 +5,7 @@ Rendered from the same linearized UOps as C, with these differences:
     Launch.global_size/local_size come from the plan in that order, and a kernel with a planned
     work-group size declares it (`reqd_work_group_size`) so the device compiler can specialise.
   * loads and stores of 2-4 consecutive elements (an upcast axis) are one vload/vstore;
-  * buffers with an image layout (compiler.storage) are `image2d_t` parameters, read with
+  * buffers with an image layout (compiler.schedule.storage) are `image2d_t` parameters, read with
     `read_imagef` / `read_imageh`: 4 consecutive, texel-aligned loads are one texel read, other
     loads pick one lane of a texel (texel reads are shared within a scope). Their writer stores
     through the pitched row layout.
@@ -18,13 +18,13 @@ import json
 import math
 
 from compiler.artifact import Buffer, Image, Launch
-from compiler.dtypes import DType, dtypes
+from compiler.ir.dtypes import DType, dtypes
 from compiler.errors import CompileError
 from compiler.renderers.cstyle import Body, CStyle
-from compiler.rewrite import graph_rewrite
-from compiler.symbolic import build, symbolic, terms
+from compiler.ir.rewrite import graph_rewrite
+from compiler.ir.symbolic import build, symbolic, terms
 from compiler.target import Target
-from compiler.uop import Ops, UOp
+from compiler.ir.uop import Ops, UOp
 
 CL_TYPES = {dtypes.bool: "bool", dtypes.int8: "char", dtypes.int16: "short", dtypes.int32: "int",
             dtypes.int64: "long", dtypes.uint8: "uchar", dtypes.uint16: "ushort",

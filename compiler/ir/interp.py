@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.uop import Ops, UOp, window_out
+from compiler.ir.uop import Ops, UOp, window_out
 
 
 def _window(x: np.ndarray, arg) -> np.ndarray:

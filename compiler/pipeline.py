@@ -15,23 +15,23 @@ import numpy as np
 
 from compiler import toolchain
 from compiler.artifact import Artifact, Buffer, Launch
-from compiler.dtypes import dtypes
-from compiler.frontend import load_onnx
-from compiler.linearize import linearize
-from compiler.lower import lower_kernel
-from compiler.memory import plan as plan_memory
-from compiler.optimize import channels_last, in_place, merge_dims, pad_in_place, plan_kernel
-from compiler.pack import pack_weights, prefetch_next_tiles
+from compiler.ir.dtypes import dtypes
+from compiler.onnx.load import load_onnx
+from compiler.codegen.linearize import linearize
+from compiler.codegen.lower import lower_kernel
+from compiler.schedule.memory import plan as plan_memory
+from compiler.codegen.optimize import channels_last, in_place, merge_dims, pad_in_place, plan_kernel
+from compiler.codegen.pack import pack_weights, prefetch_next_tiles
 from compiler.renderers import get_renderer
-from compiler.rewrite import graph_rewrite, substitute
-from compiler.schedule import Kernel, schedule
-from compiler.storage import (demote_half, device_storage, image_meta, promote_for_half_compute,
+from compiler.ir.rewrite import graph_rewrite, substitute
+from compiler.schedule.fusion import Kernel, schedule
+from compiler.schedule.storage import (demote_half, device_storage, image_meta, promote_for_half_compute,
                               storage_bytes, storage_casts, storage_nbytes)
-from compiler.symbolic import symbolic
+from compiler.ir.symbolic import symbolic
 from compiler.target import Target, get_target
-from compiler.transcendental import half_rules, transcendental_rules
-from compiler.uop import Ops, UOp, Weight
-from compiler.vectorize import vectorize
+from compiler.codegen.transcendental import half_rules, transcendental_rules
+from compiler.ir.uop import Ops, UOp, Weight
+from compiler.codegen.vectorize import vectorize
 
 VERSION = "0.1.0"
 ARENA_GUARD = 128  # >= the widest vector (16 lanes of 8 bytes) minus one lane
@@ -236,7 +236,7 @@ class Buffers:
 
     def __init__(self, inputs: list[tuple[str, UOp]], outputs: list[tuple[str, UOp]],
                  storage=None, align: int = WEIGHT_ALIGN):
-        self.storage = storage  # compiler.storage policy: device dtype and image layout
+        self.storage = storage  # compiler.schedule.storage policy: device dtype and image layout
         self.align = max(align, WEIGHT_ALIGN)
         self.table: dict[int, Buffer] = {}
         self.node_buf: dict[UOp, int] = {}

@@ -12,10 +12,11 @@ from itertools import product
 
 import numpy as np
 
-from compiler.dtypes import dtypes
-from compiler.onnx_ops import arange_at, op
-from compiler.tensor import Tensor
-from compiler.uop import Ops
+from compiler.ir.dtypes import dtypes
+from compiler.onnx.ops.core import arange_at
+from compiler.onnx.registry import op
+from compiler.ir.tensor import Tensor
+from compiler.ir.uop import Ops
 
 
 def gather_points(x: Tensor, batch: Tensor, idx: list[Tensor]) -> Tensor:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.onnx_ops import onnx_dtype, op
-from compiler.tensor import Tensor
+from compiler.onnx.registry import onnx_dtype, op
+from compiler.ir.tensor import Tensor
 
 
 def _part(x: Tensor, j: int) -> Tensor:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compiler.dtypes import dtypes
-from compiler.onnx_ops import arange_at, op
-from compiler.tensor import Tensor
+from compiler.ir.dtypes import dtypes
+from compiler.onnx.ops.core import arange_at
+from compiler.onnx.registry import op
+from compiler.ir.tensor import Tensor
 
 
 def _activation(name: str, alpha, beta):

@@ -5,9 +5,9 @@ multiplies by the scale ratio in float64, rounds half to even and saturates to t
 """
 from __future__ import annotations
 
-from compiler.dtypes import DType, dtypes
-from compiler.onnx_ops import OPS, onnx_dtype, op
-from compiler.tensor import Tensor
+from compiler.ir.dtypes import DType, dtypes
+from compiler.onnx.registry import OPS, onnx_dtype, op
+from compiler.ir.tensor import Tensor
 
 
 def qparam(v: Tensor | None, x: Tensor, axis: int, block: int = 0) -> Tensor | None:

@@ -11,10 +11,10 @@ import math
 
 import numpy as np
 
-from compiler.dtypes import dtypes
+from compiler.ir.dtypes import dtypes
 from compiler.errors import CompileError
-from compiler.onnx_ops import op
-from compiler.tensor import Tensor
+from compiler.onnx.registry import op
+from compiler.ir.tensor import Tensor
 
 
 # ---- coefficients for a fractional position `ratio` in (0, 1] (1 means "on a sample") ----------

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.tensor import Tensor
+from compiler.ir.tensor import Tensor
 
 BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64)
 G = np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]], np.float64)

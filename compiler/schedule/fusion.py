@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compiler.dtypes import dtypes
-from compiler.interp import evaluate
-from compiler.rewrite import PatternMatcher, UPat, graph_rewrite
-from compiler.tensor import Tensor
-from compiler.uop import ALU, MOVEMENT, Ops, UOp
+from compiler.ir.dtypes import dtypes
+from compiler.ir.interp import evaluate
+from compiler.ir.rewrite import PatternMatcher, UPat, graph_rewrite
+from compiler.ir.tensor import Tensor
+from compiler.ir.uop import ALU, MOVEMENT, Ops, UOp
 
 # Folding never materialises a weight much larger than the data it came from (an expanded bias
 # stays a view of the small bias); below this many elements size does not matter.

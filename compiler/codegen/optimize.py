@@ -20,13 +20,13 @@ import math
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from compiler.lower import Axis, Plan, find_reduce, lower_kernel
-from compiler.schedule import Kernel, inlined
-from compiler.tensor import Tensor
+from compiler.codegen.lower import Axis, Plan, find_reduce, lower_kernel
+from compiler.schedule.fusion import Kernel, inlined
+from compiler.ir.tensor import Tensor
 from compiler.target import LINE_BYTES, Target
-from compiler.rewrite import graph_rewrite, substitute
-from compiler.symbolic import linear_form, symbolic
-from compiler.uop import ALU, Ops, UOp
+from compiler.ir.rewrite import graph_rewrite, substitute
+from compiler.ir.symbolic import linear_form, symbolic
+from compiler.ir.uop import ALU, Ops, UOp
 
 FULL_UNROLL = 8  # reduce dims up to this size disappear into straight-line code
 GATHER_LANES = 2  # what a vector of per-lane scalar loads is worth, in lanes

@@ -1,4 +1,4 @@
-"""ONNX ops, one function each, written with compiler/tensor.py building blocks.
+"""ONNX ops, one function each, written with compiler/ir/tensor.py building blocks.
 
 Every function has the signature (ctx, inputs, attrs) -> Tensor | list[Tensor]; `inputs` holds
 None for omitted optional inputs. Opset differences are handled inside the op that has them.
@@ -9,22 +9,12 @@ import math
 
 import numpy as np
 
-from compiler import winograd
-from compiler.dtypes import dtypes
+from compiler.ir.dtypes import dtypes
 from compiler.errors import CompileError
-from compiler.frontend import Ctx, onnx_dtype
-from compiler.tensor import Tensor
-from compiler.uop import Ops
-
-OPS: dict = {}
-
-
-def op(*names):
-    def register(fn):
-        for n in names:
-            OPS[n] = fn
-        return fn
-    return register
+from compiler.onnx.ops import winograd
+from compiler.onnx.registry import OPS, Ctx, onnx_dtype, op
+from compiler.ir.tensor import Tensor
+from compiler.ir.uop import Ops
 
 
 def _axes(ctx: Ctx, x, a: dict, inputs, pos: int = 1, key: str = "axes"):
@@ -909,7 +899,3 @@ def _s2d(ctx, i, a):
     t = x.reshape((n, c, h // b, b, w // b, b)).permute(order)
     return t.reshape((n, c * b * b, h // b, w // b))
 
-
-# ops in topic modules register themselves into OPS on import
-from compiler import (onnx_attention, onnx_index, onnx_quant,  # noqa: E402,F401
-                      onnx_resize, onnx_rnn, onnx_sample, onnx_signal)

@@ -11,10 +11,11 @@ import math
 
 import numpy as np
 
-from compiler.dtypes import dtypes
-from compiler.onnx_ops import arange_at, onnx_dtype, op, pick
-from compiler.tensor import Tensor
-from compiler.uop import Ops
+from compiler.ir.dtypes import dtypes
+from compiler.onnx.ops.core import arange_at, pick
+from compiler.onnx.registry import onnx_dtype, op
+from compiler.ir.tensor import Tensor
+from compiler.ir.uop import Ops
 
 
 def any_(match: Tensor, axis: int) -> Tensor:

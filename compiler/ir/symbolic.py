@@ -6,9 +6,9 @@ rules make it collapse back to plain affine expressions so loads become base + s
 from __future__ import annotations
 
 
-from compiler.dtypes import dtypes
-from compiler.rewrite import PatternMatcher, UPat
-from compiler.uop import ALU, Ops, UOp
+from compiler.ir.dtypes import dtypes
+from compiler.ir.rewrite import PatternMatcher, UPat
+from compiler.ir.uop import ALU, Ops, UOp
 
 INTS = (dtypes.index, dtypes.int32, dtypes.int64, dtypes.int16, dtypes.int8, dtypes.uint8,
         dtypes.uint16, dtypes.uint32, dtypes.uint64)

@@ -9,8 +9,8 @@ import math
 
 import numpy as np
 
-from compiler.dtypes import DType, dtypes
-from compiler.uop import Ops, UOp, Weight
+from compiler.ir.dtypes import DType, dtypes
+from compiler.ir.uop import Ops, UOp, Weight
 
 LOG2E, LN2 = 1.4426950408889634, 0.6931471805599453
 # tanh(x) = x * sum c_k x^2k

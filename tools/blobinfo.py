@@ -1,11 +1,11 @@
 """Describe a keel blob: sections, arena vs lower bound, kernels, io, launch table.
 
-    python tools/inspect.py model.blob [--json]
+    python tools/blobinfo.py model.blob [--json]
 """
 import os
 import sys
 
-# this file shadows the stdlib module `inspect` if its own folder is on sys.path: replace it
+# the repository root, so the tool runs from a checkout without installing keel
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import argparse  # noqa: E402

@@ -1,41 +1,20 @@
 """ONNX -> tensor-level UOp graph, with the `onnx` package (protobuf is never parsed by hand).
 
-Each ONNX op is one small function in compiler/onnx_ops.py registered by name; this module handles
+Each ONNX op is one small function in compiler/onnx/ops/core.py registered by name; this module handles
 the graph: inputs and their static shapes, initializers, dtype mapping, unsupported-op reporting.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from compiler.dtypes import DType, dtypes
 from compiler.errors import CompileError, StaticInputError
-from compiler.tensor import Tensor
-from compiler.uop import Ops, UOp
-
-ONNX_DTYPES = {
-    onnx.TensorProto.BOOL: dtypes.bool, onnx.TensorProto.INT8: dtypes.int8,
-    onnx.TensorProto.INT16: dtypes.int16, onnx.TensorProto.INT32: dtypes.int32,
-    onnx.TensorProto.INT64: dtypes.int64, onnx.TensorProto.UINT8: dtypes.uint8,
-    onnx.TensorProto.UINT16: dtypes.uint16, onnx.TensorProto.UINT32: dtypes.uint32,
-    onnx.TensorProto.UINT64: dtypes.uint64, onnx.TensorProto.FLOAT16: dtypes.float16,
-    onnx.TensorProto.FLOAT: dtypes.float32, onnx.TensorProto.DOUBLE: dtypes.float64,
-}
-_ONNX_CODES = {dt: code for code, dt in ONNX_DTYPES.items()}
-MIN_OPSET, MAX_OPSET = 1, 21
-
-
-def onnx_dtype(code: int, what: str) -> DType:
-    if code not in ONNX_DTYPES:
-        name = onnx.TensorProto.DataType.Name(code) if code in onnx.TensorProto.DataType.values() \
-            else str(code)
-        raise CompileError(f"{what}: element type {name} is not supported; keel supports "
-                           + ", ".join(sorted(d.name for d in ONNX_DTYPES.values())))
-    return ONNX_DTYPES[code]
-
+from compiler.ir.tensor import Tensor
+from compiler.ir.uop import UOp
+from compiler.onnx import ops  # noqa: F401  (registers every op into OPS)
+from compiler.onnx.registry import MAX_OPSET, MIN_OPSET, ONNX_CODES, OPS, Ctx, onnx_dtype
 
 @dataclass
 class Graph:
@@ -43,38 +22,6 @@ class Graph:
     outputs: list[tuple[str, UOp]]
     meta: dict = field(default_factory=dict)
 
-
-@dataclass
-class Ctx:
-    """What an op implementation may ask about its node."""
-    opset: int
-    node: onnx.NodeProto | None = None
-    float16: bool = False
-    winograd: bool = False  # 3x3 convs may use Winograd's algorithm (CPU targets)
-
-    def static(self, t: Tensor | None, what: str) -> np.ndarray:
-        """A compile-time value (shape vectors, pads, axes...): its weight-only subgraph,
-        evaluated."""
-        if t is None:
-            raise CompileError(f"{self.where()}: input {what} is required")
-        value = self.constant(t)
-        if value is None:
-            graph_inputs = sorted({n.arg[0] for n in t.uop.toposort() if n.op is Ops.INPUT})
-            raise StaticInputError(f"{self.where()}: input {what} must be known at compile time "
-                                   f"(a constant or computed from shapes), but it depends on "
-                                   f"graph input(s) {graph_inputs}", graph_inputs)
-        return value
-
-    def constant(self, t: Tensor) -> np.ndarray | None:
-        """t's value if it is computed from constants alone (a weight, maybe cast), else None."""
-        from compiler.interp import evaluate
-        from compiler.schedule import static
-        if not static(t.uop) and any(n.op is Ops.INPUT for n in t.uop.toposort()):
-            return None
-        return evaluate(t.uop)
-
-    def where(self) -> str:
-        return f"{self.node.op_type} node {self.node.name or '(unnamed)'!r} (opset {self.opset})"
 
 
 def _load_proto(model) -> onnx.ModelProto:
@@ -126,7 +73,6 @@ def check_supported(model: onnx.ModelProto, opset: int) -> None:
 
 
 def _known(node: onnx.NodeProto, opset: int, local: set) -> bool:
-    from compiler.onnx_ops import OPS
     if (node.domain, node.op_type) in local:
         return True
     if node.domain not in ("", "ai.onnx"):
@@ -186,7 +132,6 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
 def _build(nodes, vals: dict, base: Ctx, functions: dict) -> None:
     """Build `nodes` in order, reading and writing tensors by name in `vals`. `base`: the
     options every node's Ctx shares."""
-    from compiler.onnx_ops import OPS
     for node in nodes:
         ctx = replace(base, node=node)
         args = [vals.get(n) if n else None for n in node.input]
@@ -251,7 +196,7 @@ def _function_body(ctx: Ctx, args: list) -> onnx.FunctionProto | None:
     versions = [v for v in schema.context_dependent_function_opset_versions if v <= ctx.opset]
     if not versions:
         return None
-    types = [onnx.helper.make_tensor_type_proto(_ONNX_CODES[t.dtype], t.shape).SerializeToString()
+    types = [onnx.helper.make_tensor_type_proto(ONNX_CODES[t.dtype], t.shape).SerializeToString()
              if t is not None else onnx.TypeProto().SerializeToString() for t in args]
     fn.ParseFromString(schema.get_context_dependent_function_with_opset_version(
         max(versions), ctx.node.SerializeToString(), types))

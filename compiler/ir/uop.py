@@ -14,7 +14,7 @@ from functools import cached_property
 
 import numpy as np
 
-from compiler.dtypes import DType, dtypes
+from compiler.ir.dtypes import DType, dtypes
 
 
 class Ops(IntEnum):  # IntEnum: hashing an op is C-level, and every UOp key hashes one

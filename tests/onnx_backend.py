@@ -27,11 +27,12 @@ import onnx
 from onnx.backend.base import Backend, BackendRep, namedtupledict
 
 from compiler.blob import write_blob
-from compiler.compile import compile_model
+from compiler.pipeline import compile_model
 from compiler.errors import StaticInputError
 from runner import Model
 
-SOURCE_DIRS = [Path(__file__).parent, Path(__file__).parent.parent / "runner"]
+REPO = Path(__file__).resolve().parent.parent
+SOURCE_DIRS = [REPO / "compiler", REPO / "runner"]
 KEEP_VERSIONS = 3  # cache folders of older compiler versions beyond this many are removed
 
 

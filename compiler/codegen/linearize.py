@@ -6,7 +6,7 @@ are declared just outside them and everything that uses a reduction comes after 
 """
 from __future__ import annotations
 
-from compiler.uop import Ops, UOp
+from compiler.ir.uop import Ops, UOp
 
 KIND_ORDER = {"global": 0, "group": 1, "loop": 2, "reduce": 3}  # group: a local id, not a loop
 

@@ -5,9 +5,9 @@ bodies; LinearAttention's body is a Scan, which keel does not build, so it is wr
 """
 from __future__ import annotations
 
-from compiler.dtypes import dtypes
-from compiler.onnx_ops import op
-from compiler.tensor import Tensor
+from compiler.ir.dtypes import dtypes
+from compiler.onnx.registry import op
+from compiler.ir.tensor import Tensor
 
 
 def _heads(x: Tensor, heads: int) -> Tensor:

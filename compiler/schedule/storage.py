@@ -28,11 +28,11 @@ from typing import Callable
 import numpy as np
 
 from compiler.artifact import Buffer, Image
-from compiler.dtypes import DType, dtypes
-from compiler.rewrite import PatternMatcher, UPat
+from compiler.ir.dtypes import DType, dtypes
+from compiler.ir.rewrite import PatternMatcher, UPat
 from compiler.target import Target
-from compiler.transcendental import promote_half, promote_half_reduce
-from compiler.uop import Ops, UOp
+from compiler.codegen.transcendental import promote_half, promote_half_reduce
+from compiler.ir.uop import Ops, UOp
 
 F16, F32 = dtypes.float16, dtypes.float32
 DEVICE_REGIONS = ("arena", "weights")  # io buffers keep the layout and dtype the caller sees

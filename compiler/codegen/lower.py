@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from functools import reduce as fold
 from itertools import product
 
-from compiler.dtypes import dtypes
-from compiler.schedule import Kernel
-from compiler.uop import ALU, Ops, UOp
+from compiler.ir.dtypes import dtypes
+from compiler.schedule.fusion import Kernel
+from compiler.ir.uop import ALU, Ops, UOp
 
 IDX = dtypes.index
 LOOP_KINDS = ("global", "group", "loop", "reduce")

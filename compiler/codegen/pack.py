@@ -16,12 +16,12 @@ import math
 
 import numpy as np
 
-from compiler.dtypes import dtypes
-from compiler.linearize import KIND_ORDER
-from compiler.rewrite import substitute
-from compiler.symbolic import build, linear_form
+from compiler.ir.dtypes import dtypes
+from compiler.codegen.linearize import KIND_ORDER
+from compiler.ir.rewrite import substitute
+from compiler.ir.symbolic import build, linear_form
 from compiler.target import LINE_BYTES
-from compiler.uop import Ops, UOp
+from compiler.ir.uop import Ops, UOp
 
 MAX_GROWTH = 1.0  # packed size / original size: never duplicate weight data
 

@@ -8,9 +8,9 @@ scalar graph, so vectorizing is an optimization that can never change what is co
 """
 from __future__ import annotations
 
-from compiler.dtypes import dtypes
-from compiler.symbolic import linear_form
-from compiler.uop import Ops, UOp
+from compiler.ir.dtypes import dtypes
+from compiler.ir.symbolic import linear_form
+from compiler.ir.uop import Ops, UOp
 
 # ops with a direct lane-wise vector form in every C-family target
 LANEWISE = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.MAX, Ops.MIN, Ops.NEG, Ops.CMPLT,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from compiler.uop import COMMUTATIVE, Ops, UOp
+from compiler.ir.uop import COMMUTATIVE, Ops, UOp
 
 _ANY = object()
 

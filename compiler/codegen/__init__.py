@@ -1,0 +1,2 @@
+"""Kernel -> linear program: planning, lowering, fp16 and transcendental rules, packing,
+vectorizing, linearizing."""

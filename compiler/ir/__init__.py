@@ -1,0 +1,1 @@
+"""The one IR: UOp, dtypes, the rewrite engine, symbolic simplification, the interpreter."""

@@ -1,0 +1,1 @@
+"""The ONNX frontend: registry (OPS, op, Ctx), load (graph -> tensor UOps), ops/ by topic."""

@@ -1,0 +1,1 @@
+"""Tensor graph -> kernels and buffers: constant folding, fusion, layouts, storage, memory plan."""
