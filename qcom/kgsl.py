@@ -310,6 +310,8 @@ class Kgsl:
 
     def wait(self, ctx: int, timestamp: int, timeout_ms: int) -> bool:
         """Block up to timeout_ms for `timestamp` to retire; False when it did not in time."""
+        if timeout_ms <= 0:  # KGSL reads a timeout of 0 as "wait forever"
+            raise ValueError(f"KGSL wait timeout must be at least 1 ms, got {timeout_ms}")
         arg = WaitTimestamp(context_id=ctx, timestamp=timestamp, timeout=timeout_ms)
         try:
             self.driver.ioctl(self.fd, WAITTIMESTAMP_CTXTID.number, arg)
