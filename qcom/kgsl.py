@@ -192,8 +192,12 @@ def default_driver():
     return KernelDriver()
 
 
+# errno.errorcode keeps the last alias defined; the kernel's headers say these
+_ERRNAMES = {errno.EDEADLK: "EDEADLK", errno.EOPNOTSUPP: "EOPNOTSUPP", errno.EAGAIN: "EAGAIN"}
+
+
 def _errname(code: int) -> str:
-    return errno.errorcode.get(code, f"errno {code}")
+    return _ERRNAMES.get(code) or errno.errorcode.get(code, f"errno {code}")
 
 
 class Kgsl:
