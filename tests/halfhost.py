@@ -1,0 +1,234 @@
+"""Run the OpenCL C that keel renders for `--target qcom --float16` on the host, in IEEE half.
+
+No CI device has cl_khr_fp16, so the qcom kernels are built for the host instead: a shim header
+maps OpenCL C onto C with clang's `_Float16` for `half`, and `-ffloat16-excess-precision=none`
+makes every half operation round to half, as the Adreno's ALU does (clang's default on x86 keeps
+half expressions in float until an assignment, which would hide fp16 error). Images read texels
+from the pitched buffer with clamp-to-border; work-group kernels with barriers run each group's
+work items as threads on a pthread barrier.
+
+`run(artifact, feeds)` executes an artifact's launches in order over host memory laid out as the
+blob says (arena, weights, io slots) and returns the outputs.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+CLANG = "clang-19"
+VECTOR_TYPES = "half|float|int|uint|short|ushort|char|uchar"
+
+SHIM = r"""
+#include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <string.h>
+typedef _Float16 half; typedef unsigned char uchar; typedef unsigned short ushort;
+typedef unsigned int uint; typedef unsigned long ulong;
+#define VEC(t) typedef t t##2 __attribute__((ext_vector_type(2))); \
+  typedef t t##3 __attribute__((ext_vector_type(3))); \
+  typedef t t##4 __attribute__((ext_vector_type(4)));
+VEC(half) VEC(float) VEC(int) VEC(uint) VEC(short) VEC(ushort) VEC(char) VEC(uchar)
+#define __kernel
+#define __global
+#define __constant static const
+#define __private
+#define __read_only
+#define __local static  /* one work-group runs at a time */
+typedef int sampler_t;
+#define CLK_NORMALIZED_COORDS_FALSE 0
+#define CLK_ADDRESS_CLAMP 0
+#define CLK_FILTER_NEAREST 0
+#define CLK_LOCAL_MEM_FENCE 0
+typedef struct { const void *data; int width, height, pitch, is_half; } image2d_t;
+
+static __thread int keel_gid[3], keel_lid[3];
+static pthread_barrier_t keel_bar;
+static inline int get_global_id(int d) { return keel_gid[d]; }
+static inline int get_local_id(int d) { return keel_lid[d]; }
+static inline void barrier(int fence) { (void)fence; pthread_barrier_wait(&keel_bar); }
+
+#define KEEL_VL(n) \
+  static inline half##n keel_vl##n##h(int o, const half *p) { \
+    half##n v; for (int i = 0; i < n; i++) v[i] = p[o * n + i]; return v; } \
+  static inline float##n keel_vl##n##f(int o, const float *p) { \
+    float##n v; for (int i = 0; i < n; i++) v[i] = p[o * n + i]; return v; } \
+  static inline void keel_vs##n##h(half##n v, int o, half *p) { \
+    for (int i = 0; i < n; i++) p[o * n + i] = v[i]; } \
+  static inline void keel_vs##n##f(float##n v, int o, float *p) { \
+    for (int i = 0; i < n; i++) p[o * n + i] = v[i]; } \
+  static inline float##n vload_half##n(int o, const half *p) { \
+    float##n v; for (int i = 0; i < n; i++) v[i] = p[o * n + i]; return v; } \
+  static inline void vstore_half##n(float##n v, int o, half *p) { \
+    for (int i = 0; i < n; i++) p[o * n + i] = (half)v[i]; }
+KEEL_VL(2) KEEL_VL(3) KEEL_VL(4)
+#define KEEL_PICK(p, h, f) _Generic((p), half *: h, const half *: h, float *: f, const float *: f)
+#define vload2(o, p) KEEL_PICK(p, keel_vl2h, keel_vl2f)(o, p)
+#define vload3(o, p) KEEL_PICK(p, keel_vl3h, keel_vl3f)(o, p)
+#define vload4(o, p) KEEL_PICK(p, keel_vl4h, keel_vl4f)(o, p)
+#define vstore2(v, o, p) KEEL_PICK(p, keel_vs2h, keel_vs2f)(v, o, p)
+#define vstore3(v, o, p) KEEL_PICK(p, keel_vs3h, keel_vs3f)(v, o, p)
+#define vstore4(v, o, p) KEEL_PICK(p, keel_vs4h, keel_vs4f)(v, o, p)
+static inline float vload_half(int o, const half *p) { return p[o]; }
+static inline void vstore_half(float x, int o, half *p) { p[o] = (half)x; }
+
+static inline half keel_sqrth(half x) { return (half)sqrtf((float)x); } /* float sqrt rounds once */
+#define sqrt(x) _Generic((x), half: keel_sqrth, float: sqrtf, double: sqrt)(x)
+#define KEEL_AS(t, x) (((union { __typeof__(x) a; t b; }){ .a = (x) }).b)
+#define as_int(x) KEEL_AS(int, x)
+#define as_uint(x) KEEL_AS(uint, x)
+#define as_float(x) KEEL_AS(float, x)
+#define as_half(x) KEEL_AS(half, x)
+#define as_short(x) KEEL_AS(short, x)
+#define as_ushort(x) KEEL_AS(ushort, x)
+
+static inline float4 read_imagef(image2d_t im, int s, int2 c) {
+  (void)s;
+  if (c.x < 0 || c.y < 0 || c.x >= im.width || c.y >= im.height) return (float4)0.0f;
+  long i = ((long)c.y * im.pitch + c.x) * 4;
+  if (im.is_half) { const half *h = im.data; return (float4){h[i], h[i + 1], h[i + 2], h[i + 3]}; }
+  const float *f = im.data;
+  return (float4){f[i], f[i + 1], f[i + 2], f[i + 3]};
+}
+static inline half4 read_imageh(image2d_t im, int s, int2 c) {
+  if (!im.is_half) return __builtin_convertvector(read_imagef(im, s, c), half4);
+  if (c.x < 0 || c.y < 0 || c.x >= im.width || c.y >= im.height) return (half4)(half)0;
+  const half *h = im.data;
+  long i = ((long)c.y * im.pitch + c.x) * 4;
+  return (half4){h[i], h[i + 1], h[i + 2], h[i + 3]};
+}
+
+typedef void (*keel_item)(void **);
+struct keel_job { keel_item f; void **a; int gid[3], lid[3]; };
+static void *keel_thread(void *p) {
+  struct keel_job *j = p;
+  memcpy(keel_gid, j->gid, sizeof keel_gid); memcpy(keel_lid, j->lid, sizeof keel_lid);
+  j->f(j->a);
+  return 0;
+}
+/* Every work item of gs, one work-group (ls) at a time; threads only where barriers need them. */
+static void keel_launch(keel_item f, void **a, const int *gs, const int *ls, int threads) {
+  int n = ls[0] * ls[1] * ls[2];
+  struct keel_job jobs[n]; pthread_t tid[n];
+  for (int gz = 0; gz < gs[2]; gz += ls[2]) for (int gy = 0; gy < gs[1]; gy += ls[1])
+  for (int gx = 0; gx < gs[0]; gx += ls[0]) {
+    if (threads) pthread_barrier_init(&keel_bar, 0, n);
+    for (int i = 0; i < n; i++) {
+      int l[3] = {i % ls[0], i / ls[0] % ls[1], i / (ls[0] * ls[1])};
+      struct keel_job j = {f, a, {gx + l[0], gy + l[1], gz + l[2]}, {l[0], l[1], l[2]}};
+      jobs[i] = j;
+      if (threads) pthread_create(&tid[i], 0, keel_thread, &jobs[i]);
+      else keel_thread(&jobs[i]);
+    }
+    if (threads) { for (int i = 0; i < n; i++) pthread_join(tid[i], 0);
+                   pthread_barrier_destroy(&keel_bar); }
+  }
+}
+"""
+
+
+def _vector_literals(src: str) -> str:
+    """OpenCL's `(half2)(a, b)` is a cast of a comma expression in C: make it `((half2){a, b})`.
+    A single operand stays a cast, which splats a scalar as OpenCL does."""
+    pat, out, i = re.compile(rf"\(({VECTOR_TYPES})([234])\)\("), [], 0
+    while (m := pat.search(src, i)) is not None:
+        depth, j, commas = 1, m.end(), 0
+        while depth:
+            depth += {"(": 1, ")": -1}.get(src[j], 0)
+            commas += src[j] == "," and depth == 1
+            j += 1
+        inner = _vector_literals(src[m.end():j - 1])
+        typ = m.group(1) + m.group(2)
+        out += [src[i:m.start()], f"(({typ}){{{inner}}})" if commas else f"(({typ})({inner}))"]
+        i = j
+    return "".join(out + [src[i:]])
+
+
+def _kernels(src: str) -> list[tuple[str, list[str]]]:
+    """(name, parameter declarations) of every kernel."""
+    return [(m.group(1), [p.strip() for p in m.group(2).split(",")])
+            for m in re.finditer(r"__kernel void (\w+)\(([^)]*)\)", src)]
+
+
+def _wrapper(name: str, params: list[str], barrier: bool) -> str:
+    args = []
+    for i, p in enumerate(params):
+        typ = re.sub(r"\s*\w+$", "", p)  # drop the parameter name
+        args.append(f"*(image2d_t *)a[{i}]" if "image2d_t" in typ else f"({typ})a[{i}]")
+    return (f"static void item_{name}(void **a) {{ {name}({', '.join(args)}); }}\n"
+            f"void run_{name}(void **a, const int *gs, const int *ls) "
+            f"{{ keel_launch(item_{name}, a, gs, ls, {int(barrier)}); }}\n")
+
+
+def to_c(src: str) -> str:
+    """The host C for one program source: the shim, the kernels, a run_<kernel> entry each."""
+    body = "\n".join(line for line in src.splitlines() if not line.startswith("#pragma OPENCL"))
+    body = re.sub(r"__attribute__\(\(reqd_work_group_size\([^)]*\)\)\)", "", body)
+    body = _vector_literals(body)
+    wrappers = [_wrapper(n, ps, "barrier(" in _kernel_body(src, n)) for n, ps in _kernels(src)]
+    return SHIM + body + "\n" + "".join(wrappers)
+
+
+def _kernel_body(src: str, name: str) -> str:
+    start = src.index(f"__kernel void {name}(")
+    end = src.find("__kernel void", start + 1)
+    return src[start:end if end > 0 else len(src)]
+
+
+def build(src: str, workdir: Path) -> ctypes.CDLL:
+    c, so = workdir / "kernels.c", workdir / "kernels.so"
+    c.write_text(to_c(src))
+    subprocess.run([CLANG, "-std=gnu11", "-O1", "-fPIC", "-shared", "-pthread",
+                    "-Xclang", "-ffloat16-excess-precision=none", "-Wno-unknown-attributes", str(c),
+                    "-o", str(so), "-lm"], check=True, capture_output=True, text=True)
+    return ctypes.CDLL(str(so))
+
+
+class _Image(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("width", ctypes.c_int), ("height", ctypes.c_int),
+                ("pitch", ctypes.c_int), ("is_half", ctypes.c_int)]
+
+
+def _memory(artifact, feeds: dict) -> tuple[dict, dict, list]:
+    """Host arrays for every region, and the address of every buffer."""
+    arena = np.zeros(artifact.arena_bytes + 64, np.uint8)
+    weights = np.frombuffer(artifact.weights, np.uint8).copy() if artifact.weights else arena[:0]
+    slots = {b.offset: np.ascontiguousarray(feeds[b.name], b.dtype) for b in artifact.inputs}
+    outs = {b.name: np.zeros(b.shape, b.dtype) for b in artifact.outputs}
+    slots.update({b.offset: outs[b.name] for b in artifact.outputs})
+    base = {"arena": arena.ctypes.data, "weights": weights.ctypes.data}
+    addr = {b.id: base[b.region] + b.offset if b.region in base else slots[b.offset].ctypes.data
+            for b in artifact.buffers}
+    return addr, outs, [arena, weights, slots]
+
+
+def _images(artifact) -> dict:
+    header = artifact.programs.split(b"\n", 1)[0].decode()
+    meta = json.loads(header.removeprefix("// keel ")) if header.startswith("// keel ") else {}
+    return {int(k): v for k, v in meta.get("images", {}).items()}
+
+
+def run(artifact, feeds: dict) -> dict:
+    """Execute every launch of a qcom artifact on the host in half; returns the outputs."""
+    src = artifact.programs.decode()
+    addr, outs, keep = _memory(artifact, feeds)
+    dtypes = {b.id: b.dtype for b in artifact.buffers}
+    images = {bid: _Image(addr[bid], w, h, p, dtypes[bid] == "float16")
+              for bid, (w, h, p) in _images(artifact).items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        lib = build(src, Path(tmp))
+        for ln in artifact.launches:
+            ptrs = [ctypes.addressof(images[b]) if i and b in images else addr[b]
+                    for i, b in enumerate(ln.args)]
+            gs = list(ln.global_size) + [1] * (3 - len(ln.global_size))
+            ls = list(ln.local_size or (1, 1, 1)) + [1] * (3 - len(ln.local_size or (1, 1, 1)))
+            getattr(lib, f"run_{ln.kernel}")((ctypes.c_void_p * len(ptrs))(*ptrs),
+                                             (ctypes.c_int * 3)(*gs), (ctypes.c_int * 3)(*ls))
+    del keep
+    return outs
