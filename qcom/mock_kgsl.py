@@ -64,7 +64,7 @@ class Memory:
         for o in self.objs.values():
             if o["gpuaddr"] <= gpuaddr and gpuaddr + nbytes <= o["gpuaddr"] + o["size"]:
                 start = gpuaddr - o["gpuaddr"]
-                return memoryview(o["view"])[start:start + nbytes]
+                return memoryview(o["view"]).cast("B")[start:start + nbytes]  # ctypes views: '<c' 
         raise GpuFault(f"GPU access {gpuaddr:#x}+{nbytes} outside every allocation")
 
     def words(self, gpuaddr: int, dwords: int) -> memoryview:

@@ -124,6 +124,23 @@ def test_submit_decodes_advances_the_timestamp_and_waits(dev):
     assert dev.read_timestamp(ctx, kgsl.TIMESTAMP_QUEUED) == 2
 
 
+def test_a_handler_sees_imported_user_memory_by_gpu_address(dev):
+    """on_submit gets the decoded packets and the GPU's view of memory: a CP_MEM_WRITE executed
+    there lands in the host's own buffer (imported zero-copy)."""
+    def execute(packets, mem):
+        for p in packets:
+            if p.name == "CP_MEM_WRITE":
+                mem.words(p.payload[0] | p.payload[1] << 32, len(p.payload) - 2)[:] = \
+                    memoryview(b"".join(w.to_bytes(4, "little") for w in p.payload[2:])).cast("I")
+    dev.driver.on_submit = execute
+    host = mmap.mmap(-1, kgsl.PAGE)
+    obj = dev.import_user(ctypes.addressof(ctypes.c_char.from_buffer(host)), kgsl.PAGE)
+    ib, _ = write_ib(dev, pkt7(OPCODES["CP_MEM_WRITE"], *lohi(obj.gpuaddr + 8), 7, 9))
+    ctx = dev.context_create()
+    assert dev.wait(ctx, dev.submit(ctx, [(ib.gpuaddr, 20)]), 10)
+    assert host[8:16] == (7).to_bytes(4, "little") + (9).to_bytes(4, "little")
+
+
 def test_malformed_stream_is_rejected_naming_the_packet(dev):
     ctx = dev.context_create()
     words = pkt7(OPCODES["CP_WAIT_FOR_IDLE"]) + pkt7(OPCODES["CP_EXEC_CS"], 0, 1, 1, 1)
