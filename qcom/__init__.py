@@ -1,1 +1,1 @@
-"""Adreno 630 through KGSL directly: the UAPI (kgsl.py), PM4 packets (cmdstream.py), a mock driver."""
+"""Adreno 630 through KGSL directly: the UAPI (kgsl.py), PM4 packets (cmdstream.py), a mock."""

@@ -9,9 +9,10 @@ The parity bits let the CP catch a corrupted header before it runs it, so the de
 too (a bit flipped by a patching bug is caught here, not by a GPU hang).
 
 Facts: header layout from Linux's adreno_pm4types.h (cp_type4_packet/cp_type7_packet) and Mesa's
-freedreno_pm4.h; opcodes and registers from freedreno's register database (adreno_pm4.xml, a6xx.xml
-in freedreno/envytools@d88cafa, the tree Mesa's src/freedreno/registers grew from; Mesa has since
-renamed some registers, e.g. HLSQ_CS_NDRANGE_0 -> SP_CS_NDRANGE_0, at the same offsets).
+freedreno_pm4.h. Registers from Mesa's src/freedreno/registers/adreno/a6xx.xml
+(mirror/mesa@1b5e42ed, the A6XX variants: a7xx moved several of these); opcodes from its
+adreno_pm4.xml (mirror/mesa@8334434e); payload layouts (CP_LOAD_STATE6, CP_EVENT_WRITE, CP_WAIT_REG_MEM,
+CP_REG_TO_MEM) from adreno_pm4.xml in freedreno/envytools@d88cafa, the database Mesa's grew from.
 CP_INDIRECT_BUFFER's payload (address lo, hi, size in dwords) is the kernel's own use of it in the
 a6xx ringbuffer code.
 """
@@ -30,25 +31,32 @@ OPCODES = {
 }
 OPNAMES = {v: k for k, v in OPCODES.items()}
 
-# a6xx registers a compute dispatch programs (dword offsets)
+# a6xx registers a compute dispatch programs (dword offsets; Mesa's names, its 64-bit registers
+# split into _LO/_HI dwords)
 REGISTERS = {
-    "SP_CS_CTRL_REG0": 0xA9B0, "SP_CS_UNKNOWN_A9B1": 0xA9B1, "SP_CS_UNKNOWN_A9B3": 0xA9B3,
-    "SP_CS_OBJ_START_LO": 0xA9B4, "SP_CS_OBJ_START_HI": 0xA9B5, "SP_CS_TEX_COUNT": 0xA9BA,
-    "SP_CS_CONFIG": 0xA9BB, "SP_CS_INSTRLEN": 0xA9BC,
+    "SP_CS_CTRL_REG0": 0xA9B0, "SP_CS_UNKNOWN_A9B1": 0xA9B1, "SP_CS_BRANCH_COND": 0xA9B2,
+    "SP_CS_OBJ_FIRST_EXEC_OFFSET": 0xA9B3,
+    "SP_CS_OBJ_START_LO": 0xA9B4, "SP_CS_OBJ_START_HI": 0xA9B5,
+    "SP_CS_PVT_MEM_PARAM": 0xA9B6, "SP_CS_PVT_MEM_ADDR_LO": 0xA9B7, "SP_CS_PVT_MEM_ADDR_HI": 0xA9B8,
+    "SP_CS_PVT_MEM_SIZE": 0xA9B9, "SP_CS_TEX_COUNT": 0xA9BA, "SP_CS_CONFIG": 0xA9BB,
+    "SP_CS_INSTRLEN": 0xA9BC, "SP_CS_PVT_MEM_HW_STACK_OFFSET": 0xA9BD,
     "SP_CS_TEX_SAMP_LO": 0xA9E2, "SP_CS_TEX_SAMP_HI": 0xA9E3,
     "SP_CS_TEX_CONST_LO": 0xA9E6, "SP_CS_TEX_CONST_HI": 0xA9E7,
     "SP_CS_IBO_LO": 0xA9F2, "SP_CS_IBO_HI": 0xA9F3, "SP_CS_IBO_COUNT": 0xAA00,
-    "SP_MODE_CONTROL": 0xAB00, "HLSQ_CS_CNTL": 0xB987,
+    "SP_MODE_CONTROL": 0xAB00, "SP_FLOAT_CNTL": 0xAE04, "SP_PERFCTR_ENABLE": 0xAE0F,
+    "SP_PS_TP_BORDER_COLOR_BASE_ADDR_LO": 0xB180, "SP_PS_TP_BORDER_COLOR_BASE_ADDR_HI": 0xB181,
+    "SP_TP_MODE_CNTL": 0xB309, "HLSQ_CS_CNTL": 0xB987,
     "HLSQ_CS_NDRANGE_0": 0xB990, "HLSQ_CS_NDRANGE_1": 0xB991, "HLSQ_CS_NDRANGE_2": 0xB992,
     "HLSQ_CS_NDRANGE_3": 0xB993, "HLSQ_CS_NDRANGE_4": 0xB994, "HLSQ_CS_NDRANGE_5": 0xB995,
-    "HLSQ_CS_NDRANGE_6": 0xB996, "HLSQ_CS_CNTL_0": 0xB997, "HLSQ_CS_UNKNOWN_B998": 0xB998,
+    "HLSQ_CS_NDRANGE_6": 0xB996, "HLSQ_CS_CNTL_0": 0xB997, "HLSQ_CS_CNTL_1": 0xB998,
     "HLSQ_CS_KERNEL_GROUP_X": 0xB999, "HLSQ_CS_KERNEL_GROUP_Y": 0xB99A,
     "HLSQ_CS_KERNEL_GROUP_Z": 0xB99B, "HLSQ_INVALIDATE_CMD": 0xBB08,
 }
 REGNAMES = {v: k for k, v in REGISTERS.items()}
 # 64-bit GPU addresses held in a LO/HI register pair, keyed by the LO register
 ADDRESS_REGS = {REGISTERS[n + "_LO"]: n for n in
-                ("SP_CS_OBJ_START", "SP_CS_TEX_SAMP", "SP_CS_TEX_CONST", "SP_CS_IBO")}
+                ("SP_CS_OBJ_START", "SP_CS_PVT_MEM_ADDR", "SP_CS_TEX_SAMP", "SP_CS_TEX_CONST",
+                 "SP_CS_IBO", "SP_PS_TP_BORDER_COLOR_BASE_ADDR")}
 
 # enum values used in payloads
 RM6_COMPUTE = 8  # CP_SET_MARKER mode
@@ -147,8 +155,8 @@ def split(words: Sequence[int], ib: int = 0) -> list[Packet]:
             if unknown:
                 raise StreamError(f"{where}: type-4 write to register {unknown[0]:#x}, which is "
                                   f"not in qcom's a6xx register table")
-        out.append(Packet(index, at, kind, code, tuple(int(w) for w in words[at + 1:at + 1 + count]),
-                          ib))
+        payload = tuple(int(w) for w in words[at + 1:at + 1 + count])
+        out.append(Packet(index, at, kind, code, payload, ib))
         at += 1 + count
     return out
 

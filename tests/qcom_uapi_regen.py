@@ -52,7 +52,7 @@ def facts(header: str, target: str) -> dict:
 def main(header: str) -> None:
     found = [facts(header, t) for t in TARGETS]
     if found[0] != found[1]:
-        diff = {k: (found[0][k], found[1].get(k)) for k in found[0] if found[0][k] != found[1].get(k)}
+        diff = {k: (v, found[1].get(k)) for k, v in found[0].items() if v != found[1].get(k)}
         sys.exit(f"aarch64 and x86-64 disagree: {diff}")
     print("FACTS = {")
     for k, v in found[0].items():

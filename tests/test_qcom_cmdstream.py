@@ -111,3 +111,10 @@ def test_builders_refuse_what_a_header_cannot_hold():
         pkt4(REGISTERS["SP_CS_CONFIG"], *range(128))
     with pytest.raises(ValueError):
         pkt7(0x80)
+
+
+def test_register_table_is_one_to_one_and_address_pairs_are_adjacent():
+    assert len(set(REGISTERS.values())) == len(REGISTERS)
+    for name, reg in REGISTERS.items():
+        if name.endswith("_LO"):
+            assert REGISTERS[name[:-3] + "_HI"] == reg + 1, name

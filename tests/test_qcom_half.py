@@ -2,8 +2,9 @@
 IEEE half arithmetic (tests/halfhost.py: clang's _Float16, every operation rounded to half), so the
 fp16 error the Adreno will show is measured, not guessed. Measured here (max abs error against
 onnxruntime, fp16 weights and activations against fp32): conv_net 4.1e-3, mlp 1.2e-3,
-softmax_rows 1.5e-4, openpilot-shaped 1.0e-2 on outputs up to 3.7, shufflenet 0; onnx's light squeezenet
-overflows fp16 (its fp32 activations reach 1.4e10) and returns NaN, as it would on the device."""
+softmax_rows 1.5e-4, openpilot-shaped 1.0e-2 on outputs up to 3.7, shufflenet 0; onnx's light
+squeezenet overflows fp16 (its fp32 activations reach 1.4e10) and returns NaN, as it would on the
+device."""
 import shutil
 
 import numpy as np

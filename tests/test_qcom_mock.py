@@ -184,7 +184,7 @@ def test_slow_submission_retires_after_its_delay(dev):
 
 def test_wait_on_a_timestamp_never_queued_is_einval(dev):
     ctx = dev.context_create()
-    with pytest.raises(DeviceError, match=r"WAITTIMESTAMP_CTXTID failed with EINVAL .*never queued"):
+    with pytest.raises(DeviceError, match=r"TIMESTAMP_CTXTID failed with EINVAL .*never queued"):
         dev.wait(ctx, 5, 10)
 
 
