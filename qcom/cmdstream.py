@@ -12,7 +12,8 @@ Facts: header layout from Linux's adreno_pm4types.h (cp_type4_packet/cp_type7_pa
 freedreno_pm4.h. Registers from Mesa's src/freedreno/registers/adreno/a6xx.xml
 (mirror/mesa@1b5e42ed, the A6XX variants: a7xx moved several of these); opcodes from its
 adreno_pm4.xml (mirror/mesa@8334434e); payload layouts (CP_LOAD_STATE6, CP_EVENT_WRITE,
-CP_WAIT_REG_MEM, CP_REG_TO_MEM) from adreno_pm4.xml in freedreno/envytools@d88cafa, the database Mesa's grew from.
+CP_WAIT_REG_MEM, CP_REG_TO_MEM) from adreno_pm4.xml in freedreno/envytools@d88cafa, the database
+Mesa's grew from.
 CP_INDIRECT_BUFFER's payload (address lo, hi, size in dwords) is the kernel's own use of it in the
 a6xx ringbuffer code.
 """
