@@ -64,7 +64,7 @@ RM6_COMPUTE = 8  # CP_SET_MARKER mode
 CACHE_FLUSH_TS, CACHE_FLUSH, CACHE_INVALIDATE = 4, 6, 49  # CP_EVENT_WRITE events
 ST6_SHADER, ST6_CONSTANTS, ST6_UBO, ST6_IBO = 0, 1, 2, 3  # CP_LOAD_STATE6 state type
 SS6_DIRECT, SS6_INDIRECT = 0, 2  # CP_LOAD_STATE6 state source
-SB6_CS_TEX, SB6_CS_SHADER, SB6_CS_IBO = 0x5, 0xD, 0xF  # CP_LOAD_STATE6 state block
+SB6_CS_TEX, SB6_CS_SHADER = 0x5, 0xD  # CP_LOAD_STATE6 state block (compute IBOs: ST6_IBO)
 WAIT_POLL_MEMORY = 1 << 4  # CP_WAIT_REG_MEM dword 0
 
 
@@ -174,8 +174,7 @@ PAYLOAD = {  # opcode name -> (fewest words, most words); None: no limit
 # 128-byte units, constants in vec4s, texture/IBO descriptors are 16 dwords, samplers 4, UBOs 2
 STATE_UNIT = {(SB6_CS_SHADER, ST6_SHADER): 128, (SB6_CS_SHADER, ST6_CONSTANTS): 16,
               (SB6_CS_SHADER, ST6_UBO): 8, (SB6_CS_SHADER, ST6_IBO): 64,
-              (SB6_CS_TEX, ST6_SHADER): 16, (SB6_CS_TEX, ST6_CONSTANTS): 64,
-              (SB6_CS_IBO, ST6_SHADER): 64}
+              (SB6_CS_TEX, ST6_SHADER): 16, (SB6_CS_TEX, ST6_CONSTANTS): 64}
 
 
 def _addr(p: tuple, lo: int) -> int:

@@ -210,6 +210,18 @@ def test_keel_kgsl_env_selects_the_mock(monkeypatch):
     assert isinstance(k.driver, MockKgsl) and k.check_chip().gpu_id == 630
 
 
+def test_kernel_driver_failure_names_the_ioctl_errno_and_request():
+    """The real entry point (fcntl.ioctl) on a file that is not KGSL: the kernel's ENOTTY arrives
+    as DeviceError with the ioctl's name and what was asked."""
+    dev = kgsl.Kgsl(kgsl.KernelDriver(), path="/dev/null")
+    try:
+        with pytest.raises(DeviceError, match=r"IOCTL_KGSL_GPUOBJ_ALLOC failed with ENOTTY "
+                                              r"\(.*\) asking to allocate 4096 bytes"):
+            dev.alloc(4096)
+    finally:
+        dev.close()
+
+
 def test_real_device_absent_is_a_named_error(monkeypatch):
     monkeypatch.delenv("KEEL_KGSL", raising=False)
     with pytest.raises(DeviceError, match=r"open\(/nonexistent/kgsl\) failed: ENOENT"):
