@@ -5,7 +5,7 @@ maps OpenCL C onto C with clang's `_Float16` for `half`, and `-ffloat16-excess-p
 makes every half operation round to half, as the Adreno's ALU does (clang's default on x86 keeps
 half expressions in float until an assignment, which would hide fp16 error). Images read texels
 from the pitched buffer with clamp-to-border; work-group kernels with barriers run each group's
-work items as threads on a pthread barrier.
+work items as coroutines (ucontext) that yield at every barrier.
 
 `run(artifact, feeds)` executes an artifact's launches in order over host memory laid out as the
 blob says (arena, weights, io slots) and returns the outputs.
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import platform
 import re
 import subprocess
 import tempfile
@@ -22,13 +23,15 @@ from pathlib import Path
 import numpy as np
 
 CLANG = "clang-19"
+# x86-64's baseline has no half conversions: without F16C every half operation is two libcalls
+HOST_FLAGS = ["-mf16c"] if platform.machine() == "x86_64" else []
 VECTOR_TYPES = "half|float|int|uint|short|ushort|char|uchar"
 
 SHIM = r"""
 #include <math.h>
-#include <pthread.h>
 #include <stdbool.h>
-#include <string.h>
+#include <stdlib.h>
+#include <ucontext.h>
 typedef _Float16 half; typedef unsigned char uchar; typedef unsigned short ushort;
 typedef unsigned int uint; typedef unsigned long ulong;
 #define VEC(t) typedef t t##2 __attribute__((ext_vector_type(2))); \
@@ -48,11 +51,10 @@ typedef int sampler_t;
 #define CLK_LOCAL_MEM_FENCE 0
 typedef struct { const void *data; int width, height, pitch, is_half; } image2d_t;
 
-static __thread int keel_gid[3], keel_lid[3];
-static pthread_barrier_t keel_bar;
+static int keel_gid[3], keel_lid[3];
 static inline int get_global_id(int d) { return keel_gid[d]; }
 static inline int get_local_id(int d) { return keel_lid[d]; }
-static inline void barrier(int fence) { (void)fence; pthread_barrier_wait(&keel_bar); }
+static void barrier(int fence);
 
 #define KEEL_VL(n) \
   static inline half##n keel_vl##n##h(int o, const half *p) { \
@@ -105,30 +107,48 @@ static inline half4 read_imageh(image2d_t im, int s, int2 c) {
 }
 
 typedef void (*keel_item)(void **);
-struct keel_job { keel_item f; void **a; int gid[3], lid[3]; };
-static void *keel_thread(void *p) {
-  struct keel_job *j = p;
-  memcpy(keel_gid, j->gid, sizeof keel_gid); memcpy(keel_lid, j->lid, sizeof keel_lid);
-  j->f(j->a);
-  return 0;
+static keel_item keel_f; static void **keel_a;
+static ucontext_t keel_sched, *keel_ctx;
+static int keel_cur, *keel_done;
+static void barrier(int fence) { (void)fence; swapcontext(&keel_ctx[keel_cur], &keel_sched); }
+static void keel_trampoline(void) { keel_f(keel_a); keel_done[keel_cur] = 1; }
+static void keel_ids(int i, const int *g, const int *ls) {
+  int l[3] = {i % ls[0], i / ls[0] % ls[1], i / (ls[0] * ls[1])};
+  for (int d = 0; d < 3; d++) { keel_lid[d] = l[d]; keel_gid[d] = g[d] + l[d]; }
 }
-/* Every work item of gs, one work-group (ls) at a time; threads only where barriers need them. */
-static void keel_launch(keel_item f, void **a, const int *gs, const int *ls, int threads) {
-  int n = ls[0] * ls[1] * ls[2];
-  struct keel_job jobs[n]; pthread_t tid[n];
-  for (int gz = 0; gz < gs[2]; gz += ls[2]) for (int gy = 0; gy < gs[1]; gy += ls[1])
-  for (int gx = 0; gx < gs[0]; gx += ls[0]) {
-    if (threads) pthread_barrier_init(&keel_bar, 0, n);
-    for (int i = 0; i < n; i++) {
-      int l[3] = {i % ls[0], i / ls[0] % ls[1], i / (ls[0] * ls[1])};
-      struct keel_job j = {f, a, {gx + l[0], gy + l[1], gz + l[2]}, {l[0], l[1], l[2]}};
-      jobs[i] = j;
-      if (threads) pthread_create(&tid[i], 0, keel_thread, &jobs[i]);
-      else keel_thread(&jobs[i]);
-    }
-    if (threads) { for (int i = 0; i < n; i++) pthread_join(tid[i], 0);
-                   pthread_barrier_destroy(&keel_bar); }
+/* One work-group whose items meet at barriers: each item is a coroutine; a round runs every
+   unfinished item up to its next barrier (or its end), so no item passes a barrier early. */
+static void keel_group(int n, const int *g, const int *ls, char *stacks, size_t size) {
+  for (int i = 0; i < n; i++) {
+    getcontext(&keel_ctx[i]);
+    keel_ctx[i].uc_stack.ss_sp = stacks + i * size; keel_ctx[i].uc_stack.ss_size = size;
+    keel_ctx[i].uc_link = &keel_sched; keel_done[i] = 0;
+    makecontext(&keel_ctx[i], keel_trampoline, 0);
   }
+  for (int left = n; left;) {
+    left = 0;
+    for (keel_cur = 0; keel_cur < n; keel_cur++) {
+      if (keel_done[keel_cur]) continue;
+      keel_ids(keel_cur, g, ls);
+      swapcontext(&keel_sched, &keel_ctx[keel_cur]);
+      left += !keel_done[keel_cur];
+    }
+  }
+}
+/* Every work item of gs, one work-group (ls) at a time. */
+static void keel_launch(keel_item f, void **a, const int *gs, const int *ls, int barriers) {
+  int n = ls[0] * ls[1] * ls[2];
+  size_t size = 64 * 1024;
+  char *stacks = barriers ? malloc(n * size) : 0;
+  keel_f = f; keel_a = a;
+  keel_ctx = malloc(n * sizeof *keel_ctx); keel_done = malloc(n * sizeof *keel_done);
+  for (int z = 0; z < gs[2]; z += ls[2]) for (int y = 0; y < gs[1]; y += ls[1])
+  for (int x = 0; x < gs[0]; x += ls[0]) {
+    int g[3] = {x, y, z};
+    if (barriers) { keel_group(n, g, ls, stacks, size); continue; }
+    for (int i = 0; i < n; i++) { keel_ids(i, g, ls); f(a); }
+  }
+  free(stacks); free(keel_ctx); free(keel_done);
 }
 """
 
@@ -184,7 +204,7 @@ def _kernel_body(src: str, name: str) -> str:
 def build(src: str, workdir: Path) -> ctypes.CDLL:
     c, so = workdir / "kernels.c", workdir / "kernels.so"
     c.write_text(to_c(src))
-    subprocess.run([CLANG, "-std=gnu11", "-O1", "-fPIC", "-shared", "-pthread",
+    subprocess.run([CLANG, "-std=gnu11", "-O1", "-fPIC", "-shared", *HOST_FLAGS,
                     "-Xclang", "-ffloat16-excess-precision=none", "-Wno-unknown-attributes", str(c),
                     "-o", str(so), "-lm"], check=True, capture_output=True, text=True)
     return ctypes.CDLL(str(so))

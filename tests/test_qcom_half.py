@@ -77,7 +77,7 @@ def test_shufflenet_matches_and_squeezenet_overflows_fp16():
 
 @pytest.mark.slow
 def test_openpilot_shaped_model_in_half_matches_onnxruntime():
-    """The openpilot test's fp16 tolerance (5e-2 abs/rel on O(1) outputs); ~90 s on the host."""
+    """The openpilot test's fp16 tolerance (5e-2 abs/rel on O(1) outputs); ~40 s on the host."""
     from models.openpilot import INPUTS, make_openpilot
     rng = np.random.default_rng(0)
     feeds = {n: (rng.integers(0, 256, s).astype(d) if d == np.uint8
