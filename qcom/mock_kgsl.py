@@ -28,6 +28,7 @@ import itertools
 import mmap
 import os
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 from qcom import cmdstream, kgsl
@@ -43,8 +44,17 @@ def _fail(code: int, why: str):
     raise OSError(code, f"{os.strerror(code)}: {why}")
 
 
+@dataclass
+class Obj:
+    gpuaddr: int
+    size: int
+    flags: int
+    view: object  # the host bytes the "GPU" reads and writes
+    fd: int = -1  # the memfd behind an allocation; -1 for imported user memory
+
+
 class Memory:
-    """GPU objects: id -> (gpuaddr, size, host view), with lookups by GPU address."""
+    """GPU objects by id, with lookups by GPU address."""
 
     def __init__(self):
         self.objs, self.ids, self.next_addr = {}, itertools.count(1), GPU_BASE
@@ -54,17 +64,17 @@ class Memory:
         addr = -(-self.next_addr // align) * align
         self.next_addr = addr + size + kgsl.PAGE  # a guard page between objects
         obj_id = next(self.ids)
-        self.objs[obj_id] = dict(gpuaddr=addr, size=size, flags=flags, view=view, fd=fd)
+        self.objs[obj_id] = Obj(addr, size, flags, view, fd)
         return obj_id
 
     def spans(self) -> list[tuple[int, int]]:
-        return [(o["gpuaddr"], o["size"]) for o in self.objs.values()]
+        return [(o.gpuaddr, o.size) for o in self.objs.values()]
 
     def view(self, gpuaddr: int, nbytes: int) -> memoryview:
         for o in self.objs.values():
-            if o["gpuaddr"] <= gpuaddr and gpuaddr + nbytes <= o["gpuaddr"] + o["size"]:
-                start = gpuaddr - o["gpuaddr"]
-                return memoryview(o["view"]).cast("B")[start:start + nbytes]  # ctypes views: '<c' 
+            if o.gpuaddr <= gpuaddr and gpuaddr + nbytes <= o.gpuaddr + o.size:
+                start = gpuaddr - o.gpuaddr
+                return memoryview(o.view).cast("B")[start:start + nbytes]  # ctypes views are '<c' 
         raise GpuFault(f"GPU access {gpuaddr:#x}+{nbytes} outside every allocation")
 
     def words(self, gpuaddr: int, dwords: int) -> memoryview:
@@ -110,18 +120,17 @@ class MockKgsl:
     def ioctl(self, fd: int, number: int, arg) -> None:
         if fd not in self.fds:
             _fail(errno.EBADF, f"fd {fd} is not an open KGSL device")
-        known = self.by_nr.get(kgsl.ioc_nr(number)) if (number >> 8) & 0xFF == kgsl.IOC_TYPE \
-            else None
-        if known is None:
+        known = self.by_nr.get(kgsl.ioc_nr(number))
+        if known is None or (number >> 8) & 0xFF != kgsl.IOC_TYPE:
             _fail(errno.ENOTTY, f"no KGSL ioctl {number:#010x}")
         if number != known.number:
             _fail(errno.EINVAL, f"{number:#010x} has the nr of {known.name} but not its size or "
                   f"direction: expected {known.number:#010x} ({ctypes.sizeof(known.struct)} bytes)")
-        raw = (ctypes.c_char * ctypes.sizeof(known.struct)).from_buffer(arg) \
-            if memoryview(arg).nbytes >= ctypes.sizeof(known.struct) else None
-        if raw is None:
+        size = ctypes.sizeof(known.struct)
+        if memoryview(arg).nbytes < size:
             _fail(errno.EFAULT, f"{known.name}: argument of {memoryview(arg).nbytes} bytes, "
-                  f"the kernel copies {ctypes.sizeof(known.struct)}")
+                  f"the kernel copies {size}")
+        raw = (ctypes.c_char * size).from_buffer(arg)
         s = known.struct.from_buffer_copy(raw)
         self.handlers[number](s)
         if number >> 30 & 2:  # _IOC_READ: the kernel copies the struct back
@@ -131,11 +140,11 @@ class MockKgsl:
         o = self.mem.objs.get(offset // kgsl.PAGE)
         if fd not in self.fds or o is None or offset % kgsl.PAGE:
             raise OSError(errno.EINVAL, f"no GPU object for mmap offset {offset:#x}")
-        if o["fd"] < 0:
+        if o.fd < 0:
             raise OSError(errno.EBUSY, "imported user memory cannot be mapped again")
-        if length != o["size"]:
-            raise OSError(errno.EINVAL, f"mmap of {length} bytes, object has {o['size']}")
-        return mmap.mmap(o["fd"], length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        if length != o.size:
+            raise OSError(errno.EINVAL, f"mmap of {length} bytes, object has {o.size}")
+        return mmap.mmap(o.fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
 
     # --- device ---
     def _device_getproperty(self, a) -> None:
@@ -178,7 +187,7 @@ class MockKgsl:
         a.id = self.mem.add(size, a.flags, view, fd)
         a.mmapsize, a.va_len = size, size
 
-    def _obj(self, obj_id: int) -> dict:
+    def _obj(self, obj_id: int) -> Obj:
         if obj_id not in self.mem.objs:
             _fail(errno.EINVAL, f"no GPU object {obj_id}")
         return self.mem.objs[obj_id]
@@ -187,13 +196,13 @@ class MockKgsl:
         o = self._obj(a.id)
         if a.flags:
             _fail(errno.EINVAL, f"free flags {a.flags:#x}: the mock frees immediately only")
-        if o["fd"] >= 0:
-            os.close(o["fd"])
+        if o.fd >= 0:
+            os.close(o.fd)
         del self.mem.objs[a.id]
 
     def _gpuobj_info(self, a) -> None:
         o = self._obj(a.id)
-        a.gpuaddr, a.flags, a.size, a.va_len = o["gpuaddr"], o["flags"], o["size"], o["size"]
+        a.gpuaddr, a.flags, a.size, a.va_len = o.gpuaddr, o.flags, o.size, o.size
 
     def _import(self, addr: int, size: int, flags: int) -> int:
         if not addr or addr % kgsl.PAGE or not size or size % kgsl.PAGE:
@@ -212,7 +221,7 @@ class MockKgsl:
         if a.memtype != kgsl.USER_MEM_TYPE_ADDR or a.offset:
             _fail(errno.EINVAL, f"memtype {a.memtype} offset {a.offset}: the mock maps user "
                   f"addresses at offset 0 only")
-        a.gpuaddr = self._obj(self._import(a.hostptr, a.len, a.flags))["gpuaddr"]
+        a.gpuaddr = self._obj(self._import(a.hostptr, a.len, a.flags)).gpuaddr
 
     # --- submission and timestamps ---
     def _gpu_command(self, a) -> None:

@@ -82,6 +82,17 @@ def test_user_memory_import_is_zero_copy(dev):
         dev.mmap(obj)
 
 
+def test_map_user_mem_gives_a_gpu_address_for_host_pages(dev):
+    host = mmap.mmap(-1, kgsl.PAGE)
+    arg = kgsl.MapUserMem(hostptr=ctypes.addressof(ctypes.c_char.from_buffer(host)),
+                          len=kgsl.PAGE, memtype=kgsl.USER_MEM_TYPE_ADDR)
+    assert raw(dev, kgsl.MAP_USER_MEM.number, arg) is None and arg.gpuaddr
+    host[:3] = b"abc"
+    assert bytes(dev.driver.mem.view(arg.gpuaddr, 3)) == b"abc"
+    arg.hostptr += 8
+    assert raw(dev, kgsl.MAP_USER_MEM.number, arg).errno == errno.EINVAL
+
+
 def test_unknown_ioctl_is_enotty(dev):
     e = raw(dev, kgsl.ioc(3, 0x7F, 8), bytearray(8))
     assert e.errno == errno.ENOTTY
