@@ -252,3 +252,34 @@ def run(artifact, feeds: dict) -> dict:
                                              (ctypes.c_int * 3)(*gs), (ctypes.c_int * 3)(*ls))
     del keep
     return outs
+
+
+def main() -> None:
+    """python tests/halfhost.py model.onnx: the model's fp16 error on the Adreno's arithmetic,
+    against onnxruntime, on seeded random inputs (uint8 inputs uniform over 0..255)."""
+    import argparse
+
+    import onnx
+
+    from compiler.pipeline import compile_model
+    from tests.graphs import ort_run
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("model")
+    model = onnx.load(ap.parse_args().model)
+    rng, feeds = np.random.default_rng(0), {}
+    inits = {i.name for i in model.graph.initializer}
+    for vi in (v for v in model.graph.input if v.name not in inits):
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+        shape = tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
+        feeds[vi.name] = (rng.integers(0, 256, shape) if dtype == np.uint8
+                          else rng.standard_normal(shape)).astype(dtype)
+    got = run(compile_model(model, target="qcom", float16=True), feeds)
+    for name, want in ort_run(model, feeds).items():
+        err = np.abs(got[name].astype(np.float64) - want)
+        print(f"{name}: max abs error {err.max():.2e}, |reference| up to {np.abs(want).max():.3g}, "
+              f"{int((~np.isfinite(got[name])).sum())} non-finite")
+
+
+if __name__ == "__main__":
+    main()
