@@ -15,7 +15,7 @@ import numpy as np
 
 from compiler.ir.dtypes import dtypes
 from compiler.ir.rewrite import PatternMatcher, UPat
-from compiler.ir.uop import ALU, Ops, UOp
+from compiler.ir.uop import Ops, UOp
 
 FLOATS = (dtypes.float32, dtypes.float64)
 F = {dtypes.float32: dict(int=dtypes.int32, uint=dtypes.uint32, mant=23, bias=127),
