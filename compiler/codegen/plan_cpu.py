@@ -1,4 +1,5 @@
-"""CPU loop plans (targets whose output dims are loops): loop order, register tiles (upcast), unrolled reductions.
+"""CPU loop plans (targets whose output dims are loops): loop order, register tiles (upcast),
+unrolled reductions.
 
 The plan is chosen from what each operand's index depends on, found by lowering the kernel once
 with a plain one-loop-per-dim plan and reading the loads:
@@ -28,7 +29,7 @@ from compiler.schedule.fusion import Kernel, find_reduce
 from compiler.target import LINE_BYTES, Target
 
 GATHER_LANES = 2  # what a vector of per-lane scalar loads is worth, in lanes
-WINDOW_UNROLL = 32  # whole window reductions up to this size unroll too (3x3 and 5x5 depthwise windows)
+WINDOW_UNROLL = 32  # whole window reductions up to this size unroll (3x3, 5x5 depthwise)
 MAX_ROWS = 8  # accumulator rows: past this, code size (and compile time) grows for no gain
 SHORT_REDUCE = 64  # reductions shorter than this pay for a scattered store like for a gather
 MIN_OUTER_TRIPS = 8  # the outermost loop is what threads share: enough trips to balance them
