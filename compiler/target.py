@@ -13,8 +13,11 @@ LINE_BYTES = 64
 @dataclass(frozen=True)
 class Target:
     name: str
-    renderer: str  # "c" | "opencl"
-    device: str  # runner device that executes it
+    renderer: str  # kernel language: "c" | "opencl"; only renderers.get_renderer reads it
+    # runner device that executes the blob. runner/device.py keeps the same blob target -> device
+    # table (the runner never imports the compiler): qcom blobs run on the OpenCL device, through
+    # the vendor's libOpenCL
+    device: str
     vector_bytes: int = 32  # SIMD register width the optimizer tiles for
     registers: int = 16  # vector registers available for accumulators
     # per-core L1d and L2 the CPU loop order blocks for: the smallest among the target's
@@ -30,28 +33,50 @@ class Target:
     # fp16 arithmetic in kernels (cl_khr_fp16). Without it, --float16 still halves memory traffic:
     # half storage through vload_half/vstore_half, fp32 arithmetic.
     half_compute: bool = False
+    # --float16 stores activations as half too, not only weights. CPUs keep fp32 activations,
+    # where the C compiler's vector code is fastest (half weights are widened in registers).
+    half_activations: bool = False
     # GPU image path: float tensors whose innermost dim is a multiple of 4 are read as 2D RGBA
     # images (read_imagef) when `images` is on; rows are `image_pitch_align` texels apart.
     images: bool = False
     image_max_width: int = 0  # texels per row
     image_max_height: int = 0  # rows
     image_pitch_align: int = 0  # row pitch alignment in texels
+    # How a kernel's output dims run: "loop" (nested loops; a thread pool shares the outermost,
+    # planned by codegen/plan_cpu.py) or "global" (one work item per output tile, plan_gpu.py).
+    output_dims: str = "loop"
+    # Buffer layouts chosen for cache reuse (schedule/layout.py): channels-last convs, padded and
+    # residual tensors written in place, merged dims. Targets without it keep every buffer as
+    # the graph has it (images already make GPU reads 2D).
+    cpu_layouts: bool = False
+    # Winograd F(2x2,3x3) for eligible 3x3 convs (onnx/ops/winograd.py): fewer multiplies for more
+    # adds and a larger weight, a trade a wide-SIMD CPU wins.
+    winograd: bool = False
+    pack_weights: bool = False  # weights copied into the order the kernel reads them (pack.py)
+    # The programs are one shared object built by the toolchain; otherwise kernel source that the
+    # device's driver compiles at load.
+    shared_object: bool = False
 
+
+# what every CPU target shares; they differ in vector width, registers and caches
+CPU = dict(renderer="c", device="cpu", prefetch=True, cpu_layouts=True, winograd=True,
+           pack_weights=True, shared_object=True)
+# every OpenCL target: one work item per output tile, half activations under --float16
+GPU = dict(renderer="opencl", device="opencl", vector_bytes=16, buffer_align=128,
+           half_activations=True, output_dims="global")
 
 TARGETS = {t.name: t for t in (
-    Target("cpu", "c", "cpu", vector_bytes=32, registers=16, prefetch=True),  # x86-64-v3: AVX2+FMA
-    Target("cpu-avx512", "c", "cpu", vector_bytes=64, registers=32,
-           l2_bytes=1 << 20, prefetch=True),  # x86-64-v4: AVX-512
-    Target("cpu-aarch64", "c", "cpu", vector_bytes=16, registers=32, prefetch=True),  # comma 3X
-    Target("cpu-arm64-apple", "c", "cpu", vector_bytes=16, registers=32, prefetch=True),
+    Target("cpu", vector_bytes=32, registers=16, **CPU),  # x86-64-v3: AVX2+FMA
+    Target("cpu-avx512", vector_bytes=64, registers=32, l2_bytes=1 << 20, **CPU),  # x86-64-v4
+    Target("cpu-aarch64", vector_bytes=16, registers=32, **CPU),  # comma 3X
+    Target("cpu-arm64-apple", vector_bytes=16, registers=32, **CPU),
     # any OpenCL 1.2 device (PoCL in CI): no fp16 arithmetic, images opt-in within the limits
     # every OpenCL 1.2 image-capable device guarantees (8192 x 8192)
-    Target("opencl", "opencl", "opencl", vector_bytes=16, max_workgroup=256, buffer_align=128,
-           image_max_width=8192, image_max_height=8192, image_pitch_align=16),
+    Target("opencl", max_workgroup=256, image_max_width=8192, image_max_height=8192,
+           image_pitch_align=16, **GPU),
     # Adreno 630: 1024-wide work-groups, fp16 ALUs, 16384-texel images, 64-texel row pitch alignment
-    Target("qcom", "opencl", "qcom", vector_bytes=16, max_workgroup=1024, buffer_align=128,
-           half_compute=True, images=True, image_max_width=16384, image_max_height=16384,
-           image_pitch_align=64),
+    Target("qcom", max_workgroup=1024, half_compute=True, images=True, image_max_width=16384,
+           image_max_height=16384, image_pitch_align=64, **GPU),
 )}
 
 

@@ -16,7 +16,8 @@ import pytest
 from compiler.pipeline import compile_model
 from compiler.ir.dtypes import dtypes
 from compiler.errors import CompileError
-from compiler.codegen.lower import Axis, iconst
+from compiler.codegen.lower import iconst
+from compiler.codegen.plan import Axis
 from compiler.ir.rewrite import PatternMatcher, UPat, graph_rewrite
 from compiler.ir.symbolic import symbolic
 from compiler.ir.uop import Ops, UOp
@@ -257,12 +258,12 @@ def test_conv_weight_lanes_are_packed_side_by_side(monkeypatch):
 
 
 def _built_kernels(monkeypatch, model, **kw):
-    import compiler.pipeline as cc
+    import compiler.codegen.build as cb
     built = []
-    build = cc.build_kernel
-    monkeypatch.setattr(cc, "build_kernel", lambda *a: built.append(build(*a)) or built[-1])
+    build = cb.build_kernel
+    monkeypatch.setattr(cb, "build_kernel", lambda *a: built.append(build(*a)) or built[-1])
     compile_model(model, **kw)
-    return built
+    return [(b.name, b.lin, b.plan, b.perms) for b in built]
 
 
 def _depthwise_block() -> onnx.ModelProto:

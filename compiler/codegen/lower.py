@@ -7,49 +7,16 @@ so hash-consing shares every load and index that the copies have in common (regi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import reduce as fold
 from itertools import product
 
+from compiler.codegen.half import accumulator
+from compiler.codegen.plan import LOOP_KINDS, Plan
 from compiler.ir.dtypes import dtypes
-from compiler.schedule.fusion import Kernel
 from compiler.ir.uop import ALU, Ops, UOp
+from compiler.schedule.fusion import Kernel, find_reduce
 
 IDX = dtypes.index
-LOOP_KINDS = ("global", "group", "loop", "reduce")
-
-
-@dataclass(frozen=True)
-class Axis:
-    dim: int  # which dim of the kernel's full shape this axis (or part of it) iterates
-    size: int
-    kind: str  # "global" | "loop" | "reduce" (loops) ; "upcast" | "unroll" (expanded)
-    # GPU: "group" splits a reduce dim across the work items of one work-group (local ids);
-    # each accumulates its share, then the group combines them through local memory
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The optimizer's choices for one kernel. Within one dim, axes are listed outer to inner."""
-    full_shape: tuple[int, ...]
-    reduce_dims: tuple[int, ...]
-    axes: tuple[Axis, ...]
-    local: tuple[int, ...] | None = None  # work-group size for GPU targets, in global_size order
-    # GPU targets: positions in `axes` of adjacent "global" axes that one RANGE (one global id)
-    # iterates together, since OpenCL has at most 3 global ids
-    fused: tuple[tuple[int, ...], ...] = ()
-    lanes: int = 1  # C targets: the last upcast axis is zipped into vectors of this many lanes
-
-    @property
-    def global_size(self) -> tuple[int, ...]:
-        """Launch size per global id: id 0 (fastest varying) iterates the innermost global RANGE."""
-        grouped = {i for g in self.fused for i in g[1:]}
-        sizes = []
-        for i, a in enumerate(self.axes):
-            if a.kind in ("global", "group") and i not in grouped:
-                group = next((g for g in self.fused if g[0] == i), (i,))
-                sizes.append(math.prod(self.axes[j].size for j in group))
-        return tuple(reversed(sizes)) or (1,)
 
 
 def iconst(v: int) -> UOp:
@@ -155,21 +122,6 @@ class Lowerer:
         return self(data, idx[:ax] + (i,) + idx[ax + r:], valid)
 
 
-def find_reduce(root: UOp, realized: set) -> UOp | None:
-    """The kernel's fused reduction: the scheduler guarantees at most one per kernel."""
-    stack, seen = [root], set()
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n.op is Ops.REDUCE and (n is root or n not in realized):
-            return n
-        if n is root or n not in realized:
-            stack.extend(n.src)
-    return None
-
-
 def root_index(views: list[UOp], idx: tuple) -> tuple:
     """The index in the kernel root of the output whose reduction index is `idx`: `views` (from
     views_between) applied bottom-up."""
@@ -178,7 +130,7 @@ def root_index(views: list[UOp], idx: tuple) -> tuple:
             idx = reshape_index(idx, n.src[0].shape, n.shape)
         elif n.op is Ops.PERMUTE:
             idx = tuple(idx[o] for o in n.arg)
-        elif n.op is Ops.PAD:  # a padded tensor's interior (optimize.pad_in_place)
+        elif n.op is Ops.PAD:  # a padded tensor's interior (layout.pad_in_place)
             idx = tuple(i + b for i, (b, _) in zip(idx, n.arg[0]))
     return idx
 
@@ -202,21 +154,23 @@ def views_between(root: UOp, red: UOp) -> list[UOp]:
 
 
 def _combine(op: Ops, vals: list[UOp]) -> UOp:
-    if vals[0].dtype is dtypes.float16:  # accumulate in float32, as a float16 REDUCE does
-        return _combine(op, [v.cast(dtypes.float32) for v in vals]).cast(dtypes.float16)
+    acc = accumulator(vals[0].dtype)
+    if acc is not vals[0].dtype:
+        return _combine(op, [v.cast(acc) for v in vals]).cast(vals[0].dtype)
     while len(vals) > 1:  # a balanced tree keeps the dependency chain short
         vals = [vals[i].alu(op, vals[i + 1]) if i + 1 < len(vals) else vals[i]
                 for i in range(0, len(vals), 2)]
     return vals[0]
 
 
-def lower_kernel(kernel: Kernel, params: dict[UOp, int], param_dtypes: list, plan: Plan) -> UOp:
-    lw = Lowerer(kernel, params, param_dtypes)
+def _ranges(plan: Plan) -> dict[int, UOp]:
+    """{axis position: its index}: a RANGE per loop axis, keyed by position since two axes may
+    be equal (a dim split into same-size parts); fused axes share one RANGE, split back into
+    each member's value."""
     fused = {i for g in plan.fused for i in g}
-    # keyed by position: two axes may be equal (a dim split into same-size parts)
     ranges = {n: UOp(Ops.RANGE, IDX, (iconst(a.size),), (n, a.kind))
               for n, a in enumerate(plan.axes) if a.kind in LOOP_KINDS and n not in fused}
-    for group in plan.fused:  # one RANGE, split back into each member axis's value
+    for group in plan.fused:
         members = [plan.axes[i] for i in group]
         r = UOp(Ops.RANGE, IDX, (iconst(math.prod(a.size for a in members)),),
                 (group[0], members[0].kind))
@@ -224,47 +178,58 @@ def lower_kernel(kernel: Kernel, params: dict[UOp, int], param_dtypes: list, pla
         for i in reversed(group):
             ranges[i] = (r // stride) % plan.axes[i].size
             stride *= plan.axes[i].size
-    ups = [n for n, a in enumerate(plan.axes) if a.kind == "upcast"]
-    unrolls = [n for n, a in enumerate(plan.axes) if a.kind == "unroll"]
+    return ranges
 
-    def dim_index(values: dict, reduce_too: bool) -> tuple:
-        out = []
-        for d in range(len(plan.full_shape)):
-            if d in plan.reduce_dims and not reduce_too:
-                out.append(iconst(0))
-                continue
-            idx, stride = iconst(0), 1
-            for n in reversed([n for n, a in enumerate(plan.axes) if a.dim == d]):
-                idx = idx + values[n] * stride
-                stride *= plan.axes[n].size
-            out.append(idx)
-        return tuple(out)
 
+def _dim_index(plan: Plan, values: dict, reduce_too: bool) -> tuple:
+    """The full-shape index that axis values address (reduce dims 0 unless `reduce_too`)."""
+    out = []
+    for d in range(len(plan.full_shape)):
+        if d in plan.reduce_dims and not reduce_too:
+            out.append(iconst(0))
+            continue
+        idx, stride = iconst(0), 1
+        for n in reversed([n for n, a in enumerate(plan.axes) if a.dim == d]):
+            idx = idx + values[n] * stride
+            stride *= plan.axes[n].size
+        out.append(idx)
+    return tuple(out)
+
+
+def _expanded(plan: Plan, kind: str, base: dict):
+    """Axis values for every copy of the straight-line code that `kind` axes expand into."""
+    ns = [n for n, a in enumerate(plan.axes) if a.kind == kind]
+    for combo in product(*(range(plan.axes[n].size) for n in ns)):
+        yield {**base, **{n: iconst(v) for n, v in zip(ns, combo)}}
+
+
+def _accumulate(lw: Lowerer, plan: Plan, ranges: dict, values: dict, upcast: bool) -> UOp:
+    """The reduction's value for one output: its unrolled parts, accumulated over the reduce
+    loops."""
     red = lw.red
-    views = views_between(kernel.root, red) if red is not None else []
+    parts = [lw(red.src[0], _dim_index(plan, v, True)) for v in _expanded(plan, "unroll", values)]
+    rr = [r for n, r in ranges.items() if plan.axes[n].kind in ("reduce", "group")]
+    if rr and not upcast and accumulator(red.dtype) is red.dtype:
+        # a lone accumulator would wait on its own latency every step: each unrolled part gets
+        # its own, summed after the loop (a 4955x256 matvec: 3x faster)
+        return _combine(red.arg[0], [UOp(Ops.REDUCE, red.dtype, (p, *rr), red.arg[0])
+                                     for p in parts])
+    if rr:  # unrolled parts accumulate one by one: acc += a*b chains become FMAs
+        return UOp(Ops.REDUCE, red.dtype, (*parts, *rr), red.arg[0])
+    return _combine(red.arg[0], parts)
+
+
+def lower_kernel(kernel: Kernel, params: dict[UOp, int], param_dtypes: list, plan: Plan) -> UOp:
+    lw = Lowerer(kernel, params, param_dtypes)
+    ranges = _ranges(plan)
+    upcast = any(a.kind == "upcast" for a in plan.axes)
+    views = views_between(kernel.root, lw.red) if lw.red is not None else []
     stores = []
-    for ucombo in product(*(range(plan.axes[n].size) for n in ups)):
-        values = {**ranges, **{n: iconst(v) for n, v in zip(ups, ucombo)}}
-        if red is not None:
-            parts = []
-            for vcombo in product(*(range(plan.axes[n].size) for n in unrolls)):
-                full = dim_index({**values, **{n: iconst(v) for n, v in zip(unrolls, vcombo)}}, True)
-                parts.append(lw(red.src[0], full))
-            rr = [r for n, r in ranges.items() if plan.axes[n].kind in ("reduce", "group")]
-            if rr and not ups and red.dtype is not dtypes.float16:
-                # a lone accumulator would wait on its own latency every step: each unrolled
-                # part gets its own, summed after the loop (a 4955x256 matvec: 3x faster)
-                lw.acc = _combine(red.arg[0], [UOp(Ops.REDUCE, red.dtype, (p, *rr), red.arg[0])
-                                               for p in parts])
-            elif rr:  # unrolled parts accumulate one by one: acc += a*b chains become FMAs
-                lw.acc = UOp(Ops.REDUCE, red.dtype, (*parts, *rr), red.arg[0])
-            else:
-                lw.acc = _combine(red.arg[0], parts)
-            out_idx = root_index(views, dim_index(values, False))
-        else:
-            out_idx = dim_index(values, False)
+    for values in _expanded(plan, "upcast", ranges):
+        if lw.red is not None:
+            lw.acc = _accumulate(lw, plan, ranges, values, upcast)
+        out_idx = root_index(views, _dim_index(plan, values, False))
         value = lw(kernel.root, out_idx)
         stores.append(UOp(Ops.STORE, dtypes.void,
                           (lw.param_uops[0], linear(out_idx, kernel.root.shape), value)))
     return UOp(Ops.SINK, dtypes.void, tuple(stores), plan.lanes)
-

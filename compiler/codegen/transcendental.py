@@ -15,7 +15,7 @@ import numpy as np
 
 from compiler.ir.dtypes import dtypes
 from compiler.ir.rewrite import PatternMatcher, UPat
-from compiler.ir.uop import ALU, Ops, UOp
+from compiler.ir.uop import Ops, UOp
 
 FLOATS = (dtypes.float32, dtypes.float64)
 F = {dtypes.float32: dict(int=dtypes.int32, uint=dtypes.uint32, mant=23, bias=127),
@@ -176,24 +176,6 @@ def _float(fn):
     return lambda x: fn(x.src[0]) if x.dtype in FLOATS else None
 
 
-def promote_half(x: UOp) -> UOp | None:
-    """float16 is a storage type here: compute in float32 (documented in docs/ARCHITECTURE.md)."""
-    if x.op not in ALU or x.op in (Ops.CAST, Ops.BITCAST):
-        return None
-    if not any(s.dtype is dtypes.float16 for s in x.src) and x.dtype is not dtypes.float16:
-        return None
-    src = tuple(s.cast(dtypes.float32) if s.dtype is dtypes.float16 else s for s in x.src)
-    out_dt = dtypes.float32 if x.dtype is dtypes.float16 else x.dtype
-    return UOp(x.op, out_dt, src, x.arg).cast(x.dtype)
-
-
-def promote_half_reduce(x: UOp) -> UOp | None:
-    if x.dtype is not dtypes.float16:
-        return None
-    src = tuple(s.cast(dtypes.float32) if s.op is not Ops.RANGE else s for s in x.src)
-    return UOp(Ops.REDUCE, dtypes.float32, src, x.arg).cast(dtypes.float16)
-
-
 def pow_int(x: UOp) -> UOp | None:
     a, b = x.src
     if x.dtype.is_float:
@@ -201,11 +183,6 @@ def pow_int(x: UOp) -> UOp | None:
     wide = pow_(a.cast(dtypes.float64), b.cast(dtypes.float64))
     return _rint(wide).cast(x.dtype)
 
-
-half_rules = PatternMatcher([
-    (UPat(ALU, name="x"), promote_half),
-    (UPat(Ops.REDUCE, name="x"), promote_half_reduce),
-])
 
 transcendental_rules = PatternMatcher([
     (UPat(Ops.EXP2, name="x"), _float(exp2)),

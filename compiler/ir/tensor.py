@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from compiler.ir.dtypes import DType, dtypes
-from compiler.ir.uop import Ops, UOp, Weight
+from compiler.ir.uop import Ops, UOp, Weight, reduce_identity
 
 LOG2E, LN2 = 1.4426950408889634, 0.6931471805599453
 # tanh(x) = x * sum c_k x^2k
@@ -297,7 +297,7 @@ class Tensor:
         work = tuple(a for a in axes if self.shape[a] != 1)  # size-1 dims need no reduction
         out = Tensor(UOp(Ops.REDUCE, self.dtype, (self.uop,), (op, work))) if work else self
         if 0 in self.shape:  # reducing nothing gives the identity
-            out = Tensor.full(identity(op, self.dtype), self.dtype,
+            out = Tensor.full(reduce_identity(op, self.dtype), self.dtype,
                               tuple(1 if i in axes else s for i, s in enumerate(self.shape)))
         if keepdims:
             return out
@@ -363,14 +363,6 @@ class Tensor:
         lead = ((0, 0),) * (self.ndim - nsp)
         x = self.pad(lead + tuple(pads), fill).window(kernel, strides, dilations)
         return x.reduce(op, list(range(x.ndim - nsp, x.ndim)), keepdims=False)
-
-
-def identity(op: Ops, dtype: DType):
-    if op is Ops.ADD:
-        return 0
-    if op is Ops.MUL:
-        return 1
-    return dtype.min if op is Ops.MAX else dtype.max
 
 
 def broadcast(*ts: Tensor) -> list[Tensor]:

@@ -70,6 +70,16 @@ MOVEMENT = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP,
 COMMUTATIVE = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.MIN, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR}
 
 
+def reduce_identity(op: Ops, dtype: DType):
+    """The value a reduction starts from: what an empty reduction gives, and an accumulator's
+    initial value."""
+    if op is Ops.ADD:
+        return 0
+    if op is Ops.MUL:
+        return 1
+    return dtype.min if op is Ops.MAX else dtype.max
+
+
 class Weight:
     """Compile-time data. Identity-hashed: two weights are the same node only if the same array."""
 

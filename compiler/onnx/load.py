@@ -1,6 +1,6 @@
 """ONNX -> tensor-level UOp graph, with the `onnx` package (protobuf is never parsed by hand).
 
-Each ONNX op is one small function in compiler/onnx/ops/core.py registered by name; this module handles
+Each ONNX op is one small function in compiler/onnx/ops/<topic>.py registered by name; this module handles
 the graph: inputs and their static shapes, initializers, dtype mapping, unsupported-op reporting.
 """
 from __future__ import annotations

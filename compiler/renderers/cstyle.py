@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from compiler.ir.dtypes import DType, dtypes
-from compiler.ir.uop import Ops, UOp
+from compiler.ir.uop import Ops, UOp, reduce_identity
 
 INFIX = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.CMPLT: "<",
          Ops.CMPEQ: "==", Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^"}
@@ -183,13 +183,3 @@ class Body:
         self.emit(f"{self.renderer.dtype(u.dtype)} {name} = {expr};")
         self.names[u] = name
         return name
-
-
-def reduce_identity(op: Ops, dt: DType):
-    if op is Ops.ADD:
-        return 0
-    if op is Ops.MUL:
-        return 1
-    if dt.is_float:
-        return -math.inf if op is Ops.MAX else math.inf
-    return dt.min if op is Ops.MAX else dt.max

@@ -231,9 +231,24 @@ class Kernel:
     root: UOp  # the tensor this kernel computes
     inputs: list[UOp]  # realized tensors / graph inputs / weights it reads, in parameter order
     # the tensor whose buffer this kernel writes, when that is not its root: a padded tensor
-    # its fill kernel fills before the interior is computed (optimize.pad_in_place), or a
-    # residual the kernel overwrites in place (optimize.in_place)
+    # its fill kernel fills before the interior is computed (layout.pad_in_place), or a
+    # residual the kernel overwrites in place (layout.in_place)
     into: UOp | None = None
+
+
+def find_reduce(root: UOp, realized: set) -> UOp | None:
+    """The kernel's fused reduction: the scheduler guarantees at most one per kernel."""
+    stack, seen = [root], set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op is Ops.REDUCE and (n is root or n not in realized):
+            return n
+        if n is root or n not in realized:
+            stack.extend(n.src)
+    return None
 
 
 def schedule(outputs: list[UOp]) -> tuple[list[UOp], list[Kernel], set[UOp]]:

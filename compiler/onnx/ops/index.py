@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from compiler.ir.dtypes import dtypes
-from compiler.onnx.ops.core import arange_at, pick
+from compiler.onnx.ops.shape import arange_at, pick
 from compiler.onnx.registry import onnx_dtype, op
 from compiler.ir.tensor import Tensor
 from compiler.ir.uop import Ops

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from compiler.ir.dtypes import dtypes
-from compiler.onnx.ops.core import arange_at
+from compiler.onnx.ops.shape import arange_at
 from compiler.onnx.registry import op
 from compiler.ir.tensor import Tensor
 

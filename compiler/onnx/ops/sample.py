@@ -13,7 +13,7 @@ from itertools import product
 import numpy as np
 
 from compiler.ir.dtypes import dtypes
-from compiler.onnx.ops.core import arange_at
+from compiler.onnx.ops.shape import arange_at
 from compiler.onnx.registry import op
 from compiler.ir.tensor import Tensor
 from compiler.ir.uop import Ops

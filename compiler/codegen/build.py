@@ -1,0 +1,125 @@
+"""Kernel -> linear program, for every distinct kernel: plan, lower, simplify, pack, vectorize,
+linearize. Kernels are independent once scheduled, and building them is most of the compile
+time, so on Linux they build in forked worker processes, one per core."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+
+import numpy as np
+
+from compiler.codegen.half import demote_half, half_rules, promote_for_half_compute, storage_casts
+from compiler.codegen.linearize import linearize
+from compiler.codegen.lower import lower_kernel
+from compiler.codegen.pack import pack_weights, prefetch_next_tiles
+from compiler.codegen.plan import Plan
+from compiler.codegen.plan_cpu import merge_dims, plan_cpu
+from compiler.codegen.plan_gpu import plan_gpu
+from compiler.codegen.transcendental import transcendental_rules
+from compiler.codegen.vectorize import vectorize
+from compiler.ir.dtypes import DType
+from compiler.ir.rewrite import graph_rewrite
+from compiler.ir.symbolic import symbolic
+from compiler.ir.uop import UOp
+from compiler.schedule.fusion import Kernel
+from compiler.target import Target
+
+PARALLEL_MIN_KERNELS = 8  # below this, starting worker processes costs more than it saves
+
+
+@dataclass
+class Job:
+    """One distinct kernel to build: its reads are numbered placeholders (layout.canonical)."""
+    kernel: Kernel
+    param_dtypes: list[DType]  # storage dtype per parameter, the output first
+    target: Target
+    packable: dict[int, int]  # parameter -> element count: weights pack.py may reorder
+    arena: set[int]  # parameters in the arena (vectorize.py may read past their ends)
+
+
+@dataclass
+class Built:
+    name: str
+    lin: list[UOp]  # the linearized program
+    plan: Plan
+    perms: dict[int, np.ndarray]  # parameter -> the packing permutation of its weight
+
+
+def build_all(jobs: dict[tuple, Job], st) -> dict[tuple, Built]:
+    """Build every job, in worker processes when there are enough of them (`st`: Stages)."""
+    keys = list(jobs)
+    workers = min(compile_jobs(), len(keys))
+    if workers < 2 or len(keys) < PARALLEL_MIN_KERNELS or sys.platform != "linux":
+        out = {}
+        for i, key in enumerate(keys):
+            st.tick("kernels", i, len(keys))
+            out[key] = build_kernel(jobs[key], st)
+        st.tick("kernels", len(keys), len(keys))
+        return out
+    global _FORKED
+    # inherited by the forked workers, nothing is pickled in; each times its stages with a
+    # fresh timer of the caller's kind
+    _FORKED = ([jobs[k] for k in keys], type(st))
+    out = {}
+    ctx = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futures = [pool.submit(_build_job, i) for i in range(len(keys))]
+        for done, fut in enumerate(as_completed(futures)):
+            i, result, times = fut.result()
+            out[keys[i]] = result
+            for name, secs in times.items():
+                st.times[name] = st.times.get(name, 0.0) + secs
+            st.tick("kernels", done + 1, len(keys))
+    _FORKED = ([], type(st))
+    return {k: out[k] for k in keys}  # job order, not completion order: reproducible output
+
+
+_FORKED: tuple[list[Job], type] = ([], type(None))
+
+
+def _build_job(i: int):
+    jobs, timer = _FORKED
+    st = timer()
+    return i, build_kernel(jobs[i], st), st.times
+
+
+def compile_jobs() -> int:
+    text = os.environ.get("KEEL_COMPILE_JOBS", "")
+    if text.strip().isdigit() and int(text) > 0:
+        return int(text)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+
+
+def build_kernel(job: Job, st) -> Built:
+    k, tgt = job.kernel, job.target
+    params = {u: int(u.arg[0].removeprefix("param")) for u in k.inputs}
+    with st("optimize"):
+        if tgt.output_dims == "global":
+            plan = plan_gpu(k, params, tgt)
+        else:
+            k = merge_dims(k, params)
+            plan = plan_cpu(k, params, tgt, job.packable)
+    with st("lower"):
+        sink = simplify(lower_kernel(k, params, job.param_dtypes, plan), tgt)
+        sink, perms = pack_weights(sink, job.packable)
+        sink = vectorize(sink, job.arena)
+        if tgt.prefetch:
+            sink = prefetch_next_tiles(sink, job.packable)
+    with st("linearize"):
+        return Built(k.name, linearize(sink), plan, perms)
+
+
+KERNEL_RULES = storage_casts + half_rules + transcendental_rules + symbolic
+HALF_COMPUTE_RULES = promote_for_half_compute + transcendental_rules + symbolic
+
+
+def simplify(sink: UOp, tgt: Target) -> UOp:
+    if not tgt.half_compute:
+        return graph_rewrite(sink, KERNEL_RULES)
+    # fp16 arithmetic: demote before transcendental lowering, so its polynomials stay fp32
+    sink = graph_rewrite(sink, storage_casts + demote_half + symbolic)
+    return graph_rewrite(sink, HALF_COMPUTE_RULES)
