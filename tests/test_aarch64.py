@@ -124,7 +124,7 @@ def test_code_executed_under_qemu_is_neon(light_blob, harness, tmp_path):
 
 
 def _disassemble(path) -> str:
-    proc = subprocess.run(["llvm-objdump-19", "-d", str(path)], capture_output=True, text=True,
+    proc = subprocess.run([qemu.OBJDUMP, "-d", str(path)], capture_output=True, text=True,
                           check=True)
     return proc.stdout
 
@@ -153,7 +153,7 @@ def test_harness_applies_relocations_and_provides_memcpy(harness, tmp_path):
     so = build_shared(LOADER_CASE, "cpu-aarch64")
     assert b"memcpy" in so and b"memset" in so  # imported, not inlined: the loader must bind them
     weights = np.arange(1024, dtype=np.float32)
-    relocs = subprocess.run(["llvm-readelf-19", "-r", "-"], input=so, capture_output=True,
+    relocs = subprocess.run([qemu.READELF, "-r", "-"], input=so, capture_output=True,
                             check=True).stdout.decode()
     for kind in ("RELATIVE", "GLOB_DAT", "JUMP_SLOT"):
         assert f"R_AARCH64_{kind}" in relocs

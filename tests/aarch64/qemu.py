@@ -19,7 +19,9 @@ import numpy as np
 from runner.blob import read_blob
 
 QEMU, CLANG, LLD = "qemu-aarch64", "clang-19", "ld.lld-19"
-PACKAGES = {QEMU: "qemu-user", CLANG: "clang-19", LLD: "lld-19"}  # Debian packages
+OBJDUMP, READELF = "llvm-objdump-19", "llvm-readelf-19"  # for the tests' checks on the objects
+PACKAGES = {QEMU: "qemu-user", CLANG: "clang-19", LLD: "lld-19", OBJDUMP: "llvm-19",
+            READELF: "llvm-19"}  # tool -> Debian package
 CPU = "cortex-a76"
 SOURCE = Path(__file__).with_name("harness.c")
 ALIGN = 64  # io slots start on cache lines, as the runner's aligned arrays do
