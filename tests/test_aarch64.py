@@ -103,6 +103,16 @@ def test_light_model_matches_onnxruntime_under_qemu(name, light_blob, harness, t
         assert_close(got[k], want[k], rtol=1e-4, atol=1e-6, what=f"{name} {k}")
 
 
+def test_threads_under_qemu_compute_exactly_what_one_thread_does(light_blob, harness, tmp_path):
+    # threads split output loops only, never a reduction; 3 threads make uneven shares
+    _, feeds, path = light_blob("squeezenet")
+    one = qemu.run_blob(harness, path, feeds, tmp_path)
+    for nt in (2, 3):
+        many = qemu.run_blob(harness, path, feeds, tmp_path, threads=nt)
+        for k in one:
+            np.testing.assert_array_equal(many[k], one[k], err_msg=f"{nt} threads, {k}")
+
+
 @pytest.mark.slow
 def test_openpilot_matches_onnxruntime_under_qemu(harness, tmp_path):
     model = make_openpilot(float16=True)  # fp16 weights, as openpilot ships them

@@ -1,10 +1,11 @@
 /* Runs one keel cpu-aarch64 programs section once, the way runner/cpu.py does on a device.
 
-   harness PROGRAMS WEIGHTS IO OUT ARENA_BYTES SLOT_OFFSET...
+   harness PROGRAMS WEIGHTS IO OUT ARENA_BYTES THREADS SLOT_OFFSET...
 
    PROGRAMS is the blob's shared object, WEIGHTS its weights section. IO holds every io slot
-   (inputs, then room for the outputs) at the given byte offsets; after keel_graph returns, the
-   whole IO image is written to OUT.
+   (inputs, then room for the outputs) at the given byte offsets; after the graph returns, the
+   whole IO image is written to OUT. THREADS 1 calls keel_graph; n > 1 calls keel_graph_mt on n
+   threads (clone), the calling one as thread 0, as the runner's Pool does.
 
    A static executable with no libc (CI has no aarch64 sysroot), so it is its own loader: it maps
    the object's segments, applies its relocations and finds keel_graph in .dynsym. The memcpy and
@@ -15,7 +16,8 @@
 
 enum { AT_FDCWD = -100, O_WRITE_NEW = 01 | 0100 | 01000 };  /* O_WRONLY | O_CREAT | O_TRUNC */
 enum { SYS_openat = 56, SYS_close = 57, SYS_lseek = 62, SYS_read = 63, SYS_write = 64,
-       SYS_exit_group = 94, SYS_mmap = 222, SYS_mprotect = 226 };
+       SYS_exit = 93, SYS_exit_group = 94, SYS_futex = 98, SYS_sched_yield = 124,
+       SYS_mmap = 222, SYS_mprotect = 226 };
 enum { PROT_R = 1, PROT_W = 2, PROT_X = 4, MAP_PRIVATE_ANON = 0x02 | 0x20, PAGE = 4096 };
 
 static long sys6(long n, long a, long b, long c, long d, long e, long f) {
@@ -240,25 +242,71 @@ static void *load(const char *file, uint64_t size, const char *entry) {
   return im.base + s->value;
 }
 
-/* ---- the run ------------------------------------------------------------------------------- */
-enum { MAX_SLOTS = 256 };
+/* ---- threads ------------------------------------------------------------------------------ */
+typedef struct { int count, sense; int (*yield_fn)(void); } keel_sync;  /* as runner/cpu.py */
 typedef void graph_fn(unsigned char *arena, const unsigned char *weights, void *const *io);
+typedef void graph_mt_fn(unsigned char *arena, const unsigned char *weights, void *const *io,
+                         int tid, int nt, keel_sync *sync);
+typedef struct {
+  graph_mt_fn *graph;
+  unsigned char *arena;
+  const unsigned char *weights;
+  void *const *io;
+  int tid, nt;
+  keel_sync *sync;
+  volatile int alive;  /* the kernel zeroes it and wakes its futex when the thread exits */
+} Share;
+enum { MAX_THREADS = 64, STACK = 8 << 20, FUTEX_WAIT = 0 };
+
+static int yield_cpu(void) { return (int)SYS(SYS_sched_yield, 0, 0, 0); }
+static void run_share(Share *s) { s->graph(s->arena, s->weights, s->io, s->tid, s->nt, s->sync); }
+
+/* long spawn(void *stack_top, void (*fn)(Share *), Share *arg, volatile int *alive):
+   clone(VM|FS|FILES|SIGHAND|THREAD|SYSVSEM|CHILD_CLEARTID, stack, 0, 0, alive); the child pops
+   fn and arg from its new stack, calls fn(arg) and exits; the parent gets the tid or -errno. */
+long spawn(void *stack_top, void (*fn)(Share *), Share *arg, volatile int *alive);
+__asm__(".globl spawn\nspawn:\n"
+        "\tstp x1, x2, [x0, #-16]!\n\tmov x4, x3\n\tmov x1, x0\n"
+        "\tmovz x0, #0x0f00\n\tmovk x0, #0x25, lsl #16\n"
+        "\tmov x2, xzr\n\tmov x3, xzr\n\tmov x8, #220\n\tsvc #0\n\tcbnz x0, 1f\n"
+        "\tldp x1, x0, [sp], #16\n\tblr x1\n\tmov x0, xzr\n\tmov x8, #93\n\tsvc #0\n"
+        "1:\tret\n");
+
+static void run_threads(graph_mt_fn *graph, unsigned char *arena, const unsigned char *weights,
+                        void *const *io, int nt) {
+  static Share shares[MAX_THREADS];
+  static keel_sync sync = {0, 0, yield_cpu};
+  for (int t = 0; t < nt; t++) shares[t] = (Share){graph, arena, weights, io, t, nt, &sync, 1};
+  for (int t = 1; t < nt; t++)
+    if (spawn((char *)map(STACK) + STACK, run_share, &shares[t], &shares[t].alive) < 0)
+      die(3, "clone failed", "");
+  run_share(&shares[0]);  /* returns after the last barrier: every share is done */
+  for (int t = 1, v; t < nt; t++)  /* ... but wait for the exits, so no thread outlives us */
+    while ((v = shares[t].alive) != 0)
+      sys6(SYS_futex, (long)&shares[t].alive, FUTEX_WAIT, v, 0, 0, 0);
+}
+
+/* ---- the run ------------------------------------------------------------------------------- */
+enum { MAX_SLOTS = 256, FIRST_SLOT = 7 };
 
 static int run(int argc, char **argv) {
   static void *io[MAX_SLOTS];
-  if (argc < 6 || argc - 6 > MAX_SLOTS)
-    die(2, "usage: harness PROGRAMS WEIGHTS IO OUT ARENA_BYTES SLOT_OFFSET...", "");
-  uint64_t code_size, weights_size, io_size;
+  if (argc < FIRST_SLOT || argc - FIRST_SLOT > MAX_SLOTS)
+    die(2, "usage: harness PROGRAMS WEIGHTS IO OUT ARENA_BYTES THREADS SLOT_OFFSET...", "");
+  uint64_t code_size, weights_size, io_size, nt = number(argv[6]);
+  if (nt < 1 || nt > MAX_THREADS) die(2, "THREADS must be 1 to 64, got ", argv[6]);
   char *code = slurp(argv[1], &code_size);
-  graph_fn *graph = (graph_fn *)load(code, code_size, "keel_graph");
+  void *entry = load(code, code_size, nt == 1 ? "keel_graph" : "keel_graph_mt");
   unsigned char *weights = (unsigned char *)slurp(argv[2], &weights_size);
   char *image = slurp(argv[3], &io_size);
-  for (int i = 6; i < argc; i++) {
+  for (int i = FIRST_SLOT; i < argc; i++) {
     uint64_t off = number(argv[i]);
     if (off > io_size) die(2, "slot offset past the IO image: ", argv[i]);
-    io[i - 6] = image + off;
+    io[i - FIRST_SLOT] = image + off;
   }
-  graph(map(number(argv[5])), weights, io);
+  unsigned char *arena = map(number(argv[5]));
+  if (nt == 1) ((graph_fn *)entry)(arena, weights, io);
+  else run_threads((graph_mt_fn *)entry, arena, weights, io, (int)nt);
   spill(argv[4], image, io_size);
   return 0;
 }

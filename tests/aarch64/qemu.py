@@ -48,17 +48,18 @@ def build_harness(out_dir: Path) -> Path:
 
 
 def run_blob(harness: Path, blob_path: Path, feeds: dict, work: Path,
-             qemu_args: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
-    """The blob's outputs from one keel_graph call under qemu."""
+             qemu_args: tuple[str, ...] = (), threads: int = 1) -> dict[str, np.ndarray]:
+    """The blob's outputs from one run under qemu (keel_graph_mt on `threads` threads if > 1)."""
     blob = read_blob(blob_path)
     ins = [np.ascontiguousarray(feeds[b.name], b.dtype).reshape(b.shape) for b in blob.inputs]
     outs = run(harness, blob.programs, blob.weights, blob.arena_bytes, ins,
-               [(b.shape, b.dtype) for b in blob.outputs], work, qemu_args)
+               [(b.shape, b.dtype) for b in blob.outputs], work, qemu_args, threads)
     return {b.name: a for b, a in zip(blob.outputs, outs)}
 
 
 def run(harness: Path, programs, weights, arena_bytes: int, inputs: list[np.ndarray],
-        outputs: list[tuple], work: Path, qemu_args: tuple[str, ...] = ()) -> list[np.ndarray]:
+        outputs: list[tuple], work: Path, qemu_args: tuple[str, ...] = (),
+        threads: int = 1) -> list[np.ndarray]:
     """Call keel_graph in `programs` once, io slots = inputs then outputs ((shape, dtype) each).
     Output slots start as 0xff bytes (NaN for floats), so an output the code never writes cannot
     pass for a computed one."""
@@ -73,7 +74,7 @@ def run(harness: Path, programs, weights, arena_bytes: int, inputs: list[np.ndar
         image[off:off + a.nbytes] = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
     image.tofile(work / "io.bin")
     names = ["programs.so", "weights.bin", "io.bin", "out.bin"]
-    cmd = [QEMU, "-cpu", CPU, *qemu_args, str(harness), *names, str(arena_bytes),
+    cmd = [QEMU, "-cpu", CPU, *qemu_args, str(harness), *names, str(arena_bytes), str(threads),
            *map(str, offsets[:-1])]
     proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
     if proc.returncode != 0:
