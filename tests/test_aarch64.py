@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -27,10 +28,10 @@ from compiler.toolchain import build_shared
 from models.openpilot import make_openpilot
 from tests.aarch64 import qemu
 from tests.graphs import assert_close, ort_run, random_feeds
-from tests.test_opencl import LIGHT_DIR
 
 MISSING = qemu.missing()
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=f"aarch64 under qemu: {MISSING}")
+LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 FMLA = re.compile(r"\bfmla\s+v\d+\.4s")  # a 4-lane float32 NEON multiply-add
 
 
