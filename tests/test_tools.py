@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -66,3 +67,17 @@ def test_run_with_npz_missing_an_input_names_it(chain_blob, tmp_path):
     np.savez(tmp_path / "f.npz", x=np.zeros((1, CHAIN_N), np.uint8))
     proc = _tool("tools/run.py", chain_blob, "--inputs", str(tmp_path / "f.npz"))
     assert proc.returncode == 2 and "missing input 'b'" in proc.stderr
+
+
+def test_demo_times_keel_and_onnxruntime_at_one_thread_and_at_every_core(tmp_path):
+    proc = _tool("tools/demo.py", "--onnx", _chain_onnx(tmp_path / "chain.onnx"),
+                 "--runs", "3", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "max abs error vs onnxruntime 0" in proc.stdout
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("latency")]
+    cores = len(os.sched_getaffinity(0))
+    counts = sorted({1, cores})
+    assert len(rows) == len(counts)
+    for row, n in zip(rows, counts):
+        threads = f"{n} thread" if n == 1 else f"{n} threads"
+        assert f"keel ({threads})" in row and f"onnxruntime ({threads})" in row, row
