@@ -25,7 +25,8 @@ from compiler.codegen.pack import pack_weights, prefetch_next_tiles
 from compiler.renderers import get_renderer
 from compiler.ir.rewrite import graph_rewrite, substitute
 from compiler.schedule.fusion import Kernel, schedule
-from compiler.schedule.storage import (demote_half, device_storage, image_meta, promote_for_half_compute,
+from compiler.schedule.hazards import mark_barriers
+from compiler.schedule.storage import (demote_half, device_storage, promote_for_half_compute,
                               storage_bytes, storage_casts, storage_nbytes)
 from compiler.ir.symbolic import symbolic
 from compiler.target import Target, get_target
@@ -95,6 +96,7 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         bufs.launch(Kernel(name, k.root, k.inputs), args, plan)
     with st("plan"):
         bufs.plan_arena()
+        bufs.launches = mark_barriers(bufs.launches, bufs.by_id())
     with st("render"):
         source = get_renderer(tgt).render_program([(n, lin) for n, lin, *_ in programs.values()],
                                                   bufs.launches, bufs.by_id())
@@ -106,7 +108,6 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         weights=bufs.weight_bytes(), arena_bytes=bufs.arena_bytes,
         arena_lower_bound_bytes=bufs.lower_bound, launches=bufs.launches, programs=code,
         meta={"producer": f"keel {VERSION}", "float16": float16, **graph.meta,
-              **image_meta(bufs.by_id().values()),
               "flops": bufs.flops,
               "stage_seconds": {k: round(v, 4) for k, v in st.times.items()}})
 

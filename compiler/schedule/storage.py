@@ -90,13 +90,6 @@ def storage_bytes(data: np.ndarray, b: Buffer) -> bytes:
     return data.tobytes()
 
 
-def image_meta(buffers) -> dict:
-    """The artifact meta entry the OpenCL runner reads: buffer id -> image layout."""
-    images = {str(b.id): {"width": b.image.width, "height": b.image.height,
-                          "pitch": b.image.pitch} for b in buffers if b.image is not None}
-    return {"images": images} if images else {}
-
-
 # ---- kernel level ---------------------------------------------------------------------------
 def _load_as_stored(ld: UOp) -> UOp | None:
     stored = ld.src[0].dtype
