@@ -36,7 +36,8 @@ from runner.cl import (BUILD_OPTIONS, CHANNEL_TYPES, CL_BUFFER_CREATE_TYPE_REGIO
                        CL_DEVICE_IMAGE_PITCH_ALIGNMENT, CL_DEVICE_MEM_BASE_ADDR_ALIGN,
                        CL_DEVICE_NAME, CL_DEVICE_VERSION, CL_DRIVER_VERSION,
                        CL_EVENT_COMMAND_EXECUTION_STATUS, CL_MEM_COPY_HOST_PTR,
-                       CL_MEM_OBJECT_IMAGE2D, CL_MEM_READ_ONLY, CL_MEM_READ_WRITE,
+                       CL_MEM_CONTEXT, CL_MEM_OBJECT_IMAGE2D, CL_MEM_READ_ONLY,
+                       CL_MEM_READ_WRITE, CL_MEM_SIZE,
                        CL_PLATFORM_NAME, CL_PLATFORM_VERSION, CL_PROGRAM_BINARIES,
                        CL_PROGRAM_BINARY_SIZES, CL_PROGRAM_BUILD_LOG, CL_RGBA, CL_SUCCESS,
                        INSTALL_HINT, check, create, ffi, info_str, info_uint, platform_devices,
@@ -112,9 +113,11 @@ class OpenCLDevice(HostDevice):
         self.arena = self._buffer(CL_MEM_READ_WRITE, blob.arena_bytes)
         self._upload(blob.weights)
         program, cache = self._program(bytes(blob.programs))
-        buffers = blob.buffers
+        self.buffers = buffers = blob.buffers
         self.mems = {b.id: self._tensor(b) for b in buffers.values()}
         self.io_specs = [*blob.inputs, *blob.outputs]  # slot order
+        self.slot_args: dict[int, list] = {}  # io slot -> [(kernel, arg index)] that read it
+        self.external: dict[int, object] = {}  # io slot -> cl_mem bound by bind_device
         self.images = {b.id: self._image(b, *b.image) for b in buffers.values() if b.image}
         for bid, img in self.images.items():  # weights: filled once, here
             if img.copy is not None and buffers[bid].region == "weights":
@@ -136,9 +139,9 @@ class OpenCLDevice(HostDevice):
                                program, ln.kernel.encode()), self.lib.clReleaseKernel)
         for i, bid in enumerate(ln.args):
             mem = self.images[bid].mem if i > 0 and bid in self.images else self.mems[bid]
-            check(self.lib.clSetKernelArg(kernel, i, ffi.sizeof("cl_mem"),
-                                          ffi.new("cl_mem *", mem)),
-                  f"clSetKernelArg({ln.kernel}, {i})")
+            self._set_arg(kernel, i, mem)
+            if self.buffers[bid].region in ("input", "output"):
+                self.slot_args.setdefault(self.buffers[bid].offset, []).append((kernel, i))
         gs = ffi.new("size_t[]", list(ln.global_size))
         ls = ffi.NULL if ln.local_size is None else ffi.new("size_t[]", list(ln.local_size))
         image = self.images.get(ln.args[0])
@@ -154,13 +157,43 @@ class OpenCLDevice(HostDevice):
                                      self.ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
                                      len(weights), host), self.lib.clReleaseMemObject)
 
+    def _set_arg(self, kernel, i: int, mem) -> None:
+        check(self.lib.clSetKernelArg(kernel, i, ffi.sizeof("cl_mem"), ffi.new("cl_mem *", mem)),
+              f"clSetKernelArg({i})")
+
     def _patch(self, slot: int, array) -> None:
-        pass  # each submission's copies read the bound arrays
+        """A host array: each submission copies from / into it. Leaving device memory bound by
+        bind_device patches the kernels back to the slot's own buffer."""
+        if self.external.pop(slot, None) is not None:
+            mem = self.mems[self.io_specs[slot].id]
+            for kernel, i in self.slot_args.get(slot, ()):
+                self._set_arg(kernel, i, mem)
+
+    def bind_device(self, slot: int, mem) -> None:
+        """A cl_mem of this device's context, at least the slot's size: kernels use it directly
+        and the submission copies nothing for this slot."""
+        spec = self.io_specs[slot]
+        if not (isinstance(mem, ffi.CData) and ffi.typeof(mem) is ffi.typeof("cl_mem")):
+            raise DeviceError(f"opencl slot {slot} ({spec.name!r}): bind_device expected a "
+                              f"cl_mem, got {type(mem).__name__}")
+        size, ctx = ffi.new("size_t *"), ffi.new("cl_context *")
+        check(self.lib.clGetMemObjectInfo(mem, CL_MEM_SIZE, ffi.sizeof("size_t"), size,
+                                          ffi.NULL), "clGetMemObjectInfo")
+        check(self.lib.clGetMemObjectInfo(mem, CL_MEM_CONTEXT, ffi.sizeof("cl_context"), ctx,
+                                          ffi.NULL), "clGetMemObjectInfo")
+        if ctx[0] != self.ctx or size[0] < spec.nbytes:
+            raise DeviceError(f"opencl slot {slot} ({spec.name!r}): bind_device expected a "
+                              f"cl_mem of this device's context with >= {spec.nbytes} bytes, "
+                              f"got {size[0]} bytes, same context: {ctx[0] == self.ctx}")
+        for kernel, i in self.slot_args.get(slot, ()):
+            self._set_arg(kernel, i, mem)
+        self.external[slot] = self._bound[slot] = mem
 
     def submit(self, deadline: float) -> int:
         lib, q = self.lib, self.queue
         self.value += 1
-        io = list(zip(self.io_specs, self._bound))
+        io = [(b, arr) for slot, (b, arr) in enumerate(zip(self.io_specs, self._bound))
+              if slot not in self.external]
         for b, arr in io:
             if b.region == "input" and b.nbytes:
                 check(lib.clEnqueueWriteBuffer(q, self.mems[b.id], 0, 0, b.nbytes,
@@ -182,7 +215,7 @@ class OpenCLDevice(HostDevice):
             return self.value
         check(lib.clFlush(q), "clFlush")
         # the queue uses the host arrays until the submission completes, even after a timeout
-        self.inflight.append(_Submission(self.value, event[0], [arr for _, arr in io]))
+        self.inflight.append(_Submission(self.value, event[0], list(self._bound)))
         return self.value
 
     def completed(self) -> int:

@@ -93,10 +93,33 @@ def test_recover_without_a_failure_and_double_close_are_harmless(mlp_case, devic
     m.close()
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", ["cpu", "mock"])
 def test_binding_device_memory_without_support_is_a_device_error(mlp_case, device):
     with pytest.raises(DeviceError, match=f"device '{device}' has no device memory to bind"):
         _load(mlp_case, device).device.bind_device(0, object())
+
+
+@pytest.mark.skipif(NO_OPENCL is not None, reason=f"OpenCL: {NO_OPENCL}")
+def test_opencl_binds_device_memory_then_patches_back_to_host_arrays(mlp_case):
+    from runner.cl import CL_MEM_COPY_HOST_PTR, CL_MEM_READ_WRITE, create, ffi
+    m = _load(mlp_case, "opencl")
+    dev, (_, feeds, want) = m.device, mlp_case
+
+    def device_copy(arr):
+        return ffi.gc(create(dev.lib.clCreateBuffer, "clCreateBuffer", dev.ctx,
+                             CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, arr.nbytes,
+                             ffi.from_buffer(arr)), dev.lib.clReleaseMemObject)
+    y = np.empty(want[1].shape, np.float32)
+    dev.bind_device(0, device_copy(feeds[1]["x"]))  # a "camera frame" already on the device
+    dev.bind(1, y)
+    deadline = time.monotonic() + SLOW_MS / 1000
+    dev.wait(dev.submit(deadline), deadline)
+    _check(y, want[1])
+    _check(m.run(feeds[0])["y"], want[0])  # a host array again: kernels read the slot's buffer
+    with pytest.raises(DeviceError, match=r"slot 0 \('x'\): .* >= 480 bytes, got 4 bytes"):
+        dev.bind_device(0, device_copy(np.zeros(1, np.float32)))
+    with pytest.raises(DeviceError, match="bind_device expected a cl_mem, got object"):
+        dev.bind_device(0, object())
 
 
 @pytest.mark.parametrize("timeout", [0, -5, float("nan"), float("inf"), "10"])
