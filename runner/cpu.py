@@ -170,7 +170,7 @@ def _symbol(lib, name: str):
 
 
 ENTRY, ENTRY_MT = "keel_graph", "keel_graph_mt"
-GRACE_S = 1.0  # after a missed deadline, how long shares get to leave their last kernel
+GRACE_S = 1.0  # after a missed deadline, how long recover() gives a share to finish its kernel
 
 try:  # the process's own C library, for sched_yield and clock_gettime in the barrier
     _LIBC = ffi.dlopen(None)
@@ -195,8 +195,8 @@ def threads_from_env() -> int:
 class Pool:
     """n-1 worker threads that each run one share of keel_graph_mt per submission; the calling
     thread runs share 0. Workers sleep on a semaphore between submissions (no spinning while
-    idle: modeld runs at 20 Hz). The barrier reads the deadline from `sync` (CLOCK_MONOTONIC,
-    the clock of time.monotonic) once it has spun long enough to yield."""
+    idle: modeld runs at 20 Hz). The barrier reads the deadline from `sync` (CLOCK_MONOTONIC)
+    once it has spun long enough to yield."""
 
     def __init__(self, graph_mt, nt: int):
         self.graph_mt, self.nt = graph_mt, nt
@@ -225,14 +225,16 @@ class Pool:
     def run(self, arena, weights, io, deadline: float) -> bool:
         """Run every share; False when the run missed its deadline (its results are garbage)."""
         self.args = (arena, weights, io)
-        self.sync.deadline_ns = int(deadline * 1e9)
+        # on CLOCK_MONOTONIC's own base: time.monotonic() has another one on macOS
+        self.sync.deadline_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC) + \
+            int((deadline - time.monotonic()) * 1e9)
         self.pending = len(self.start)
         for s in self.start:
             s.release()
         self.graph_mt(arena, weights, io, 0, self.nt, self.sync)  # returns once every share is done
-        while self.pending:
-            if not self.done.acquire(timeout=max(deadline - time.monotonic(), 0) + GRACE_S):
-                return False
+        while self.pending:  # past the deadline: one last non-blocking look
+            if not self.done.acquire(timeout=max(deadline - time.monotonic(), 0)):
+                return False  # late shares may still run: reset() waits for them
             self.pending -= 1  # workers are back on their semaphores: args may change
         return not self.sync.abort
 

@@ -18,7 +18,6 @@ from compiler.blob import write_blob
 from compiler.pipeline import compile_model
 from compiler.toolchain import host_target
 from runner import DeviceTimeout, Model
-from runner.cpu import GRACE_S
 from tests.graphs import ort_run
 from tests.hand_graphs import chain_artifact, write
 from tests.test_opencl import mlp
@@ -148,8 +147,9 @@ def test_a_cpu_share_that_never_arrives_is_bounded_by_the_deadline(mlp_blob, mon
     t = time.monotonic()
     with pytest.raises(DeviceTimeout, match="cpu submission 1 not complete by its deadline"):
         m.run(feeds[0], timeout_ms=50)
-    # share 0 leaves the barrier at the deadline, then waits GRACE_S for the missing share
-    assert time.monotonic() - t < 0.050 + GRACE_S + 0.5
+    # share 0 leaves the barrier at the deadline (one sched_yield late at most); the margin is
+    # scheduling noise on a machine shared with other jobs
+    assert time.monotonic() - t < 0.050 + 0.5
     try:
         got = m.run(feeds[0], timeout_ms=5000)["y"]  # recovery replaces the pool
         assert m.device._pool is not pool
