@@ -42,6 +42,7 @@ class Model:
         self._slots = [device.io_buffer(i) for i in range(len(self._in))]
         self._lock = threading.Lock()
         self._broken = False  # the last run failed: recover before the next one
+        self._closed = False
 
     @classmethod
     def load(cls, path, device: str | None = None) -> "Model":
@@ -79,12 +80,14 @@ class Model:
 
     def close(self) -> None:
         """Release the device now rather than when the Model is collected; idempotent."""
+        self._closed = True
         self.device.close()
 
     def run(self, feeds: dict | None = None, out: dict | None = None,
             timeout_ms: float | None = None) -> dict[str, np.ndarray]:
         timeout_ms = self.timeout_ms if timeout_ms is None else timeout_ms
-        if type(timeout_ms) not in (int, float) or not 0 < timeout_ms < math.inf:
+        if not isinstance(timeout_ms, (int, float)) or isinstance(timeout_ms, bool) or \
+                not 0 < timeout_ms < math.inf:
             raise InputError(f"timeout_ms: expected a positive finite number, got {timeout_ms!r}")
         if not self._lock.acquire(timeout=timeout_ms / 1000):
             raise DeviceTimeout(f"another run() on this Model did not finish within "
@@ -96,6 +99,8 @@ class Model:
 
     def _run(self, feeds: dict | None, out: dict | None, timeout_ms: float) -> dict:
         dev = self.device
+        if self._closed:
+            raise DeviceError("run() on a closed Model; load it again")
         if self._broken:
             dev.recover()
             self._broken = False

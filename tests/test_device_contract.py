@@ -91,6 +91,8 @@ def test_recover_without_a_failure_and_double_close_are_harmless(mlp_case, devic
     _check(m.run(feeds[0])["y"], want[0])
     m.close()
     m.close()
+    with pytest.raises(DeviceError, match="run\\(\\) on a closed Model; load it again"):
+        m.run(feeds[0])
 
 
 @pytest.mark.parametrize("device", ["cpu", "mock"])
@@ -122,7 +124,7 @@ def test_opencl_binds_device_memory_then_patches_back_to_host_arrays(mlp_case):
         dev.bind_device(0, object())
 
 
-@pytest.mark.parametrize("timeout", [0, -5, float("nan"), float("inf"), "10"])
+@pytest.mark.parametrize("timeout", [0, -5, float("nan"), float("inf"), "10", True])
 def test_timeout_ms_must_be_a_positive_finite_number(mlp_case, timeout):
     with pytest.raises(InputError, match="timeout_ms: expected a positive finite number"):
         _load(mlp_case, "cpu").run(mlp_case[1][0], timeout_ms=timeout)
