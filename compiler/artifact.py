@@ -32,8 +32,7 @@ class Buffer:
     dtype: str  # numpy dtype name: "float32", "uint8", ...
     shape: tuple[int, ...]
     name: str = ""  # graph name for inputs and outputs
-    # GPU only: read through an image; nbytes then covers the pitched rows. The blob carries it
-    # in meta["images"] (not in the buffer record, so blob v1 readers are unaffected).
+    # GPU only: read through an image; nbytes then covers the pitched rows
     image: Image | None = None
 
 
@@ -43,6 +42,7 @@ class Launch:
     args: tuple[int, ...]  # Buffer ids in parameter order; outputs first
     global_size: tuple[int, ...] = (1,)
     local_size: tuple[int, ...] | None = None
+    barrier: bool = False  # waits for every earlier launch (compiler/schedule/hazards.py)
 
 
 @dataclass

@@ -1,7 +1,7 @@
-"""Artifact -> one .blob file (format v1, docs/blob.md). Same artifact, same bytes.
+"""Artifact -> one .blob file (format v2, docs/blob.md). Same artifact, same bytes.
 
-The layout constants and the pieces the reader re-derives (canonical JSON, the graph section, the
-file hash) come from runner.blob, so the writer cannot disagree with the reader.
+The format's definition (constants, the replay table's record, the layout and digests) is
+runner/format.py, which the reader uses too, so the writer cannot disagree with the reader.
 """
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import hashlib
 import os
 
 from compiler.artifact import Artifact, Buffer
-from runner.blob import (FILE_SHA256_AT, HEADER, MAGIC, SECTIONS, VERSION, canonical_json,
-                         chunk_sha256, file_sha256, graph_section, section_offsets)
+from runner.format import (FILE_SHA256_AT, HEADER, MAGIC, SECTIONS, VERSION, canonical_json,
+                           chunk_sha256, file_sha256, pack_graph, section_offsets)
 
 PRODUCER = "keel-compiler 0.1"
 
@@ -24,20 +24,21 @@ def write_blob(artifact: Artifact, path) -> None:
 
 
 def blob_bytes(artifact: Artifact) -> bytes:
-    launches = [{"kernel": l.kernel, "args": list(l.args), "global_size": list(l.global_size),
-                 "local_size": None if l.local_size is None else list(l.local_size)}
-                for l in artifact.launches]
+    programs = list(dict.fromkeys(l.kernel for l in artifact.launches))  # first-use order
+    index = {name: i for i, name in enumerate(programs)}
+    graph = pack_graph([(index[l.kernel], l.barrier, list(l.args), l.global_size, l.local_size)
+                        for l in artifact.launches])
     manifest = {
         "arena_bytes": artifact.arena_bytes,
         "arena_lower_bound_bytes": artifact.arena_lower_bound_bytes,
         "buffers": [_buffer_record(b) for b in artifact.buffers],
         "inputs": [b.id for b in artifact.inputs],
         "outputs": [b.id for b in artifact.outputs],
-        "launches": launches,
+        "programs": programs,
         "meta": artifact.meta,
     }
     payloads = {"weights": bytes(artifact.weights), "programs": bytes(artifact.programs),
-                "graph": graph_section(launches)}
+                "graph": graph}
     return assemble(artifact.target, manifest, payloads)
 
 
@@ -63,8 +64,10 @@ def assemble(target: str, manifest: dict, payloads: dict[str, bytes]) -> bytes:
 
 
 def _buffer_record(b: Buffer) -> dict:
+    image = None if b.image is None else \
+        {"width": b.image.width, "height": b.image.height, "pitch": b.image.pitch}
     return {"id": b.id, "region": b.region, "offset": b.offset, "nbytes": b.nbytes,
-            "dtype": b.dtype, "shape": list(b.shape), "name": b.name}
+            "dtype": b.dtype, "shape": list(b.shape), "name": b.name, "image": image}
 
 
 def _cstr(text: str, what: str) -> bytes:

@@ -17,7 +17,8 @@ from compiler.renderers import get_renderer
 from compiler.schedule.buffers import Buffers
 from compiler.schedule.fusion import Kernel, schedule
 from compiler.schedule.layout import canonical, channels_last, in_place, pad_in_place
-from compiler.schedule.storage import device_storage, image_meta
+from compiler.schedule.hazards import mark_barriers
+from compiler.schedule.storage import device_storage
 from compiler.target import Target, get_target
 
 VERSION = "0.1.0"
@@ -63,6 +64,7 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         bufs.launch(Kernel(b.name, use.kernel.root, use.kernel.inputs), args, b.plan)
     with st("plan"):
         bufs.plan_arena()
+        bufs.launches = mark_barriers(bufs.launches, bufs.by_id())
     with st("render"):
         source = get_renderer(tgt).render_program([(b.name, b.lin) for b in built.values()],
                                                   bufs.launches, bufs.by_id())
@@ -73,7 +75,6 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         weights=bufs.weight_bytes(), arena_bytes=bufs.arena_bytes,
         arena_lower_bound_bytes=bufs.lower_bound, launches=bufs.launches, programs=code,
         meta={"producer": f"keel {VERSION}", "float16": float16, **graph.meta,
-              **image_meta(bufs.by_id().values()),
               "flops": bufs.flops,
               "stage_seconds": {k: round(v, 4) for k, v in st.times.items()}})
 

@@ -1,9 +1,8 @@
-"""Blob format v1 (docs/blob.md): the layout constants, and the reader that validates everything.
+"""Blob format v2 (docs/blob.md; its definition is runner/format.py): the reader.
 
 `read_blob` maps the file and checks the header, the manifest (structure, types, every field), the
-layout, every SHA-256, every buffer's bounds, the io slots and the launch table before returning.
-Nothing in a blob runs until all of that has passed. The compiler's writer imports the layout from
-here, so reader and writer cannot drift apart.
+layout, every SHA-256, every buffer's bounds, the io slots and the replay table before returning.
+Nothing in a blob runs until all of that has passed.
 
 Every byte of the file is hashed exactly once: the sections as CHUNK_BYTES chunks whose digests the
 manifest lists, everything else (header, padding, manifest) into the file digest. The chunks are
@@ -17,7 +16,6 @@ import json
 import math
 import mmap
 import os
-import struct
 import threading
 from dataclasses import dataclass
 
@@ -25,21 +23,11 @@ import numpy as np
 
 from runner.device import TARGETS
 from runner.errors import BlobError
+from runner.format import (CHUNK_BYTES, DTYPES, FILE_SHA256_AT, FLAGS, GRAPH_HEAD, HEADER, LAUNCH,
+                           MAGIC, MAX_DIMS, MAX_INT, REGIONS, SECTION_ALIGN, SECTIONS, VERSION,
+                           BARRIER, file_sha256, section_offsets)
 
-MAGIC = b"KEELBLOB"
-VERSION = 1
-# magic, version, header_size, flags, file_size, manifest_offset, manifest_size,
-# manifest_sha256, file_sha256, producer, target  (little-endian, 176 bytes)
-HEADER = struct.Struct("<8sIIQQQQ32s32s32s32s")
-FILE_SHA256_AT = 80  # the file hash reads these 32 bytes (the field itself) as zeros
-SECTION_ALIGN = 4096
-SECTIONS = ("weights", "programs", "graph")  # in file order
-CHUNK_BYTES = 4 << 20  # sections are hashed in chunks of this size, in parallel
-MAX_INT = 2**63 - 1  # manifest integers must fit an int64 / uint64 on the C side
 MAX_HASH_THREADS = 8
-REGIONS = ("arena", "weights", "input", "output")
-DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
-          "float16", "float32", "float64")
 _NP_DTYPES = {name: np.dtype(name) for name in DTYPES}
 
 
@@ -52,14 +40,16 @@ class BufferSpec:
     dtype: np.dtype
     shape: tuple[int, ...]
     name: str
+    image: tuple[int, int, int] | None = None  # (width, height, pitch) in texels: GPU images
 
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    kernel: str
+    kernel: str  # the program's name
     args: tuple[int, ...]
     global_size: tuple[int, ...]
     local_size: tuple[int, ...] | None
+    barrier: bool  # wait for every earlier launch's memory effects first
 
 
 @dataclass(frozen=True)
@@ -75,50 +65,7 @@ class Blob:
     weights: memoryview  # zero-copy views into the mapped file
     programs: memoryview
     graph: memoryview
-
-
-def canonical_json(obj) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
-
-
-def graph_section(launches: list[dict]) -> bytes:
-    """The launch table as backends consume it: [kernel, args, global_size, local_size] rows."""
-    return canonical_json([[l["kernel"], l["args"], l["global_size"], l["local_size"]]
-                           for l in launches])
-
-
-def section_offsets(sizes: list[int]) -> list[int]:
-    """Where sections of these sizes start, in order: the first at SECTION_ALIGN (the header's
-    page stays to itself), each next one at the first SECTION_ALIGN multiple at or after the end
-    of the one before. The manifest starts right after the last section."""
-    offsets, end = [], SECTION_ALIGN
-    for size in sizes:
-        offsets.append(end)
-        end = -(-(end + size) // SECTION_ALIGN) * SECTION_ALIGN
-    return offsets
-
-
-def chunk_sha256(section) -> list[str]:
-    """SHA-256 (hex) of each CHUNK_BYTES piece of a section, in order; the last may be shorter."""
-    view = memoryview(section).cast("B")
-    return [hashlib.sha256(view[i:i + CHUNK_BYTES]).hexdigest()
-            for i in range(0, len(view), CHUNK_BYTES)]
-
-
-def file_sha256(data, sections) -> bytes:
-    """The file digest: SHA-256 of every byte outside the sections, in file order, with the 32
-    bytes at FILE_SHA256_AT read as zeros. `sections` are (offset, size) in file order, past the
-    header and not overlapping. Since the manifest lists every chunk's digest, this one digest
-    binds every byte of the file (docs/blob.md)."""
-    data = memoryview(data).cast("B")
-    h = hashlib.sha256(data[:FILE_SHA256_AT])
-    h.update(bytes(32))
-    pos = FILE_SHA256_AT + 32
-    for offset, size in sections:
-        h.update(data[pos:offset])
-        pos = offset + size
-    h.update(data[pos:])
-    return h.digest()
+    program_names: list[str]  # program index -> kernel name
 
 
 def read_blob(path) -> Blob:
@@ -147,15 +94,14 @@ def parse_blob(data: memoryview) -> Blob:
     with _ChunkCheck(sections, table) as chunks:
         buffers = _buffers(manifest["buffers"])
         _check_regions(buffers, manifest, len(sections["weights"]))
-        launches = _launches(manifest["launches"], buffers)
+        launches = _launches(sections["graph"], manifest["programs"], buffers)
         inputs = _io(manifest["inputs"], buffers, "input", first_slot=0)
         outputs = _io(manifest["outputs"], buffers, "output", first_slot=len(manifest["inputs"]))
         chunks.finish()
-    if bytes(sections["graph"]) != graph_section(manifest["launches"]):
-        raise BlobError("graph section does not match the manifest's launch table")
     return Blob(target=target, producer=producer, manifest=manifest, buffers=buffers,
                 inputs=inputs, outputs=outputs, launches=launches,
-                arena_bytes=manifest["arena_bytes"], **sections)
+                arena_bytes=manifest["arena_bytes"], program_names=manifest["programs"],
+                **sections)
 
 
 def _header(data: memoryview) -> tuple[str, str, int, int]:
@@ -163,6 +109,9 @@ def _header(data: memoryview) -> tuple[str, str, int, int]:
         raise BlobError(f"file is {len(data)} bytes, shorter than the {HEADER.size}-byte header")
     (magic, version, header_size, flags, file_size, m_offset, m_size, m_sha, _, producer,
      target) = HEADER.unpack_from(data)
+    if magic == MAGIC and version != VERSION:
+        raise BlobError(f"blob format version {version}: this runner reads version {VERSION}; "
+                        f"recompile the model with this keel (tools/compile.py)")
     expect = [("magic", MAGIC, magic), ("format version", VERSION, version),
               ("header size", HEADER.size, header_size), ("flags", 0, flags),
               ("file size", len(data), file_size)]
@@ -273,11 +222,12 @@ _MANIFEST = _obj({
     "arena_lower_bound_bytes": _int,
     "buffers": _list(_obj({"id": _int, "region": _one_of(REGIONS), "offset": _int,
                            "nbytes": _int, "dtype": _one_of(DTYPES), "shape": _list(_int),
-                           "name": _str})),
+                           "name": _str,
+                           "image": _nullable(_obj({"width": _int, "height": _int,
+                                                    "pitch": _int}))})),
     "inputs": _list(_int),
     "outputs": _list(_int),
-    "launches": _list(_obj({"kernel": _str, "args": _list(_int), "global_size": _list(_int),
-                            "local_size": _nullable(_list(_int))})),
+    "programs": _list(_str),
     "sections": _list(_obj({"name": _one_of(SECTIONS), "offset": _int, "size": _int,
                             "chunk_sha256": _list(_sha256)})),
     "meta": _dict,
@@ -401,14 +351,17 @@ def _buffers(records: list[dict]) -> dict[int, BufferSpec]:
     for r in records:
         if r["id"] in buffers:
             raise BlobError(f"manifest buffers: id {r['id']} appears twice")
+        img = r["image"] and (r["image"]["width"], r["image"]["height"], r["image"]["pitch"])
         buffers[r["id"]] = BufferSpec(r["id"], r["region"], r["offset"], r["nbytes"],
-                                      _NP_DTYPES[r["dtype"]], tuple(r["shape"]), r["name"])
+                                      _NP_DTYPES[r["dtype"]], tuple(r["shape"]), r["name"], img)
     return buffers
 
 
 def _check_regions(buffers: dict[int, BufferSpec], manifest: dict, weights_bytes: int) -> None:
     limits = {"arena": manifest["arena_bytes"], "weights": weights_bytes}
     for b in buffers.values():
+        if b.image is not None:
+            _image(b)
         if b.region in limits and b.offset + b.nbytes > limits[b.region]:
             raise BlobError(f"buffer {b.id}: [{b.offset}, {b.offset + b.nbytes}) exceeds the "
                             f"{limits[b.region]}-byte {b.region} region")
@@ -437,16 +390,67 @@ def _io(ids: list[int], buffers: dict[int, BufferSpec], region: str,
     return slots
 
 
-def _launches(records: list[dict], buffers: dict[int, BufferSpec]) -> list[LaunchSpec]:
-    launches = []
-    for i, r in enumerate(records):
-        missing = [a for a in r["args"] if a not in buffers]
-        if missing:
-            raise BlobError(f"launch {i} ({r['kernel']}): args reference unknown buffers {missing}")
-        glob, local = r["global_size"], r["local_size"]
-        if not glob or 0 in glob or (local is not None and (len(local) != len(glob) or 0 in local)):
-            raise BlobError(f"launch {i} ({r['kernel']}): expected positive sizes with equal rank, "
-                            f"got global {glob} local {local}")
-        launches.append(LaunchSpec(r["kernel"], tuple(r["args"]), tuple(glob),
-                                   None if local is None else tuple(local)))
+def _image(b: BufferSpec) -> None:
+    """An image is RGBA rows of `width` texels, `pitch` apart, over the whole tensor."""
+    width, height, pitch = b.image
+    texel = 4 * b.dtype.itemsize
+    if b.dtype not in (np.dtype("float16"), np.dtype("float32")) or \
+            b.region not in ("arena", "weights") or not 1 <= width <= pitch or \
+            4 * width * height != math.prod(b.shape) or b.nbytes != height * pitch * texel:
+        raise BlobError(f"buffer {b.id}: image (width {width}, height {height}, pitch {pitch}) "
+                        f"expected float16/float32 arena or weights rows covering {b.dtype} "
+                        f"{b.shape} in nbytes = height * pitch * {texel}, got {b.region} "
+                        f"nbytes {b.nbytes}")
+
+
+def _launches(graph: memoryview, programs: list[str],
+              buffers: dict[int, BufferSpec]) -> list[LaunchSpec]:
+    """The graph section's replay table (runner/format.py), every field checked."""
+    if len(set(programs)) != len(programs) or not all(p.isascii() and p.isidentifier()
+                                                      for p in programs):
+        raise BlobError(f"manifest programs: expected unique C identifiers, got {programs[:8]}")
+    if len(graph) < GRAPH_HEAD.size:
+        raise BlobError(f"graph section: {len(graph)} bytes, shorter than its "
+                        f"{GRAPH_HEAD.size}-byte head")
+    n, n_args = GRAPH_HEAD.unpack_from(graph)
+    want = GRAPH_HEAD.size + n * LAUNCH.itemsize + 4 * n_args
+    if len(graph) != want:
+        raise BlobError(f"graph section: {n} launches and {n_args} args need {want} bytes, "
+                        f"got {len(graph)}")
+    table = np.frombuffer(graph, LAUNCH, n, GRAPH_HEAD.size)
+    args = np.frombuffer(graph, "<u4", n_args, GRAPH_HEAD.size + n * LAUNCH.itemsize).tolist()
+    launches, at = [], 0
+    for i, rec in enumerate(table.tolist()):
+        launches.append(_launch(i, rec, args, at, programs, buffers))
+        at += rec[-1]
+    if at != n_args:
+        raise BlobError(f"graph section: launches use {at} args, the head says {n_args}")
     return launches
+
+
+def _launch(i: int, rec: tuple, args: list[int], at: int, programs: list[str],
+            buffers: dict[int, BufferSpec]) -> LaunchSpec:
+    """Launch i's args must start where launch i - 1's end (`at`): one byte, one meaning."""
+    program, flags, dims, glob, local, first, count = rec
+    glob, local = tuple(glob.tolist()), tuple(local.tolist())
+    what = f"graph launch {i}"
+    if program >= len(programs):
+        raise BlobError(f"{what}: program {program} expected < {len(programs)} (manifest programs)")
+    what += f" ({programs[program]})"
+    if flags & ~FLAGS or not 1 <= dims <= MAX_DIMS:
+        raise BlobError(f"{what}: expected flags within {FLAGS:#x} and 1..{MAX_DIMS} dims, "
+                        f"got flags {flags:#x} dims {dims}")
+    pad = (1,) * (MAX_DIMS - dims)
+    no_local = not any(local)
+    if 0 in glob or glob[dims:] != pad or not (no_local or 0 not in local and local[dims:] == pad):
+        raise BlobError(f"{what}: expected positive sizes, 1 past {dims} dims, local all zero or "
+                        f"all positive, got global {list(glob)} local {list(local)}")
+    if first != at or count == 0 or first + count > len(args):
+        raise BlobError(f"{what}: args [{first}, {first + count}) expected to start at {at}, be "
+                        f"non-empty and end within the {len(args)} args")
+    a = tuple(args[first:first + count])
+    missing = [b for b in a if b not in buffers]
+    if missing:
+        raise BlobError(f"{what}: args reference unknown buffers {missing}")
+    return LaunchSpec(programs[program], a, tuple(glob[:dims]),
+                      None if no_local else tuple(local[:dims]), bool(flags & BARRIER))

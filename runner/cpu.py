@@ -4,13 +4,16 @@
     void keel_graph_mt(uint8_t *arena, const uint8_t *weights, void *const *io,
                        int tid, int nt, keel_sync *sync);
 
-loaded straight from memory and called once per submission, synchronously. Weights are a pointer
+loaded straight from memory and called once per submission, synchronously, inside submit(). Weights are a pointer
 into the mapped blob (zero-copy); the arena is a 64-byte aligned host array, on huge pages from
 2 MiB up (runner.device.aligned_empty).
 
 Threads: KEEL_THREADS (default: the cores this process may run on). With one thread the runner
 calls keel_graph and starts no thread at all. With n > 1 it starts n-1 workers once, at load; each
 submission wakes them and all n run keel_graph_mt together (cffi releases the GIL during the call).
+A run is bounded by its deadline: a thread that waits at a barrier past it (a share that never
+arrives) gives up, every later barrier passes, and the submission never completes, so wait()
+raises DeviceTimeout and recover() gets the workers back (or replaces the pool).
 """
 from __future__ import annotations
 
@@ -18,21 +21,28 @@ import os
 import platform
 import tempfile
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 
 import cffi
 
-from runner.device import Device, Fence, aligned_empty
+from runner.device import HostDevice, aligned_empty
 from runner.errors import BlobError
 
 ffi = cffi.FFI()
 ffi.cdef("""
-typedef struct { int count, sense; int (*yield_fn)(void); } keel_sync;
+typedef struct { long long sec; long nsec; } keel_ts;
+typedef struct {
+  int count, sense; int (*yield_fn)(void);
+  int (*clock_fn)(int, keel_ts *); int clock_id; int abort; long long deadline_ns;
+} keel_sync;
 int sched_yield(void);
+int clock_gettime(int, keel_ts *);
 void keel_graph(uint8_t *arena, const uint8_t *weights, void *const *io);
 void keel_graph_mt(uint8_t *arena, const uint8_t *weights, void *const *io, int tid, int nt,
                    keel_sync *sync);
+void keel_launch(int launch, void *const *args);
 """)
 
 
@@ -54,20 +64,15 @@ HOSTS = {
 }
 
 
-class _Done(Fence):
-    def signalled(self) -> bool:
-        return True
-
-
-DONE = _Done()  # submissions run synchronously, so every fence is already signalled
-
-
-class CpuDevice(Device):
+class CpuDevice(HostDevice):
+    """Runs the graph inside submit(), on the calling thread (and the pool's workers): the
+    timeline is complete as soon as submit() returns, unless the run missed its deadline."""
     name = "cpu"
 
     def check_target(self, target: str) -> None:
         if target not in HOSTS:
-            raise BlobError(f"device 'cpu' runs targets {sorted(HOSTS)}, blob target is {target!r}")
+            raise BlobError(f"device {self.name!r} runs targets {sorted(HOSTS)}, blob target is "
+                            f"{target!r}")
         want, system, machine = HOSTS[target], platform.system(), platform.machine()
         if want.system != system or machine not in want.machines:
             raise BlobError(f"blob target {target!r} cannot run on this host: host target is "
@@ -77,54 +82,97 @@ class CpuDevice(Device):
             raise BlobError(f"blob target {target!r} needs CPU features {missing}, "
                             f"which /proc/cpuinfo does not list")
 
-    def alloc(self, arena_bytes: int) -> None:
-        self._arena = aligned_empty((max(arena_bytes, 1),), "uint8")
-        self._arena_ptr = ffi.from_buffer("uint8_t[]", self._arena)
+    def load(self, blob) -> None:
+        self._value = self._done = 0
+        self._owned: list = []  # the pool; a list, so the finalizer sees one recover() replaces
+        self._arena, self._arena_ptr, self._weights_ptr, self._lib = host_memory(blob)
+        self._finalizer = weakref.finalize(self, shutdown, self._owned, self._lib)
+        self._io_ptrs = ffi.new("void *[]", max(len(blob.inputs) + len(blob.outputs), 1))
+        self._init_io(blob)
+        self._graph = _symbol(self._lib, ENTRY)
+        self.threads, self._pool = threads_from_env(), None
+        if self.threads > 1 and hasattr(self._lib, ENTRY_MT):
+            self._new_pool()
+        else:  # a single-threaded program runs as such
+            self.threads = 1
 
-    def upload(self, weights: memoryview) -> None:
-        # read in place, on the blob mapping's small pages: copying them into huge pages gains
-        # ResNet-50 ~4% per run but costs every load ~15 ms (openpilot: 73 MiB, no run gain)
-        self._weights_ptr = ffi.from_buffer("uint8_t[]", weights)  # keeps the mapping alive
+    def _new_pool(self) -> None:
+        self._pool = Pool(self._lib.keel_graph_mt, self.threads)
+        self._owned[:] = [self._pool]
 
-    def load(self, programs: memoryview, launches: list, buffers: dict) -> None:
-        n_io = sum(b.region in ("input", "output") for b in buffers.values())
-        self._io_ptrs = ffi.new("void *[]", max(n_io, 1))
-        self._bound = [None] * n_io  # the array behind each io pointer, kept alive
-        lib, fd = _dlopen_from_memory(programs)
-        weakref.finalize(self, _unload, lib, fd)
-        try:
-            self._graph = lib.keel_graph
-        except AttributeError:
-            raise BlobError("programs section does not export keel_graph") from None
-        self.threads = threads_from_env()
-        self._run = self._graph  # decided once here, not per submission
-        if self.threads > 1:
-            try:
-                graph_mt = lib.keel_graph_mt
-            except AttributeError:  # a single-threaded program: run it as such
-                self.threads = 1
-            else:
-                pool = Pool(graph_mt, self.threads)
-                weakref.finalize(self, pool.close)
-                self._run = pool.run
+    def _patch(self, slot: int, array) -> None:
+        self._io_ptrs[slot] = ffi.from_buffer(array)
+
+    def submit(self, deadline: float) -> int:
+        self._value += 1
+        if self._pool is None:
+            self._graph(self._arena_ptr, self._weights_ptr, self._io_ptrs)
+        elif not self._pool.run(self._arena_ptr, self._weights_ptr, self._io_ptrs, deadline):
+            return self._value  # never completes: wait() raises DeviceTimeout
+        self._done = self._value
+        return self._value
+
+    def completed(self) -> int:
+        return self._done
+
+    def wait(self, value: int, deadline: float) -> None:
+        if self._done < value:
+            super().wait(value, deadline)
+
+    def recover(self) -> None:
+        if self._pool is not None and not self._pool.reset():
+            self._pool.close()  # a worker that never came back is abandoned with its pool
+            self._new_pool()
 
     def close(self) -> None:
-        for name in ("_weights_ptr", "_arena_ptr"):
-            ptr = self.__dict__.pop(name, None)
-            if ptr is not None:
-                ffi.release(ptr)
-
-    def submit(self, io: list) -> Fence:
-        bound = self._bound
-        for i, arr in enumerate(io):
-            if arr is not bound[i]:
-                self._io_ptrs[i] = ffi.from_buffer(arr)
-                bound[i] = arr
-        self._run(self._arena_ptr, self._weights_ptr, self._io_ptrs)
-        return DONE
+        release_host_memory(self)
 
 
-try:  # the process's own C library, for sched_yield in the barrier
+def host_memory(blob) -> tuple:
+    """What a host-memory device needs of a blob: (arena array, arena pointer, weights pointer,
+    loaded programs). Weights are read in place, on the blob mapping's small pages: copying them
+    into huge pages gains ResNet-50 ~4% per run but costs every load ~15 ms (openpilot: 73 MiB,
+    no run gain)."""
+    arena = aligned_empty((max(blob.arena_bytes, 1),), "uint8")
+    lib = Library(blob.programs)
+    return arena, ffi.from_buffer("uint8_t[]", arena), \
+        ffi.from_buffer("uint8_t[]", blob.weights), lib
+
+
+def shutdown(owned: list, lib: "Library") -> None:
+    """A host device's finalizer (weakref.finalize: runs once, at close() or collection): stop
+    the threads that run its code (they hold no reference to the device), then unload it."""
+    for worker in owned:
+        worker.close()
+    lib.unload()
+
+
+def release_host_memory(dev) -> None:
+    """close() of a host device (idempotent): a failed load's traceback keeps the device alive in
+    a cycle with the blob's mapping, which cannot be collected while views of it are exported."""
+    finalizer = dev.__dict__.pop("_finalizer", None)
+    if finalizer is not None:
+        finalizer()
+    lib = dev.__dict__.pop("_lib", None)
+    if lib is not None:  # a load that failed before its finalizer existed
+        lib.unload()
+    for name in ("_weights_ptr", "_arena_ptr"):
+        ptr = dev.__dict__.pop(name, None)
+        if ptr is not None:
+            ffi.release(ptr)
+
+
+def _symbol(lib, name: str):
+    try:
+        return getattr(lib, name)
+    except AttributeError:
+        raise BlobError(f"programs section does not export {name}") from None
+
+
+ENTRY, ENTRY_MT = "keel_graph", "keel_graph_mt"
+GRACE_S = 1.0  # after a missed deadline, how long recover() gives a share to finish its kernel
+
+try:  # the process's own C library, for sched_yield and clock_gettime in the barrier
     _LIBC = ffi.dlopen(None)
 except OSError:
     _LIBC = None
@@ -147,14 +195,18 @@ def threads_from_env() -> int:
 class Pool:
     """n-1 worker threads that each run one share of keel_graph_mt per submission; the calling
     thread runs share 0. Workers sleep on a semaphore between submissions (no spinning while
-    idle: modeld runs at 20 Hz)."""
+    idle: modeld runs at 20 Hz). The barrier reads the deadline from `sync` (CLOCK_MONOTONIC)
+    once it has spun long enough to yield."""
 
     def __init__(self, graph_mt, nt: int):
         self.graph_mt, self.nt = graph_mt, nt
         self.sync = ffi.new("keel_sync *")
-        self.sync.yield_fn = _LIBC.sched_yield if _LIBC is not None else ffi.NULL
+        if _LIBC is not None:
+            self.sync.yield_fn, self.sync.clock_fn = _LIBC.sched_yield, _LIBC.clock_gettime
+            self.sync.clock_id = time.CLOCK_MONOTONIC
         self.args: tuple = ()
         self.stop = False
+        self.pending = 0  # shares started and not yet back
         self.start = [threading.Semaphore(0) for _ in range(nt - 1)]
         self.done = threading.Semaphore(0)
         self.workers = [threading.Thread(target=self._work, args=(tid,), daemon=True,
@@ -170,13 +222,30 @@ class Pool:
             self.graph_mt(*self.args, tid, self.nt, self.sync)
             self.done.release()
 
-    def run(self, *args) -> None:
-        self.args = args
+    def run(self, arena, weights, io, deadline: float) -> bool:
+        """Run every share; False when the run missed its deadline (its results are garbage)."""
+        self.args = (arena, weights, io)
+        # on CLOCK_MONOTONIC's own base: time.monotonic() has another one on macOS
+        self.sync.deadline_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC) + \
+            int((deadline - time.monotonic()) * 1e9)
+        self.pending = len(self.start)
         for s in self.start:
             s.release()
-        self.graph_mt(*args, 0, self.nt, self.sync)  # returns once every share is done
-        for _ in self.start:
-            self.done.acquire()  # workers are back on their semaphores: args may change
+        self.graph_mt(arena, weights, io, 0, self.nt, self.sync)  # returns once every share is done
+        while self.pending:  # past the deadline: one last non-blocking look
+            if not self.done.acquire(timeout=max(deadline - time.monotonic(), 0)):
+                return False  # late shares may still run: reset() waits for them
+            self.pending -= 1  # workers are back on their semaphores: args may change
+        return not self.sync.abort
+
+    def reset(self) -> bool:
+        """After a missed deadline: True once every worker is back and the barrier is reset."""
+        while self.pending:
+            if not self.done.acquire(timeout=GRACE_S):
+                return False
+            self.pending -= 1
+        self.sync.count, self.sync.abort = 0, 0
+        return True
 
     def close(self) -> None:
         self.stop = True
@@ -216,12 +285,34 @@ def _cpu_flags(needed: tuple[str, ...]) -> set[str]:
     return set(needed)
 
 
-def _dlopen_from_memory(code: memoryview):
-    """dlopen a shared object held in memory. Returns (lib, fd to close after dlclose, or None).
+class Library:
+    """A shared object held in memory, dlopen'ed through a memfd. The memfd stays open while the
+    library is loaded: glibc matches already-loaded objects by path, so a reused
+    /proc/self/fd/N name would hand back the previous model's code."""
 
-    A memfd stays open while the library is loaded: glibc matches already-loaded objects by path,
-    so a reused /proc/self/fd/N name would hand back the previous model's code.
-    """
+    def __init__(self, code: memoryview):
+        self.lib, self.fd = _dlopen_from_memory(code)
+
+    def __getattr__(self, name: str):
+        return getattr(self.__dict__["lib"], name)
+
+    def unload(self) -> None:
+        """Idempotent. cffi's FFI.dlopen keeps every library it opened in private lists, ~6 KB
+        per load that dlclose does not give back: drop ours from them too."""
+        lib, self.lib = self.__dict__.get("lib"), None
+        if lib is None:
+            return
+        ffi.dlclose(lib)
+        with ffi._lock:
+            i = next((i for i, x in enumerate(ffi._libraries) if x is lib), None)
+            if i is not None:
+                del ffi._libraries[i], ffi._function_caches[i]
+        if self.fd is not None:
+            os.close(self.fd)
+
+
+def _dlopen_from_memory(code: memoryview):
+    """-> (lib, fd to close after dlclose, or None)"""
     memfd = hasattr(os, "memfd_create")
     if memfd:
         fd = os.memfd_create("keel-programs", os.MFD_CLOEXEC)
@@ -244,8 +335,3 @@ def _dlopen_from_memory(code: memoryview):
     os.close(fd)
     return lib, None
 
-
-def _unload(lib, fd) -> None:
-    ffi.dlclose(lib)
-    if fd is not None:
-        os.close(fd)

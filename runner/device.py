@@ -1,9 +1,35 @@
-"""The Device interface: the one contract every backend (CPU, KGSL, FastRPC, AM) implements.
+"""The Device contract (v2): what every backend (CPU, OpenCL, mock; KGSL, FastRPC, AM next)
+implements, and what each call guarantees. Shaped after IREE's HAL: a device holds one loaded
+graph, io slots are binding slots, a submission is a point on a timeline.
 
-A device runs one loaded graph: `alloc` the arena for intermediates, `upload` the read-only weights
-(zero-copy where the hardware allows), `load` the compiled programs, then per inference `submit` the
-io slot arrays (inputs, then outputs) as ONE submission and `wait` on the returned fence with a
-deadline. `check_target` runs first and refuses blobs this device cannot run on this host.
+  check_target(target)   raises BlobError unless this device can run `target` blobs on this host.
+  load(blob)             once: the arena, the weights (zero-copy where the hardware allows), the
+                         programs, and the whole graph recorded for replay (the blob's launch
+                         table). Raises BlobError for what the blob asks and this device cannot do.
+  io_buffer(slot)        the device-visible memory of io slot `slot` (inputs first, then outputs;
+                         docs/blob.md) as a C-contiguous numpy array that lives as long as the
+                         device. Slots start bound to it: writing it is writing what runs read.
+  bind(slot, array)      bind host memory (C-contiguous, aligned, the slot's dtype and size) to a
+                         slot for the following submissions. Rebinding the bound array is free;
+                         a new one patches only the recorded addresses of that slot. The caller
+                         keeps the array alive and untouched until the submission completes.
+  bind_device(slot, mem) bind memory that already lives on the device (a camera frame in GPU
+                         memory); what `mem` is belongs to the backend. Raises DeviceError where a
+                         backend has no such memory.
+  submit(deadline)       one submission of the whole graph; returns its timeline value, which only
+                         grows (1, 2, ...). `deadline` is the absolute time.monotonic() the caller
+                         will wait until; only a device that runs the graph inside submit (CPU)
+                         uses it, to bound that run. Queue devices return at once.
+  wait(value, deadline)  returns once the submission with timeline `value` has completed; raises
+                         DeviceTimeout if it has not by `deadline` (time.monotonic() seconds) and
+                         DeviceError if it failed. Never blocks past the deadline by more than
+                         scheduling noise: it blocks in slices of at most MAX_SLEEP_S, reads the
+                         clock, and checks completion again after the deadline before calling a
+                         timeout, so a submission that completed in time is never one.
+  recover()              after a DeviceTimeout or DeviceError: abandon what is in flight and
+                         rebuild the device state so the next submit() runs correctly. Bindings,
+                         io buffers and weights survive.
+  close()                releases everything; idempotent; the device is unusable afterwards.
 
 Backends register in DEVICES by module path, so a backend's imports (ioctls, cffi builds) are only
 paid when it is used.
@@ -17,23 +43,17 @@ from typing import Callable
 
 import numpy as np
 
-from runner.errors import DeviceTimeout
+from runner.errors import DeviceError, DeviceTimeout
 
 # blob target -> device that runs it
 TARGETS = {"cpu": "cpu", "cpu-avx512": "cpu", "cpu-aarch64": "cpu", "cpu-arm64-apple": "cpu",
            "opencl": "opencl", "qcom": "opencl"}  # qcom: OpenCL C for Adreno, via libOpenCL
 # device name -> "module:Class"
-DEVICES = {"cpu": "runner.cpu:CpuDevice", "opencl": "runner.opencl:OpenCLDevice"}
+DEVICES = {"cpu": "runner.cpu:CpuDevice", "opencl": "runner.opencl:OpenCLDevice",
+           "mock": "runner.mock:MockDevice"}
 
 MIN_SLEEP_S = 20e-6
-MAX_SLEEP_S = 1e-3  # a fence that signals while we sleep costs at most this much latency
-
-
-class Fence:
-    """Completion of one submission."""
-
-    def signalled(self) -> bool:
-        raise NotImplementedError
+MAX_SLEEP_S = 1e-3  # a submission that completes while we sleep costs at most this much latency
 
 
 class Device:
@@ -43,27 +63,42 @@ class Device:
     cache_dir: str | None = None
 
     def check_target(self, target: str) -> None:
-        """Raise BlobError unless this device can run blobs built for `target` on this host."""
         raise NotImplementedError
 
-    def alloc(self, arena_bytes: int) -> None:
+    def load(self, blob) -> None:
         raise NotImplementedError
 
-    def upload(self, weights: memoryview) -> None:
+    def io_buffer(self, slot: int) -> np.ndarray:
         raise NotImplementedError
 
-    def load(self, programs: memoryview, launches: list, buffers: dict) -> None:
+    def bind(self, slot: int, array: np.ndarray) -> None:
         raise NotImplementedError
 
-    def submit(self, io: list) -> Fence:
-        """io: one contiguous array per io slot. The backend may use them until wait() returns."""
+    def bind_device(self, slot: int, mem) -> None:
+        raise DeviceError(f"device {self.name!r} has no device memory to bind to slot {slot}; "
+                          f"bind a host array")
+
+    def submit(self, deadline: float) -> int:
+        raise NotImplementedError
+
+    def completed(self) -> int:
+        """The highest timeline value whose submission has completed; raises DeviceError when
+        the submission after it failed."""
+        raise NotImplementedError
+
+    def wait(self, value: int, deadline: float) -> None:
+        wait_until(lambda: self.completed() >= value, deadline,
+                   f"{self.name} submission {value}", sleep=self.block)
+
+    def block(self, seconds: float) -> None:
+        """Block at most `seconds`, returning early where the device can signal completion."""
+        time.sleep(seconds)
+
+    def recover(self) -> None:
         raise NotImplementedError
 
     def close(self) -> None:
-        """Release what the device holds of the blob (after a failed load); idempotent."""
-
-    def wait(self, fence: Fence, timeout_ms: float) -> None:
-        wait_until(fence.signalled, timeout_ms, f"{self.name} submission")
+        raise NotImplementedError
 
 
 def get_device(name: str) -> Device:
@@ -73,23 +108,21 @@ def get_device(name: str) -> Device:
     return getattr(importlib.import_module(module), cls)()
 
 
-def wait_until(done: Callable[[], bool], timeout_ms: float, what: str,
+def wait_until(done: Callable[[], bool], deadline: float, what: str,
                clock: Callable[[], float] = time.monotonic,
                sleep: Callable[[float], None] = time.sleep) -> None:
-    """Poll `done` with growing but bounded sleeps until it is true or `timeout_ms` has passed."""
-    if done():
-        return
-    deadline = clock() + timeout_ms / 1000
+    """Return once `done()` is true; raise DeviceTimeout once `clock()` has passed `deadline`
+    and `done()` is still false when checked after that clock reading. Blocks in growing slices,
+    none past the deadline. The clock is read before the last check, never after: a completion
+    that lands while we are descheduled between the two is seen, not called a timeout."""
     nap = MIN_SLEEP_S
-    while True:
+    while not done():
         remaining = deadline - clock()
         if remaining <= 0:
-            if done():  # it may have signalled while we slept past the deadline
+            if done():
                 return
-            raise DeviceTimeout(f"{what} not signalled within {timeout_ms} ms")
+            raise DeviceTimeout(f"{what} not complete by its deadline")
         sleep(min(nap, remaining))
-        if done():
-            return
         nap = min(nap * 2, MAX_SLEEP_S)
 
 
@@ -121,3 +154,28 @@ def _huge_mapping(nbytes: int) -> mmap.mmap:
     except OSError:  # THP disabled in this kernel: the mapping still works, on small pages
         pass
     return m
+
+
+
+class HostDevice(Device):
+    """A device whose io slots are host memory (CPU, mock): one aligned array per slot, and the
+    array each slot is bound to. `_patch(slot, array)` rewrites the backend's recorded pointers;
+    it runs only when a slot's bound array changes."""
+
+    def _init_io(self, blob) -> None:
+        specs = sorted((*blob.inputs, *blob.outputs), key=lambda b: b.offset)
+        self._io_buffers = [aligned_empty(b.shape, b.dtype) for b in specs]
+        self._bound: list = [None] * len(specs)
+        for slot, arr in enumerate(self._io_buffers):
+            self.bind(slot, arr)
+
+    def _patch(self, slot: int, array: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def io_buffer(self, slot: int) -> np.ndarray:
+        return self._io_buffers[slot]
+
+    def bind(self, slot: int, array: np.ndarray) -> None:
+        if array is not self._bound[slot]:
+            self._patch(slot, array)
+            self._bound[slot] = array

@@ -11,3 +11,8 @@ class InputError(ValueError):
 
 class DeviceTimeout(TimeoutError):
     """A submission did not finish before its deadline."""
+
+
+class DeviceError(RuntimeError):
+    """The device failed at run time: a fault, a lost device, a driver call that failed. The
+    next run() recovers the device first (runner/device.py: recover)."""

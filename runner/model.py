@@ -8,15 +8,27 @@
 Inputs: arrays passed in `feeds` that are C-contiguous and aligned are bound directly (no copy);
 others are copied into the model's own input slot. Outputs: arrays passed in `out` are written in
 place; outputs not passed get a fresh array per run, which the next run never touches. Without
-feeds, run() reads the input slots as they are (see input_view). One run at a time per Model.
+feeds, run() reads the input slots as they are (see input_view): they are the device's own io
+memory (runner/device.py: io_buffer).
+
+Deadlines: each run() waits at most `timeout_ms` (per call, else the Model's) from its submission,
+then raises DeviceTimeout. After a DeviceTimeout or DeviceError the next run() first recovers the
+device, then runs normally.
+
+Threads: run() calls on one Model are serialized by a lock: a second caller waits for the first
+(at most its own timeout_ms, then DeviceTimeout). A Model is never run by two threads at once.
 """
 from __future__ import annotations
+
+import math
+import threading
+import time
 
 import numpy as np
 
 from runner.blob import Blob, read_blob
-from runner.device import TARGETS, Device, aligned_empty, get_device
-from runner.errors import InputError
+from runner.device import TARGETS, Device, get_device
+from runner.errors import DeviceError, DeviceTimeout, InputError
 
 DEFAULT_TIMEOUT_MS = 2000
 
@@ -27,8 +39,10 @@ class Model:
         self.timeout_ms = DEFAULT_TIMEOUT_MS
         self._in = [(b.name, b.shape, b.dtype) for b in blob.inputs]
         self._out = [(b.name, b.shape, b.dtype) for b in blob.outputs]
-        self._slots = [aligned_empty(shape, dtype) for _, shape, dtype in self._in]
-        self._io = self._slots + [None] * len(self._out)  # what the next submit binds, slot order
+        self._slots = [device.io_buffer(i) for i in range(len(self._in))]
+        self._lock = threading.Lock()
+        self._broken = False  # the last run failed: recover before the next one
+        self._closed = False
 
     @classmethod
     def load(cls, path, device: str | None = None) -> "Model":
@@ -37,9 +51,7 @@ class Model:
         dev.check_target(blob.target)
         dev.cache_dir = f"{path}.clcache"
         try:
-            dev.alloc(blob.arena_bytes)
-            dev.upload(blob.weights)
-            dev.load(blob.programs, blob.launches, blob.buffers)
+            dev.load(blob)
         except BaseException:
             # the traceback keeps `dev` alive in a cycle with the blob's mapping; let go of the
             # mapped buffers now, or collecting that cycle would fail on still-exported views
@@ -66,26 +78,60 @@ class Model:
                 return slot
         raise InputError(f"unknown input {name!r}; inputs are {[n for n, _, _ in self._in]}")
 
-    def run(self, feeds: dict | None = None, out: dict | None = None) -> dict[str, np.ndarray]:
-        if feeds is None:
-            self._io[:len(self._slots)] = self._slots
-        else:
-            self._bind_feeds(feeds)
+    def close(self) -> None:
+        """Release the device now rather than when the Model is collected; idempotent."""
+        self._closed = True
+        self.device.close()
+
+    def run(self, feeds: dict | None = None, out: dict | None = None,
+            timeout_ms: float | None = None) -> dict[str, np.ndarray]:
+        timeout_ms = self.timeout_ms if timeout_ms is None else timeout_ms
+        if not isinstance(timeout_ms, (int, float)) or isinstance(timeout_ms, bool) or \
+                not 0 < timeout_ms < math.inf:
+            raise InputError(f"timeout_ms: expected a positive finite number, got {timeout_ms!r}")
+        if not self._lock.acquire(timeout=timeout_ms / 1000):
+            raise DeviceTimeout(f"another run() on this Model did not finish within "
+                                f"{timeout_ms} ms")
+        try:
+            return self._run(feeds, out, timeout_ms)
+        finally:
+            self._lock.release()
+
+    def _run(self, feeds: dict | None, out: dict | None, timeout_ms: float) -> dict:
+        dev = self.device
+        if self._closed:
+            raise DeviceError("run() on a closed Model; load it again")
+        if self._broken:
+            dev.recover()
+            self._broken = False
+        self._bind_feeds(feeds)
         results = self._bind_outputs(out)
-        self.device.wait(self.device.submit(self._io), self.timeout_ms)
+        deadline = time.monotonic() + timeout_ms / 1000
+        try:
+            dev.wait(dev.submit(deadline), deadline)
+        except DeviceTimeout as e:
+            self._broken = True
+            raise DeviceTimeout(f"{e} ({timeout_ms} ms after submit)") from None
+        except DeviceError:
+            self._broken = True
+            raise
         return results
 
-    def _bind_feeds(self, feeds: dict) -> None:
+    def _bind_feeds(self, feeds: dict | None) -> None:
+        bind = self.device.bind
+        if feeds is None:
+            for i, slot in enumerate(self._slots):
+                bind(i, slot)
+            return
         for i, (name, shape, dtype) in enumerate(self._in):
             if name not in feeds:
                 raise InputError(f"missing input {name!r} ({dtype} {shape}); "
                                  f"received {sorted(feeds)}")
             arr = _checked(f"input {name!r}", feeds[name], shape, dtype)
-            if arr.flags.c_contiguous and arr.flags.aligned:
-                self._io[i] = arr
-            else:
+            if not (arr.flags.c_contiguous and arr.flags.aligned):
                 np.copyto(self._slots[i], arr)
-                self._io[i] = self._slots[i]
+                arr = self._slots[i]
+            bind(i, arr)
         if len(feeds) != len(self._in):
             extra = sorted(set(feeds) - {name for name, _, _ in self._in})
             raise InputError(f"unexpected inputs {extra}; inputs are {[n for n, _, _ in self._in]}")
@@ -105,7 +151,8 @@ class Model:
                     raise InputError(f"{what}: expected a C-contiguous, aligned, writable array, "
                                      f"got c_contiguous={flags.c_contiguous} "
                                      f"aligned={flags.aligned} writeable={flags.writeable}")
-            self._io[j] = results[name] = arr
+            self.device.bind(j, arr)
+            results[name] = arr
         if used != len(out):
             extra = sorted(set(out) - {name for name, _, _ in self._out})
             raise InputError(f"out has unknown outputs {extra}; "

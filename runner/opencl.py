@@ -1,10 +1,10 @@
 """OpenCL device: runs "opencl" (and "qcom") blobs on any OpenCL 1.2 platform through the ICD
-loader (libOpenCL), called with cffi in ABI mode: no compiler, no pyopencl.
+loader (libOpenCL; its binding is runner/cl.py), with no compiler and no pyopencl.
 
-The programs section is one OpenCL C source holding every kernel. Its first line is
-`// keel {"images": {buffer id: [width, height, pitch]}}`: the buffers kernels read as images.
+The programs section is one OpenCL C source holding every kernel; the buffer table says which
+buffers kernels read as images (docs/blob.md).
 
-Guarantees:
+Guarantees (beyond runner/device.py's contract):
   * load() builds the program once per (device, driver, source) and caches the device binary in
     `cache_dir` (beside the blob; not on PoCL, which caches kernels itself); a stale or unreadable
     cache entry is rebuilt from source. A build failure raises BlobError with the build log and
@@ -12,9 +12,11 @@ Guarantees:
     their first enqueue (PoCL) do it inside load, not inside the first run's deadline.
   * every tensor is a sub-buffer of the arena or weights buffer (offsets are aligned by the
     compiler to the target's buffer_align); io slots are device buffers written/read per run.
-  * submit() enqueues the whole graph on one in-order queue (input writes, kernels, output reads)
-    and flushes; the fence polls the last command's event status, so wait() never blocks
-    unbounded (runner.device.wait_until).
+  * io_buffer(slot) is host memory: submit() enqueues the whole graph on one in-order queue
+    (writes from the bound input arrays, kernels, reads into the bound output arrays) and
+    flushes. The timeline polls each submission's last event, so wait() never blocks in the
+    driver. A negative event status or a failed call is a DeviceError; recover() drains the
+    queue and replaces it.
   * image buffers: with cl_khr_image2d_from_buffer the image aliases the buffer (zero copy, the
     Adreno path, hence the pitched rows); without it (PoCL) the image is its own allocation of
     `pitch` texels per row, filled by a buffer-to-image copy after the kernel that writes it
@@ -23,246 +25,82 @@ Guarantees:
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
-import sys
 from pathlib import Path
 
-import cffi
-import numpy as np
+from runner import cl
+from runner.cl import (BUILD_OPTIONS, CHANNEL_TYPES, CL_BUFFER_CREATE_TYPE_REGION, CL_COMPLETE,
+                       CL_DEVICE_EXTENSIONS, CL_DEVICE_IMAGE2D_MAX_HEIGHT,
+                       CL_DEVICE_IMAGE2D_MAX_WIDTH, CL_DEVICE_IMAGE_BASE_ADDRESS_ALIGNMENT,
+                       CL_DEVICE_IMAGE_PITCH_ALIGNMENT, CL_DEVICE_MEM_BASE_ADDR_ALIGN,
+                       CL_DEVICE_NAME, CL_DEVICE_VERSION, CL_DRIVER_VERSION,
+                       CL_EVENT_COMMAND_EXECUTION_STATUS, CL_MEM_COPY_HOST_PTR,
+                       CL_MEM_CONTEXT, CL_MEM_OBJECT_IMAGE2D, CL_MEM_READ_ONLY,
+                       CL_MEM_READ_WRITE, CL_MEM_SIZE,
+                       CL_PLATFORM_NAME, CL_PLATFORM_VERSION, CL_PROGRAM_BINARIES,
+                       CL_PROGRAM_BINARY_SIZES, CL_PROGRAM_BUILD_LOG, CL_RGBA, CL_SUCCESS,
+                       INSTALL_HINT, check, create, ffi, info_str, info_uint, platform_devices,
+                       unavailable_reason)
+from runner.device import HostDevice
+from runner.errors import BlobError, DeviceError
 
-from runner.device import Device, Fence
-from runner.errors import BlobError
+__all__ = ["OpenCLDevice", "unavailable_reason"]
 
-INSTALL_HINT = "apt-get install pocl-opencl-icd ocl-icd-libopencl1"
-LIBRARIES = {"linux": ("libOpenCL.so.1", "libOpenCL.so", "/system/vendor/lib64/libOpenCL.so"),
-             "darwin": ("/System/Library/Frameworks/OpenCL.framework/OpenCL",)}
+class _Submission:
+    """One submission in flight: its last command's event and the host arrays it reads/writes."""
 
-ffi = cffi.FFI()
-ffi.cdef("""
-typedef int32_t cl_int; typedef uint32_t cl_uint; typedef uint64_t cl_ulong;
-typedef cl_uint cl_bool; typedef cl_ulong cl_bitfield;
-typedef struct _cl_platform_id *cl_platform_id; typedef struct _cl_device_id *cl_device_id;
-typedef struct _cl_context *cl_context; typedef struct _cl_command_queue *cl_command_queue;
-typedef struct _cl_mem *cl_mem; typedef struct _cl_program *cl_program;
-typedef struct _cl_kernel *cl_kernel; typedef struct _cl_event *cl_event;
-typedef struct { cl_uint image_channel_order; cl_uint image_channel_data_type; } cl_image_format;
-typedef struct {
-    cl_uint image_type; size_t image_width; size_t image_height; size_t image_depth;
-    size_t image_array_size; size_t image_row_pitch; size_t image_slice_pitch;
-    cl_uint num_mip_levels; cl_uint num_samples; cl_mem buffer;
-} cl_image_desc;
-typedef struct { size_t origin; size_t size; } cl_buffer_region;
+    def __init__(self, value: int, event, keep: list):
+        self.value, self.event, self.keep = value, event, keep
 
-cl_int clGetPlatformIDs(cl_uint, cl_platform_id *, cl_uint *);
-cl_int clGetPlatformInfo(cl_platform_id, cl_uint, size_t, void *, size_t *);
-cl_int clGetDeviceIDs(cl_platform_id, cl_bitfield, cl_uint, cl_device_id *, cl_uint *);
-cl_int clGetDeviceInfo(cl_device_id, cl_uint, size_t, void *, size_t *);
-cl_context clCreateContext(const intptr_t *, cl_uint, const cl_device_id *, void *, void *,
-                           cl_int *);
-cl_command_queue clCreateCommandQueue(cl_context, cl_device_id, cl_bitfield, cl_int *);
-cl_mem clCreateBuffer(cl_context, cl_bitfield, size_t, void *, cl_int *);
-cl_mem clCreateSubBuffer(cl_mem, cl_bitfield, cl_uint, const void *, cl_int *);
-cl_mem clCreateImage(cl_context, cl_bitfield, const cl_image_format *, const cl_image_desc *,
-                     void *, cl_int *);
-cl_program clCreateProgramWithSource(cl_context, cl_uint, const char **, const size_t *,
-                                     cl_int *);
-cl_program clCreateProgramWithBinary(cl_context, cl_uint, const cl_device_id *, const size_t *,
-                                     const unsigned char **, cl_int *, cl_int *);
-cl_int clBuildProgram(cl_program, cl_uint, const cl_device_id *, const char *, void *, void *);
-cl_int clGetProgramBuildInfo(cl_program, cl_device_id, cl_uint, size_t, void *, size_t *);
-cl_int clGetProgramInfo(cl_program, cl_uint, size_t, void *, size_t *);
-cl_kernel clCreateKernel(cl_program, const char *, cl_int *);
-cl_int clSetKernelArg(cl_kernel, cl_uint, size_t, const void *);
-cl_int clEnqueueNDRangeKernel(cl_command_queue, cl_kernel, cl_uint, const size_t *,
-                              const size_t *, const size_t *, cl_uint, const cl_event *,
-                              cl_event *);
-cl_int clEnqueueWriteBuffer(cl_command_queue, cl_mem, cl_bool, size_t, size_t, const void *,
-                            cl_uint, const cl_event *, cl_event *);
-cl_int clEnqueueReadBuffer(cl_command_queue, cl_mem, cl_bool, size_t, size_t, void *, cl_uint,
-                           const cl_event *, cl_event *);
-cl_int clEnqueueCopyBufferToImage(cl_command_queue, cl_mem, cl_mem, size_t, const size_t *,
-                                  const size_t *, cl_uint, const cl_event *, cl_event *);
-cl_int clFlush(cl_command_queue);
-cl_int clFinish(cl_command_queue);
-cl_int clGetEventInfo(cl_event, cl_uint, size_t, void *, size_t *);
-cl_int clReleaseEvent(cl_event);
-cl_int clReleaseMemObject(cl_mem);
-cl_int clReleaseKernel(cl_kernel);
-cl_int clReleaseProgram(cl_program);
-cl_int clReleaseCommandQueue(cl_command_queue);
-cl_int clReleaseContext(cl_context);
-""")
-
-# the few constants used (cl.h)
-CL_SUCCESS, CL_COMPLETE = 0, 0
-CL_DEVICE_NOT_FOUND, CL_BUILD_PROGRAM_FAILURE, CL_PLATFORM_NOT_FOUND_KHR = -1, -11, -1001
-CL_DEVICE_TYPE_GPU, CL_DEVICE_TYPE_ALL = 1 << 2, 0xFFFFFFFF
-CL_PLATFORM_VERSION, CL_PLATFORM_NAME = 0x0901, 0x0902
-CL_DEVICE_IMAGE_SUPPORT, CL_DEVICE_IMAGE2D_MAX_WIDTH, CL_DEVICE_IMAGE2D_MAX_HEIGHT = \
-    0x1016, 0x1011, 0x1012
-CL_DEVICE_MEM_BASE_ADDR_ALIGN, CL_DEVICE_NAME, CL_DEVICE_VERSION, CL_DRIVER_VERSION = \
-    0x1019, 0x102B, 0x102F, 0x102D
-CL_DEVICE_EXTENSIONS, CL_DEVICE_IMAGE_PITCH_ALIGNMENT = 0x1030, 0x104A
-CL_DEVICE_IMAGE_BASE_ADDRESS_ALIGNMENT = 0x104B
-CL_MEM_READ_WRITE, CL_MEM_READ_ONLY, CL_MEM_COPY_HOST_PTR = 1 << 0, 1 << 2, 1 << 5
-CL_BUFFER_CREATE_TYPE_REGION = 0x1220
-CL_RGBA, CL_HALF_FLOAT, CL_FLOAT, CL_MEM_OBJECT_IMAGE2D = 0x10B5, 0x10DD, 0x10DE, 0x10F1
-CL_PROGRAM_BINARY_SIZES, CL_PROGRAM_BINARIES, CL_PROGRAM_BUILD_LOG = 0x1165, 0x1166, 0x1183
-CL_EVENT_COMMAND_EXECUTION_STATUS = 0x11D3
-CHANNEL_TYPES = {np.dtype("float32"): CL_FLOAT, np.dtype("float16"): CL_HALF_FLOAT}
-BUILD_OPTIONS = b""  # IEEE semantics: no fast-relaxed-math (ONNX NaN/inf behaviour must hold)
-
-_lib = None
-
-
-def _library():
-    global _lib
-    if _lib is None:
-        names = LIBRARIES.get(sys.platform, LIBRARIES["linux"])
-        for name in names:
-            try:
-                _lib = ffi.dlopen(name)
-                break
-            except OSError:
-                continue
-        else:
-            raise BlobError(f"no OpenCL ICD loader: could not load any of {list(names)}; "
-                            f"install one and a platform ({INSTALL_HINT})")
-    return _lib
-
-
-def _check(err: int, what: str) -> None:
-    if err != CL_SUCCESS:
-        raise BlobError(f"OpenCL {what} failed with error {err}")
-
-
-def _out(fn, what: str, *args):
-    """Call a clCreate* function whose last argument is the error code."""
-    err = ffi.new("cl_int *")
-    obj = fn(*args, err)
-    _check(err[0], what)
-    return obj
-
-
-def platform_devices() -> list[tuple[object, object]]:
-    """(platform, device) pairs, GPUs first."""
-    lib = _library()
-    n = ffi.new("cl_uint *")
-    err = lib.clGetPlatformIDs(0, ffi.NULL, n)
-    if err == CL_PLATFORM_NOT_FOUND_KHR or (err == CL_SUCCESS and n[0] == 0):
-        return []
-    _check(err, "clGetPlatformIDs")
-    platforms = ffi.new("cl_platform_id[]", n[0])
-    _check(lib.clGetPlatformIDs(n[0], platforms, ffi.NULL), "clGetPlatformIDs")
-    found = {CL_DEVICE_TYPE_GPU: [], CL_DEVICE_TYPE_ALL: []}
-    for p in platforms:
-        for kind in found:
-            err = lib.clGetDeviceIDs(p, kind, 0, ffi.NULL, n)
-            if err == CL_DEVICE_NOT_FOUND or n[0] == 0:
-                continue
-            _check(err, "clGetDeviceIDs")
-            devs = ffi.new("cl_device_id[]", n[0])
-            _check(lib.clGetDeviceIDs(p, kind, n[0], devs, ffi.NULL), "clGetDeviceIDs")
-            found[kind] += [(p, d) for d in devs]
-    seen, out = set(), []
-    for pd in found[CL_DEVICE_TYPE_GPU] + found[CL_DEVICE_TYPE_ALL]:
-        if pd[1] not in seen:
-            seen.add(pd[1])
-            out.append(pd)
-    return out
-
-
-def unavailable_reason() -> str | None:
-    """Why no OpenCL device can be used here, or None when one can (for tests to skip on)."""
-    try:
-        return None if platform_devices() else f"no OpenCL platform/device ({INSTALL_HINT})"
-    except BlobError as e:
-        return str(e)
-
-
-def _info_str(fn, obj, param: int) -> str:
-    size = ffi.new("size_t *")
-    _check(fn(obj, param, 0, ffi.NULL, size), "get info")
-    buf = ffi.new("char[]", size[0])
-    _check(fn(obj, param, size[0], buf, ffi.NULL), "get info")
-    return ffi.string(buf).decode(errors="replace")
-
-
-def _info_uint(fn, obj, param: int, ctype: str = "cl_uint") -> int:
-    out = ffi.new(f"{ctype} *")
-    _check(fn(obj, param, ffi.sizeof(ctype), out, ffi.NULL), "get info")
-    return int(out[0])
-
-
-class _EventFence(Fence):
-    def __init__(self, event, keep: list):
-        self.event, self.keep = event, keep  # host arrays the queued copies still use
-        self.done = False
-
-    def signalled(self) -> bool:
-        if self.done:
-            return True
+    def status(self) -> int:
         status = ffi.new("cl_int *")
-        _check(_lib.clGetEventInfo(self.event, CL_EVENT_COMMAND_EXECUTION_STATUS,
-                                   ffi.sizeof("cl_int"), status, ffi.NULL), "clGetEventInfo")
-        if status[0] < 0:
-            raise BlobError(f"OpenCL submission failed with execution status {status[0]}")
-        if status[0] == CL_COMPLETE:
-            self._release()
-        return self.done
+        check(cl.lib().clGetEventInfo(self.event, CL_EVENT_COMMAND_EXECUTION_STATUS,
+                                       ffi.sizeof("cl_int"), status, ffi.NULL), "clGetEventInfo")
+        return status[0]
 
-    def _release(self) -> None:
-        if not self.done:
-            self.done, self.keep = True, None
-            _lib.clReleaseEvent(self.event)
+    def release(self) -> None:
+        if self.event is not None:
+            cl.lib().clReleaseEvent(self.event)
+            self.event = self.keep = None
 
     def __del__(self):
-        if _lib is not None and not self.done:
-            _lib.clReleaseEvent(self.event)
+        self.release()
 
 
-class _Done(Fence):
-    def signalled(self) -> bool:
-        return True
-
-
-_DONE = _Done()
-
-
-class OpenCLDevice(Device):
+class OpenCLDevice(HostDevice):
     name = "opencl"
     runs = ("opencl", "qcom")  # both render OpenCL C; qcom blobs use Adreno limits
 
     def __init__(self):
-        lib = _library()
+        lib = cl.lib()
         pairs = platform_devices()
         if not pairs:
             raise BlobError(f"no OpenCL platform with a device found; install one "
                             f"({INSTALL_HINT})")
         self.platform, self.dev = pairs[0]
         self.lib = lib
-        self.device_name = _info_str(lib.clGetDeviceInfo, self.dev, CL_DEVICE_NAME)
-        self.driver = " ".join(_info_str(fn, obj, p) for fn, obj, p in (
+        self.device_name = info_str(lib.clGetDeviceInfo, self.dev, CL_DEVICE_NAME)
+        self.driver = " ".join(info_str(fn, obj, p) for fn, obj, p in (
             (lib.clGetPlatformInfo, self.platform, CL_PLATFORM_VERSION),
             (lib.clGetDeviceInfo, self.dev, CL_DEVICE_VERSION),
             (lib.clGetDeviceInfo, self.dev, CL_DRIVER_VERSION)))
-        self.base_align = _info_uint(lib.clGetDeviceInfo, self.dev,
+        self.base_align = info_uint(lib.clGetDeviceInfo, self.dev,
                                      CL_DEVICE_MEM_BASE_ADDR_ALIGN) // 8
-        self.extensions = set(_info_str(lib.clGetDeviceInfo, self.dev,
+        self.extensions = set(info_str(lib.clGetDeviceInfo, self.dev,
                                         CL_DEVICE_EXTENSIONS).split())
         devs = ffi.new("cl_device_id[]", [self.dev])
-        self.ctx = ffi.gc(_out(lib.clCreateContext, "clCreateContext", ffi.NULL, 1, devs,
+        self.ctx = ffi.gc(create(lib.clCreateContext, "clCreateContext", ffi.NULL, 1, devs,
                                ffi.NULL, ffi.NULL), lib.clReleaseContext)
-        self.queue = ffi.gc(_out(lib.clCreateCommandQueue, "clCreateCommandQueue", self.ctx,
+        self.queue = ffi.gc(create(lib.clCreateCommandQueue, "clCreateCommandQueue", self.ctx,
                                  self.dev, 0), lib.clReleaseCommandQueue)
         self.cache_dir = None
-        self.inflight: list[_EventFence] = []
+        self.inflight: list[_Submission] = []  # oldest first
+        self.value = self.done = 0
         # PoCL caches its compiled kernels itself (~/.cache/pocl), and asking it for a program
         # binary compiles every kernel a second time (for a generic work-group size), doubling
         # the first load; elsewhere (Adreno: seconds per build) the binary cache is the win.
-        platform = _info_str(lib.clGetPlatformInfo, self.platform, CL_PLATFORM_NAME)
+        platform = info_str(lib.clGetPlatformInfo, self.platform, CL_PLATFORM_NAME)
         self.cache_binaries = platform != "Portable Computing Language"
 
     # ---- Device interface -----------------------------------------------------------------------
@@ -271,84 +109,147 @@ class OpenCLDevice(Device):
             raise BlobError(f"device 'opencl' runs targets {list(self.runs)}, blob target is "
                             f"{target!r}")
 
-    def alloc(self, arena_bytes: int) -> None:
-        self.arena = self._buffer(CL_MEM_READ_WRITE, arena_bytes)
-        self.arena_bytes = arena_bytes
+    def load(self, blob) -> None:
+        self.arena = self._buffer(CL_MEM_READ_WRITE, blob.arena_bytes)
+        self._upload(blob.weights)
+        program, cache = self._program(bytes(blob.programs))
+        self.buffers = buffers = blob.buffers
+        self.mems = {b.id: self._tensor(b) for b in buffers.values()}
+        self.io_specs = [*blob.inputs, *blob.outputs]  # slot order
+        self.slot_args: dict[int, list] = {}  # io slot -> [(kernel, arg index)] that read it
+        self.external: dict[int, object] = {}  # io slot -> cl_mem bound by bind_device
+        self.images = {b.id: self._image(b, *b.image) for b in buffers.values() if b.image}
+        for bid, img in self.images.items():  # weights: filled once, here
+            if img.copy is not None and buffers[bid].region == "weights":
+                self._copy_to_image(img)
+        check(self.lib.clFinish(self.queue), "clFinish")
+        self.commands = [cmd for ln in blob.launches for cmd in self._record(program, ln)]
+        # Run the graph once (on whatever the buffers hold): drivers that compile each kernel at
+        # its first enqueue (PoCL) do it now, not inside the first run()'s deadline.
+        self._enqueue_commands()
+        check(self.lib.clFinish(self.queue), "clFinish (warm-up run)")
+        if cache is not None:
+            self._save_binary(program, cache)
+        self._init_io(blob)
 
-    def upload(self, weights: memoryview) -> None:
-        self.weights_bytes = len(weights)
+    def _record(self, program, ln) -> list:
+        """One launch as queue commands: the kernel with its args set, then the image copy of
+        its output where the image does not alias the buffer."""
+        kernel = ffi.gc(create(self.lib.clCreateKernel, f"clCreateKernel({ln.kernel})",
+                               program, ln.kernel.encode()), self.lib.clReleaseKernel)
+        for i, bid in enumerate(ln.args):
+            mem = self.images[bid].mem if i > 0 and bid in self.images else self.mems[bid]
+            self._set_arg(kernel, i, mem)
+            if self.buffers[bid].region in ("input", "output"):
+                self.slot_args.setdefault(self.buffers[bid].offset, []).append((kernel, i))
+        gs = ffi.new("size_t[]", list(ln.global_size))
+        ls = ffi.NULL if ln.local_size is None else ffi.new("size_t[]", list(ln.local_size))
+        image = self.images.get(ln.args[0])
+        return [(kernel, len(ln.global_size), gs, ls, ln.kernel)] + \
+            ([image] if image is not None and image.copy is not None else [])
+
+    def _upload(self, weights: memoryview) -> None:
         if len(weights) == 0:
             self.weights = self._buffer(CL_MEM_READ_ONLY, 0)
             return
         host = ffi.from_buffer("char[]", weights)
-        self.weights = ffi.gc(_out(self.lib.clCreateBuffer, "clCreateBuffer (weights)",
-                                   self.ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
-                                   len(weights), host), self.lib.clReleaseMemObject)
+        self.weights = ffi.gc(create(self.lib.clCreateBuffer, "clCreateBuffer (weights)",
+                                     self.ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                     len(weights), host), self.lib.clReleaseMemObject)
 
-    def load(self, programs: memoryview, launches: list, buffers: dict) -> None:
-        source = bytes(programs)
-        images = _header(source)
-        program, cache = self._program(source)
-        self.mems = {b.id: self._tensor(b) for b in buffers.values()}
-        self.io = sorted((b for b in buffers.values() if b.region in ("input", "output")),
-                         key=lambda b: b.offset)
-        self.images = {bid: self._image(buffers[bid], *layout) for bid, layout in images.items()}
-        self.commands = []  # (kernel, global size, local size) or (image copy args)
-        for bid, img in self.images.items():  # weights: filled once, here
-            if img.copy is not None and buffers[bid].region == "weights":
-                self._copy_to_image(img)
-        _check(self.lib.clFinish(self.queue), "clFinish")
-        for ln in launches:
-            kernel = ffi.gc(_out(self.lib.clCreateKernel, f"clCreateKernel({ln.kernel})",
-                                 program, ln.kernel.encode()), self.lib.clReleaseKernel)
-            for i, bid in enumerate(ln.args):
-                mem = self.images[bid].mem if i > 0 and bid in self.images else self.mems[bid]
-                _check(self.lib.clSetKernelArg(kernel, i, ffi.sizeof("cl_mem"),
-                                               ffi.new("cl_mem *", mem)),
-                       f"clSetKernelArg({ln.kernel}, {i})")
-            gs = ffi.new("size_t[]", list(ln.global_size))
-            ls = ffi.NULL if ln.local_size is None else ffi.new("size_t[]", list(ln.local_size))
-            self.commands.append((kernel, len(ln.global_size), gs, ls, ln.kernel))
-            out = ln.args[0]
-            if out in self.images and self.images[out].copy is not None:
-                self.commands.append(self.images[out])
-        # Run the graph once (on whatever the buffers hold): drivers that compile each kernel at
-        # its first enqueue (PoCL) do it now, not inside the first run()'s deadline.
-        self._enqueue_commands()
-        _check(self.lib.clFinish(self.queue), "clFinish (warm-up run)")
-        if cache is not None:
-            self._save_binary(program, cache)
+    def _set_arg(self, kernel, i: int, mem) -> None:
+        check(self.lib.clSetKernelArg(kernel, i, ffi.sizeof("cl_mem"), ffi.new("cl_mem *", mem)),
+              f"clSetKernelArg({i})")
 
-    def submit(self, io: list):
+    def _patch(self, slot: int, array) -> None:
+        """A host array: each submission copies from / into it. Leaving device memory bound by
+        bind_device patches the kernels back to the slot's own buffer."""
+        if self.external.pop(slot, None) is not None:
+            mem = self.mems[self.io_specs[slot].id]
+            for kernel, i in self.slot_args.get(slot, ()):
+                self._set_arg(kernel, i, mem)
+
+    def bind_device(self, slot: int, mem) -> None:
+        """A cl_mem of this device's context, at least the slot's size: kernels use it directly
+        and the submission copies nothing for this slot."""
+        spec = self.io_specs[slot]
+        if not (isinstance(mem, ffi.CData) and ffi.typeof(mem) is ffi.typeof("cl_mem")):
+            raise DeviceError(f"opencl slot {slot} ({spec.name!r}): bind_device expected a "
+                              f"cl_mem, got {type(mem).__name__}")
+        size, ctx = ffi.new("size_t *"), ffi.new("cl_context *")
+        check(self.lib.clGetMemObjectInfo(mem, CL_MEM_SIZE, ffi.sizeof("size_t"), size,
+                                          ffi.NULL), "clGetMemObjectInfo")
+        check(self.lib.clGetMemObjectInfo(mem, CL_MEM_CONTEXT, ffi.sizeof("cl_context"), ctx,
+                                          ffi.NULL), "clGetMemObjectInfo")
+        if ctx[0] != self.ctx or size[0] < spec.nbytes:
+            raise DeviceError(f"opencl slot {slot} ({spec.name!r}): bind_device expected a "
+                              f"cl_mem of this device's context with >= {spec.nbytes} bytes, "
+                              f"got {size[0]} bytes, same context: {ctx[0] == self.ctx}")
+        for kernel, i in self.slot_args.get(slot, ()):
+            self._set_arg(kernel, i, mem)
+        self.external[slot] = self._bound[slot] = mem
+
+    def submit(self, deadline: float) -> int:
         lib, q = self.lib, self.queue
-        for b, arr in zip(self.io, io):
+        self.value += 1
+        io = [(b, arr) for slot, (b, arr) in enumerate(zip(self.io_specs, self._bound))
+              if slot not in self.external]
+        for b, arr in io:
             if b.region == "input" and b.nbytes:
-                _check(lib.clEnqueueWriteBuffer(q, self.mems[b.id], 0, 0, b.nbytes,
-                                                ffi.from_buffer(arr), 0, ffi.NULL, ffi.NULL),
-                       f"write input {b.name!r}")
+                check(lib.clEnqueueWriteBuffer(q, self.mems[b.id], 0, 0, b.nbytes,
+                                               ffi.from_buffer(arr), 0, ffi.NULL, ffi.NULL),
+                      f"write input {b.name!r}")
         self._enqueue_commands()
         # in-order queue: the last read completing means the whole submission has
         event = ffi.new("cl_event *")
-        outputs = [(b, arr) for b, arr in zip(self.io, io) if b.region == "output" and b.nbytes]
+        outputs = [(b, arr) for b, arr in io if b.region == "output" and b.nbytes]
         for j, (b, arr) in enumerate(outputs):
             last = j == len(outputs) - 1
-            _check(lib.clEnqueueReadBuffer(q, self.mems[b.id], 0, 0, b.nbytes,
-                                           ffi.from_buffer(arr), 0, ffi.NULL,
-                                           event if last else ffi.NULL),
-                   f"read output {b.name!r}")
+            check(lib.clEnqueueReadBuffer(q, self.mems[b.id], 0, 0, b.nbytes,
+                                          ffi.from_buffer(arr), 0, ffi.NULL,
+                                          event if last else ffi.NULL),
+                  f"read output {b.name!r}")
         if not outputs:  # nothing to read back: finish here
-            _check(lib.clFinish(q), "clFinish")
-            return _DONE
-        _check(lib.clFlush(q), "clFlush")
-        fence = _EventFence(event[0], list(io))
-        # the queue may still use the host arrays of a submission whose wait() timed out
-        self.inflight = [f for f in self.inflight if not f.signalled()] + [fence]
-        return fence
+            check(lib.clFinish(q), "clFinish")
+            self.done = self.value
+            return self.value
+        check(lib.clFlush(q), "clFlush")
+        # the queue uses the host arrays until the submission completes, even after a timeout
+        self.inflight.append(_Submission(self.value, event[0], list(self._bound)))
+        return self.value
 
-    def __del__(self):
-        # in-flight commands write into host arrays and use the buffers released after this
+    def completed(self) -> int:
+        while self.inflight:
+            sub = self.inflight[0]
+            status = sub.status()
+            if status < 0:
+                raise DeviceError(f"opencl submission {sub.value} failed with execution "
+                                  f"status {status}")
+            if status != CL_COMPLETE:
+                break
+            self.done = sub.value
+            sub.release()
+            self.inflight.pop(0)
+        return self.done
+
+    def recover(self) -> None:
+        """Drain the queue (a lost device returns an error at once), then replace it."""
+        self.close()
+        self.done = self.value
+        self.queue = ffi.gc(create(self.lib.clCreateCommandQueue, "clCreateCommandQueue",
+                                   self.ctx, self.dev, 0), self.lib.clReleaseCommandQueue)
+
+    def close(self) -> None:
+        """Wait for what is queued (it writes into host arrays and uses the buffers released
+        after this); the OpenCL objects are released when the device is collected."""
         if getattr(self, "queue", None) is not None:
             self.lib.clFinish(self.queue)
+        for sub in getattr(self, "inflight", ()):
+            sub.release()
+        self.inflight = []
+
+    def __del__(self):
+        self.close()
 
     def _enqueue_commands(self) -> None:
         for cmd in self.commands:
@@ -356,12 +257,12 @@ class OpenCLDevice(Device):
                 self._copy_to_image(cmd)
                 continue
             kernel, dims, gs, ls, name = cmd
-            _check(self.lib.clEnqueueNDRangeKernel(self.queue, kernel, dims, ffi.NULL, gs, ls, 0,
+            check(self.lib.clEnqueueNDRangeKernel(self.queue, kernel, dims, ffi.NULL, gs, ls, 0,
                                                    ffi.NULL, ffi.NULL), f"enqueue kernel {name}")
 
     # ---- memory -------------------------------------------------------------------------------
     def _buffer(self, flags: int, nbytes: int):
-        return ffi.gc(_out(self.lib.clCreateBuffer, "clCreateBuffer", self.ctx, flags,
+        return ffi.gc(create(self.lib.clCreateBuffer, "clCreateBuffer", self.ctx, flags,
                            max(nbytes, 1), ffi.NULL), self.lib.clReleaseMemObject)
 
     def _tensor(self, b):
@@ -373,7 +274,7 @@ class OpenCLDevice(Device):
                             f"this device's {self.base_align}-byte base address alignment")
         region = ffi.new("cl_buffer_region *", (b.offset, b.nbytes))
         flags = CL_MEM_READ_WRITE if b.region == "arena" else CL_MEM_READ_ONLY
-        return ffi.gc(_out(self.lib.clCreateSubBuffer, f"clCreateSubBuffer(buffer {b.id})",
+        return ffi.gc(create(self.lib.clCreateSubBuffer, f"clCreateSubBuffer(buffer {b.id})",
                            parent, flags, CL_BUFFER_CREATE_TYPE_REGION, region),
                       self.lib.clReleaseMemObject)
 
@@ -390,12 +291,12 @@ class OpenCLDevice(Device):
                 self.mems[b.id]
         else:
             desc.image_width = pitch  # rows hold the padding too, so one copy moves them all
-        limits = [_info_uint(self.lib.clGetDeviceInfo, self.dev, p, "size_t")
+        limits = [info_uint(self.lib.clGetDeviceInfo, self.dev, p, "size_t")
                   for p in (CL_DEVICE_IMAGE2D_MAX_WIDTH, CL_DEVICE_IMAGE2D_MAX_HEIGHT)]
         if desc.image_width > limits[0] or height > limits[1]:
             raise BlobError(f"buffer {b.id}: image {desc.image_width}x{height} exceeds this "
                             f"device's {limits[0]}x{limits[1]} limit")
-        mem = ffi.gc(_out(self.lib.clCreateImage, f"clCreateImage(buffer {b.id})", self.ctx,
+        mem = ffi.gc(create(self.lib.clCreateImage, f"clCreateImage(buffer {b.id})", self.ctx,
                           CL_MEM_READ_ONLY if b.region == "weights" else CL_MEM_READ_WRITE,
                           fmt, desc, ffi.NULL), self.lib.clReleaseMemObject)
         # copies read the parent buffer at the tensor's offset: PoCL 3.1 crashes copying from a
@@ -410,8 +311,8 @@ class OpenCLDevice(Device):
         if "cl_khr_image2d_from_buffer" not in self.extensions:
             return False
         get = self.lib.clGetDeviceInfo
-        pitch_align = _info_uint(get, self.dev, CL_DEVICE_IMAGE_PITCH_ALIGNMENT)
-        base_align = _info_uint(get, self.dev, CL_DEVICE_IMAGE_BASE_ADDRESS_ALIGNMENT)
+        pitch_align = info_uint(get, self.dev, CL_DEVICE_IMAGE_PITCH_ALIGNMENT)
+        base_align = info_uint(get, self.dev, CL_DEVICE_IMAGE_BASE_ADDRESS_ALIGNMENT)
         texel = 4 * b.dtype.itemsize
         # both limits are in pixels (texels)
         return (pitch_align == 0 or row_pitch % (pitch_align * texel) == 0) and \
@@ -419,7 +320,7 @@ class OpenCLDevice(Device):
 
     def _copy_to_image(self, img: "_Image") -> None:
         src, offset, origin, region = img.copy
-        _check(self.lib.clEnqueueCopyBufferToImage(self.queue, src, img.mem, offset, origin, region,
+        check(self.lib.clEnqueueCopyBufferToImage(self.queue, src, img.mem, offset, origin, region,
                                                    0, ffi.NULL, ffi.NULL),
                "clEnqueueCopyBufferToImage")
 
@@ -456,14 +357,14 @@ class OpenCLDevice(Device):
         text = ffi.new("char[]", source)
         ptrs = ffi.new("char *[]", [text])
         sizes = ffi.new("size_t[]", [len(source)])
-        program = ffi.gc(_out(lib.clCreateProgramWithSource, "clCreateProgramWithSource",
+        program = ffi.gc(create(lib.clCreateProgramWithSource, "clCreateProgramWithSource",
                               self.ctx, 1, ptrs, sizes), lib.clReleaseProgram)
         devs = ffi.new("cl_device_id[]", [self.dev])
         err = lib.clBuildProgram(program, 1, devs, BUILD_OPTIONS, ffi.NULL, ffi.NULL)
         if err != CL_SUCCESS:
             def build_info(prog, param, size, value, size_out):
                 return lib.clGetProgramBuildInfo(prog, self.dev, param, size, value, size_out)
-            log = _info_str(build_info, program, CL_PROGRAM_BUILD_LOG)
+            log = info_str(build_info, program, CL_PROGRAM_BUILD_LOG)
             kernels = _kernels_at(source.decode(errors="replace"), log)
             raise BlobError(f"OpenCL build failed (error {err}) on {self.device_name!r} in "
                             f"kernel(s) {kernels or ['?']}:\n{log.strip()}")
@@ -496,18 +397,6 @@ class _Image:
 
     def __init__(self, mem, copy):
         self.mem, self.copy = mem, copy
-
-
-def _header(source: bytes) -> dict[int, tuple[int, int, int]]:
-    first = source.split(b"\n", 1)[0]
-    if not first.startswith(b"// keel "):
-        raise BlobError("programs section: expected OpenCL C starting with a '// keel {...}' "
-                        f"header line, got {first[:40]!r}")
-    try:
-        header = json.loads(first[len(b"// keel "):])
-        return {int(k): tuple(map(int, v)) for k, v in header.get("images", {}).items()}
-    except (ValueError, TypeError, AttributeError) as e:
-        raise BlobError(f"programs section: bad '// keel' header: {e}") from None
 
 
 def _kernels_at(source: str, log: str) -> list[str]:

@@ -1,6 +1,7 @@
 """Hand-written C graphs packed into blobs: runner tests and benchmarks without the compiler.
 
-Each graph is C source for keel_graph plus the buffer table that source assumes.
+Each graph is C source for keel_graph (the CPU device) and keel_launch (one launch of the replay
+table, for the mock device) plus the buffer table that source assumes.
 """
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ void keel_graph(unsigned char *arena, const unsigned char *weights, void *const 
   float *y = io[2];
   for (int i = 0; i < {ADD_N}; i++) y[i] = a[i] + b[i];
 }}
+void keel_launch(int launch, void *const *args) {{
+  void *io[3] = {{args[1], args[2], args[0]}};  /* launch 0 is add(y, a, b) */
+  keel_graph(0, 0, io);
+}}
 """
 
 CHAIN_N = 64
@@ -34,6 +39,10 @@ static void bias(float *restrict y, const float *restrict t, const float *restri
 void keel_graph(uint8_t *arena, const uint8_t *weights, void *const *io) {{
   scale((float *)(arena + {CHAIN_T_OFFSET}), io[0], (const float *)weights);
   bias(io[2], (const float *)(arena + {CHAIN_T_OFFSET}), io[1]);
+}}
+void keel_launch(int launch, void *const *args) {{
+  if (launch == 0) scale(args[0], args[1], args[2]);
+  else bias(args[0], args[1], args[2]);
 }}
 """
 CHAIN_W = (np.arange(CHAIN_N, dtype=np.float32) / 8 - 2).astype(np.float32)
@@ -56,7 +65,8 @@ def chain_artifact(target: str = HOST) -> Artifact:
     y = Buffer(2, "output", 2, CHAIN_N * 4, "float32", (1, CHAIN_N), "y")
     w = Buffer(3, "weights", 0, CHAIN_N * 4, "float32", (CHAIN_N,))
     t = Buffer(4, "arena", CHAIN_T_OFFSET, CHAIN_N * 4, "float32", (CHAIN_N,))
-    launches = [Launch("scale", (4, 0, 3), (CHAIN_N,)), Launch("bias", (2, 4, 1), (CHAIN_N,))]
+    launches = [Launch("scale", (4, 0, 3), (CHAIN_N,)),
+                Launch("bias", (2, 4, 1), (CHAIN_N,), barrier=True)]  # reads t
     return Artifact(target, [x, b], [y], [x, b, y, w, t], CHAIN_W.tobytes(),
                     CHAIN_T_OFFSET + CHAIN_N * 4, CHAIN_N * 4, launches,
                     build_shared(CHAIN_C, target), {"graph": "chain"})
@@ -83,6 +93,10 @@ void keel_graph(uint8_t *arena, const uint8_t *weights, void *const *io) {{
   const float *features = io[5];
   float *out = io[6];
   for (int i = 0; i < {OPENPILOT_OUT}; i++) out[i] = img[i] * (1.0f / 255) + features[i];
+}}
+void keel_launch(int launch, void *const *args) {{
+  void *io[7] = {{args[1], 0, 0, 0, 0, args[2], args[0]}};  /* launch 0 is head(out, img, fb) */
+  keel_graph(0, 0, io);
 }}
 """
 

@@ -8,8 +8,9 @@ from hypothesis import given, settings, strategies as st
 
 import runner.blob
 from compiler.blob import assemble, blob_bytes, write_blob
-from runner.blob import (CHUNK_BYTES, FILE_SHA256_AT, HEADER, SECTION_ALIGN, canonical_json,
-                         file_sha256, graph_section, parse_blob, read_blob)
+from runner.blob import parse_blob, read_blob
+from runner.format import (CHUNK_BYTES, FILE_SHA256_AT, HEADER, SECTION_ALIGN, canonical_json,
+                           file_sha256)
 from runner.errors import BlobError
 from tests.hand_graphs import CHAIN_W, chain_artifact
 
@@ -100,13 +101,18 @@ def test_random_byte_corruption_is_always_a_blob_error(edits):
         parse_blob(bytes(out))
 
 
+def _graph(blob: bytes) -> bytes:
+    start, end = _regions(blob)["graph"]
+    return blob[start:end]
+
+
 def _resigned(edit=lambda m: None, target="cpu", graph=None, weights=ARTIFACT.weights) -> bytes:
     """A blob with a wrong-but-well-hashed manifest: only semantic validation can catch it."""
     m = _manifest(BLOB)
     del m["sections"]
     edit(m)
     payloads = {"weights": weights, "programs": ARTIFACT.programs,
-                "graph": graph or graph_section(m.get("launches", []))}
+                "graph": _graph(BLOB) if graph is None else graph}
     return assemble(target, m, payloads)
 
 
@@ -130,8 +136,6 @@ def _set(path, value):
                                           r"got region 'output' slot 0"),
     (_set(["inputs"], [0]), r"expected every input buffer \[0, 1\], got \[0\]"),
     (_set(["buffers", 1, "name"], "x"), "names must be non-empty and unique"),
-    (_set(["launches", 1, "args"], [2, 9, 1]), r"launch 1 \(bias\): args reference unknown"),
-    (_set(["launches", 0, "global_size"], []), "expected positive sizes"),
     (_set(["arena_lower_bound_bytes"], 10**6), "expected <= arena_bytes 384"),
     (_set(["arena_bytes"], -1), r"arena_bytes: expected an integer in \[0, 2\*\*63\), got -1"),
     (_set(["arena_bytes"], True), r"arena_bytes: expected an integer .*, got True"),
@@ -141,7 +145,7 @@ def _set(path, value):
     (_set(["buffers", 0, "shape"], "1x64"), r"buffers\[0\].shape: expected a list"),
     (_set(["meta"], []), "meta: expected an object"),
     (_set(["buffers", 2, "extra"], 1), r"buffers\[2\]: expected keys"),
-    (lambda m: m.pop("launches"), "expected keys"),
+    (lambda m: m.pop("programs"), "expected keys"),
 ])
 def test_semantic_errors_name_the_field_expected_and_got(edit, message):
     with pytest.raises(BlobError, match=message):
@@ -151,12 +155,6 @@ def test_semantic_errors_name_the_field_expected_and_got(edit, message):
 def test_unknown_target_is_a_blob_error():
     with pytest.raises(BlobError, match="header target: expected one of .* got 'tpu'"):
         parse_blob(_resigned(target="tpu"))
-
-
-def test_graph_section_must_match_the_manifest_launch_table():
-    graph = graph_section(_manifest(BLOB)["launches"][:1])
-    with pytest.raises(BlobError, match="graph section does not match"):
-        parse_blob(_resigned(graph=graph))
 
 
 def _with_manifest_bytes(raw: bytes) -> bytes:

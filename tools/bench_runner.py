@@ -12,7 +12,8 @@ machine; the minimum over all rounds is the next best.
 
 Host overhead = median wall time of run() minus median of a direct cffi call of keel_graph with the
 same pointers, measured on a hand-written graph with openpilot's io signature and a trivial kernel
-(tests/hand_graphs.py), so the kernel's own time does not drown the microseconds. --blob adds the
+(tests/hand_graphs.py), so the kernel's own time does not drown the microseconds. The mock device's
+run() (a worker thread replays the launch table and signals the timeline) is timed beside it. --blob adds the
 load time and latency of a real compiled blob.
 """
 import os
@@ -170,6 +171,9 @@ def bench_run(path: str, runs: int) -> None:
     for name, fn in cases:
         t = median_us(fn, runs)
         print(f"  {name:46s} {t:7.2f} us  (host overhead {t - direct:6.2f} us)")
+    mock = Model.load(path, device="mock")  # a queue device: submit, worker thread, signal, wait
+    print(f"  {'device=mock: run(out=out), inputs in slots':46s} "
+          f"{median_us(lambda: mock.run(out=out), runs // 10):7.2f} us")
 
 
 def main() -> None:

@@ -28,10 +28,12 @@ def describe(path: str) -> dict:
         "programs_bytes": len(blob.programs),
         "arena_bytes": m["arena_bytes"],
         "arena_lower_bound_bytes": m["arena_lower_bound_bytes"],
-        "kernels": len(m["launches"]),
+        "kernels": len(m["programs"]),
         "inputs": _io(blob.inputs),
         "outputs": _io(blob.outputs),
-        "launches": m["launches"],
+        "launches": [{"kernel": l.kernel, "args": list(l.args), "barrier": l.barrier,
+                      "global_size": list(l.global_size),
+                      "local_size": l.local_size and list(l.local_size)} for l in blob.launches],
         "meta": m["meta"],
     }
 
@@ -51,9 +53,10 @@ def print_text(d: dict) -> None:
     for kind in ("inputs", "outputs"):
         for b in d[kind]:
             print(f"{kind[:-1]:6s} {b['slot']}: {b['name']} {b['dtype']} {tuple(b['shape'])}")
-    print(f"kernels: {d['kernels']}")
+    print(f"kernels: {d['kernels']}, launches: {len(d['launches'])} (| = barrier before)")
     for i, l in enumerate(d["launches"]):
-        print(f"  {i:4d} {l['kernel']:32s} args {l['args']} global {l['global_size']} "
+        print(f"  {i:4d} {'|' if l['barrier'] else ' '} {l['kernel']:32s} args {l['args']} "
+              f"global {l['global_size']} "
               f"local {l['local_size']}")
 
 

@@ -15,7 +15,7 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from runner import BlobError, InputError, Model  # noqa: E402
+from runner import BlobError, DeviceError, DeviceTimeout, InputError, Model  # noqa: E402
 
 
 class ToolError(Exception):
@@ -102,7 +102,7 @@ def main() -> int:
             bench(m, feeds, args.bench)
         if args.check:
             check(args.check, feeds, results)
-    except (BlobError, InputError, ToolError) as e:
+    except (BlobError, InputError, DeviceError, DeviceTimeout, ToolError) as e:
         print(f"run: {args.blob}: {e}", file=sys.stderr)
         return 2
     return 0

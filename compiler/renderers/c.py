@@ -6,6 +6,8 @@ The entry points are the CPU "command buffer": one call from the runner executes
       splits its outermost loop between them; a spin barrier separates a kernel from the next
       one only where that one reads or overwrites something written since the last barrier
   keel_profile(arena, weights, io, ticks)            one thread, a timestamp after every kernel
+  keel_launch(i, args)                               launch i alone, on args[j] = its j-th buffer:
+      what a queue device replaying the blob's launch table does (runner/mock.py)
 Threads come from the runner (created once per model); the barrier is C11-style atomics and
 needs no libc.
 """
@@ -19,6 +21,7 @@ from compiler.ir.uop import Ops, UOp
 ENTRY, ENTRY_MT = "keel_graph", "keel_graph_mt"
 SPLIT_MIN = 8  # trip count from which a loop is split between threads
 PROFILE = "keel_profile"  # same graph, recording a timestamp after every launch
+LAUNCH = "keel_launch"  # one launch of the replay table, its args given as pointers (mock device)
 # Cycle counter without libc: clang's builtin on every target (rdtsc / cntvct), gcc on x86 only.
 TICKS = """
 #if defined(__clang__)
@@ -35,10 +38,24 @@ TICKS = """
 #else
 #define KEEL_PAUSE() ((void)0)
 #endif
-/* yield: supplied by the runner (sched_yield), so a waiting thread gives its core away when the
-   machine is oversubscribed instead of spinning through the other thread's time slice */
-typedef struct { int count, sense; int (*yield_fn)(void); } keel_sync;
-/* sense-reversing barrier: the last thread to arrive flips the sense the others wait on */
+/* yield and clock: supplied by the runner (sched_yield, clock_gettime), so a waiting thread gives
+   its core away when the machine is oversubscribed instead of spinning through the other
+   thread's time slice, and gives up at the run's deadline when a share never arrives */
+typedef struct { long long sec; long nsec; } keel_ts;
+typedef struct {
+  int count, sense; int (*yield_fn)(void);
+  int (*clock_fn)(int, keel_ts *); int clock_id; int abort; long long deadline_ns;
+} keel_sync;
+static int keel_late(keel_sync *s) {
+  keel_ts t;
+  if (__atomic_load_n(&s->abort, __ATOMIC_RELAXED)) return 1;
+  if (!s->clock_fn || s->clock_fn(s->clock_id, &t) != 0) return 0;
+  if (t.sec * 1000000000LL + t.nsec <= s->deadline_ns) return 0;
+  __atomic_store_n(&s->abort, 1, __ATOMIC_RELAXED);
+  return 1;
+}
+/* sense-reversing barrier: the last thread to arrive flips the sense the others wait on; past
+   the deadline every barrier passes (the runner discards that run's results) */
 static void keel_barrier(keel_sync *s, int nt, int *sense) {
   *sense = !*sense;
   if (__atomic_add_fetch(&s->count, 1, __ATOMIC_ACQ_REL) == nt) {
@@ -47,7 +64,9 @@ static void keel_barrier(keel_sync *s, int nt, int *sense) {
     return;
   }
   for (int spins = 0; __atomic_load_n(&s->sense, __ATOMIC_ACQUIRE) != *sense; spins++) {
-    if (spins < 4096 || !s->yield_fn) KEEL_PAUSE(); else s->yield_fn();
+    if (spins < 4096) { KEEL_PAUSE(); continue; }
+    if (s->yield_fn) s->yield_fn(); else KEEL_PAUSE();
+    if (keel_late(s)) return;  /* a vDSO clock read: nothing beside a yield */
   }
 }
 """
@@ -79,15 +98,20 @@ class CRenderer(CStyle):
         profile = (f"void {PROFILE}({sig}, unsigned long long *ticks) {{\n"
                    f"  ticks[0] = KEEL_TICKS();\n{timed}\n}}\n")
         mt = []
-        for ln, a, sync in zip(launches, args, _barriers(launches, buffers)):
-            if sync:
+        for ln, a in zip(launches, args):
+            if ln.barrier:  # compiler/schedule/hazards.py
                 mt.append("  keel_barrier(s, nt, &sense);")
             mt.append(f"  {ln.kernel}({a}, tid, nt);")
         mt.append("  keel_barrier(s, nt, &sense);  /* all work done before any thread returns */")
         threaded = (f"void {ENTRY_MT}({sig}, int tid, int nt, keel_sync *s) {{\n"
                     f"  int sense = __atomic_load_n(&s->sense, __ATOMIC_ACQUIRE);\n"
                     + "\n".join(mt) + "\n}\n")
-        return TICKS + "\n".join(body) + "\n" + entry + threaded + profile
+        cases = [f"  case {i}: {ln.kernel}(" + ", ".join(
+            f"({dtypes.from_np(buffers[b].dtype).cname} *)args[{j}]" for j, b in enumerate(ln.args))
+            + ", 0, 1); return;" for i, ln in enumerate(launches)]
+        replay = (f"void {LAUNCH}(int launch, void *const *args) {{\n  switch (launch) {{\n"
+                  + "\n".join(cases) + "\n  }\n}\n")
+        return TICKS + "\n".join(body) + "\n" + entry + threaded + profile + replay
 
     # ---- threads: each kernel takes its share of the outermost loop ---------------------------
     def extra_params(self) -> list[str]:
@@ -229,25 +253,3 @@ def _mask(dt: DType) -> DType:
     """Vector compares yield integer lanes of 0 / -1; keel's vector bool is the 32-bit form."""
     return dtypes.int32.vec(dt.count) if dt.scalar is dtypes.bool else dt
 
-
-def _barriers(launches: list[Launch], buffers: dict[int, Buffer]) -> list[bool]:
-    """Whether each launch must wait for every thread to finish the launches before it: it reads
-    or writes memory written since the last barrier, or writes memory read since then."""
-    def span(b: Buffer):
-        return (b.region, b.offset, b.offset + b.nbytes) if b.region in ("arena", "weights") \
-            else (b.region, b.offset, b.offset + 1)  # io slots: one "byte" per slot
-
-    def hits(a, spans) -> bool:
-        return any(a[0] == s[0] and a[1] < s[2] and s[1] < a[2] for s in spans)
-
-    out, written, read = [], [], []
-    for ln in launches:
-        w = span(buffers[ln.args[0]])
-        r = [span(buffers[b]) for b in ln.args[1:]]
-        sync = hits(w, written) or hits(w, read) or any(hits(x, written) for x in r)
-        if sync:
-            written, read = [], []
-        out.append(sync)
-        written.append(w)
-        read.extend(r)
-    return out

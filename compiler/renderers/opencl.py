@@ -14,7 +14,6 @@ Rendered from the same linearized UOps as C, with these differences:
 """
 from __future__ import annotations
 
-import json
 import math
 
 from compiler.artifact import Buffer, Image, Launch
@@ -62,9 +61,7 @@ class OpenCLRenderer(CStyle):
         self.used = set()
         launch_of = {ln.kernel: ln for ln in launches}
         body = [self.render_cl_kernel(name, lin, launch_of[name], buffers) for name, lin in kernels]
-        images = {str(b.id): [b.image.width, b.image.height, b.image.pitch]
-                  for b in buffers.values() if b.image is not None}
-        head = ["// keel " + json.dumps({"images": images}, sort_keys=True)]  # runner/opencl.py
+        head = []
         if "fp16" in self.used:
             head.append("#pragma OPENCL EXTENSION cl_khr_fp16 : enable")
         if "fp64" in self.used:

@@ -69,9 +69,3 @@ def storage_bytes(data: np.ndarray, b: Buffer) -> bytes:
         data = rows
     return data.tobytes()
 
-
-def image_meta(buffers) -> dict:
-    """The artifact meta entry the OpenCL runner reads: buffer id -> image layout."""
-    images = {str(b.id): {"width": b.image.width, "height": b.image.height,
-                          "pitch": b.image.pitch} for b in buffers if b.image is not None}
-    return {"images": images} if images else {}

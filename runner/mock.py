@@ -1,0 +1,149 @@
+"""Mock queue device (device="mock"): the contract of a GPU or DSP queue, run on the host.
+
+load() records the blob's replay table the way a command stream is recorded: per launch, an
+argument array of pointers (arena + offset, weights + offset, io slot). A worker thread plays
+submissions in order by calling the CPU program's `keel_launch(i, args)` for every launch of the
+table, then signals the submission's timeline value. bind() patches only the argument entries of
+that slot. So the mock exercises what a real queue backend depends on (the replay table, the
+patching, an asynchronous timeline, bounded waits, recovery) with kernels whose results are the
+CPU's, bit for bit.
+
+Faults from KEEL_MOCK_FAULTS (runner/faults.py): hang@N, fault@N, slow@N:MS.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import deque
+
+from runner.cpu import CpuDevice, _symbol, ffi, host_memory, release_host_memory, shutdown
+from runner.device import HostDevice
+from runner.errors import DeviceError
+from runner.faults import from_env
+
+FAULTS_VAR = "KEEL_MOCK_FAULTS"
+LAUNCH = "keel_launch"
+JOIN_S = 5.0  # a replay in flight when recover() stops the worker finishes within one run
+
+
+class MockDevice(HostDevice):
+    name = "mock"
+    check_target = CpuDevice.check_target  # it runs the CPU targets' programs
+
+    def load(self, blob) -> None:
+        faults = from_env(FAULTS_VAR)  # a bad variable fails the load, not a run
+        self._arena, self._arena_ptr, self._weights_ptr, self._lib = host_memory(blob)
+        self._queue = Queue(_symbol(self._lib, LAUNCH), self._record(blob), faults)
+        self._finalizer = weakref.finalize(self, shutdown, [self._queue], self._lib)
+        self._init_io(blob)
+
+    def _record(self, blob) -> list:
+        """Per launch, its argument pointers; io slots are left for bind() to patch."""
+        base = {"arena": self._arena_ptr, "weights": self._weights_ptr}
+        table = []
+        self._uses: dict[int, list] = {}  # io slot -> [(args array, index)]
+        for ln in blob.launches:
+            args = ffi.new("void *[]", len(ln.args))
+            for j, bid in enumerate(ln.args):
+                b = blob.buffers[bid]
+                if b.region in base:
+                    args[j] = base[b.region] + b.offset
+                else:
+                    self._uses.setdefault(b.offset, []).append((args, j))
+            table.append(args)
+        return table
+
+    def _patch(self, slot: int, array) -> None:
+        ptr = ffi.from_buffer(array)
+        for args, j in self._uses.get(slot, ()):
+            args[j] = ptr
+
+    def submit(self, deadline: float) -> int:
+        return self._queue.submit()
+
+    def completed(self) -> int:
+        return self._queue.completed()
+
+    def block(self, seconds: float) -> None:
+        self._queue.block(seconds)
+
+    def recover(self) -> None:
+        self._queue.restart()
+
+    def close(self) -> None:
+        release_host_memory(self)  # stops the worker before the memory it replays into goes
+
+
+class Queue:
+    """The mock's hardware side: a timeline and a worker thread that replays submissions in
+    order. It holds no reference to the device, so a dropped Model's device is collected and its
+    finalizer stops the worker."""
+
+    def __init__(self, launch, table: list, faults):
+        self.launch, self.table, self.faults = launch, table, faults
+        self.cond = threading.Condition()
+        self.pending: deque[int] = deque()
+        self.value = self.done = self.failed = 0
+        self.gen = 0  # bumped by restart() and close(): a worker serves one generation
+        self._start()
+
+    def submit(self) -> int:
+        with self.cond:
+            self.value += 1
+            self.pending.append(self.value)
+            self.cond.notify_all()
+        return self.value
+
+    def completed(self) -> int:
+        if self.failed:
+            raise DeviceError(f"mock submission {self.failed}: device fault ({FAULTS_VAR})")
+        return self.done
+
+    def block(self, seconds: float) -> None:
+        with self.cond:
+            self.cond.wait(seconds)
+
+    def _start(self) -> None:
+        self.worker = threading.Thread(target=self._serve, args=(self.gen,), daemon=True,
+                                       name="keel-mock")
+        self.worker.start()
+
+    def _serve(self, gen: int) -> None:
+        stopped = lambda: self.gen != gen  # noqa: E731
+        while True:
+            with self.cond:
+                self.cond.wait_for(lambda: self.pending or stopped())
+                if stopped():
+                    return
+                value = self.pending.popleft()
+            fault = self.faults.at(value)
+            kind = fault and fault.kind
+            if kind in ("hang", "slow"):
+                with self.cond:  # until restart(), or for the slow delay
+                    if self.cond.wait_for(stopped, None if kind == "hang" else fault.ms / 1000):
+                        return
+            if kind != "fault":
+                for i, args in enumerate(self.table):
+                    self.launch(i, args)
+            with self.cond:
+                if stopped():
+                    return
+                if kind == "fault":
+                    self.failed = value
+                else:
+                    self.done = value
+                self.cond.notify_all()
+
+    def close(self) -> None:
+        """Stop the worker; a replay in flight finishes first (its kernels are bounded)."""
+        with self.cond:
+            self.gen += 1
+            self.cond.notify_all()
+        self.worker.join(JOIN_S)
+
+    def restart(self) -> None:
+        """Abandon a hung submission, retire what was queued, start a fresh worker."""
+        self.close()
+        self.pending.clear()
+        self.failed, self.done = 0, self.value  # nobody waits on retired submissions
+        self._start()

@@ -1,0 +1,209 @@
+"""One contract, every device (runner/device.py): the CPU, OpenCL (PoCL here) and the mock queue
+device pass the same tests. Then what only the mock can show: bit-equality with the CPU on every
+test model, and its injected faults."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from compiler.blob import write_blob
+from compiler.pipeline import compile_model
+from compiler.toolchain import host_target
+from models.efficientnet import make_efficientnet
+from models.openpilot import make_openpilot
+from models.resnet import make_resnet50
+from runner import DeviceError, DeviceTimeout, InputError, Model
+from runner.faults import parse
+from runner.opencl import unavailable_reason
+from tests.graphs import assert_close, ort_run, random_feeds
+from tests.test_opencl import mlp
+
+NO_OPENCL = unavailable_reason()
+DEVICES = ["cpu", "mock", pytest.param("opencl", marks=pytest.mark.skipif(
+    NO_OPENCL is not None, reason=f"OpenCL: {NO_OPENCL}"))]
+SLOW_MS = 120_000  # PoCL on a shared 2-core machine: a deadline no healthy run comes near
+# A wall-clock bound in a test on a machine shared with other jobs: a hang must be reported at
+# its deadline; the 2 ms bound itself is proven with a fake clock in test_deadline.py.
+SCHEDULING_MARGIN_S = 0.5
+
+
+@pytest.fixture(scope="module")
+def mlp_case(tmp_path_factory):
+    model, feeds = mlp(np.random.default_rng(11))
+    other = {"x": np.random.default_rng(12).standard_normal(feeds["x"].shape).astype(np.float32)}
+    d = tmp_path_factory.mktemp("contract")
+    paths = {}
+    for device, target in (("cpu", host_target()), ("mock", host_target()), ("opencl", "opencl")):
+        if device != "opencl" or NO_OPENCL is None:
+            paths[device] = d / f"{device}.blob"
+            write_blob(compile_model(model, target=target), paths[device])
+    want = [ort_run(model, f)["y"] for f in (feeds, other)]
+    return paths, [feeds, other], want
+
+
+def _load(mlp_case, device) -> Model:
+    m = Model.load(mlp_case[0][device], device=device)
+    m.timeout_ms = SLOW_MS
+    return m
+
+
+def _check(got, want):
+    # test_opencl's mlp tolerance: float32 sums in another order than onnxruntime's
+    assert_close(got, want, 1e-5, 1e-5, "y")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_runs_match_onnxruntime_with_feeds_then_rebinding(mlp_case, device):
+    m = _load(mlp_case, device)
+    _, feeds, want = mlp_case
+    for i in (0, 1, 0):  # a new feed array patches the slot; the next run sees the new one
+        _check(m.run(feeds[i])["y"], want[i])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_input_view_is_the_device_io_buffer_runs_read(mlp_case, device):
+    m = _load(mlp_case, device)
+    _, feeds, want = mlp_case
+    assert m.input_view("x") is m.device.io_buffer(0)
+    m.input_view("x")[:] = feeds[1]["x"]
+    m.run(feeds[0])  # feeds bound once must not detach the slot for later runs
+    _check(m.run()["y"], want[1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_timeline_grows_by_one_per_submission_and_waits_are_idempotent(mlp_case, device):
+    dev = _load(mlp_case, device).device
+    deadline = time.monotonic() + SLOW_MS / 1000
+    values = [dev.submit(deadline) for _ in range(3)]
+    assert values[1:] == [values[0] + 1, values[0] + 2]
+    dev.wait(values[-1], deadline)
+    assert dev.completed() >= values[-1]
+    dev.wait(values[0], time.monotonic() - 1)  # completed: a past deadline is no timeout
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_recover_without_a_failure_and_double_close_are_harmless(mlp_case, device):
+    m = _load(mlp_case, device)
+    _, feeds, want = mlp_case
+    m.device.recover()
+    _check(m.run(feeds[0])["y"], want[0])
+    m.close()
+    m.close()
+    with pytest.raises(DeviceError, match="run\\(\\) on a closed Model; load it again"):
+        m.run(feeds[0])
+
+
+@pytest.mark.parametrize("device", ["cpu", "mock"])
+def test_binding_device_memory_without_support_is_a_device_error(mlp_case, device):
+    with pytest.raises(DeviceError, match=f"device '{device}' has no device memory to bind"):
+        _load(mlp_case, device).device.bind_device(0, object())
+
+
+@pytest.mark.skipif(NO_OPENCL is not None, reason=f"OpenCL: {NO_OPENCL}")
+def test_opencl_binds_device_memory_then_patches_back_to_host_arrays(mlp_case):
+    from runner.cl import CL_MEM_COPY_HOST_PTR, CL_MEM_READ_WRITE, create, ffi
+    m = _load(mlp_case, "opencl")
+    dev, (_, feeds, want) = m.device, mlp_case
+
+    def device_copy(arr):
+        return ffi.gc(create(dev.lib.clCreateBuffer, "clCreateBuffer", dev.ctx,
+                             CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, arr.nbytes,
+                             ffi.from_buffer(arr)), dev.lib.clReleaseMemObject)
+    y = np.empty(want[1].shape, np.float32)
+    dev.bind_device(0, device_copy(feeds[1]["x"]))  # a "camera frame" already on the device
+    dev.bind(1, y)
+    deadline = time.monotonic() + SLOW_MS / 1000
+    dev.wait(dev.submit(deadline), deadline)
+    _check(y, want[1])
+    _check(m.run(feeds[0])["y"], want[0])  # a host array again: kernels read the slot's buffer
+    with pytest.raises(DeviceError, match=r"slot 0 \('x'\): .* >= 480 bytes, got 4 bytes"):
+        dev.bind_device(0, device_copy(np.zeros(1, np.float32)))
+    with pytest.raises(DeviceError, match="bind_device expected a cl_mem, got object"):
+        dev.bind_device(0, object())
+
+
+@pytest.mark.parametrize("timeout", [0, -5, float("nan"), float("inf"), "10", True])
+def test_timeout_ms_must_be_a_positive_finite_number(mlp_case, timeout):
+    with pytest.raises(InputError, match="timeout_ms: expected a positive finite number"):
+        _load(mlp_case, "cpu").run(mlp_case[1][0], timeout_ms=timeout)
+
+
+# ---- the mock: bit-equal to the CPU, and its faults ---------------------------------------------
+
+MODELS = {"mlp": lambda: mlp(np.random.default_rng(5))[0],
+          "openpilot": make_openpilot,
+          "openpilot-fp16": lambda: make_openpilot(float16=True),
+          "resnet50": lambda: make_resnet50(size=64),
+          "efficientnet": lambda: make_efficientnet(size=64)}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_mock_replay_matches_the_cpu_bit_for_bit(name, tmp_path):
+    proto = MODELS[name]()
+    path = tmp_path / "m.blob"
+    write_blob(compile_model(proto, target=host_target()), path)
+    feeds = random_feeds(proto, seed=4)
+    want = Model.load(path, device="cpu").run(feeds)
+    got = Model.load(path, device="mock").run(feeds)
+    assert got.keys() == want.keys()
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+def test_hang_at_3_times_out_at_its_deadline_and_run_4_is_correct(mlp_case, monkeypatch):
+    monkeypatch.setenv("KEEL_MOCK_FAULTS", "hang@3")
+    m = Model.load(mlp_case[0]["mock"], device="mock")
+    _, feeds, want = mlp_case
+    for _ in range(2):
+        _check(m.run(feeds[0], timeout_ms=SLOW_MS)["y"], want[0])
+    t = time.monotonic()
+    with pytest.raises(DeviceTimeout, match=r"mock submission 3 not complete by its deadline "
+                                            r"\(50 ms after submit\)"):
+        m.run(feeds[0], timeout_ms=50)
+    assert 0.050 <= time.monotonic() - t < 0.050 + SCHEDULING_MARGIN_S
+    _check(m.run(feeds[1], timeout_ms=SLOW_MS)["y"], want[1])
+
+
+def test_fault_is_a_device_error_and_the_next_run_recovers(mlp_case, monkeypatch):
+    monkeypatch.setenv("KEEL_MOCK_FAULTS", "fault@1")
+    m = Model.load(mlp_case[0]["mock"], device="mock")
+    _, feeds, want = mlp_case
+    with pytest.raises(DeviceError, match=r"mock submission 1: device fault \(KEEL_MOCK_FAULTS\)"):
+        m.run(feeds[0], timeout_ms=SLOW_MS)
+    _check(m.run(feeds[0], timeout_ms=SLOW_MS)["y"], want[0])
+
+
+def test_a_slow_run_that_finishes_before_its_deadline_is_no_timeout(mlp_case, monkeypatch):
+    monkeypatch.setenv("KEEL_MOCK_FAULTS", "slow@1:30")
+    m = Model.load(mlp_case[0]["mock"], device="mock")
+    t = time.monotonic()
+    _check(m.run(mlp_case[1][0], timeout_ms=SLOW_MS)["y"], mlp_case[2][0])
+    assert time.monotonic() - t >= 0.030
+
+
+@pytest.mark.parametrize("text, message", [
+    ("hang3", "bad entry 'hang3'; expected hang@N, fault@N or slow@N:MS"),
+    ("hang@0", "bad entry 'hang@0'"),
+    ("slow@2", "bad entry 'slow@2'"),
+    ("fault@1:5", "bad entry 'fault@1:5'"),
+    ("boom@1", "bad entry 'boom@1'"),
+    ("hang@2, fault@2", "submission 2 has two faults"),
+])
+def test_bad_fault_lists_are_clear_errors(text, message):
+    with pytest.raises(ValueError, match=f"^KEEL_MOCK_FAULTS: {message}"):
+        parse(text, "KEEL_MOCK_FAULTS")
+
+
+def test_a_bad_fault_list_fails_the_load(mlp_case, monkeypatch):
+    monkeypatch.setenv("KEEL_MOCK_FAULTS", "hang@x")
+    with pytest.raises(ValueError, match="KEEL_MOCK_FAULTS: bad entry 'hang@x'"):
+        Model.load(mlp_case[0]["mock"], device="mock")
+
+
+def test_fault_lists_parse_every_kind():
+    faults = parse(" hang@3,fault@7 ,slow@9:40.5,", "V")
+    assert [(v, f.kind, f.ms) for v, f in sorted(faults.by_value.items())] == \
+        [(3, "hang", 0.0), (7, "fault", 0.0), (9, "slow", 40.5)]
+    assert faults.at(4) is None
