@@ -20,7 +20,8 @@ from compiler.codegen.lower import Axis, iconst
 from compiler.ir.rewrite import PatternMatcher, UPat, graph_rewrite
 from compiler.ir.symbolic import symbolic
 from compiler.ir.uop import Ops, UOp
-from tests.graphs import assert_close, keel_run, make_model, ort_run, single_node_model
+from tests.graphs import (assert_close, keel_load, keel_run, make_model, ort_run,
+                          single_node_model)
 
 IDX = dtypes.index
 
@@ -540,10 +541,10 @@ def test_a_residual_add_overwrites_its_residual_in_place(monkeypatch, conv_reads
         assert any(u.op is Ops.LOAD and u.src[0].arg[0] == 0 for u in lins[over[0].kernel])
     x = rng.standard_normal((1, 32, 12, 12)).astype(np.float32)
     want = ort_run(model, {"x": x})["y"]
-    for threads in ("1", "2"):  # each thread reads the residual it overwrites
-        monkeypatch.setenv("KEEL_THREADS", threads)
-        # fp32 sums of 32 and 64 terms in another order than MLAS, then a mean of 144
-        assert_close(keel_run(model, {"x": x})["y"], want, rtol=1e-5, atol=1e-5, what=threads)
+    for threads, m in zip((1, 2), keel_load(model, threads=(1, 2))):
+        # each thread reads the residual it overwrites; fp32 sums of 32 and 64 terms in another
+        # order than MLAS, then a mean of 144
+        assert_close(m.run({"x": x})["y"], want, rtol=1e-5, atol=1e-5, what=f"{threads} threads")
 
 
 def test_1x1_conv_pixels_merge_into_one_dim_of_whole_vectors(monkeypatch):

@@ -25,13 +25,29 @@ from tests.graphs import assert_close, ort_run, random_feeds
 ATOL, RTOL = 1e-4, 1e-4
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["fp32", "fp16-weights"])
-def openpilot(request, tmp_path_factory):
-    proto = make_openpilot(float16=request.param)
-    path = tmp_path_factory.mktemp("op") / "op.blob"
-    artifact = compile_model(proto)
-    write_blob(artifact, path)
-    return proto, path, artifact
+pytestmark = pytest.mark.xdist_group("end_to_end")  # one worker: compile each model once
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """compiled(fp16_weights, float16) -> (proto, blob path, artifact), each compiled once per
+    module: compiling the openpilot model is most of this file's time."""
+    cache = {}
+
+    def get(fp16_weights: bool, float16: bool = False):
+        if (fp16_weights, float16) not in cache:
+            proto = make_openpilot(float16=fp16_weights)
+            artifact = compile_model(proto, float16=float16)
+            path = tmp_path_factory.mktemp("op") / "op.blob"
+            write_blob(artifact, path)
+            cache[fp16_weights, float16] = proto, path, artifact
+        return cache[fp16_weights, float16]
+    return get
+
+
+@pytest.fixture(params=[False, True], ids=["fp32", "fp16-weights"])
+def openpilot(request, compiled):
+    return compiled(request.param)
 
 
 def _run(path, feeds, threads: int, monkeypatch) -> dict:
@@ -78,6 +94,7 @@ def test_openpilot_arena_is_near_its_lower_bound(openpilot):
     assert art.arena_lower_bound_bytes <= art.arena_bytes <= 1.05 * art.arena_lower_bound_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [lambda: make_resnet50(size=64), lambda: make_efficientnet(size=64)],
                          ids=["resnet50", "efficientnet"])
 def test_conv_nets_match_onnxruntime(make, tmp_path, monkeypatch):
@@ -91,12 +108,11 @@ def test_conv_nets_match_onnxruntime(make, tmp_path, monkeypatch):
         assert_close(got[name], want[name], rtol=RTOL, atol=ATOL, what=name)
 
 
-def test_float16_on_cpu_halves_the_weights_and_stays_close(openpilot, tmp_path, monkeypatch):
-    proto, _, fp32_art = openpilot
-    art = compile_model(proto, float16=True)
+def test_float16_on_cpu_halves_the_weights_and_stays_close(compiled, monkeypatch):
+    # the shipped case: a model with fp16 weights, compiled with --float16
+    proto, _, fp32_art = compiled(True)
+    _, path, art = compiled(True, float16=True)
     assert abs(len(art.weights) - len(fp32_art.weights) / 2) < 0.01 * len(fp32_art.weights)
-    path = tmp_path / "h.blob"
-    write_blob(art, path)
     feeds = random_feeds(proto, seed=4)
     got = _run(path, feeds, 1, monkeypatch)["outputs"]
     want = ort_run(proto, feeds)["outputs"]

@@ -13,16 +13,13 @@ import os
 import traceback
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from compiler.blob import write_blob
 from compiler.pipeline import compile_model
-from runner import Model
 from runner.cpu import best_host_target, host_target
 from tests.deps import needs, opencl_missing
 from tests.fuzz_models import CONV_KINDS, LARGE, build, draw
-from tests.graphs import assert_close, ort_run
+from tests.graphs import assert_close, keel_load, ort_run
 from tests.test_compiler import _winograd_planes
 
 SEEDS = range(2 * len(CONV_KINDS))  # every conv kind twice; pinned, so CI replays the same cases
@@ -50,15 +47,7 @@ def tolerance(spec: dict, target: str) -> tuple[float, float]:
 def check(spec: dict, target: str, threads: int) -> None:
     model, feeds = build(spec)
     want = ort_run(model, feeds)
-    artifact = compile_model(model, target=target, float16=spec["float16"])
-    os.environ["KEEL_THREADS"] = str(threads)  # read at load; conftest's default is 2
-    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"keel-fuzz-{os.getpid()}.blob"
-    try:
-        write_blob(artifact, path)
-        m = Model.load(path)
-    finally:
-        os.environ["KEEL_THREADS"] = "2"
-        path.unlink(missing_ok=True)
+    m, = keel_load(model, target, threads=(threads,), float16=spec["float16"])
     m.timeout_ms = RUN_MS
     got = m.run(feeds)
     rtol, atol = tolerance(spec, target)
@@ -117,13 +106,11 @@ def test_long_run():
             try:
                 check(spec, target, threads=1 + seed % 2)
             except Exception as e:  # a compile error or a crash is as much a finding
-                failed.append((seed, target, f"{type(e).__name__}: {e}".splitlines()[0]))
+                failed.append((seed, target))
                 _save(spec, target, traceback.format_exception_only(e)[-1].strip())
-    print(f"\nfuzz long: {ran} cases ({LONG} seeds from {START} x {ran // LONG} targets), "
-          f"{len(failed)} failed")
-    for f in failed:
-        print("  ", *f)
-    assert not failed
+                print(f"fuzz long: seed {seed} {target} FAILED: {str(e).splitlines()[0]}")
+        print(f"fuzz long: {ran} cases run, {len(failed)} failed", flush=True)
+    assert not failed, f"{len(failed)} of {ran} cases failed, saved in {CORPUS}: {failed}"
 
 
 def _save(spec: dict, target: str, error: str) -> None:
