@@ -25,7 +25,8 @@ from tests.graphs import assert_close, ort_run, random_feeds
 ATOL, RTOL = 1e-4, 1e-4
 
 
-pytestmark = pytest.mark.xdist_group("end_to_end")  # one worker: compile each model once
+# one worker compiles each model once; compiling the openpilot model alone is ~20 s on 2 cores
+pytestmark = [pytest.mark.xdist_group("end_to_end"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +95,6 @@ def test_openpilot_arena_is_near_its_lower_bound(openpilot):
     assert art.arena_lower_bound_bytes <= art.arena_bytes <= 1.05 * art.arena_lower_bound_bytes
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("make", [lambda: make_resnet50(size=64), lambda: make_efficientnet(size=64)],
                          ids=["resnet50", "efficientnet"])
 def test_conv_nets_match_onnxruntime(make, tmp_path, monkeypatch):

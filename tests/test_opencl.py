@@ -102,6 +102,7 @@ def light_case(name):
 
 # ---- end to end -------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @needs_opencl
 @pytest.mark.parametrize("name", LIGHT)
 def test_light_model_matches_stored_output(name, tmp_path):
@@ -226,6 +227,7 @@ def openpilot_case():
     return make_openpilot, feeds
 
 
+@pytest.mark.slow
 @needs_opencl
 @pytest.mark.parametrize("float16", [False, True])
 def test_openpilot_matches_onnxruntime(float16, openpilot_case, tmp_path):
@@ -244,6 +246,7 @@ def test_openpilot_matches_onnxruntime(float16, openpilot_case, tmp_path):
 
 # ---- fuzzer -----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @needs_opencl
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                    HealthCheck.data_too_large])
