@@ -33,13 +33,14 @@ RUN_MS = 120_000  # PoCL compiles each kernel at the first run: seconds on 2 sha
 
 def tolerance(spec: dict, target: str) -> tuple[float, float]:
     """(rtol, atol). fp32: sums of up to ~600 terms in another order than MLAS, FMAs, keel's own
-    exp: ~1e-6 relative on the O(1) activations; 1e-4 is 100x that and far below a wrong index
-    or a dropped term. fp16 weights are exact in both (Cast in the graph), but keel stores
-    folded and Winograd-transformed weights as fp16 (2^-11 relative each): 3e-3. On OpenCL
-    float16 also stores every activation as fp16, a rounding per block: 3e-2."""
+    exp: measured max error 1.4e-6 on the O(1) outputs of the pinned seeds; 1e-4 is 70x that and
+    far below a wrong index or a dropped term. fp16 weights are exact in both (Cast in the
+    graph), but keel stores folded and Winograd-transformed weights as fp16 (2^-11 relative
+    each), and a LayerNorm after them rescales the error: measured 2.1e-3 (seed 0), so 1e-2.
+    On OpenCL float16 also stores every activation as fp16, a rounding per block: 3e-2."""
     tol = 1e-4
     if spec["float16"]:
-        tol = 3e-2 if target == "opencl" else 3e-3
+        tol = 3e-2 if target == "opencl" else 1e-2
     # a LARGE feed's rounding (an ulp of 1e4 is 1e-3) survives where two such terms cancel
     return tol, tol * (LARGE if spec["special"] else 1)
 
