@@ -187,7 +187,8 @@ def assert_close(got, want, rtol: float, atol: float, what: str = "output") -> N
         raise AssertionError(f"{what}: dtype {got.dtype}, expected {want.dtype}")
     g64, w64 = got.astype(np.float64), want.astype(np.float64)
     same_nonfinite = (np.isnan(g64) & np.isnan(w64)) | ((g64 == w64) & np.isinf(w64))
-    err = np.where(same_nonfinite, 0.0, np.abs(g64 - w64))
+    with np.errstate(invalid="ignore"):  # inf - inf where both are inf, which where() masks
+        err = np.where(same_nonfinite, 0.0, np.abs(g64 - w64))
     err = np.nan_to_num(err, nan=np.inf)
     excess = err - (atol + rtol * np.abs(np.nan_to_num(w64)))
     if got.size == 0 or not (excess > 0).any():

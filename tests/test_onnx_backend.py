@@ -69,7 +69,8 @@ for _pattern, _reason in XFAIL:
 # collections are not part of this suite
 globals().update({name: case for name, case in backend_test.enable_report().test_cases.items()
                   if name in ("OnnxBackendNodeModelTest", "OnnxBackendRealModelTest")})
-OnnxBackendRealModelTest = pytest.mark.slow(OnnxBackendRealModelTest)  # whole CNNs: compile-bound
+# whole CNNs (vgg19, densenet121): compile-bound, minutes on loaded cores
+OnnxBackendRealModelTest = pytest.mark.timeout(1200)(pytest.mark.slow(OnnxBackendRealModelTest))
 
 
 def out_of_scope(model: onnx.ModelProto) -> str | None:

@@ -102,6 +102,7 @@ def light_case(name):
 
 # ---- end to end -------------------------------------------------------------------------------
 
+@pytest.mark.timeout(1200)  # PoCL compiles a whole model: minutes on loaded cores
 @pytest.mark.slow
 @needs_opencl
 @pytest.mark.parametrize("name", LIGHT)
@@ -227,6 +228,7 @@ def openpilot_case():
     return make_openpilot, feeds
 
 
+@pytest.mark.timeout(1200)  # PoCL compiles a whole model: minutes on loaded cores
 @pytest.mark.slow
 @needs_opencl
 @pytest.mark.parametrize("float16", [False, True])
