@@ -65,6 +65,8 @@ def cases():
     for entry in entries:
         for target in CPUS + ["opencl"]:
             marks = [needs("pocl-opencl-icd", NO_OPENCL)] if target == "opencl" else []
+            if target != host_target():  # the fast subset fuzzes the baseline CPU target
+                marks.append(pytest.mark.slow)
             reason = entry.get("xfail", {}).get(target)
             if reason:
                 marks.append(pytest.mark.xfail(strict=True, reason=reason))
