@@ -10,6 +10,7 @@ omitted optional input.
 """
 from __future__ import annotations
 
+import os
 import pathlib
 import tempfile
 
@@ -143,17 +144,38 @@ def ort_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, n
 def keel_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray], target: str = "cpu",
              **compile_kwargs) -> dict[str, np.ndarray]:
     """Compile, write the blob, load it with the runner and run: the whole user path."""
+    # run() hands back fresh arrays that no later run touches: safe to return as they are.
+    return keel_load(model, target, **compile_kwargs)[0].run(feeds)
+
+
+def keel_load(model: onnx.ModelProto, target: str = "cpu", threads=(None,), **compile_kwargs):
+    """Compile once and load the blob once per KEEL_THREADS value in `threads` (None: as the
+    environment has it). The thread count is read at load, so this is how one compile serves
+    runs at 1 and at 2 threads."""
     # Imported here so these helpers (and ORT-only tests) work without a compiler or runner.
     from compiler.blob import write_blob
     from compiler.pipeline import compile_model
-    from runner import Model
 
     artifact = compile_model(model, target=target, **compile_kwargs)
     with tempfile.TemporaryDirectory(prefix="keel-test-") as tmp:
         path = pathlib.Path(tmp) / "model.blob"
         write_blob(artifact, path)
-        # run() hands back fresh arrays that no later run touches: safe to return as they are.
-        return Model.load(path).run(feeds)
+        return [_load_at(path, n) for n in threads]  # a mapping outlives its file
+
+
+def _load_at(path, threads: int | None):
+    from runner import Model
+
+    before = os.environ.get("KEEL_THREADS")
+    if threads is not None:
+        os.environ["KEEL_THREADS"] = str(threads)
+    try:
+        return Model.load(path)
+    finally:
+        if before is None:
+            os.environ.pop("KEEL_THREADS", None)
+        else:
+            os.environ["KEEL_THREADS"] = before
 
 
 def assert_close(got, want, rtol: float, atol: float, what: str = "output") -> None:
@@ -165,7 +187,8 @@ def assert_close(got, want, rtol: float, atol: float, what: str = "output") -> N
         raise AssertionError(f"{what}: dtype {got.dtype}, expected {want.dtype}")
     g64, w64 = got.astype(np.float64), want.astype(np.float64)
     same_nonfinite = (np.isnan(g64) & np.isnan(w64)) | ((g64 == w64) & np.isinf(w64))
-    err = np.where(same_nonfinite, 0.0, np.abs(g64 - w64))
+    with np.errstate(invalid="ignore"):  # inf - inf where both are inf, which where() masks
+        err = np.where(same_nonfinite, 0.0, np.abs(g64 - w64))
     err = np.nan_to_num(err, nan=np.inf)
     excess = err - (atol + rtol * np.abs(np.nan_to_num(w64)))
     if got.size == 0 or not (excess > 0).any():

@@ -10,15 +10,17 @@ compiler needs as a value (the `shape` of a Reshape, the `axes` of a reduction: 
 is bound as a constant from the values run() receives, so the signature includes its value.
 
 Compiled blobs are cached on disk (KEEL_CACHE_DIR, default ~/.cache/keel/onnx_backend), in a folder
-per hash of the compiler's and runner's source (so editing either never serves a stale blob; the
-newest few folders are kept), keyed by the model bytes and the bound shapes and constants.
-KEEL_CACHE_DIR="" turns the cache off.
+per hash of exactly the sources a blob can depend on (_source_digest; the newest few folders are
+kept), keyed by the model bytes and the bound shapes and constants. KEEL_CACHE_DIR="" turns the
+cache off.
 """
 from __future__ import annotations
 
 import hashlib
+import modulefinder
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -32,19 +34,33 @@ from compiler.errors import StaticInputError
 from runner import Model
 
 REPO = Path(__file__).resolve().parent.parent
-SOURCE_DIRS = [REPO / "compiler", REPO / "runner"]
+COMPILE_PATH = [REPO / "compiler" / "pipeline.py", REPO / "compiler" / "blob.py"]
 KEEP_VERSIONS = 3  # cache folders of older compiler versions beyond this many are removed
 
 
 def _source_digest() -> str:
-    """Hash of the compiler's and runner's source: a blob cached by another version is never
-    served."""
-    h = hashlib.sha256()
-    for root in SOURCE_DIRS:
-        for p in sorted(root.rglob("*.py")):
-            h.update(str(p.relative_to(root.parent)).encode())
-            h.update(p.read_bytes())
+    """Hash of every repo module the compile path imports (statically, functions' imports too:
+    all of compiler/ and the part of runner/ that defines the blob format) and of the C
+    compiler's version. A blob cached by another version is never served, and edits that cannot
+    change a blob (tools/, tests/, the runner's devices) keep the cache warm. Finer keys (per
+    compiler stage, per kernel) would have to prove which stage an edit can reach; compiling
+    is most of the cost and every stage feeds it, so they would rarely hit."""
+    finder = modulefinder.ModuleFinder(path=[str(REPO)])  # repo modules only: no stdlib scan
+    for script in COMPILE_PATH:
+        finder.run_script(str(script))
+    files = {Path(m.__file__) for m in finder.modules.values() if m.__file__} | set(COMPILE_PATH)
+    h = hashlib.sha256(_cc_version())
+    for p in sorted(files):
+        h.update(str(p.relative_to(REPO)).encode())
+        h.update(p.read_bytes())
     return h.hexdigest()[:16]
+
+
+def _cc_version() -> bytes:
+    for cc in ("clang-19", "gcc"):  # the order compiler/toolchain.py picks them in
+        if shutil.which(cc):
+            return subprocess.run([cc, "--version"], capture_output=True).stdout
+    return b""
 
 
 def _cache_dir() -> Path | None:

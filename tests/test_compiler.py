@@ -21,7 +21,8 @@ from compiler.codegen.plan import Axis
 from compiler.ir.rewrite import PatternMatcher, UPat, graph_rewrite
 from compiler.ir.symbolic import symbolic
 from compiler.ir.uop import Ops, UOp
-from tests.graphs import assert_close, keel_run, make_model, ort_run, single_node_model
+from tests.graphs import (assert_close, keel_load, keel_run, make_model, ort_run,
+                          single_node_model)
 
 IDX = dtypes.index
 
@@ -284,6 +285,7 @@ def _depthwise_block() -> onnx.ModelProto:
                       [("y", (1, 16, 14, 14), np.float32)], weights)
 
 
+@pytest.mark.slow
 def test_depthwise_conv_reads_and_writes_whole_channel_vectors(monkeypatch):
     # in NCHW a 14-wide row is not a whole number of 8-lane vectors and a vector of channels is
     # a gather; channels-last in and out, the depthwise conv loads and stores whole vectors
@@ -443,6 +445,7 @@ def test_a_stem_conv_reads_its_few_input_channels_innermost(monkeypatch):
     assert_close(keel_run(model, {"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_depthwise_conv_tiles_one_vector_and_walks_its_output_in_memory_order(monkeypatch):
     # channels-last 3x3 depthwise with swish: 64 channels would fill a 4-vector tile, but its
     # channels share no load; and its loops go rows, pixels, channels, as its output lies
@@ -516,6 +519,7 @@ def test_a_fill_kernel_never_takes_an_equal_constant_graph_output():
     assert_close(got["y"], want["y"], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("conv_reads_it", [False, True])
 def test_a_residual_add_overwrites_its_residual_in_place(monkeypatch, conv_reads_it):
     # a = relu(conv(x)) is read by the next conv and, last, by the residual add in the conv
@@ -541,10 +545,10 @@ def test_a_residual_add_overwrites_its_residual_in_place(monkeypatch, conv_reads
         assert any(u.op is Ops.LOAD and u.src[0].arg[0] == 0 for u in lins[over[0].kernel])
     x = rng.standard_normal((1, 32, 12, 12)).astype(np.float32)
     want = ort_run(model, {"x": x})["y"]
-    for threads in ("1", "2"):  # each thread reads the residual it overwrites
-        monkeypatch.setenv("KEEL_THREADS", threads)
-        # fp32 sums of 32 and 64 terms in another order than MLAS, then a mean of 144
-        assert_close(keel_run(model, {"x": x})["y"], want, rtol=1e-5, atol=1e-5, what=threads)
+    for threads, m in zip((1, 2), keel_load(model, threads=(1, 2))):
+        # each thread reads the residual it overwrites; fp32 sums of 32 and 64 terms in another
+        # order than MLAS, then a mean of 144
+        assert_close(m.run({"x": x})["y"], want, rtol=1e-5, atol=1e-5, what=f"{threads} threads")
 
 
 def test_1x1_conv_pixels_merge_into_one_dim_of_whole_vectors(monkeypatch):

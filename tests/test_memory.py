@@ -1,5 +1,3 @@
-import time
-
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
@@ -88,23 +86,49 @@ def _check_no_overlap(sizes, lifetimes, p):
 lifetime = st.tuples(st.integers(0, 40), st.integers(0, 15)).map(lambda t: (t[0], t[0] + t[1]))
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 5000), lifetime), min_size=0, max_size=40))
-def test_live_buffers_never_overlap_and_arena_is_at_least_lower_bound(bufs):
-    sizes, lifetimes = [b[0] for b in bufs], [b[1] for b in bufs]
+def _max_live(sizes, lifetimes, align=64) -> int:
+    """The lower bound by brute force, independent of the planner's: at every step, add up the
+    aligned sizes of the buffers whose lifetime holds it."""
+    aligned = [-(-s // align) * align for s in sizes]
+    steps = range(max((last for _, last in lifetimes), default=-1) + 1)
+    return max((sum(a for a, (lo, hi) in zip(aligned, lifetimes) if lo <= t <= hi) for t in steps),
+               default=0)
+
+
+def _check_plan(sizes, lifetimes):
     p = plan(sizes, lifetimes)
     _check_no_overlap(sizes, lifetimes, p)
+    assert p.lower_bound == _max_live(sizes, lifetimes)
     assert p.arena_bytes >= p.lower_bound
-    if p.lower_bound:
-        print(f"ratio {p.arena_bytes / p.lower_bound:.3f}")
+    return p
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5000), lifetime), min_size=0, max_size=40))
+def test_live_buffers_never_overlap_and_arena_is_at_least_max_live(bufs):
+    _check_plan([b[0] for b in bufs], [b[1] for b in bufs])
+
+
+@st.composite
+def kernel_graphs(draw):
+    """Random DAGs in run order: each kernel reads up to 3 earlier outputs."""
+    n = draw(st.integers(1, 40))
+    return [(draw(st.integers(0, 1 << 16)),
+             draw(st.lists(st.integers(0, max(i - 1, 0)), max_size=3 if i else 0)))
+            for i in range(n)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(kernel_graphs())
+def test_random_graphs_plan_without_overlap_at_or_above_max_live(kernels):
+    _check_plan(*_graph_lifetimes(kernels))
 
 
 def test_realistic_graphs_stay_within_5_percent_of_lower_bound():
     graphs = {"cnn": _cnn(), "efficientnet": _efficientnet(), "transformer": _transformer(),
               "unet": _unet()}
     for name, (sizes, lifetimes) in graphs.items():
-        p = plan(sizes, lifetimes)
-        _check_no_overlap(sizes, lifetimes, p)
+        p = _check_plan(sizes, lifetimes)
         ratio = p.arena_bytes / p.lower_bound
         print(f"{name}: {len(sizes)} buffers, arena {p.arena_bytes} / lower bound "
               f"{p.lower_bound} = {ratio:.4f}")
@@ -117,22 +141,22 @@ def test_lower_bound_is_peak_of_aligned_live_bytes():
     assert p.arena_bytes >= p.lower_bound
 
 
-def test_2000_buffer_graphs_plan_in_under_two_seconds():
-    deep_transformer = _transformer(layers=222)
+def big_graphs() -> dict:
+    """2000-buffer graphs (tools/bench_plan.py times the planner on them)."""
     rng = np.random.default_rng(0)
     kernels = [(int(rng.integers(1, 1 << 20)), []) for _ in range(2000)]
     for step in range(1, 2000):  # two inputs from the previous 30 kernels
         kernels[step][1].extend(int(i) for i in rng.integers(max(0, step - 30), step, 2))
-    random_dag = _graph_lifetimes(kernels)
-    for name, (sizes, lifetimes), bound in (("deep transformer", deep_transformer, 1.05),
-                                            ("random dag", random_dag, 1.25)):
-        t = time.perf_counter()
+    return {"deep transformer": _transformer(layers=222), "random dag": _graph_lifetimes(kernels)}
+
+
+def test_2000_buffer_graphs_stay_near_their_lower_bound():
+    # random sizes on random lifetimes fragment; no polynomial packer promises 1.10 there
+    for (name, (sizes, lifetimes)), bound in zip(big_graphs().items(), (1.05, 1.25)):
         p = plan(sizes, lifetimes)
-        elapsed = time.perf_counter() - t
         ratio = p.arena_bytes / p.lower_bound
-        print(f"{name}: {len(sizes)} buffers in {elapsed:.3f} s, ratio {ratio:.4f}")
-        # random sizes on random lifetimes fragment; no polynomial packer promises 1.10 there
-        assert elapsed < 2.0 and ratio <= bound, name
+        print(f"{name}: {len(sizes)} buffers, ratio {ratio:.4f}")
+        assert ratio <= bound, name
 
 
 def test_bad_lifetime_raises_value_error_naming_the_buffer():

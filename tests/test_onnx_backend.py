@@ -69,6 +69,10 @@ for _pattern, _reason in XFAIL:
 # collections are not part of this suite
 globals().update({name: case for name, case in backend_test.enable_report().test_cases.items()
                   if name in ("OnnxBackendNodeModelTest", "OnnxBackendRealModelTest")})
+# ~1,300 compiles: minutes whenever a compiler edit makes the blob cache cold
+OnnxBackendNodeModelTest = pytest.mark.slow(OnnxBackendNodeModelTest)
+# whole CNNs (vgg19, densenet121): compile-bound, minutes on loaded cores
+OnnxBackendRealModelTest = pytest.mark.timeout(1200)(pytest.mark.slow(OnnxBackendRealModelTest))
 
 
 def out_of_scope(model: onnx.ModelProto) -> str | None:

@@ -1,9 +1,9 @@
 """OpenCL: the renderer, the image path, float16 and the runner device, run on whatever OpenCL
 platform is installed (PoCL in CI) and compared against onnxruntime.
 
-Tests that execute kernels skip, with the reason, only when no OpenCL platform exists. The
-renderer-only tests (clang's OpenCL front end type-checks the fp16-compute sources that no CI
-device can run) need clang-19 and run everywhere.
+Tests that execute kernels skip, naming PoCL, only when no OpenCL platform exists (in CI they
+fail instead: tests/deps.py). The renderer-only tests (clang's OpenCL front end type-checks the
+fp16-compute sources that no CI device can run) need clang-19 and run everywhere.
 
 PoCL compiles every kernel with LLVM at load (~0.1 s a kernel on 2 cores); it keeps its own
 kernel cache (~/.cache/pocl), so re-runs are much faster than the first.
@@ -29,13 +29,12 @@ from compiler.blob import write_blob
 from compiler.pipeline import compile_model
 from compiler.target import TARGETS
 from runner import BlobError, DeviceTimeout, Model
-from runner.opencl import unavailable_reason
+from tests.deps import needs, needs_clang, opencl_missing
 from tests.fuzz_graphs import graph_strategy
 from tests.graphs import assert_close, keel_run, make_model, ort_run
 
 REPO = Path(__file__).parents[1]
-NO_OPENCL = unavailable_reason()
-needs_opencl = pytest.mark.skipif(NO_OPENCL is not None, reason=f"OpenCL: {NO_OPENCL}")
+needs_opencl = needs("pocl-opencl-icd", opencl_missing())
 CLANG = shutil.which("clang-19")
 LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 # the cheapest real models of onnx's backend suite (PoCL compile + run of each: a few seconds)
@@ -103,6 +102,8 @@ def light_case(name):
 
 # ---- end to end -------------------------------------------------------------------------------
 
+@pytest.mark.timeout(1200)  # PoCL compiles a whole model: minutes on loaded cores
+@pytest.mark.slow
 @needs_opencl
 @pytest.mark.parametrize("name", LIGHT)
 def test_light_model_matches_stored_output(name, tmp_path):
@@ -227,6 +228,8 @@ def openpilot_case():
     return make_openpilot, feeds
 
 
+@pytest.mark.timeout(1200)  # PoCL compiles a whole model: minutes on loaded cores
+@pytest.mark.slow
 @needs_opencl
 @pytest.mark.parametrize("float16", [False, True])
 def test_openpilot_matches_onnxruntime(float16, openpilot_case, tmp_path):
@@ -245,6 +248,7 @@ def test_openpilot_matches_onnxruntime(float16, openpilot_case, tmp_path):
 
 # ---- fuzzer -----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @needs_opencl
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                    HealthCheck.data_too_large])
@@ -369,7 +373,7 @@ def _clang_cl(src: str, tmp_path: Path, fp16: bool) -> subprocess.CompletedProce
                           capture_output=True, text=True)
 
 
-@pytest.mark.skipif(CLANG is None, reason="clang-19 not installed")
+@needs_clang
 def test_half_compute_sources_type_check_with_cl_khr_fp16(tmp_path):
     """qcom (Adreno: cl_khr_fp16) with float16: half arithmetic, fp32 accumulators, half
     images. No CI device runs fp16, so clang's OpenCL front end checks the source; without the
@@ -407,7 +411,7 @@ def test_half_compute_rules_are_numerically_sound_on_the_cpu_backend():
     assert_close(got, exact.astype(np.float32), 2e-3, 2e-3, "fp16 compute")
 
 
-@pytest.mark.skipif(CLANG is None, reason="clang-19 not installed")
+@needs_clang
 def test_half_storage_sources_need_no_fp16_extension(tmp_path):
     model, _ = conv_net(np.random.default_rng(12))
     for images in (False, True):

@@ -188,17 +188,18 @@ def test_failed_loads_leave_nothing_that_breaks_garbage_collection(tmp_path):
     script = textwrap.dedent(f"""
         import gc
         from runner import BlobError, Model
+        errors = 0
         for _ in range(20):
             try:
                 Model.load({str(path)!r})
             except BlobError:
-                pass
+                errors += 1
             gc.collect()
-        print("survived")
+        print("survived", errors)
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parent.parent)
-    assert proc.returncode == 0 and "survived" in proc.stdout, proc.stderr
+    assert proc.returncode == 0 and "survived 20" in proc.stdout, (proc.stdout, proc.stderr)
     assert "BufferError" not in proc.stderr, proc.stderr
 
 
@@ -220,7 +221,7 @@ def test_large_host_buffers_are_huge_page_aligned_and_advised():
     big[:] = 7  # every byte of the requested size is writable
     assert big.shape == (HUGE_PAGE + 12345,) and int(big.sum()) == 7 * big.size
     if not HUGE_PAGES:
-        return  # no MADV_HUGEPAGE on this OS: 64-byte alignment is the whole contract
+        pytest.skip("no MADV_HUGEPAGE on this OS: 64-byte alignment (checked) is the contract")
     assert big.ctypes.data % HUGE_PAGE == 0
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     if thp.exists() and "[never]" not in thp.read_text():
@@ -277,8 +278,10 @@ def test_wait_rechecks_after_the_deadline_before_raising():
     assert len(polls_after_deadline) == 2
 
 
-def test_wait_on_a_real_clock_never_sleeps_past_its_deadline_by_much():
+def test_wait_on_a_real_clock_never_gives_up_before_its_deadline():
+    # how far past the deadline it returns is the scheduler's business on a loaded machine: the
+    # fake-clock tests above bound every sleep by MAX_SLEEP_S
     t = time.monotonic()
     with pytest.raises(DeviceTimeout):
         wait_until(lambda: False, t + 0.015, "never")
-    assert 0.015 <= time.monotonic() - t < 0.2
+    assert time.monotonic() - t >= 0.015
