@@ -17,12 +17,13 @@ from models.resnet import make_resnet50
 from runner import DeviceError, DeviceTimeout, InputError, Model
 from runner.faults import parse
 from runner.opencl import unavailable_reason
+from tests.deps import needs
 from tests.graphs import assert_close, ort_run, random_feeds
 from tests.test_opencl import mlp
 
 NO_OPENCL = unavailable_reason()
-DEVICES = ["cpu", "mock", pytest.param("opencl", marks=pytest.mark.skipif(
-    NO_OPENCL is not None, reason=f"OpenCL: {NO_OPENCL}"))]
+NEEDS_POCL = needs("pocl-opencl-icd", NO_OPENCL)
+DEVICES = ["cpu", "mock", pytest.param("opencl", marks=NEEDS_POCL)]
 SLOW_MS = 120_000  # PoCL on a shared 2-core machine: a deadline no healthy run comes near
 # A wall-clock bound in a test on a machine shared with other jobs: a hang must be reported at
 # its deadline; the 2 ms bound itself is proven with a fake clock in test_deadline.py.
@@ -101,7 +102,7 @@ def test_binding_device_memory_without_support_is_a_device_error(mlp_case, devic
         _load(mlp_case, device).device.bind_device(0, object())
 
 
-@pytest.mark.skipif(NO_OPENCL is not None, reason=f"OpenCL: {NO_OPENCL}")
+@NEEDS_POCL
 def test_opencl_binds_device_memory_then_patches_back_to_host_arrays(mlp_case):
     from runner.cl import CL_MEM_COPY_HOST_PTR, CL_MEM_READ_WRITE, create, ffi
     m = _load(mlp_case, "opencl")

@@ -5,7 +5,6 @@ onnxruntime, fp16 weights and activations against fp32): conv_net 4.1e-3, mlp 1.
 softmax_rows 1.5e-4, openpilot-shaped 1.0e-2 on outputs up to 3.7, shufflenet 0; onnx's light
 squeezenet overflows fp16 (its fp32 activations reach 1.4e10) and returns NaN, as it would on the
 device."""
-import shutil
 
 import numpy as np
 import onnx
@@ -14,10 +13,11 @@ from onnx import helper
 
 from compiler.pipeline import compile_model
 from tests import halfhost
+from tests.deps import needs_tool
 from tests.graphs import assert_close, make_model, ort_run
 from tests.test_opencl import LIGHT_DIR, conv_net, light_case, mlp, softmax_rows
 
-pytestmark = pytest.mark.skipif(shutil.which(halfhost.CLANG) is None, reason="needs clang-19")
+pytestmark = needs_tool("clang-19", halfhost.CLANG)
 HALF_MAX = 65504.0
 
 
