@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what keel needs on a fresh Debian/Ubuntu machine: clang-19 + lld-19 (kernel builds and
-# cross-compiles), PoCL (an OpenCL device on the CPU), qemu-user (qemu-aarch64 and qemu-hexagon for
-# the emulated backends), llvm-19 (objdump/readelf checks of generated code), then keel itself with its test extras. With CI set, a package that is
-# still missing afterwards is an error: CI must never pass with a test group skipped for want of it.
+# cross-compiles), llvm-19 (objdump/readelf checks of generated code), PoCL (an OpenCL device on
+# the CPU), qemu-user (qemu-aarch64 and qemu-hexagon for the emulated backends), then keel itself
+# with its test extras. With CI set, a package that is still missing afterwards is an error: CI
+# must never pass with a test group skipped for want of it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
