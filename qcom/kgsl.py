@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import importlib
 import mmap
 import os
 import time
@@ -185,11 +186,17 @@ class KernelDriver:
         os.close(fd)
 
 
+# KEEL_KGSL value -> "module:Class", resolved on use (as runner/device.py's DEVICES): the mock
+# imports this module's structs, so naming it here by string keeps the dependency one-way
+DRIVERS = {"": "qcom.kgsl:KernelDriver", "mock": "qcom.mock_kgsl:MockKgsl"}
+
+
 def default_driver():
-    if os.environ.get("KEEL_KGSL", "") == "mock":
-        from qcom.mock_kgsl import MockKgsl
-        return MockKgsl()
-    return KernelDriver()
+    name = os.environ.get("KEEL_KGSL", "")
+    if name not in DRIVERS:
+        raise DeviceError(f"KEEL_KGSL={name!r}: expected one of {sorted(DRIVERS)} ('' is the kernel)")
+    module, cls = DRIVERS[name].split(":")
+    return getattr(importlib.import_module(module), cls)()
 
 
 # errno.errorcode keeps the last alias defined; the kernel's headers say these

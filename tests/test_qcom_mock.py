@@ -237,3 +237,9 @@ def test_real_device_absent_is_a_named_error(monkeypatch):
     monkeypatch.delenv("KEEL_KGSL", raising=False)
     with pytest.raises(DeviceError, match=r"open\(/nonexistent/kgsl\) failed: ENOENT"):
         kgsl.Kgsl(path="/nonexistent/kgsl")
+
+
+def test_an_unknown_kgsl_driver_name_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("KEEL_KGSL", "mok")
+    with pytest.raises(DeviceError, match=r"KEEL_KGSL='mok': expected one of \['', 'mock'\]"):
+        kgsl.Kgsl()

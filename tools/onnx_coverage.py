@@ -74,6 +74,27 @@ def tested_op(case, names: dict) -> str:
     return max(ops, key=lambda o: (key.startswith(o.lower()), len(o)))
 
 
+def _tally(cases, names: dict, result: dict, suite) -> dict[str, dict]:
+    """Per tested op: how many of its node tests passed, failed or were excluded, and why."""
+    rows: dict[str, dict] = defaultdict(lambda: {"passed": 0, "failed": 0, "excluded": 0,
+                                                 "reasons": set()})
+    for case in cases:
+        got = result.get(case.name + "_cpu")
+        if got is None:
+            continue
+        row = rows[tested_op(case, names)]
+        if got == "passed":
+            row["passed"] += 1
+        elif got.startswith("skipped"):
+            row["excluded"] += 1
+            row["reasons"].add("excluded: " + (suite.excluded_reason(case.name + "_cpu") or got))
+        else:
+            row["failed"] += 1
+            why = suite.xfail_reason(case.name + "_cpu") if got == "xfail" else "FAILS (unexpected)"
+            row["reasons"].add("fails: " + why)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="docs/onnx_coverage.md")
@@ -92,22 +113,7 @@ def main() -> int:
                  "-k", "NodeModel or RealModel", *args.pytest_args], plugins=[outcomes])
     seconds = time.time() - start
 
-    rows: dict[str, dict] = defaultdict(lambda: {"passed": 0, "failed": 0, "excluded": 0,
-                                                 "reasons": set()})
-    for case in cases:
-        got = outcomes.result.get(case.name + "_cpu")
-        if got is None:
-            continue
-        row = rows[tested_op(case, names)]
-        if got == "passed":
-            row["passed"] += 1
-        elif got.startswith("skipped"):
-            row["excluded"] += 1
-            row["reasons"].add("excluded: " + (suite.excluded_reason(case.name + "_cpu") or got))
-        else:
-            row["failed"] += 1
-            why = suite.xfail_reason(case.name + "_cpu") if got == "xfail" else "FAILS (unexpected)"
-            row["reasons"].add("fails: " + why)
+    rows = _tally(cases, names, outcomes.result, suite)
     passed = sum(r["passed"] for r in rows.values())
     failed = sum(r["failed"] for r in rows.values())
     excluded = sum(r["excluded"] for r in rows.values())

@@ -12,7 +12,7 @@ import numpy as np
 from compiler.ir.dtypes import dtypes
 from compiler.ir.tensor import Tensor
 from compiler.ir.uop import Ops
-from compiler.onnx.ops import winograd
+from compiler.onnx import winograd
 from compiler.onnx.ops.shape import arange_at
 from compiler.onnx.registry import op
 
