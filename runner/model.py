@@ -12,6 +12,8 @@ feeds, run() reads the input slots as they are (see input_view). One run at a ti
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from runner.blob import Blob, read_blob
@@ -32,6 +34,9 @@ class Model:
 
     @classmethod
     def load(cls, path, device: str | None = None) -> "Model":
+        if not isinstance(path, (str, os.PathLike)):  # open(2) would take and close stderr
+            raise TypeError(f"Model.load: expected a path (str or os.PathLike), got "
+                            f"{type(path).__name__} {path!r}")
         blob = read_blob(path)
         dev = get_device(TARGETS[blob.target] if device is None else device)
         dev.check_target(blob.target)

@@ -5,6 +5,7 @@ the graph: inputs and their static shapes, initializers, dtype mapping, unsuppor
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 import onnx
@@ -15,6 +16,8 @@ from compiler.ir.tensor import Tensor
 from compiler.ir.uop import UOp
 from compiler.onnx import ops  # noqa: F401  (registers every op into OPS)
 from compiler.onnx.registry import MAX_OPSET, MIN_OPSET, ONNX_CODES, OPS, Ctx, onnx_dtype
+
+MAX_ELEMENTS = 2**31 - 1
 
 @dataclass
 class Graph:
@@ -35,6 +38,29 @@ def _load_proto(model) -> onnx.ModelProto:
         raise CompileError(f"{model}: not a valid ONNX model ({type(e).__name__}: {e})") from None
 
 
+def _validate(proto: onnx.ModelProto, source) -> None:
+    """onnx.checker's structural check (what onnxruntime also refuses: no IR version, no
+    opset_import, dangling names...), then what keel needs beyond it."""
+    where = "model" if isinstance(source, onnx.ModelProto) else str(source)
+    # The checker wants a shape on every graph input and output; onnxruntime (and keel, which
+    # infers them) accept none. Lend an empty one for the check.
+    io = [v.type.tensor_type for v in (*proto.graph.input, *proto.graph.output)
+          if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")]
+    for t in io:
+        t.shape.SetInParent()
+    try:
+        if proto.ByteSize() < 2**31:  # protobuf cannot serialize more: those skip the checker
+            onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as e:
+        raise CompileError(f"{where}: not a valid ONNX model: {str(e).splitlines()[0]}") \
+            from None
+    finally:
+        for t in io:
+            t.ClearField("shape")
+    if not proto.graph.output:
+        raise CompileError(f"{where}: not a valid ONNX model: the graph has no outputs")
+
+
 def _opset(model: onnx.ModelProto) -> int:
     for imp in model.opset_import:
         if imp.domain in ("", "ai.onnx"):
@@ -43,18 +69,41 @@ def _opset(model: onnx.ModelProto) -> int:
 
 
 def _input_shape(vi: onnx.ValueInfoProto, given: dict) -> tuple[int, ...]:
+    dims = vi.type.tensor_type.shape.dim
     if vi.name in given:
-        return tuple(int(d) for d in given[vi.name])
-    dims = []
-    for i, d in enumerate(vi.type.tensor_type.shape.dim):
+        return _given_shape(vi, given[vi.name])
+    shape = []
+    for i, d in enumerate(dims):
         if d.HasField("dim_value") and d.dim_value >= 0:
-            dims.append(d.dim_value)
+            shape.append(d.dim_value)
         else:
             sym = d.dim_param or "?"
             raise CompileError(f"input {vi.name!r} has a dynamic dim {i} ({sym!r}); bind it with "
                                f"--input-shape {vi.name}=d0,d1,... "
                                f"(input_shapes={{'{vi.name}': ...}})")
-    return tuple(dims)
+    return _bounded(tuple(shape), f"input {vi.name!r}")
+
+
+def _given_shape(vi: onnx.ValueInfoProto, shape) -> tuple[int, ...]:
+    """A bound shape must keep the model's rank and its static dims."""
+    shape, where = tuple(int(d) for d in shape), f"input {vi.name!r}"
+    dims = vi.type.tensor_type.shape.dim
+    if vi.type.tensor_type.HasField("shape") and len(dims) != len(shape):
+        raise CompileError(f"{where}: --input-shape gives {len(shape)} dims {shape}, the model "
+                           f"says {len(dims)}")
+    for i, (d, n) in enumerate(zip(dims, shape)):
+        if d.HasField("dim_value") and d.dim_value != n:
+            raise CompileError(f"{where}: --input-shape gives dim {i} = {n}, the model says "
+                               f"{d.dim_value}")
+    return _bounded(shape, where)
+
+
+def _bounded(shape: tuple[int, ...], where: str) -> tuple[int, ...]:
+    """Kernels index with 32-bit ints (dtypes.index): no tensor may have 2**31 elements."""
+    if any(d < 0 for d in shape) or math.prod(shape) > MAX_ELEMENTS:
+        raise CompileError(f"{where}: shape {shape} has {math.prod(shape)} elements; keel "
+                           f"supports non-negative dims and at most {MAX_ELEMENTS} elements")
+    return shape
 
 
 def check_supported(model: onnx.ModelProto, opset: int) -> None:
@@ -95,6 +144,7 @@ def _all_nodes(graph: onnx.GraphProto):
 
 def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool = False) -> Graph:
     proto = _load_proto(model)
+    _validate(proto, model)
     opset = _opset(proto)
     if not MIN_OPSET <= opset <= MAX_OPSET + 7:  # newer opsets are accepted op by op
         raise CompileError(f"opset {opset} is outside the supported range {MIN_OPSET}..{MAX_OPSET}")
@@ -152,6 +202,8 @@ def _build(nodes, vals: dict, base: Ctx, functions: dict) -> None:
         for name, t in zip(node.output, outs):
             if name:
                 vals[name] = t
+                if isinstance(t, Tensor):
+                    _bounded(t.shape, f"{ctx.where()}: output {name!r}")
 
 
 def _expand_function(ctx: Ctx, args: list, local, functions: dict) -> list:
