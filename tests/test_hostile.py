@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -219,6 +220,46 @@ def test_invalid_onnx_does_not_compile(tmp_path, data, why):
         compile_model(str(path))
     _one_line_error(_tool("tools/compile.py", path, "-o", tmp_path / "o.blob"), "bad.onnx")
     assert not (tmp_path / "o.blob").exists()
+
+
+def _invalid_graphs():
+    """Models the fuzzer (tests/fuzz_inputs.py) found raising untyped errors."""
+    x = ("x", (2, 3), "float32")
+    def model(node, inputs=(x,), inits=None, out_dtype="float32"):
+        return make_model([node], inputs, [("y", None, out_dtype)], inits or {})
+    bad_perm = model(helper.make_node("Transpose", ["x"], ["y"], perm=[1, 255]))
+    short_init = model(helper.make_node("Add", ["x", "w"], ["y"]), inits={
+        "w": np.ones((2, 3), np.float32)})
+    short_init.graph.initializer[0].dims[0] = 4  # 24 bytes of data for 12 floats
+    mixed = model(helper.make_node("MatMul", ["x", "w"], ["y"]), [("x", (2, 3), "int32")],
+                  {"w": np.ones((3, 2), np.float32)})
+    bad_type = model(helper.make_node("Relu", ["x"], ["y"]))
+    bad_type.graph.input[0].type.tensor_type.elem_type = 100
+    return [(bad_perm, "perm"), (short_init, "initializer 'w'|data"),
+            (mixed, "MatMul"), (bad_type, "type 100")]
+
+
+@pytest.mark.parametrize("model,words", _invalid_graphs(), ids=["perm", "init", "mixed", "type"])
+def test_inconsistent_graphs_are_compile_errors(model, words):
+    with pytest.raises(CompileError, match=words):
+        compile_model(model)
+
+
+def test_a_nan_constant_compiles(monkeypatch):
+    """One NaN constant was a new node at every rewrite (nan != nan), so compiling never ended."""
+    def stop(*_):
+        raise TimeoutError("compile did not finish in 60 s")
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(60)
+    try:
+        model = make_model([helper.make_node("Add", ["nan", "x"], ["y"])],
+                           [("x", (2, 4, 16), "float32")], [("y", None, "float32")],
+                           {"nan": np.array(np.nan, np.float32)})
+        got = keel_run(model, {"x": np.ones((2, 4, 16), np.float32)})["y"]
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert np.isnan(got).all()
 
 
 def test_absurd_input_shape_is_refused_at_compile_time(tmp_path):

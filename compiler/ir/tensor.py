@@ -67,7 +67,9 @@ class Tensor:
         return self if shape == self.shape else self._mv(Ops.RESHAPE, shape)
 
     def permute(self, order) -> Tensor:
-        order = tuple(int(o) % max(self.ndim, 1) for o in order)
+        order = tuple(int(o) + self.ndim if int(o) < 0 else int(o) for o in order)
+        if sorted(order) != list(range(self.ndim)):
+            raise ValueError(f"{list(order)} is not a permutation of {self.ndim} axes")
         return self if order == tuple(range(self.ndim)) else self._mv(Ops.PERMUTE, order)
 
     def expand(self, shape) -> Tensor:

@@ -38,10 +38,20 @@ def _load_proto(model) -> onnx.ModelProto:
         raise CompileError(f"{model}: not a valid ONNX model ({type(e).__name__}: {e})") from None
 
 
+def _well_formed(proto: onnx.ModelProto, source) -> None:
+    """What every model needs before its ops can be listed (an empty or cut-off file parses as
+    a model that lacks them): an IR version, the default domain's opset, graph outputs."""
+    why = "it has no ir_version" if proto.ir_version < 1 else \
+        "it has no opset_import for the default domain" if not any(
+            o.domain in ("", "ai.onnx") for o in proto.opset_import) else \
+        "its graph has no outputs" if not proto.graph.output else None
+    if why:
+        raise CompileError(f"{_where(source)}: not a valid ONNX model: {why}")
+
+
 def _validate(proto: onnx.ModelProto, source) -> None:
-    """onnx.checker's structural check (what onnxruntime also refuses: no IR version, no
-    opset_import, dangling names...), then what keel needs beyond it."""
-    where = "model" if isinstance(source, onnx.ModelProto) else str(source)
+    """onnx.checker, then strict type inference: what onnxruntime also refuses (dangling names,
+    cycles, operand types that disagree...)."""
     # The checker wants a shape on every graph input and output; onnxruntime (and keel, which
     # infers them) accept none. Lend an empty one for the check.
     io = [v.type.tensor_type for v in (*proto.graph.input, *proto.graph.output)
@@ -51,14 +61,19 @@ def _validate(proto: onnx.ModelProto, source) -> None:
     try:
         if proto.ByteSize() < 2**31:  # protobuf cannot serialize more: those skip the checker
             onnx.checker.check_model(proto)
-    except onnx.checker.ValidationError as e:
-        raise CompileError(f"{where}: not a valid ONNX model: {str(e).splitlines()[0]}") \
-            from None
+            for t in io:
+                t.ClearField("shape")
+            onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, ValueError) as e:
+        raise CompileError(f"{_where(source)}: not a valid ONNX model: "
+                           f"{str(e).splitlines()[0]}") from None
     finally:
         for t in io:
             t.ClearField("shape")
-    if not proto.graph.output:
-        raise CompileError(f"{where}: not a valid ONNX model: the graph has no outputs")
+
+
+def _where(source) -> str:
+    return "model" if isinstance(source, onnx.ModelProto) else str(source)
 
 
 def _opset(model: onnx.ModelProto) -> int:
@@ -132,7 +147,7 @@ def _known(node: onnx.NodeProto, opset: int, local: set) -> bool:
 def _schema_with_function(op_type: str, opset: int):
     try:
         schema = onnx.defs.get_schema(op_type, opset, "")
-    except onnx.defs.SchemaError:
+    except (onnx.defs.SchemaError, TypeError):  # TypeError: an op_type that is not UTF-8 (bytes)
         return None
     return schema if schema.has_function or schema.has_context_dependent_function else None
 
@@ -144,11 +159,12 @@ def _all_nodes(graph: onnx.GraphProto):
 
 def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool = False) -> Graph:
     proto = _load_proto(model)
-    _validate(proto, model)
+    _well_formed(proto, model)
     opset = _opset(proto)
     if not MIN_OPSET <= opset <= MAX_OPSET + 7:  # newer opsets are accepted op by op
         raise CompileError(f"opset {opset} is outside the supported range {MIN_OPSET}..{MAX_OPSET}")
     check_supported(proto, opset)
+    _validate(proto, model)
     unknown = set(input_shapes) - {i.name for i in proto.graph.input}
     if unknown:
         raise CompileError(f"--input-shape names unknown input(s) {sorted(unknown)}; inputs are "
@@ -156,7 +172,10 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
     vals: dict[str, Tensor | None] = {"": None}
     for init in proto.graph.initializer:
         onnx_dtype(init.data_type, f"initializer {init.name!r}")
-        vals[init.name] = Tensor.weight(numpy_helper.to_array(init))
+        try:
+            vals[init.name] = Tensor.weight(numpy_helper.to_array(init))
+        except (ValueError, TypeError) as e:  # its data does not fill its dims
+            raise CompileError(f"initializer {init.name!r}: {e}") from None
     inputs = []
     for vi in proto.graph.input:
         if vi.name in vals:
