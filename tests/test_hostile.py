@@ -128,6 +128,18 @@ def test_relu_with_a_nan_test_costs_nothing_in_the_c_source(monkeypatch):
     assert "!=" not in kernel and "0.0f}) > v" in kernel, kernel
 
 
+@pytest.mark.parametrize("float16", [False, True])
+def test_qcom_opencl_c_lets_nan_win(float16):
+    """No Adreno here to run it: the qcom source must hold the same NaN tests PoCL runs."""
+    def lines(op, specs):
+        src = compile_model(single_node_model(op, specs), target="qcom",
+                            float16=float16).programs.decode()
+        return [line for line in src.splitlines() if "?" in line]
+    f = ((4, 64), "float32")
+    assert all("!=" in line for line in lines("Max", [f, f])), lines("Max", [f, f])
+    assert all(" > v" in line and "!=" not in line for line in lines("Relu", [f]))
+
+
 # ---- tools/compile.py -o refuses what is not a regular file --------------------------------------
 
 def _tool(*args, env=None):
