@@ -40,7 +40,7 @@ NAN_NODES = [
     ("Abs", {}, ["x"]), ("Pow", {}, ["x", "y"]), ("LessOrEqual", {}, ["x", "y"]),
     ("GreaterOrEqual", {}, ["x", "y"]), ("Less", {}, ["x", "y"]), ("Equal", {}, ["x", "y"]),
     ("ReduceMax", {"axes": [2]}, ["x"]), ("ReduceMin", {"axes": [2]}, ["x"]),
-    ("ReduceSum", {}, ["x", "ax2"]), ("ArgMax", {"axis": 2}, ["x"]),
+    ("ArgMax", {"axis": 2}, ["x"]),
     ("ArgMin", {"axis": 2}, ["x"]), ("Softmax", {"axis": 2}, ["x"]), ("Elu", {}, ["x"]),
     ("HardSigmoid", {}, ["x"]), ("Floor", {}, ["x"]), ("Sigmoid", {}, ["x"]),
     ("Max", {}, ["one", "nan"]), ("Relu", {}, ["nan"]),  # folded at compile time
@@ -57,7 +57,7 @@ def nan_model() -> onnx.ModelProto:
             nodes.append(helper.make_node("Add", [raw, "x"], [out]))
         outputs.append(out)
     consts = {"nan": np.array(np.nan, np.float32), "one": np.array(1, np.float32),
-              "nega": np.array(-1, np.float32), "ax2": np.array([2])}
+              "nega": np.array(-1, np.float32)}
     dtypes = {"less": bool, "equal": bool, "lessorequal": bool, "greaterorequal": bool,
               "argmax": np.int64, "argmin": np.int64}
     return make_model(nodes, [("x", SHAPE, "float32"), ("y", SHAPE, "float32")],
@@ -84,12 +84,29 @@ def nan_feeds(seed: int = 0) -> dict[str, np.ndarray]:
 
 def assert_same_nonfinite(got: np.ndarray, want: np.ndarray, what: str) -> None:
     """NaN exactly where onnxruntime has NaN, the same infinities; finite values within 1e-5
-    relative (keel's exp is a polynomial a few ulp from libm's)."""
+    relative (keel's exp is a polynomial a few ulp from libm's) or 1e-6 absolute (Elu's
+    exp(x) - 1 cancels near 0: a few ulp of 1.0). No sums here: with +-1e37 among the values,
+    what survives a sum depends on its order, which is not onnxruntime's."""
     g, w = got.astype(np.float64), want.astype(np.float64)
     assert got.shape == want.shape, what
     nan = np.isnan(w)
     assert (np.isnan(g) == nan).all(), f"{what}: NaN at {np.argwhere(np.isnan(g) != nan)[:4]}"
-    np.testing.assert_allclose(g[~nan], w[~nan], rtol=1e-5, atol=1e-30, err_msg=what)
+    np.testing.assert_allclose(g[~nan], w[~nan], rtol=1e-5, atol=1e-6, err_msg=what)
+
+
+# onnxruntime's max-reductions keep `if (x > max)`, so whether a NaN wins depends on where it
+# sits; onnx's reference implementation (numpy) and keel let it win wherever it is.
+NAN_BY_REFERENCE = ("ReduceMax", "ReduceMin", "ArgMax", "ArgMin")
+
+
+def nan_want(model: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
+    """onnxruntime's outputs, but the reference implementation's for NAN_BY_REFERENCE ops."""
+    from onnx.reference import ReferenceEvaluator
+    want = ort_run(model, feeds)
+    names = [n.output[0] for n in model.graph.node if n.op_type in NAN_BY_REFERENCE]
+    with np.errstate(all="ignore"):
+        want.update(zip(names, ReferenceEvaluator(model).run(names, feeds)))
+    return want
 
 
 TARGETS = ["cpu", pytest.param("opencl", marks=pytest.mark.skipif(
@@ -99,7 +116,7 @@ TARGETS = ["cpu", pytest.param("opencl", marks=pytest.mark.skipif(
 @pytest.mark.parametrize("target", TARGETS)
 def test_nan_and_inf_propagate_as_in_onnxruntime(target):
     model, feeds = nan_model(), nan_feeds()
-    want, got = ort_run(model, feeds), keel_run(model, feeds, target=target)
+    want, got = nan_want(model, feeds), keel_run(model, feeds, target=target)
     for name, value in want.items():
         assert_same_nonfinite(got[name], value, f"{target} {name}")
 
@@ -107,7 +124,8 @@ def test_nan_and_inf_propagate_as_in_onnxruntime(target):
 @pytest.mark.parametrize("target", TARGETS)
 def test_maxpool_propagates_nan_where_onnxruntime_drops_it(target):
     """A deliberate difference: onnxruntime's MaxPool keeps `if (x > max)` and so skips NaN,
-    which makes a corrupt frame look valid. keel's max wins on NaN everywhere."""
+    which makes a corrupt frame look valid. keel's max wins on NaN everywhere (as in onnx's
+    reference implementation)."""
     x = np.arange(32, dtype=np.float32).reshape(1, 2, 4, 4)
     x[0, 0, 1, 1] = np.nan
     model = single_node_model("MaxPool", [((1, 2, 4, 4), "float32")], {"kernel_shape": [2, 2]})
