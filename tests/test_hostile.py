@@ -109,8 +109,12 @@ def nan_want(model: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
     return want
 
 
-TARGETS = ["cpu", pytest.param("opencl", marks=pytest.mark.skipif(
-    NO_OPENCL is not None, reason=f"OpenCL: {NO_OPENCL}"))]
+AVX512 = "avx512f" in Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() \
+    else False
+TARGETS = ["cpu",
+           pytest.param("cpu-avx512", marks=pytest.mark.skipif(not AVX512, reason="no AVX-512")),
+           pytest.param("opencl", marks=pytest.mark.skipif(
+               NO_OPENCL is not None, reason=f"OpenCL: {NO_OPENCL}"))]
 
 
 @pytest.mark.parametrize("target", TARGETS)
