@@ -1,6 +1,6 @@
 """What careless and hostile users do (issue 18): NaN feeds, odd output paths, invalid ONNX,
 absurd shapes, wrong CLI arguments. Each regression test failed before its fix, except those
-that pin what already held: MaxPool's NaN, replacing a regular file, argparse's own errors."""
+that pin what already held: MaxPool's NaN and replacing a regular file."""
 from __future__ import annotations
 
 import dataclasses
