@@ -5,8 +5,11 @@ runner/format.py, which the reader uses too, so the writer cannot disagree with 
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
+import stat
 
 from compiler.artifact import Artifact, Buffer
 from runner.format import (FILE_SHA256_AT, HEADER, MAGIC, SECTIONS, VERSION, canonical_json,
@@ -17,10 +20,34 @@ PRODUCER = "keel-compiler 0.1"
 
 def write_blob(artifact: Artifact, path) -> None:
     data = blob_bytes(artifact)
+    check_output(path)
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)  # a reader never sees half a blob
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)  # a reader never sees half a blob
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def check_output(path) -> None:
+    """Raise FileExistsError unless `path` is a regular file or does not exist: replacing it
+    would turn a device node, a FIFO or a symlink's name into a regular file (as root, even
+    /dev/null), and a directory cannot be replaced."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        kind = next((k for test, k in _KINDS if test(mode)), "not a regular file")
+        raise FileExistsError(errno.EEXIST, f"exists and is {kind}; not replacing it", str(path))
+
+
+_KINDS = [(stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket")]
 
 
 def blob_bytes(artifact: Artifact) -> bytes:

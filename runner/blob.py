@@ -113,11 +113,13 @@ def _header(data: memoryview) -> tuple[str, str, int, int]:
         raise BlobError(f"blob format version {version}: this runner reads version {VERSION}; "
                         f"recompile the model with this keel (tools/compile.py)")
     expect = [("magic", MAGIC, magic), ("format version", VERSION, version),
-              ("header size", HEADER.size, header_size), ("flags", 0, flags),
-              ("file size", len(data), file_size)]
+              ("header size", HEADER.size, header_size), ("flags", 0, flags)]
     for what, want, got in expect:
         if want != got:
             raise BlobError(f"header {what}: expected {want!r}, got {got!r}")
+    if file_size != len(data):
+        what = "truncated" if file_size > len(data) else "trailing bytes"
+        raise BlobError(f"{what}: the header says {file_size} bytes, the file has {len(data)}")
     target, producer = _cstr(target, "target"), _cstr(producer, "producer")
     if target not in TARGETS:
         raise BlobError(f"header target: expected one of {sorted(TARGETS)}, got {target!r}")

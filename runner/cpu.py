@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import cffi
 
 from runner.device import HostDevice, aligned_empty
-from runner.errors import BlobError
+from runner.errors import BlobError, ConfigError
 
 ffi = cffi.FFI()
 ffi.cdef("""
@@ -188,7 +188,7 @@ def threads_from_env() -> int:
     except ValueError:
         n = 0
     if n < 1:
-        raise ValueError(f"KEEL_THREADS must be a positive integer, got {text!r}")
+        raise ConfigError(f"KEEL_THREADS must be a positive integer, got {text!r}")
     return n
 
 

@@ -38,12 +38,13 @@ from __future__ import annotations
 
 import importlib
 import mmap
+import os
 import time
 from typing import Callable
 
 import numpy as np
 
-from runner.errors import DeviceError, DeviceTimeout
+from runner.errors import AllocError, DeviceError, DeviceTimeout
 
 # blob target -> device that runs it
 TARGETS = {"cpu": "cpu", "cpu-avx512": "cpu", "cpu-aarch64": "cpu", "cpu-arm64-apple": "cpu",
@@ -138,13 +139,26 @@ def aligned_empty(shape: tuple, dtype, align: int = 64) -> np.ndarray:
     on 4 KiB pages the TLB misses cost ResNet-50 about 4% of its time on x86."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if nbytes >= HUGE_PAGE and HUGE_PAGES:
-        raw = np.frombuffer(_huge_mapping(nbytes + HUGE_PAGE), np.uint8)
-        align = HUGE_PAGE
-    else:
-        raw = np.empty(nbytes + align, dtype=np.uint8)
+    try:
+        if nbytes > _physical_bytes():  # mapped lazily, it would "succeed", then OOM-kill a run
+            raise MemoryError(f"more than this host's {_physical_bytes()} bytes of memory")
+        if nbytes >= HUGE_PAGE and HUGE_PAGES:
+            raw = np.frombuffer(_huge_mapping(nbytes + HUGE_PAGE), np.uint8)
+            align = HUGE_PAGE
+        else:
+            raw = np.empty(nbytes + align, dtype=np.uint8)
+    except (MemoryError, OSError) as e:  # numpy: MemoryError; mmap: OSError (ENOMEM)
+        raise AllocError(f"cannot allocate {nbytes} bytes: {getattr(e, 'strerror', None) or e}") \
+            from None
     start = -raw.ctypes.data % align
     return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def _physical_bytes() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not POSIX, or not reported: no bound
+        return 2**63
 
 
 def _huge_mapping(nbytes: int) -> mmap.mmap:

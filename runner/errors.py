@@ -5,6 +5,14 @@ class BlobError(Exception):
     """The blob cannot be used: unreadable, corrupt, inconsistent, or built for another host."""
 
 
+class AllocError(BlobError, MemoryError):
+    """The memory the blob needs (arena, input slots) cannot be had on this host."""
+
+
+class ConfigError(ValueError):
+    """An environment setting (KEEL_THREADS) is malformed."""
+
+
 class InputError(ValueError):
     """run() got feeds or out= arrays that do not match the model's inputs or outputs."""
 

@@ -21,6 +21,7 @@ Threads: run() calls on one Model are serialized by a lock: a second caller wait
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 
@@ -46,6 +47,9 @@ class Model:
 
     @classmethod
     def load(cls, path, device: str | None = None) -> "Model":
+        if not isinstance(path, (str, os.PathLike)):  # open(2) would take and close stderr
+            raise TypeError(f"Model.load: expected a path (str or os.PathLike), got "
+                            f"{type(path).__name__} {path!r}")
         blob = read_blob(path)
         dev = get_device(TARGETS[blob.target] if device is None else device)
         dev.check_target(blob.target)

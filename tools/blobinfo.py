@@ -8,12 +8,12 @@ import sys
 # the repository root, so the tool runs from a checkout without installing keel
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 import signal  # noqa: E402
 
 from runner.blob import read_blob  # noqa: E402
 from runner.errors import BlobError  # noqa: E402
+from tools.cli import Parser  # noqa: E402
 
 
 def describe(path: str) -> dict:
@@ -61,7 +61,7 @@ def print_text(d: dict) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("blob")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = ap.parse_args()

@@ -15,10 +15,11 @@ import time
 # the repository root, so the tool runs from a checkout without installing keel
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from compiler.blob import write_blob  # noqa: E402
+from compiler.blob import check_output, write_blob  # noqa: E402
 from compiler.pipeline import Stages, compile_model  # noqa: E402
 from compiler.errors import CompileError  # noqa: E402
 from compiler.target import TARGETS  # noqa: E402
+from tools.cli import Parser  # noqa: E402
 
 
 def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -49,7 +50,7 @@ class Progress:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("model", help="ONNX model file")
     ap.add_argument("-o", "--output", required=True, help="blob file to write")
     ap.add_argument("--target", default="cpu", choices=sorted(TARGETS))
@@ -61,14 +62,15 @@ def main(argv=None) -> int:
     stages = Stages(progress=Progress())
     t0 = time.perf_counter()
     try:
+        check_output(args.output)  # before the compile, not after it
         art = compile_model(args.model, target=args.target, input_shapes=dict(args.input_shape),
                             float16=args.float16, stages=stages)
         write_blob(art, args.output)
     except CompileError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except OSError as e:
-        print(f"error: cannot write {args.output}: {e.strerror}", file=sys.stderr)
+    except OSError as e:  # the path that failed: the output, its temporary, a C source...
+        print(f"error: {e.filename or args.output}: {e.strerror or e}", file=sys.stderr)
         return 2
     total = time.perf_counter() - t0
     if args.verbose:

@@ -10,12 +10,13 @@ import sys
 
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-import argparse  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from runner import BlobError, DeviceError, DeviceTimeout, InputError, Model  # noqa: E402
+from runner import (BlobError, ConfigError, DeviceError, DeviceTimeout, InputError,  # noqa: E402
+                    Model)
+from tools.cli import Parser, positive_int  # noqa: E402
 
 
 class ToolError(Exception):
@@ -39,9 +40,13 @@ def random_feeds(inputs: dict, seed: int = 0) -> dict[str, np.ndarray]:
 
 def load_feeds(path: str) -> dict[str, np.ndarray]:
     try:
-        with np.load(path) as npz:
+        data = np.load(path)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise ToolError(f"inputs {path}: expected an .npz archive with one array per input "
+                            f"name, got a single {type(data).__name__}")
+        with data as npz:
             return {k: npz[k] for k in npz.files}
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, EOFError) as e:
         raise ToolError(f"cannot read inputs {path}: {e}") from None
 
 
@@ -72,6 +77,9 @@ def check(onnx_path: str, feeds: dict, results: dict) -> None:
     for name, got in results.items():
         if name not in refs:
             raise ToolError(f"output {name!r} not in {onnx_path}; it has {names}")
+        if got.shape != refs[name].shape:
+            raise ToolError(f"output {name!r}: keel gives shape {got.shape}, {onnx_path} gives "
+                            f"{refs[name].shape}; is it the model this blob was compiled from?")
         ref = refs[name].astype(np.float64)
         err = np.abs(got.astype(np.float64) - ref)
         rel = err / np.maximum(np.abs(ref), 1e-6)
@@ -87,10 +95,10 @@ def summary(results: dict) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("blob")
     ap.add_argument("--inputs", help=".npz with one array per input name")
-    ap.add_argument("--bench", type=int, metavar="N", help="time N runs")
+    ap.add_argument("--bench", type=positive_int, metavar="N", help="time N runs")
     ap.add_argument("--check", metavar="MODEL.onnx", help="compare with onnxruntime")
     args = ap.parse_args()
     try:
@@ -102,7 +110,7 @@ def main() -> int:
             bench(m, feeds, args.bench)
         if args.check:
             check(args.check, feeds, results)
-    except (BlobError, InputError, DeviceError, DeviceTimeout, ToolError) as e:
+    except (BlobError, ConfigError, InputError, DeviceError, DeviceTimeout, ToolError) as e:
         print(f"run: {args.blob}: {e}", file=sys.stderr)
         return 2
     return 0

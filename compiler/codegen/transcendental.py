@@ -162,14 +162,15 @@ def trunc(x: UOp) -> UOp:
 
 def pow_(x: UOp, y: UOp) -> UOp:
     """x^y with IEEE pow's special cases that ONNX tests: negative base with integer exponent,
-    zero base, y == 0."""
+    zero base, y == 0 or x == 1 (1 even when the other operand is NaN)."""
     ax = x.lt(0).where(-x, x)
     mag = exp2(y * log2(ax))
     yint = UOp(Ops.TRUNC, y.dtype, (y,)).eq(y)
     odd = UOp(Ops.TRUNC, y.dtype, (y * 0.5,)).ne(y * 0.5).logical_and(yint)
     out = x.lt(0).logical_and(odd).where(-mag, mag)
-    out = x.lt(0).logical_and(yint.logical_not()).where(_c(math.nan, x), out)
-    return y.eq(_c(0, y)).where(_c(1, x), out)
+    nan = x.lt(0).logical_and(yint.logical_not()).logical_and(x.ne(_c(-math.inf, x)))
+    out = nan.where(_c(math.nan, x), out)  # (-inf)^y is +-0 or +-inf, not NaN
+    return y.eq(_c(0, y)).alu(Ops.OR, x.eq(_c(1, x))).where(_c(1, x), out)
 
 
 def _float(fn):

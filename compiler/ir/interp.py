@@ -44,13 +44,10 @@ def _cmod(a, b):
     return (a - _cdiv(a, b) * b).astype(a.dtype)
 
 
-def _nanmax(a, b):
-    return np.maximum(a, b)  # numpy's maximum already propagates NaN
-
-
 BINARY = {
     Ops.ADD: np.add, Ops.SUB: np.subtract, Ops.MUL: np.multiply, Ops.FDIV: np.divide,
-    Ops.IDIV: _cdiv, Ops.MOD: _cmod, Ops.MAX: _nanmax, Ops.MIN: np.minimum, Ops.POW: np.power,
+    Ops.IDIV: _cdiv, Ops.MOD: _cmod, Ops.MAX: np.maximum, Ops.MIN: np.minimum,  # NaN wins
+    Ops.POW: np.power,
     Ops.CMPLT: np.less, Ops.CMPEQ: np.equal, Ops.CMPNE: np.not_equal,
     Ops.AND: np.bitwise_and, Ops.OR: np.bitwise_or, Ops.XOR: np.bitwise_xor,
     Ops.SHL: np.left_shift, Ops.SHR: np.right_shift,

@@ -23,7 +23,9 @@ PY_ALU = {
     Ops.ADD: lambda a, b: a + b, Ops.SUB: lambda a, b: a - b, Ops.MUL: lambda a, b: a * b,
     Ops.IDIV: lambda a, b: _cdiv(a, b) if b else 0,
     Ops.MOD: lambda a, b: a - _cdiv(a, b) * b if b else 0,
-    Ops.MAX: max, Ops.MIN: min, Ops.CMPLT: lambda a, b: a < b, Ops.CMPEQ: lambda a, b: a == b,
+    Ops.MAX: lambda a, b: a if a != a or a > b else b,  # NaN wins, as in the kernels
+    Ops.MIN: lambda a, b: a if a != a or a < b else b,
+    Ops.CMPLT: lambda a, b: a < b, Ops.CMPEQ: lambda a, b: a == b,
     Ops.CMPNE: lambda a, b: a != b, Ops.AND: lambda a, b: a & b, Ops.OR: lambda a, b: a | b,
     Ops.XOR: lambda a, b: a ^ b, Ops.NEG: lambda a: -a,
     Ops.WHERE: lambda c, a, b: a if c else b,

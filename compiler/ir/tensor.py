@@ -67,7 +67,9 @@ class Tensor:
         return self if shape == self.shape else self._mv(Ops.RESHAPE, shape)
 
     def permute(self, order) -> Tensor:
-        order = tuple(int(o) % max(self.ndim, 1) for o in order)
+        order = tuple(int(o) + self.ndim if int(o) < 0 else int(o) for o in order)
+        if sorted(order) != list(range(self.ndim)):
+            raise ValueError(f"{list(order)} is not a permutation of {self.ndim} axes")
         return self if order == tuple(range(self.ndim)) else self._mv(Ops.PERMUTE, order)
 
     def expand(self, shape) -> Tensor:
@@ -189,8 +191,13 @@ class Tensor:
     def __gt__(self, x): return self._lift(x)._bin(Ops.CMPLT, self)
     def eq(self, x): return self._bin(Ops.CMPEQ, x)
     def ne(self, x): return self._bin(Ops.CMPNE, x)
-    def __le__(self, x): return (self > x).logical_not()
-    def __ge__(self, x): return (self < x).logical_not()
+    def __le__(self, x): return self._lift(x) >= self
+
+    def __ge__(self, x):
+        """For floats `not (self < x)` would be true when either is NaN; IEEE says false."""
+        x = self._lift(x)
+        return (x < self) | self.eq(x) if self.dtype.is_float else (self < x).logical_not()
+
     def logical_not(self): return self.ne(True) if self.dtype is dtypes.bool else self.eq(0)
     def maximum(self, x): return self._bin(Ops.MAX, x)
     def minimum(self, x): return self._bin(Ops.MIN, x)
@@ -219,8 +226,11 @@ class Tensor:
     def reciprocal(self): return self._un(Ops.RECIP)
     def trunc(self): return self._un(Ops.TRUNC)
     def abs(self): return (self < 0).where(-self, self)
-    def sign(self): return (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype)
-    def relu(self): return (self > 0).where(self, 0.0 if self.dtype.is_float else 0)
+    def relu(self): return self.maximum(0.0 if self.dtype.is_float else 0)  # NaN stays NaN
+
+    def sign(self):
+        s = (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype)
+        return self.ne(self).where(self, s) if self.dtype.is_float else s  # NaN stays NaN
     def sigmoid(self): return (1.0 + (-self).exp()).reciprocal()
     def silu(self): return self * self.sigmoid()
 

@@ -107,6 +107,11 @@ def window_out(size: int, k: int, s: int, d: int) -> int:
     return (size - d * (k - 1) - 1) // s + 1
 
 
+def _const_key(v):
+    """What tells constants apart: -0.0 from 0.0 (1/x does), and one NaN is every NaN."""
+    return repr(v) if type(v) is float and (v == 0 or v != v) else v
+
+
 class UOp:
     __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "__dict__")
     # intern table: key -> weakref. A plain dict of weakrefs (not WeakValueDictionary, whose
@@ -114,8 +119,9 @@ class UOp:
     _cache: dict = {}
 
     def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple = (), arg=None):
-        # -0.0 == 0.0 in Python, but they are different constants (1/x tells them apart)
-        key = (op, dtype, tuple(map(id, src)), arg if type(arg) is not float or arg else repr(arg))
+        # -0.0 == 0.0 in Python, but they are different constants (1/x tells them apart); and
+        # nan != nan, so every NaN would be a new node and a rewrite would never settle
+        key = (op, dtype, tuple(map(id, src)), _const_key(arg))
         try:
             ref = UOp._cache.get(key)
         except TypeError as e:
@@ -138,9 +144,7 @@ class UOp:
     # ---- construction helpers -------------------------------------------------------------
     @staticmethod
     def const(value, dtype: DType) -> UOp:
-        key = (value, dtype, type(value))
-        if value == 0 and type(value) is float:
-            key = (repr(value), dtype)  # keep -0.0 apart from 0.0
+        key = (_const_key(value), dtype, type(value))
         hit = _CONSTS.get(key)
         if hit is None:
             hit = _CONSTS[key] = UOp(Ops.CONST, dtype, (), normalize_const(value, dtype))

@@ -5,6 +5,7 @@ the graph: inputs and their static shapes, initializers, dtype mapping, unsuppor
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 import onnx
@@ -15,6 +16,8 @@ from compiler.ir.tensor import Tensor
 from compiler.ir.uop import UOp
 from compiler.onnx import ops  # noqa: F401  (registers every op into OPS)
 from compiler.onnx.registry import MAX_OPSET, MIN_OPSET, ONNX_CODES, OPS, Ctx, onnx_dtype
+
+MAX_ELEMENTS = 2**31 - 1
 
 @dataclass
 class Graph:
@@ -35,6 +38,44 @@ def _load_proto(model) -> onnx.ModelProto:
         raise CompileError(f"{model}: not a valid ONNX model ({type(e).__name__}: {e})") from None
 
 
+def _well_formed(proto: onnx.ModelProto, source) -> None:
+    """What every model needs before its ops can be listed (an empty or cut-off file parses as
+    a model that lacks them): an IR version, the default domain's opset, graph outputs."""
+    why = "it has no ir_version" if proto.ir_version < 1 else \
+        "it has no opset_import for the default domain" if not any(
+            o.domain in ("", "ai.onnx") for o in proto.opset_import) else \
+        "its graph has no outputs" if not proto.graph.output else None
+    if why:
+        raise CompileError(f"{_where(source)}: not a valid ONNX model: {why}")
+
+
+def _validate(proto: onnx.ModelProto, source) -> None:
+    """onnx.checker, then strict type inference: what onnxruntime also refuses (dangling names,
+    cycles, operand types that disagree...)."""
+    # The checker wants a shape on every graph input and output; onnxruntime (and keel, which
+    # infers them) accept none. Lend an empty one for the check.
+    io = [v.type.tensor_type for v in (*proto.graph.input, *proto.graph.output)
+          if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")]
+    for t in io:
+        t.shape.SetInParent()
+    try:
+        if proto.ByteSize() < 2**31:  # protobuf cannot serialize more: those skip the checker
+            onnx.checker.check_model(proto)
+            for t in io:
+                t.ClearField("shape")
+            onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, ValueError) as e:
+        raise CompileError(f"{_where(source)}: not a valid ONNX model: "
+                           f"{str(e).splitlines()[0]}") from None
+    finally:
+        for t in io:
+            t.ClearField("shape")
+
+
+def _where(source) -> str:
+    return "model" if isinstance(source, onnx.ModelProto) else str(source)
+
+
 def _opset(model: onnx.ModelProto) -> int:
     for imp in model.opset_import:
         if imp.domain in ("", "ai.onnx"):
@@ -43,18 +84,41 @@ def _opset(model: onnx.ModelProto) -> int:
 
 
 def _input_shape(vi: onnx.ValueInfoProto, given: dict) -> tuple[int, ...]:
+    dims = vi.type.tensor_type.shape.dim
     if vi.name in given:
-        return tuple(int(d) for d in given[vi.name])
-    dims = []
-    for i, d in enumerate(vi.type.tensor_type.shape.dim):
+        return _given_shape(vi, given[vi.name])
+    shape = []
+    for i, d in enumerate(dims):
         if d.HasField("dim_value") and d.dim_value >= 0:
-            dims.append(d.dim_value)
+            shape.append(d.dim_value)
         else:
             sym = d.dim_param or "?"
             raise CompileError(f"input {vi.name!r} has a dynamic dim {i} ({sym!r}); bind it with "
                                f"--input-shape {vi.name}=d0,d1,... "
                                f"(input_shapes={{'{vi.name}': ...}})")
-    return tuple(dims)
+    return _bounded(tuple(shape), f"input {vi.name!r}")
+
+
+def _given_shape(vi: onnx.ValueInfoProto, shape) -> tuple[int, ...]:
+    """A bound shape must keep the model's rank and its static dims."""
+    shape, where = tuple(int(d) for d in shape), f"input {vi.name!r}"
+    dims = vi.type.tensor_type.shape.dim
+    if vi.type.tensor_type.HasField("shape") and len(dims) != len(shape):
+        raise CompileError(f"{where}: --input-shape gives {len(shape)} dims {shape}, the model "
+                           f"says {len(dims)}")
+    for i, (d, n) in enumerate(zip(dims, shape)):
+        if d.HasField("dim_value") and d.dim_value != n:
+            raise CompileError(f"{where}: --input-shape gives dim {i} = {n}, the model says "
+                               f"{d.dim_value}")
+    return _bounded(shape, where)
+
+
+def _bounded(shape: tuple[int, ...], where: str) -> tuple[int, ...]:
+    """Kernels index with 32-bit ints (dtypes.index): no tensor may have 2**31 elements."""
+    if any(d < 0 for d in shape) or math.prod(shape) > MAX_ELEMENTS:
+        raise CompileError(f"{where}: shape {shape} has {math.prod(shape)} elements; keel "
+                           f"supports non-negative dims and at most {MAX_ELEMENTS} elements")
+    return shape
 
 
 def check_supported(model: onnx.ModelProto, opset: int) -> None:
@@ -83,7 +147,7 @@ def _known(node: onnx.NodeProto, opset: int, local: set) -> bool:
 def _schema_with_function(op_type: str, opset: int):
     try:
         schema = onnx.defs.get_schema(op_type, opset, "")
-    except onnx.defs.SchemaError:
+    except (onnx.defs.SchemaError, TypeError):  # TypeError: an op_type that is not UTF-8 (bytes)
         return None
     return schema if schema.has_function or schema.has_context_dependent_function else None
 
@@ -95,10 +159,12 @@ def _all_nodes(graph: onnx.GraphProto):
 
 def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool = False) -> Graph:
     proto = _load_proto(model)
+    _well_formed(proto, model)
     opset = _opset(proto)
     if not MIN_OPSET <= opset <= MAX_OPSET + 7:  # newer opsets are accepted op by op
         raise CompileError(f"opset {opset} is outside the supported range {MIN_OPSET}..{MAX_OPSET}")
     check_supported(proto, opset)
+    _validate(proto, model)
     unknown = set(input_shapes) - {i.name for i in proto.graph.input}
     if unknown:
         raise CompileError(f"--input-shape names unknown input(s) {sorted(unknown)}; inputs are "
@@ -106,7 +172,10 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
     vals: dict[str, Tensor | None] = {"": None}
     for init in proto.graph.initializer:
         onnx_dtype(init.data_type, f"initializer {init.name!r}")
-        vals[init.name] = Tensor.weight(numpy_helper.to_array(init))
+        try:
+            vals[init.name] = Tensor.weight(numpy_helper.to_array(init))
+        except (ValueError, TypeError) as e:  # its data does not fill its dims
+            raise CompileError(f"initializer {init.name!r}: {e}") from None
     inputs = []
     for vi in proto.graph.input:
         if vi.name in vals:
@@ -152,6 +221,8 @@ def _build(nodes, vals: dict, base: Ctx, functions: dict) -> None:
         for name, t in zip(node.output, outs):
             if name:
                 vals[name] = t
+                if isinstance(t, Tensor):
+                    _bounded(t.shape, f"{ctx.where()}: output {name!r}")
 
 
 def _expand_function(ctx: Ctx, args: list, local, functions: dict) -> list:

@@ -222,10 +222,8 @@ class CRenderer(CStyle):
         if op is Ops.WHERE:
             return self.select(a[0], a[1], a[2], dt)
         if op in (Ops.MAX, Ops.MIN):
-            cmp = ">" if op is Ops.MAX else "<"
-            keep = f"(({a[0]} {cmp} {a[1]}) | ({a[0]} != {a[0]}))" if dt.is_float else \
-                f"({a[0]} {cmp} {a[1]})"
-            return self.select(keep, a[0], a[1], dt, mask_bytes=dt.scalar.itemsize)
+            keep, x, y = self.minmax(u, a, "|")
+            return self.select(keep, x, y, dt, mask_bytes=dt.scalar.itemsize)
         if op is Ops.CAST:
             return f"__builtin_convertvector({a[0]}, {vt})"
         if op is Ops.BITCAST:

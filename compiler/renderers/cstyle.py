@@ -14,6 +14,11 @@ INFIX = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.CMPLT: "<"
          Ops.CMPEQ: "==", Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^"}
 
 
+def _plain(u: UOp) -> bool:
+    """A constant that is not NaN: a max/min with it needs no NaN test."""
+    return u.op is Ops.CONST and not (isinstance(u.arg, float) and math.isnan(u.arg))
+
+
 class CStyle:
     kernel_prefix = "static void"
     buffer_prefix = ""  # address-space qualifier, e.g. "__global " in OpenCL
@@ -49,10 +54,8 @@ class CStyle:
         if op is Ops.WHERE:
             return f"({a[0]} ? {a[1]} : {a[2]})"
         if op in (Ops.MAX, Ops.MIN):
-            cmp = ">" if op is Ops.MAX else "<"
-            if dt.is_float:  # NaN in either operand wins, as ONNX Max/Min require
-                return f"(({a[0]} {cmp} {a[1]} || {a[0]} != {a[0]}) ? {a[0]} : {a[1]})"
-            return f"(({a[0]} {cmp} {a[1]}) ? {a[0]} : {a[1]})"
+            keep, x, y = self.minmax(u, a, "||")
+            return f"({keep} ? {x} : {y})"
         if op is Ops.CAST:
             return f"(({self.dtype(dt)})({a[0]}))"
         if op is Ops.BITCAST:
@@ -65,6 +68,17 @@ class CStyle:
             sym = "<<" if op is Ops.SHL else ">>"
             return f"({a[0]} {sym} ({a[1]} & {dt.bits - 1}))"  # no UB for wide shifts
         raise NotImplementedError(f"{type(self).__name__} cannot render {op}")
+
+    def minmax(self, u: UOp, a: list[str], orop: str) -> tuple[str, str, str]:
+        """MAX/MIN as `keep ? x : y`, where a NaN in either operand wins (ONNX Max/Min/Relu,
+        onnxruntime). With a non-NaN constant as x, `c > y ? c : y` already yields a NaN y, so
+        no NaN test is needed (and clang emits one maxps); otherwise `x != x` keeps a NaN x."""
+        if _plain(u.src[1]) and not _plain(u.src[0]):
+            a = a[::-1]
+        keep = f"({a[0]} {'>' if u.op is Ops.MAX else '<'} {a[1]})"
+        if u.dtype.is_float and not _plain(u.src[0]) and not _plain(u.src[1]):
+            keep = f"({keep} {orop} ({a[0]} != {a[0]}))"
+        return keep, a[0], a[1]
 
     def int_divmod(self, u: UOp, a: list[str]) -> str:
         sym = "/" if u.op is Ops.IDIV else "%"

@@ -122,10 +122,6 @@ class OpenCLRenderer(CStyle):
         op, dt = u.op, u.dtype
         if op is Ops.SQRT:
             return f"sqrt({a[0]})"
-        if op in (Ops.MAX, Ops.MIN) and dt.is_float and u.src[0].op is Ops.CONST \
-                and not math.isnan(u.src[0].arg):  # no NaN test on a constant (PoCL warns)
-            cmp = ">" if op is Ops.MAX else "<"
-            return f"(({a[0]} {cmp} {a[1]}) ? {a[0]} : {a[1]})"
         if op is Ops.CAST:
             if u in self.rounded_by_store:
                 return f"({a[0]})"

@@ -1,0 +1,387 @@
+"""What careless and hostile users do (issue 18): NaN feeds, odd output paths, invalid ONNX,
+absurd shapes, wrong CLI arguments. Each regression test failed before its fix, except those
+that pin what already held: MaxPool's NaN and replacing a regular file."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from compiler.blob import write_blob
+from compiler.errors import CompileError
+from compiler.pipeline import compile_model
+from runner import AllocError, BlobError, ConfigError, Model
+from runner.blob import parse_blob
+from runner.cpu import threads_from_env
+from runner.opencl import unavailable_reason
+from tests.graphs import keel_run, make_model, ort_run, single_node_model
+from tests.hand_graphs import chain_artifact, write
+
+REPO = Path(__file__).parents[1]
+NO_OPENCL = unavailable_reason()
+
+# ---- NaN and infinities propagate as in onnxruntime ---------------------------------------------
+
+SHAPE = (2, 4, 16)  # 16 along the reduced axis: the reductions run vectorized on C targets
+# (op, attrs, inputs): "x", "y" are the NaN-laden feeds, "nan"/"one" scalar initializers (so
+# the compile-time folder sees NaN too)
+NAN_NODES = [
+    ("Relu", {}, ["x"]), ("LeakyRelu", {"alpha": 0.1}, ["x"]), ("PRelu", {}, ["x", "one"]),
+    ("Max", {}, ["x", "y"]), ("Min", {}, ["x", "y"]), ("Max", {}, ["x", "one"]),
+    ("Min", {}, ["one", "x"]), ("Clip", {}, ["x", "nega", "one"]), ("Sign", {}, ["x"]),
+    ("Abs", {}, ["x"]), ("Pow", {}, ["x", "y"]), ("LessOrEqual", {}, ["x", "y"]),
+    ("GreaterOrEqual", {}, ["x", "y"]), ("Less", {}, ["x", "y"]), ("Equal", {}, ["x", "y"]),
+    ("ReduceMax", {"axes": [2]}, ["x"]), ("ReduceMin", {"axes": [2]}, ["x"]),
+    ("ArgMax", {"axis": 2}, ["x"]), ("ArgMin", {"axis": 2}, ["x"]),
+    ("Softmax", {"axis": 2}, ["x"]), ("Elu", {}, ["x"]),
+    ("HardSigmoid", {}, ["x"]), ("Floor", {}, ["x"]), ("Sigmoid", {}, ["x"]),
+    ("Max", {}, ["one", "nan"]), ("Relu", {}, ["nan"]),  # folded at compile time
+]
+
+
+def nan_model() -> onnx.ModelProto:
+    nodes, outputs = [], []
+    for k, (op, attrs, ins) in enumerate(NAN_NODES):
+        out = f"{op.lower()}{k}"
+        raw = f"{out}_raw" if "nan" in ins else out
+        nodes.append(helper.make_node(op, ins, [raw], **attrs))
+        if raw != out:  # a constant output: add x so it is a kernel's, not just a weight
+            nodes.append(helper.make_node("Add", [raw, "x"], [out]))
+        outputs.append(out)
+    consts = {"nan": np.array(np.nan, np.float32), "one": np.array(1, np.float32),
+              "nega": np.array(-1, np.float32)}
+    dtypes = {"less": bool, "equal": bool, "lessorequal": bool, "greaterorequal": bool,
+              "argmax": np.int64, "argmin": np.int64}
+    return make_model(nodes, [("x", SHAPE, "float32"), ("y", SHAPE, "float32")],
+                      [(o, None, dtypes.get(o.rstrip("0123456789"), np.float32))
+                       for o in outputs], consts, opset=17)
+
+
+def nan_feeds(seed: int = 0) -> dict[str, np.ndarray]:
+    """Normal values with NaN, +-Inf, +-0, denormals and huge values sprinkled in. Huge is
+    +-1e37, not float32's max: 16 of them still sum without overflow, whose inf (and then NaN
+    against a -inf) would depend on the summation order, which is not onnxruntime's."""
+    rng = np.random.default_rng(seed)
+    special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, -1e-40, 1e37, -1e37, 1.0],
+                       np.float32)
+    feeds = {}
+    for name in ("x", "y"):
+        v = rng.standard_normal(SHAPE).astype(np.float32)
+        hit = rng.random(SHAPE) < 0.2
+        v[hit] = rng.choice(special, int(hit.sum()))
+        feeds[name] = v
+    feeds["x"][0, 0, :] = np.nan  # a row that is all NaN
+    return feeds
+
+
+def assert_same_nonfinite(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    """NaN exactly where onnxruntime has NaN, the same infinities; finite values within 1e-5
+    relative (keel's exp is a polynomial a few ulp from libm's) or 1e-6 absolute (Elu's
+    exp(x) - 1 cancels near 0: a few ulp of 1.0). No sums here: with +-1e37 among the values,
+    what survives a sum depends on its order, which is not onnxruntime's."""
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    assert got.shape == want.shape, what
+    nan = np.isnan(w)
+    assert (np.isnan(g) == nan).all(), f"{what}: NaN at {np.argwhere(np.isnan(g) != nan)[:4]}"
+    np.testing.assert_allclose(g[~nan], w[~nan], rtol=1e-5, atol=1e-6, err_msg=what)
+
+
+# onnxruntime's max-reductions keep `if (x > max)`, so whether a NaN wins depends on where it
+# sits; onnx's reference implementation (numpy) and keel let it win wherever it is.
+NAN_BY_REFERENCE = ("ReduceMax", "ReduceMin", "ArgMax", "ArgMin")
+
+
+def nan_want(model: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
+    """onnxruntime's outputs, but the reference implementation's for NAN_BY_REFERENCE ops."""
+    from onnx.reference import ReferenceEvaluator
+    want = ort_run(model, feeds)
+    names = [n.output[0] for n in model.graph.node if n.op_type in NAN_BY_REFERENCE]
+    with np.errstate(all="ignore"):
+        want.update(zip(names, ReferenceEvaluator(model).run(names, feeds)))
+    return want
+
+
+AVX512 = "avx512f" in Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() \
+    else False
+TARGETS = ["cpu",
+           pytest.param("cpu-avx512", marks=pytest.mark.skipif(not AVX512, reason="no AVX-512")),
+           pytest.param("opencl", marks=pytest.mark.skipif(
+               NO_OPENCL is not None, reason=f"OpenCL: {NO_OPENCL}"))]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_nan_and_inf_propagate_as_in_onnxruntime(target):
+    model, feeds = nan_model(), nan_feeds()
+    want, got = nan_want(model, feeds), keel_run(model, feeds, target=target)
+    for name, value in want.items():
+        assert_same_nonfinite(got[name], value, f"{target} {name}")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_maxpool_propagates_nan_where_onnxruntime_drops_it(target):
+    """A deliberate difference: onnxruntime's MaxPool keeps `if (x > max)` and so skips NaN,
+    which makes a corrupt frame look valid. keel's max wins on NaN everywhere (as in onnx's
+    reference implementation)."""
+    x = np.arange(32, dtype=np.float32).reshape(1, 2, 4, 4)
+    x[0, 0, 1, 1] = np.nan
+    model = single_node_model("MaxPool", [((1, 2, 4, 4), "float32")], {"kernel_shape": [2, 2]})
+    got = keel_run(model, {"x0": x}, target=target)["y"]
+    assert np.isnan(got[0, 0, :2, :2]).all()  # the 4 windows (stride 1) that hold the NaN
+    assert np.isnan(got).sum() == 4 and got[0, 1, 0, 0] == 21
+
+
+def test_relu_with_a_nan_test_costs_nothing_in_the_c_source(monkeypatch):
+    """max(x, 0) is rendered `0 > x ? 0 : x`: a NaN x falls through, with no `x != x` test."""
+    from compiler import toolchain
+    sources, build = [], toolchain.build_shared
+    monkeypatch.setattr(toolchain, "build_shared", lambda src, *a: sources.append(src) or
+                        build(src, *a))
+    compile_model(single_node_model("Relu", [((4, 64), "float32")]))
+    kernel = sources[0][sources[0].index("static void k0"):]
+    kernel = kernel[:kernel.index("\n}\n")]
+    assert "!=" not in kernel and "0.0f}) > v" in kernel, kernel
+
+
+@pytest.mark.parametrize("float16", [False, True])
+def test_qcom_opencl_c_lets_nan_win(float16):
+    """No Adreno here to run it: the qcom source must hold the same NaN tests PoCL runs."""
+    def lines(op, specs):
+        src = compile_model(single_node_model(op, specs), target="qcom",
+                            float16=float16).programs.decode()
+        return [line for line in src.splitlines() if "?" in line]
+    f = ((4, 64), "float32")
+    assert all("!=" in line for line in lines("Max", [f, f])), lines("Max", [f, f])
+    assert all(" > v" in line and "!=" not in line for line in lines("Relu", [f]))
+
+
+# ---- tools/compile.py -o refuses what is not a regular file --------------------------------------
+
+def _tool(*args, env=None):
+    return subprocess.run([sys.executable, *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, env=env, timeout=300)
+
+
+def _one_line_error(proc, *words) -> str:
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def relu_onnx(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("hostile") / "relu.onnx"
+    onnx.save(single_node_model("Relu", [((1, 3, 8, 8), "float32")]), path)
+    return path
+
+
+def _fifo(p): os.mkfifo(p)
+def _symlink(p): os.symlink(p.parent / "elsewhere", p)
+def _chardev(p): os.mknod(p, stat.S_IFCHR | 0o600, os.makedev(1, 3))  # like /dev/null
+def _directory(p): p.mkdir()
+
+
+@pytest.mark.parametrize("make,kind", [(_fifo, "a FIFO"), (_symlink, "a symlink"),
+                                       (_chardev, "a character device"),
+                                       (_directory, "a directory")])
+def test_compile_refuses_to_replace_what_is_not_a_regular_file(relu_onnx, tmp_path, make, kind):
+    out = tmp_path / "out.blob"
+    make(out)
+    before = os.lstat(out)
+    _one_line_error(_tool("tools/compile.py", relu_onnx, "-o", out), str(out), kind)
+    after = os.lstat(out)
+    assert (after.st_mode, after.st_ino, after.st_rdev) == \
+        (before.st_mode, before.st_ino, before.st_rdev)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.blob"]  # no *.tmp<pid> left
+
+
+def test_compile_failure_names_the_failing_path_and_leaves_no_temporary(relu_onnx, tmp_path):
+    """The temporary's name is taken by a directory (file modes would not stop root)."""
+    out = tmp_path / "out.blob"
+    tmp = Path(f"{out}.tmp{os.getpid()}")
+    art = compile_model(onnx.load(relu_onnx))
+    tmp.mkdir()
+    with pytest.raises(IsADirectoryError) as e:
+        write_blob(art, out)
+    assert e.value.filename == str(tmp) and not out.exists()
+    tmp.rmdir()
+    write_blob(art, out)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["out.blob"]
+
+
+def test_compile_writes_over_a_regular_file(relu_onnx, tmp_path):
+    out = tmp_path / "out.blob"
+    out.write_bytes(b"old")
+    assert _tool("tools/compile.py", relu_onnx, "-o", out).returncode == 0
+    assert Model.load(out).run({"x0": np.ones((1, 3, 8, 8), np.float32)})["y"].sum() == 192
+
+
+# ---- invalid ONNX and absurd shapes do not compile ----------------------------------------------
+
+def _relu_bytes() -> bytes:
+    return single_node_model("Relu", [((1, 3, 8, 8), "float32")]).SerializeToString()
+
+
+def _without_opset(data: bytes) -> bytes:
+    """The longest prefix that still parses, has a graph, and has lost its opset_import."""
+    for n in range(len(data), 0, -1):
+        m = onnx.ModelProto()
+        try:
+            m.ParseFromString(data[:n])
+        except Exception:  # protobuf's DecodeError: not every prefix parses
+            continue
+        if m.HasField("graph") and not m.opset_import:
+            return data[:n]
+    raise AssertionError("no such prefix")
+
+
+@pytest.mark.parametrize("data,why", [(b"", "ir_version"), (b"\x08\x07", "opset_import"),
+                                      (_without_opset(_relu_bytes()), "opset_import")])
+def test_invalid_onnx_does_not_compile(tmp_path, data, why):
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(data)
+    with pytest.raises(CompileError, match=f"not a valid ONNX model.*{why}"):
+        compile_model(str(path))
+    _one_line_error(_tool("tools/compile.py", path, "-o", tmp_path / "o.blob"), "bad.onnx")
+    assert not (tmp_path / "o.blob").exists()
+
+
+def _invalid_graphs():
+    """Models the fuzzer (tests/fuzz_inputs.py) found raising untyped errors."""
+    x = ("x", (2, 3), "float32")
+    def model(node, inputs=(x,), inits=None, out_dtype="float32"):
+        return make_model([node], inputs, [("y", None, out_dtype)], inits or {})
+    bad_perm = model(helper.make_node("Transpose", ["x"], ["y"], perm=[1, 255]))
+    short_init = model(helper.make_node("Add", ["x", "w"], ["y"]), inits={
+        "w": np.ones((2, 3), np.float32)})
+    short_init.graph.initializer[0].dims[0] = 4  # 24 bytes of data for 12 floats
+    mixed = model(helper.make_node("MatMul", ["x", "w"], ["y"]), [("x", (2, 3), "int32")],
+                  {"w": np.ones((3, 2), np.float32)})
+    bad_type = model(helper.make_node("Relu", ["x"], ["y"]))
+    bad_type.graph.input[0].type.tensor_type.elem_type = 100
+    return [(bad_perm, "perm"), (short_init, "initializer 'w'|data"),
+            (mixed, "MatMul"), (bad_type, "type 100")]
+
+
+@pytest.mark.parametrize("model,words", _invalid_graphs(), ids=["perm", "init", "mixed", "type"])
+def test_inconsistent_graphs_are_compile_errors(model, words):
+    with pytest.raises(CompileError, match=words):
+        compile_model(model)
+
+
+def test_a_nan_constant_compiles(monkeypatch):
+    """One NaN constant was a new node at every rewrite (nan != nan), so compiling never ended."""
+    def stop(*_):
+        raise TimeoutError("compile did not finish in 60 s")
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(60)
+    try:
+        model = make_model([helper.make_node("Add", ["nan", "x"], ["y"])],
+                           [("x", (2, 4, 16), "float32")], [("y", None, "float32")],
+                           {"nan": np.array(np.nan, np.float32)})
+        got = keel_run(model, {"x": np.ones((2, 4, 16), np.float32)})["y"]
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert np.isnan(got).all()
+
+
+def test_absurd_input_shape_is_refused_at_compile_time(tmp_path):
+    model = single_node_model("Relu", [(("n", 3, 8, 8), "float32")])
+    with pytest.raises(CompileError, match=r"input 'x0'.*19199999999808 elements.*2147483647"):
+        compile_model(model, input_shapes={"x0": (99999999999, 3, 8, 8)})
+
+
+def test_absurd_intermediate_shape_is_refused_at_compile_time():
+    model = single_node_model("Expand", [((1,), "float32"), np.array([10**5, 10**5])])
+    with pytest.raises(CompileError, match=r"Expand node.*output 'y'.*10000000000 elements"):
+        compile_model(model)
+
+
+def test_memory_that_cannot_be_had_at_load_is_a_typed_error(tmp_path):
+    art = dataclasses.replace(chain_artifact(), arena_bytes=2**50)
+    path = write(art, tmp_path / "huge.blob")
+    with pytest.raises(AllocError, match=f"cannot allocate {2**50} bytes"):
+        Model.load(path)
+    assert issubclass(AllocError, BlobError) and issubclass(AllocError, MemoryError)
+    _one_line_error(_tool("tools/run.py", path), str(2**50))
+
+
+# ---- CLI errors are one line, status 2 ----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def relu_blob(relu_onnx) -> Path:
+    path = relu_onnx.with_suffix(".blob")
+    write_blob(compile_model(onnx.load(relu_onnx)), path)
+    return path
+
+
+def test_run_refuses_an_npy_where_an_npz_is_expected(relu_blob, tmp_path):
+    np.save(tmp_path / "x.npy", np.zeros((1, 3, 8, 8), np.float32))
+    _one_line_error(_tool("tools/run.py", relu_blob, "--inputs", tmp_path / "x.npy"), ".npz")
+
+
+@pytest.mark.parametrize("n", ["-5", "0", "abc"])
+def test_run_bench_needs_a_positive_count(relu_blob, n):
+    _one_line_error(_tool("tools/run.py", relu_blob, "--bench", n), "--bench", repr(n))
+
+
+def test_run_check_against_a_different_model_says_so(relu_blob, tmp_path):
+    other = tmp_path / "flat.onnx"
+    onnx.save(single_node_model("Flatten", [((1, 3, 8, 8), "float32")]), other)
+    _one_line_error(_tool("tools/run.py", relu_blob, "--check", other), "shape (1, 3, 8, 8)",
+                    "(1, 192)")
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-2"])
+def test_bad_keel_threads_is_a_typed_error_and_one_cli_line(relu_blob, monkeypatch, value):
+    monkeypatch.setenv("KEEL_THREADS", value)
+    with pytest.raises(ConfigError, match=f"KEEL_THREADS.*{value!r}"):
+        threads_from_env()
+    _one_line_error(_tool("tools/run.py", relu_blob, env={**os.environ}), "KEEL_THREADS")
+
+
+def test_cli_argument_errors_are_one_line(relu_onnx, relu_blob):
+    _one_line_error(_tool("tools/compile.py", relu_onnx), "--output")
+    _one_line_error(_tool("tools/run.py", relu_blob, "--bogus"), "--bogus")
+
+
+# ---- messages that name the thing ---------------------------------------------------------------
+
+@pytest.mark.parametrize("shape,words", [
+    ((1, 4, 8, 8), ["input 'x0'", "dim 1 = 4", "the model says 3"]),
+    ((1, 3, 8), ["input 'x0'", "3 dims", "the model says 4"])])
+def test_input_shape_disagreeing_with_static_dims_names_input_dim_and_values(shape, words):
+    model = single_node_model("Conv", [((1, 3, 8, 8), "float32"),
+                                       np.ones((2, 3, 3, 3), np.float32)])
+    with pytest.raises(CompileError) as e:
+        compile_model(model, input_shapes={"x0": shape})
+    assert all(w in str(e.value) for w in words) and "IndexError" not in str(e.value)
+
+
+def test_truncated_blob_says_what_the_header_promised(relu_blob):
+    data = relu_blob.read_bytes()
+    with pytest.raises(BlobError, match=f"truncated: the header says {len(data)} bytes, the file "
+                                        f"has {len(data) - 100}"):
+        parse_blob(data[:-100])
+
+
+def test_model_load_takes_paths_only_and_leaves_fds_alone():
+    r, w = os.pipe()
+    try:
+        with pytest.raises(TypeError, match="expected a path.*int"):
+            Model.load(r)
+        os.fstat(r)  # still open: an int is not taken for a file descriptor
+    finally:
+        os.close(r), os.close(w)

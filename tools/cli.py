@@ -1,0 +1,24 @@
+"""What every keel tool shares: an argument parser whose errors are one line and exit status 2."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse prints its usage before the error; a keel CLI error is one line (`-h` shows
+    the usage)."""
+
+    def error(self, message: str):
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(2)
+
+
+def positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return n
