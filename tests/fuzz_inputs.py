@@ -77,7 +77,7 @@ def _conv_model():
 def mutate_blob(kind: str, data: bytes, rng: random.Random) -> bytes:
     if kind == "blob-raw":
         return _raw(data, rng)
-    from runner.blob import HEADER
+    from runner.format import HEADER
     if kind == "blob-header":
         fields = list(HEADER.unpack_from(data))
         k = rng.randrange(len(fields))
@@ -112,7 +112,7 @@ def _raw(data: bytes, rng: random.Random) -> bytes:
 
 
 def _manifest_bytes(data: bytes) -> bytes:
-    from runner.blob import HEADER
+    from runner.format import HEADER
     fields = HEADER.unpack_from(data)
     m_offset, m_size = fields[5], fields[6]  # HEADER: magic, version, size, flags, file size, ...
     return data[m_offset:m_offset + m_size]
@@ -121,7 +121,7 @@ def _manifest_bytes(data: bytes) -> bytes:
 def reseal(data: bytes, manifest: dict) -> bytes:
     """`data` with `manifest` in place of its manifest, and the header's sizes and both SHA-256s
     recomputed, so only the manifest's meaning can be wrong."""
-    from runner.blob import FILE_SHA256_AT, HEADER, canonical_json, file_sha256
+    from runner.format import FILE_SHA256_AT, HEADER, canonical_json, file_sha256
     fields = list(HEADER.unpack_from(data))
     text = canonical_json(manifest)
     out = bytearray(data[:fields[5]] + text)

@@ -13,7 +13,6 @@ blob says (arena, weights, io slots) and returns the outputs.
 from __future__ import annotations
 
 import ctypes
-import json
 import platform
 import re
 import subprocess
@@ -228,19 +227,12 @@ def _memory(artifact, feeds: dict) -> tuple[dict, dict, list]:
     return addr, outs, [arena, weights, slots]
 
 
-def _images(artifact) -> dict:
-    header = artifact.programs.split(b"\n", 1)[0].decode()
-    meta = json.loads(header.removeprefix("// keel ")) if header.startswith("// keel ") else {}
-    return {int(k): v for k, v in meta.get("images", {}).items()}
-
-
 def run(artifact, feeds: dict) -> dict:
     """Execute every launch of a qcom artifact on the host in half; returns the outputs."""
     src = artifact.programs.decode()
     addr, outs, keep = _memory(artifact, feeds)
-    dtypes = {b.id: b.dtype for b in artifact.buffers}
-    images = {bid: _Image(addr[bid], w, h, p, dtypes[bid] == "float16")
-              for bid, (w, h, p) in _images(artifact).items()}
+    images = {b.id: _Image(addr[b.id], b.image.width, b.image.height, b.image.pitch,
+                           b.dtype == "float16") for b in artifact.buffers if b.image}
     with tempfile.TemporaryDirectory() as tmp:
         lib = build(src, Path(tmp))
         for ln in artifact.launches:

@@ -64,6 +64,8 @@ def randomized(model: onnx.ModelProto, seed: int) -> onnx.ModelProto:
     del g.node[:], g.initializer[:]
     g.node.extend(kept)
     g.initializer.extend(inits)
+    # before IR version 4 every initializer had to be a graph input too; these are not
+    model.ir_version = max(model.ir_version, 4)
     return model
 
 

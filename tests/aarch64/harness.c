@@ -243,7 +243,13 @@ static void *load(const char *file, uint64_t size, const char *entry) {
 }
 
 /* ---- threads ------------------------------------------------------------------------------ */
-typedef struct { int count, sense; int (*yield_fn)(void); } keel_sync;  /* as runner/cpu.py */
+/* the whole struct as runner/cpu.py declares it: the kernels read every field. No clock, so
+   no deadline: a barrier here waits as long as a share takes */
+typedef struct { long long sec; long nsec; } keel_ts;
+typedef struct {
+  int count, sense; int (*yield_fn)(void);
+  int (*clock_fn)(int, keel_ts *); int clock_id; int abort; long long deadline_ns;
+} keel_sync;
 typedef void graph_fn(unsigned char *arena, const unsigned char *weights, void *const *io);
 typedef void graph_mt_fn(unsigned char *arena, const unsigned char *weights, void *const *io,
                          int tid, int nt, keel_sync *sync);
