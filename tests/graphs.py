@@ -163,6 +163,28 @@ def keel_load(model: onnx.ModelProto, target: str = "cpu", threads=(None,), **co
         return [_load_at(path, n) for n in threads]  # a mapping outlives its file
 
 
+def compiled_blob(model: onnx.ModelProto, target: str = "cpu", **compile_kwargs) -> pathlib.Path:
+    """The blob of `model`, compiled once per compiler version across test files and workers:
+    cached beside the ONNX suite's blobs (tests/onnx_backend.py, keyed by the compile path's
+    sources), under the hash of the model, the target and the options. Whole models cost tens of
+    seconds each, and several test files run the same ones."""
+    import hashlib
+    from compiler.blob import write_blob
+    from compiler.pipeline import compile_model
+    from tests.onnx_backend import _cache_dir
+
+    key = hashlib.sha256(model.SerializeToString() + repr((target, sorted(compile_kwargs.items())))
+                         .encode()).hexdigest()[:24]
+    folder = _cache_dir() or pathlib.Path(tempfile.mkdtemp(prefix="keel-test-"))
+    path = folder / "models" / f"{key}.blob"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        write_blob(compile_model(model, target=target, **compile_kwargs), tmp)
+        os.replace(tmp, path)  # atomic: a worker compiling the same model at once is harmless
+    return path
+
+
 def _load_at(path, threads: int | None):
     from runner import Model
 

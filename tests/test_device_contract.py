@@ -18,7 +18,7 @@ from runner import DeviceError, DeviceTimeout, InputError, Model
 from runner.faults import parse
 from runner.opencl import unavailable_reason
 from tests.deps import needs
-from tests.graphs import assert_close, ort_run, random_feeds
+from tests.graphs import assert_close, compiled_blob, ort_run, random_feeds
 from tests.test_opencl import mlp
 
 NO_OPENCL = unavailable_reason()
@@ -141,10 +141,9 @@ MODELS = {"mlp": lambda: mlp(np.random.default_rng(5))[0],
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_mock_replay_matches_the_cpu_bit_for_bit(name, tmp_path):
+def test_mock_replay_matches_the_cpu_bit_for_bit(name):
     proto = MODELS[name]()
-    path = tmp_path / "m.blob"
-    write_blob(compile_model(proto, target=host_target()), path)
+    path = compiled_blob(proto, target=host_target())
     feeds = random_feeds(proto, seed=4)
     want = Model.load(path, device="cpu").run(feeds)
     got = Model.load(path, device="mock").run(feeds)

@@ -14,13 +14,12 @@ import threading
 import numpy as np
 import pytest
 
-from compiler.blob import write_blob
-from compiler.pipeline import compile_model
 from models.efficientnet import make_efficientnet
 from models.openpilot import make_openpilot
 from models.resnet import make_resnet50
 from runner import Model
-from tests.graphs import assert_close, ort_run, random_feeds
+from runner.blob import read_blob
+from tests.graphs import assert_close, compiled_blob, ort_run, random_feeds
 
 ATOL, RTOL = 1e-4, 1e-4
 
@@ -31,18 +30,16 @@ pytestmark = [pytest.mark.xdist_group("end_to_end"), pytest.mark.slow, pytest.ma
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
-    """compiled(fp16_weights, float16) -> (proto, blob path, artifact), each compiled once per
-    module: compiling the openpilot model is most of this file's time."""
+def compiled():
+    """compiled(fp16_weights, float16) -> (proto, blob path, blob), each compiled once
+    (tests/graphs.py:compiled_blob): compiling the openpilot model is most of this file's time."""
     cache = {}
 
     def get(fp16_weights: bool, float16: bool = False):
         if (fp16_weights, float16) not in cache:
             proto = make_openpilot(float16=fp16_weights)
-            artifact = compile_model(proto, float16=float16)
-            path = tmp_path_factory.mktemp("op") / "op.blob"
-            write_blob(artifact, path)
-            cache[fp16_weights, float16] = proto, path, artifact
+            path = compiled_blob(proto, float16=float16)
+            cache[fp16_weights, float16] = proto, path, read_blob(path)
         return cache[fp16_weights, float16]
     return get
 
@@ -92,16 +89,16 @@ def test_bad_keel_threads_is_a_clear_error(openpilot, monkeypatch):
 
 
 def test_openpilot_arena_is_near_its_lower_bound(openpilot):
-    art = openpilot[2]
-    assert art.arena_lower_bound_bytes <= art.arena_bytes <= 1.05 * art.arena_lower_bound_bytes
+    blob = openpilot[2]
+    bound = blob.manifest["arena_lower_bound_bytes"]
+    assert bound <= blob.arena_bytes <= 1.05 * bound
 
 
 @pytest.mark.parametrize("make", [lambda: make_resnet50(size=64), lambda: make_efficientnet(size=64)],
                          ids=["resnet50", "efficientnet"])
-def test_conv_nets_match_onnxruntime(make, tmp_path, monkeypatch):
+def test_conv_nets_match_onnxruntime(make, monkeypatch):
     proto = make()
-    path = tmp_path / "m.blob"
-    write_blob(compile_model(proto), path)
+    path = compiled_blob(proto)
     feeds = random_feeds(proto, seed=3)
     got = _run(path, feeds, 2, monkeypatch)
     want = ort_run(proto, feeds)
@@ -111,9 +108,9 @@ def test_conv_nets_match_onnxruntime(make, tmp_path, monkeypatch):
 
 def test_float16_on_cpu_halves_the_weights_and_stays_close(compiled, monkeypatch):
     # the shipped case: a model with fp16 weights, compiled with --float16
-    proto, _, fp32_art = compiled(True)
-    _, path, art = compiled(True, float16=True)
-    assert abs(len(art.weights) - len(fp32_art.weights) / 2) < 0.01 * len(fp32_art.weights)
+    proto, _, fp32_blob = compiled(True)
+    _, path, blob = compiled(True, float16=True)
+    assert abs(len(blob.weights) - len(fp32_blob.weights) / 2) < 0.01 * len(fp32_blob.weights)
     feeds = random_feeds(proto, seed=4)
     got = _run(path, feeds, 1, monkeypatch)["outputs"]
     want = ort_run(proto, feeds)["outputs"]
