@@ -120,3 +120,21 @@ def test_compiler_files_and_functions_are_short():
     assert len(paths) > 30
     bad = [msg for p in paths for msg in too_long(p.read_text(), str(p.relative_to(ROOT)))]
     assert not bad, "\n".join(bad)
+
+
+def _keel_sync(text: str) -> str:
+    """The `keel_sync` typedef (and the keel_ts it uses) in a source, whitespace folded."""
+    import re
+    found = re.search(r"typedef struct \{ long long sec; long nsec; \} keel_ts;\s*typedef struct"
+                      r" \{(.*?)\} keel_sync;", text, flags=re.S)
+    assert found, "no keel_ts + keel_sync typedef"
+    return " ".join(found.group(1).split())
+
+
+def test_the_thread_sync_struct_is_declared_alike_wherever_it_is_declared():
+    # the generated kernels, the runner's cffi declaration and the qemu harness share this ABI:
+    # a field missing in one reads another's memory (the harness once lacked the deadline fields)
+    places = [ROOT / "compiler/renderers/c.py", ROOT / "runner/cpu.py",
+              ROOT / "tests/aarch64/harness.c"]
+    decls = {str(p.relative_to(ROOT)): _keel_sync(p.read_text()) for p in places}
+    assert len(set(decls.values())) == 1, decls
