@@ -140,8 +140,9 @@ def aligned_empty(shape: tuple, dtype, align: int = 64) -> np.ndarray:
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     try:
-        if nbytes > _physical_bytes():  # mapped lazily, it would "succeed", then OOM-kill a run
-            raise MemoryError(f"more than this host's {_physical_bytes()} bytes of memory")
+        physical = _physical_bytes()
+        if nbytes > physical:  # mapped lazily, it would "succeed", then OOM-kill a run
+            raise MemoryError(f"more than this host's {physical} bytes of memory")
         if nbytes >= HUGE_PAGE and HUGE_PAGES:
             raw = np.frombuffer(_huge_mapping(nbytes + HUGE_PAGE), np.uint8)
             align = HUGE_PAGE
@@ -168,7 +169,6 @@ def _huge_mapping(nbytes: int) -> mmap.mmap:
     except OSError:  # THP disabled in this kernel: the mapping still works, on small pages
         pass
     return m
-
 
 
 class HostDevice(Device):
