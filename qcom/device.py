@@ -125,6 +125,11 @@ class QcomDevice(Device):
         self.graph, g = self._obj(4 * len(rec.words), "graph")
         g.view(np.uint32)[:len(rec.words)] = rec.words
         self.graph_dwords = len(rec.words)
+        # each submission's ring entry: call the graph, wait for idle, write the timeline value
+        self.entry = np.array(
+            pkt7(OPCODES["CP_INDIRECT_BUFFER"], *lohi(self.graph.gpuaddr), self.graph_dwords)
+            + pkt7(OPCODES["CP_WAIT_FOR_IDLE"])
+            + pkt7(OPCODES["CP_MEM_WRITE"], *lohi(self.timeline.gpuaddr), 0), np.uint32)
 
     # ---- io ------------------------------------------------------------------------------------
     def io_buffer(self, slot: int) -> np.ndarray:
@@ -180,13 +185,11 @@ class QcomDevice(Device):
         for slot, b in enumerate(self.blob.inputs):
             if self._staged(slot):
                 np.copyto(self.io[slot], self.bound[slot])
-        value = self.value + 1
-        words = (pkt7(OPCODES["CP_INDIRECT_BUFFER"], *lohi(self.graph.gpuaddr), self.graph_dwords)
-                 + pkt7(OPCODES["CP_WAIT_FOR_IDLE"])
-                 + pkt7(OPCODES["CP_MEM_WRITE"], *lohi(self.timeline.gpuaddr), value))
-        at = self.ring.alloc(4 * len(words), value)
-        self.ring_words[at // 4:at // 4 + len(words)] = words
-        ts = self.kgsl.submit(self.ctx, [(self.ring_obj.gpuaddr + at, 4 * len(words))])
+        value, n = self.value + 1, len(self.entry)
+        at = self.ring.alloc(4 * n, value)
+        self.ring_words[at // 4:at // 4 + n] = self.entry
+        self.ring_words[at // 4 + n - 1] = value
+        ts = self.kgsl.submit(self.ctx, [(self.ring_obj.gpuaddr + at, 4 * n)])
         n_in = len(self.blob.inputs)
         self.pending[value] = (ts, [s for s in range(n_in, len(self.specs)) if self._staged(s)])
         self.value = value

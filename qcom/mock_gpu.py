@@ -58,8 +58,7 @@ class Gpu:
             elif pk.name == "CP_EXEC_CS":
                 self._dispatch(mem, regs, state, pk)
             elif pk.name == "CP_MEM_WRITE":
-                dst = mem.words(pk.payload[0] | pk.payload[1] << 32, len(pk.payload) - 2)
-                dst[:] = _u32(pk.payload[2:])
+                memory_writes([pk], mem)
 
     def _program(self, mem, addr: int, units: int) -> Program:
         raw = bytes(mem.view(addr, units * SHADER_UNIT))
@@ -103,6 +102,15 @@ class Gpu:
             raise GpuFault(f"{where}: {e}") from None
         nbytes = ((t.height - 1) * t.pitch + t.width) * 4 * t.dtype.itemsize
         return ("image", host_address(mem, t.gpuaddr, nbytes)[0], t)
+
+
+def memory_writes(packets, mem) -> None:
+    """The CP's CP_MEM_WRITEs alone: an on_submit for timing the host side without running
+    kernels (tools/bench_qcom.py)."""
+    for pk in packets:
+        if pk.kind == cs.TYPE7 and pk.name == "CP_MEM_WRITE":
+            dst = mem.words(pk.payload[0] | pk.payload[1] << 32, len(pk.payload) - 2)
+            dst[:] = _u32(pk.payload[2:])
 
 
 def _state(payload) -> tuple[int, int]:

@@ -5,8 +5,9 @@ entry, the ioctl's argument). What happens after the ioctl is the driver's and t
     python tools/bench_qcom.py [--runs N] [--blob model.blob]
 
 Without --blob it compiles the openpilot-shaped model with --target qcom --float16 (about 40 s,
-cached by tests/graphs.py:compiled_blob). The mock GPU's execution is switched off for the timed
-runs (the span ends before it would start), so N can be large; one executed run comes first.
+cached by tests/graphs.py:compiled_blob). The mock GPU runs no kernels in the timed runs, only the
+CP's memory writes (the timeline word; the span ends before the GPU would start), so N can be
+large; one executed run comes first.
 Two cases: inputs written into the device's own slots (run() without feeds, outputs into bound
 arrays: nothing to copy or patch) and feeds passed as fresh host arrays each run (staged: copied
 into the slots before the ioctl).
@@ -22,6 +23,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from qcom import kgsl  # noqa: E402
+from qcom.mock_gpu import memory_writes  # noqa: E402
 from runner import Model  # noqa: E402
 
 
@@ -75,7 +77,7 @@ def main() -> None:
     m.run(out=out)  # executed once: the kernels are built and the stream is known good
     print(f"{path}: {len(m.blob.launches)} launches; one executed run on the mock "
           f"{time.perf_counter() - t0:.2f} s")
-    m.device.kgsl.driver.on_submit = None
+    m.device.kgsl.driver.on_submit = memory_writes  # the CP's memory writes, no kernels
     report("run() to GPU_COMMAND, inputs in the slots", spans(m, stamps, args.runs, out=out))
     fresh = {n: np.array(m.input_view(n)) for n in m.inputs}
     us = spans(m, stamps, args.runs, feeds=lambda: {n: a.copy() for n, a in fresh.items()},
