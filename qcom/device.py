@@ -18,8 +18,8 @@ recover(): destroys the context, creates a fresh one, re-records the graph; bind
 
 Binding: io_buffer(slot) is the slot's own GPU object, mapped. bind() of another host array
 imports it zero-copy when it is whole pages (GPUOBJ_IMPORT) and patches that slot's addresses
-in the argument block; any other array is staged through the slot's object (copied in at
-submit, out at wait). The argument block is patched in place, so rebinding while a submission
+in the argument block; any other array is staged through a second object of the slot (copied in
+at submit, out at wait), so what was written into io_buffer(slot) stays for later runs. The argument block is patched in place, so rebinding while a submission
 is in flight is refused; so is a second submission while one with staged outputs is pending.
 """
 from __future__ import annotations
@@ -107,6 +107,7 @@ class QcomDevice(Device):
         self.bound: list = list(self.io)
         self.imported: dict[int, kgsl.GpuObj] = {}  # slot -> import of its bound array
         self.external: dict[int, kgsl.GpuObj] = {}  # slot -> GPU memory from bind_device
+        self.stages: dict[int, tuple] = {}  # slot -> (GPU object, array) for unaligned arrays
         self.graph = self.args = None
 
     def _record(self) -> None:
@@ -154,8 +155,10 @@ class QcomDevice(Device):
             return
         self._idle(f"binding slot {slot}")
         ptr, n = array.ctypes.data, array.nbytes
-        if array is self.io[slot] or n == 0 or ptr % kgsl.PAGE or n % kgsl.PAGE:
-            self._point(slot, self.io_objs[slot].gpuaddr)  # own memory, or staged through it
+        if array is self.io[slot]:
+            self._point(slot, self.io_objs[slot].gpuaddr)
+        elif n == 0 or ptr % kgsl.PAGE or n % kgsl.PAGE:
+            self._point(slot, self._stage(slot)[0].gpuaddr)
         else:
             obj = self.kgsl.import_user(ptr, n)
             self._point(slot, obj.gpuaddr)
@@ -173,6 +176,15 @@ class QcomDevice(Device):
         self._point(slot, mem.gpuaddr)
         self.external[slot] = self.bound[slot] = mem
 
+    def _stage(self, slot: int) -> tuple:
+        """The slot's staging object (made on first use), never its io buffer: what a caller
+        wrote into io_buffer(slot) must survive runs that bound other arrays."""
+        if slot not in self.stages:
+            spec = self.specs[slot]
+            obj, view = self._obj(spec.nbytes, f"staging for {spec.name}")
+            self.stages[slot] = (obj, view[:spec.nbytes].view(spec.dtype).reshape(spec.shape))
+        return self.stages[slot]
+
     def _staged(self, slot: int) -> bool:
         a = self.bound[slot]
         return slot not in self.external and slot not in self.imported and a is not self.io[slot]
@@ -184,7 +196,7 @@ class QcomDevice(Device):
                               "its outputs would be overwritten")
         for slot, b in enumerate(self.blob.inputs):
             if self._staged(slot):
-                np.copyto(self.io[slot], self.bound[slot])
+                np.copyto(self.stages[slot][1], self.bound[slot])
         value, n = self.value + 1, len(self.entry)
         at = self.ring.alloc(4 * n, value)
         self.ring_words[at // 4:at // 4 + n] = self.entry
@@ -206,7 +218,7 @@ class QcomDevice(Device):
             raise DeviceError(f"qcom submission {value} retired, but the timeline word the GPU "
                               f"writes last holds {int(self.timeline_word[0])}")
         for slot in staged:
-            np.copyto(self.bound[slot], self.io[slot])
+            np.copyto(self.bound[slot], self.stages[slot][1])
         self.done = value
         for v in [v for v in self.pending if v <= value]:
             del self.pending[v]
