@@ -210,21 +210,31 @@ class QcomDevice(Device):
     def wait(self, value: int, deadline: float) -> None:
         if value <= self.done:
             return
-        ts, staged = self.pending[value]
+        ts = self.pending[value][0]
         if not self.kgsl.wait_until(self.ctx, ts, deadline):
             raise DeviceTimeout(f"qcom submission {value} (KGSL timestamp {ts} of context "
                                 f"{self.ctx}) not retired by its deadline")
-        if self.timeline_word[0] < value:  # the ring entry ran, or the timestamp lies
-            raise DeviceError(f"qcom submission {value} retired, but the timeline word the GPU "
-                              f"writes last holds {int(self.timeline_word[0])}")
-        for slot in staged:
-            np.copyto(self.bound[slot], self.stages[slot][1])
-        self.done = value
-        for v in [v for v in self.pending if v <= value]:
-            del self.pending[v]
+        self._retire(value)
 
     def completed(self) -> int:
+        """Polls the retired timestamp (no wait); DeviceError when the context faulted."""
+        if self.pending:
+            retired = self.kgsl.read_timestamp(self.ctx)
+            done = [v for v, (ts, _) in self.pending.items() if kgsl.ts_reached(retired, ts)]
+            if done:
+                self._retire(max(done))
         return self.done
+
+    def _retire(self, value: int) -> None:
+        """Submission `value` (and every earlier one) retired: check the timeline word the GPU
+        writes last, copy staged outputs out."""
+        if self.timeline_word[0] < value:  # the ring entry did not run to its end
+            raise DeviceError(f"qcom submission {value} retired, but the timeline word the GPU "
+                              f"writes last holds {int(self.timeline_word[0])}")
+        for v in sorted(v for v in self.pending if v <= value):
+            for slot in self.pending.pop(v)[1]:
+                np.copyto(self.bound[slot], self.stages[slot][1])
+        self.done = value
 
     def recover(self) -> None:
         """A fresh context and a re-recorded graph; what was in flight is abandoned."""

@@ -91,7 +91,10 @@ def _launch(blob, ln, prog, layout: Layout, args: list[int], sites: dict) -> lis
                 raise BlobError(f"launch {ln.kernel}: parameter {i} is an image, buffer {bid} "
                                 f"has no image layout")
             consts[2 * i] = len(descs) // texture.DESCRIPTOR_DWORDS
-            descs += texture.descriptor(texture.Texture(address(b, layout), *b.image, b.dtype))
+            try:
+                descs += texture.descriptor(texture.Texture(address(b, layout), *b.image, b.dtype))
+            except ValueError as e:
+                raise BlobError(f"launch {ln.kernel}: buffer {bid} as an image: {e}") from None
             continue
         consts[2 * i:2 * i + 2] = lohi(address(b, layout))
         if b.region in ("input", "output"):

@@ -118,6 +118,24 @@ def test_a_page_fault_is_a_device_error_and_the_next_run_matches(case, monkeypat
     assert time.monotonic() - start >= 0.03
 
 
+def test_completed_polls_the_retired_timestamp_and_copies_staged_outputs(case, monkeypatch):
+    model, feeds, want = case
+    monkeypatch.setenv("KEEL_MOCK_FAULTS", "slow@1:200,fault@2")
+    m = load(model)
+    d = m.device
+    d.bind(0, feeds["x"])  # unaligned host arrays: staged through the slots' second objects
+    y = np.full_like(want["y"], np.nan)
+    d.bind(1, y)
+    assert d.submit(time.monotonic() + 1) == 1
+    assert d.completed() == 0 and np.isnan(y).all()  # retires 200 ms late
+    time.sleep(0.25)
+    assert d.completed() == 1
+    assert_close(y, want["y"], 1e-2, 1e-2, "staged output")  # conv_net's fp16 tolerance
+    d.submit(time.monotonic() + 1)
+    with pytest.raises(DeviceError, match="timeline word the GPU writes last holds 1"):
+        d.completed()  # fault@2: retired without running to its end
+
+
 def test_a_wrong_address_in_the_arguments_faults_the_context(case):
     """The mock reads buffer addresses from the recorded constants, nowhere else."""
     model, feeds, _ = case
