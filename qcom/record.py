@@ -113,7 +113,8 @@ def _launch(blob, ln, prog, layout: Layout, args: list[int], sites: dict) -> lis
         words += pkt4(R["SP_CS_TEX_COUNT"], n) + \
             _load(cs.SB6_CS_TEX, cs.ST6_CONSTANTS, n, tex) + \
             _load(cs.SB6_CS_TEX, cs.ST6_SHADER, 1, layout.args) + \
-            pkt4(R["SP_CS_TEX_CONST_LO"], *lohi(tex)) + pkt4(R["SP_CS_TEX_SAMP_LO"], *lohi(layout.args))
+            pkt4(R["SP_CS_TEX_CONST_LO"], *lohi(tex)) + \
+            pkt4(R["SP_CS_TEX_SAMP_LO"], *lohi(layout.args))
     return words + _sizes(ln)
 
 

@@ -37,7 +37,8 @@ def descriptor(t: Texture) -> list[int]:
     """TEX_CONST dwords 0..15 for a linear 2-D RGBA image."""
     texel = 4 * np.dtype(t.dtype).itemsize
     if not (0 < t.width < MAX_EXTENT and 0 < t.height < MAX_EXTENT):
-        raise ValueError(f"image {t.width}x{t.height}: width and height must be 1..{MAX_EXTENT - 1}")
+        raise ValueError(f"image {t.width}x{t.height}: width and height must be "
+                         f"1..{MAX_EXTENT - 1}")
     if t.pitch % PITCH_TEXELS or t.pitch < t.width:
         raise ValueError(f"image pitch {t.pitch} texels: expected a multiple of {PITCH_TEXELS} "
                          f"of at least the width {t.width}")

@@ -13,11 +13,13 @@ from compiler.pipeline import compile_model
 from qcom import kgsl, texture
 from qcom.cmdstream import split
 from qcom.errors import DeviceError
+from qcom.ring import Ring
 from runner import DeviceTimeout, Model
 from tests import halfhost
 from tests.deps import needs_tool
 from tests.graphs import assert_close, compiled_blob, make_model, ort_run
-from tests.test_opencl import LIGHT, conv_net, light_case, needs_opencl, openpilot_case  # noqa: F401
+from tests.test_opencl import (LIGHT, conv_net, light_case, needs_opencl,  # noqa: F401
+                               openpilot_case)
 
 pytestmark = [needs_tool("clang-19", halfhost.CLANG), needs_opencl,
               pytest.mark.xdist_group("qcom_device")]
@@ -194,6 +196,19 @@ def test_the_command_ring_refuses_to_overwrite_a_pending_submission(case, monkey
         d.submit(time.monotonic() + 1)
 
 
+def test_ring_wraps_to_the_start_only_over_retired_space():
+    retired = set()
+    ring = Ring(256, retired.__contains__, "test")
+    assert [ring.alloc(100, v) for v in (1, 2)] == [0, 128]  # 64-byte units
+    with pytest.raises(DeviceError, match="at offset 0 are still read by submission 1"):
+        ring.alloc(64, 3)  # the ring is full to its end: wrapping meets submission 1
+    retired.add(1)
+    assert ring.alloc(64, 3) == 0  # 1 retired: its space is reused
+    assert ring.alloc(64, 4) == 64
+    with pytest.raises(DeviceError, match="submission 2, which has not retired"):
+        ring.alloc(64, 5)
+
+
 def test_programs_are_cached_by_chip_driver_and_source(case, tmp_path):
     model, feeds, _ = case
     path = compiled_blob(model, "qcom", float16=True)
@@ -207,7 +222,8 @@ def test_texture_descriptor_round_trips_and_refuses_bad_pitch():
     t = texture.Texture(0x1_0000_1040, 5, 96, 64, np.dtype("float16"))
     words = texture.descriptor(t)
     assert texture.decode(words) == t
-    assert words[0] >> 22 & 0xFF == texture.FMT6_16_16_16_16_FLOAT and words[2] >> 7 == 64 * 8 | 1 << 22
+    assert words[0] >> 22 & 0xFF == texture.FMT6_16_16_16_16_FLOAT
+    assert words[2] == (64 * 8) << 7 | texture.TEX_2D << 29  # pitch in bytes: 64 fp16 texels
     with pytest.raises(ValueError, match="multiple of 64"):
         texture.descriptor(t._replace(pitch=96))
 
