@@ -55,6 +55,18 @@ def test_half_model_matches_the_host_half_build_bit_for_bit(case):
     assert_close(got, want["y"], 1e-2, 1e-2, "conv_net fp16 on qcom")
 
 
+def test_nothing_on_the_per_run_path_touches_libopencl(case, monkeypatch):
+    """Half programs run on the host build, so with libOpenCL gone only the device's own path
+    (binding, the ring entry, the ioctl, the wait) is left, and it runs."""
+    model, feeds, want = case
+    m = load(model)
+
+    def gone():
+        raise AssertionError("libOpenCL used on the per-run path")
+    monkeypatch.setattr("runner.cl.lib", gone)
+    assert_close(m.run(feeds)["y"], want["y"], 1e-2, 1e-2, "conv_net fp16 on qcom")
+
+
 def test_float_model_runs_on_pocl_and_matches_onnxruntime(case):
     """Float programs execute on PoCL, with the image read through the recorded descriptor;
     fp32 against fp32 with 72-term sums: the OpenCL conv test's 1e-5."""
