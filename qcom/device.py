@@ -19,9 +19,9 @@ recover(): destroys the context, creates a fresh one, re-records the graph; bind
 Binding: io_buffer(slot) is the slot's own GPU object, mapped. bind() of another host array
 imports it zero-copy when it is whole pages (GPUOBJ_IMPORT) and patches that slot's addresses
 in the argument block; any other array is staged through a second object of the slot (copied in
-at submit, out at wait), so what was written into io_buffer(slot) stays for later runs.
-The argument block is patched in place, so rebinding while a submission
-is in flight is refused; so is a second submission while one with staged outputs is pending.
+at submit, out at wait), so what was written into io_buffer(slot) stays for later runs. The
+argument block is patched in place, so rebinding while a submission is in flight is refused; so
+is a second submission while one with staged outputs is pending.
 """
 from __future__ import annotations
 
