@@ -171,6 +171,7 @@ class GpuObj(NamedTuple):
 
 class KernelDriver:
     """The real entry point: the device node, fcntl.ioctl and mmap."""
+    compiler = "vendor"  # programs come from the vendor OpenCL compiler (qcom/program.py)
 
     def open(self, path: str) -> int:
         return os.open(path, os.O_RDWR | os.O_CLOEXEC)

@@ -16,9 +16,15 @@ the two sizes):
   EINVAL, for one queued but not retired in time ETIMEDOUT, on a faulted context EDEADLK.
 
 GPU memory is memfd-backed, so mmap() returns a second mapping of the very bytes the "GPU" sees.
-Execution is pluggable: `on_submit(packets, memory)` runs each decoded submission (PoCL later);
-`hang` and `delay_s` make submissions never retire or retire late; an on_submit that raises
-GpuFault marks the context faulted, as a GPU page fault does.
+Execution: `on_submit(packets, memory)` runs each decoded submission; by default that is
+qcom/mock_gpu.py's Gpu, which executes every dispatch's OpenCL C (PoCL, or clang `_Float16` for
+half programs) over this memory. An on_submit that raises marks the context faulted, as a GPU
+page fault does: later waits and submissions on it give EDEADLK with the reason.
+
+Fault injection, per submission of this driver (counted from 1 across contexts), from
+KEEL_MOCK_FAULTS with runner/faults.py's syntax: hang@N never retires (the dispatches do not
+run), fault@N faults the context, slow@N:MS retires MS milliseconds late. `hang` and `delay_s`
+do the same for every submission.
 """
 from __future__ import annotations
 
@@ -32,12 +38,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 from qcom import cmdstream, kgsl
+from qcom.mock_gpu import Gpu, GpuFault
+from runner.faults import from_env
 
 GPU_BASE = 0x1_0000_0000  # where the mock's GPU virtual addresses start
-
-
-class GpuFault(Exception):
-    """Raised by an on_submit handler for what would be a GPU page fault."""
+FAULTS_VAR = "KEEL_MOCK_FAULTS"  # the runtime core's variable: one syntax for every mock
 
 
 def _fail(code: int, why: str):
@@ -83,7 +88,7 @@ class Memory:
 
 class Context:
     def __init__(self, flags: int):
-        self.flags, self.queued, self.faulted = flags, 0, False
+        self.flags, self.queued, self.faulted = flags, 0, ""  # faulted: why, once it has
         self.retire_at: dict[int, float] = {}  # timestamp -> monotonic time it retires; inf: hung
 
     def retired(self) -> int:
@@ -98,10 +103,14 @@ class Context:
 
 
 class MockKgsl:
+    compiler = "mock"  # programs are keel's mock binaries: OpenCL C + metadata (qcom/program.py)
+
     def __init__(self, chip_id: int = 0x06030001, gpu_id: int = 630,
                  on_submit: Callable | None = None):
-        self.chip_id, self.gpu_id, self.on_submit = chip_id, gpu_id, on_submit
+        self.chip_id, self.gpu_id = chip_id, gpu_id
+        self.on_submit = Gpu() if on_submit is None else on_submit
         self.hang, self.delay_s = False, 0.0
+        self.faults, self.count = from_env(FAULTS_VAR), 0  # count: submissions so far
         self.mem, self.contexts, self.ctx_ids = Memory(), {}, itertools.count(1)
         self.fds, self.submissions = set(), []
         self.handlers = {i.number: getattr(self, "_" + i.name.removeprefix("IOCTL_KGSL_").lower())
@@ -227,7 +236,8 @@ class MockKgsl:
     def _gpu_command(self, a) -> None:
         ctx = self._context(a.context_id)
         if ctx.faulted:
-            _fail(errno.EDEADLK, f"context {a.context_id} faulted and must be recreated")
+            _fail(errno.EDEADLK, f"context {a.context_id} faulted ({ctx.faulted}) and must be "
+                  f"recreated")
         if a.cmdsize != ctypes.sizeof(kgsl.CommandObject) or not 1 <= a.numcmds <= 256:
             _fail(errno.EINVAL, f"cmdsize {a.cmdsize} numcmds {a.numcmds}: expected cmdsize "
                   f"{ctypes.sizeof(kgsl.CommandObject)} and 1..256 commands")
@@ -236,14 +246,20 @@ class MockKgsl:
         cmds = (kgsl.CommandObject * a.numcmds).from_address(a.cmdlist)
         packets = [p for i, c in enumerate(cmds) for p in self._decode_ib(i, c)]
         ctx.queued += 1
+        self.count += 1
         self.submissions.append((a.context_id, ctx.queued, packets))
+        fault = self.faults.at(self.count)
+        kind, delay = fault and fault.kind, fault.ms / 1000 if fault else 0.0
         try:
-            if self.on_submit is not None:
+            if kind == "fault":
+                raise GpuFault(f"injected page fault ({FAULTS_VAR} fault@{self.count})")
+            if kind != "hang" and not self.hang and self.on_submit is not None:
                 self.on_submit(packets, self.mem)
-        except GpuFault:
-            ctx.faulted = True
-        done = float("inf") if self.hang else time.monotonic() + self.delay_s
-        ctx.retire_at[ctx.queued] = done
+        except Exception as e:  # noqa: BLE001 - whatever the GPU trips on loses the context
+            ctx.faulted = f"{type(e).__name__}: {e}"
+        hung = self.hang or kind == "hang"
+        ctx.retire_at[ctx.queued] = float("inf") if hung else \
+            time.monotonic() + self.delay_s + delay
         a.timestamp = ctx.queued
 
     def _decode_ib(self, i: int, c) -> list:
@@ -267,7 +283,7 @@ class MockKgsl:
     def _device_waittimestamp_ctxtid(self, a) -> None:
         ctx = self._context(a.context_id)
         if ctx.faulted:
-            _fail(errno.EDEADLK, f"context {a.context_id} faulted")
+            _fail(errno.EDEADLK, f"context {a.context_id} faulted: {ctx.faulted}")
         if not kgsl.ts_reached(ctx.queued, a.timestamp):
             _fail(errno.EINVAL, f"timestamp {a.timestamp} was never queued (last {ctx.queued})")
         timeout = a.timeout / 1000 if a.timeout else float("inf")  # 0 waits forever, as in KGSL

@@ -51,7 +51,8 @@ TARGETS = {"cpu": "cpu", "cpu-avx512": "cpu", "cpu-aarch64": "cpu", "cpu-arm64-a
            "opencl": "opencl", "qcom": "opencl"}  # qcom: OpenCL C for Adreno, via libOpenCL
 # device name -> "module:Class"
 DEVICES = {"cpu": "runner.cpu:CpuDevice", "opencl": "runner.opencl:OpenCLDevice",
-           "mock": "runner.mock:MockDevice"}
+           "mock": "runner.mock:MockDevice",
+           "qcom": "qcom.device:QcomDevice"}  # KGSL direct (Adreno 630); KEEL_KGSL=mock in CI
 
 MIN_SLEEP_S = 20e-6
 MAX_SLEEP_S = 1e-3  # a submission that completes while we sleep costs at most this much latency

@@ -23,7 +23,10 @@ from tests.test_opencl import mlp
 
 NO_OPENCL = unavailable_reason()
 NEEDS_POCL = needs("pocl-opencl-icd", NO_OPENCL)
-DEVICES = ["cpu", "mock", pytest.param("opencl", marks=NEEDS_POCL)]
+# qcom: the KGSL device on the mock KGSL (KEEL_KGSL=mock, set by the fixture below), whose GPU
+# runs float programs on PoCL
+DEVICES = ["cpu", "mock", pytest.param("opencl", marks=NEEDS_POCL),
+           pytest.param("qcom", marks=NEEDS_POCL)]
 SLOW_MS = 120_000  # PoCL on a shared 2-core machine: a deadline no healthy run comes near
 # A wall-clock bound in a test on a machine shared with other jobs: a hang must be reported at
 # its deadline; the 2 ms bound itself is proven with a fake clock in test_deadline.py.
@@ -36,12 +39,18 @@ def mlp_case(tmp_path_factory):
     other = {"x": np.random.default_rng(12).standard_normal(feeds["x"].shape).astype(np.float32)}
     d = tmp_path_factory.mktemp("contract")
     paths = {}
-    for device, target in (("cpu", host_target()), ("mock", host_target()), ("opencl", "opencl")):
-        if device != "opencl" or NO_OPENCL is None:
+    for device, target in (("cpu", host_target()), ("mock", host_target()), ("opencl", "opencl"),
+                           ("qcom", "qcom")):
+        if device not in ("opencl", "qcom") or NO_OPENCL is None:
             paths[device] = d / f"{device}.blob"
             write_blob(compile_model(model, target=target), paths[device])
     want = [ort_run(model, f)["y"] for f in (feeds, other)]
     return paths, [feeds, other], want
+
+
+@pytest.fixture(autouse=True)
+def mock_kgsl(monkeypatch):
+    monkeypatch.setenv("KEEL_KGSL", "mock")  # device "qcom" only: no other device reads it
 
 
 def _load(mlp_case, device) -> Model:

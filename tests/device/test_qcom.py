@@ -4,14 +4,18 @@
 
 Skipped elsewhere. The same calls run against qcom/mock_kgsl.py in tests/test_qcom_mock.py; here
 the kernel and the CP answer instead, so a wrong struct layout, ioctl number or packet header shows
-up as an errno or a value the GPU did not write. The whole-model runs and latency comparison of
-the issue's item 9 come with the qcom device backend.
+up as an errno or a value the GPU did not write. The last test runs the openpilot-shaped model
+and onnx's light models through device="qcom", compares them with the CPU backend and prints
+their latency (median, p99, max over 1000 runs) beside the vendor OpenCL path (device="opencl").
+It compiles with tests/graphs.py:compiled_blob, so the device needs keel's compiler dependencies
+(onnx, clang-19 for the cpu-aarch64 reference).
 """
 import ctypes
 import mmap
 import os
 import time
 
+import numpy as np
 import pytest
 
 from qcom import kgsl
@@ -80,3 +84,52 @@ def test_a_timestamp_never_submitted_is_refused(dev):
             dev.wait(ctx, 1000, 10)
     finally:
         dev.context_destroy(ctx)
+
+
+# ---- whole models through device="qcom", beside the vendor OpenCL path (issue item 9) ---------
+
+RUNS = 1000
+
+
+def _latency_ms(m, feeds, runs: int = RUNS) -> np.ndarray:
+    for name, arr in feeds.items():
+        m.input_view(name)[:] = arr
+    out = {name: np.empty(shape, dtype) for name, (shape, dtype) in m.outputs.items()}
+    m.run(out=out)  # warm
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        m.run(out=out)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return np.array(times)
+
+
+def _models():
+    """(name, onnx model, feeds, float16, rtol, atol) for the openpilot-shaped model and onnx's
+    light models. openpilot in fp16 against the fp32 CPU backend: the OpenCL tests' fp16
+    tolerance (5e-2 on O(1) outputs). Light models in fp32 (squeezenet overflows fp16): onnx's
+    1e-3 relative, with 1e-5 absolute for the sums the GPU orders differently from the CPU."""
+    from models.openpilot import INPUTS, make_openpilot
+    from tests.test_opencl import LIGHT, light_case
+    rng = np.random.default_rng(0)
+    feeds = {n: (rng.integers(0, 256, s).astype(d) if d == np.uint8
+                 else rng.standard_normal(s).astype(d)) for n, (d, s) in INPUTS.items()}
+    yield "openpilot", make_openpilot(float16=True), feeds, True, 5e-2, 5e-2
+    for name in LIGHT:
+        model, feeds, _ = light_case(name)
+        yield name, model, feeds, False, 1e-3, 1e-5
+
+
+def test_whole_models_match_the_cpu_backend_and_report_latency(dev, monkeypatch):
+    from runner import Model
+    from tests.graphs import assert_close, compiled_blob
+    for name, model, feeds, fp16, rtol, atol in _models():
+        want = Model.load(compiled_blob(model, "cpu-aarch64")).run(feeds)
+        path = compiled_blob(model, "qcom", float16=fp16)
+        qcom = Model.load(path, device="qcom")
+        for out, value in qcom.run(feeds).items():
+            assert_close(value, want[out], rtol, atol, f"{name} {out} on qcom")
+        for device, m in (("qcom", qcom), ("opencl", Model.load(path, device="opencl"))):
+            ms = _latency_ms(m, feeds)
+            print(f"{name} {device}: median {np.median(ms):.2f} ms, p99 "
+                  f"{np.percentile(ms, 99):.2f} ms, max {ms.max():.2f} ms over {RUNS} runs")

@@ -1,0 +1,139 @@
+"""The whole graph as one indirect buffer, recorded once from the blob's replay table.
+
+`record(blob, programs, layout)` returns the stream (u32 words), the argument block it points
+into (kernel constants, texture descriptors, the one sampler), and where in that block each io
+slot's address sits, so a run that binds other io memory rewrites only those dwords.
+
+Per launch:
+  CP_WAIT_FOR_IDLE                       when the launch reads what an earlier one wrote (barrier)
+  SP_CS_OBJ_START, SP_CS_INSTRLEN        where the program's binary is, and its length
+  CP_LOAD_STATE6_FRAG shader, constants  indirect loads from the shader object and the arg block
+  SP_CS_TEX_COUNT, CP_LOAD_STATE6_FRAG textures and sampler, SP_CS_TEX_CONST / _SAMP  (images)
+  HLSQ_CS_NDRANGE_0..6, HLSQ_CS_KERNEL_GROUP_X..Z, CP_EXEC_CS   sizes, then the dispatch
+The stream starts by entering compute mode and pointing the border-colour base at a zeroed
+table (clamp-to-border reads 0, OpenCL's CLK_ADDRESS_CLAMP), and ends waiting for idle.
+
+Not programmed here, because they come from a vendor binary's parse (register footprint, thread
+size, constant base registers): SP_CS_CTRL_REG0, SP_CS_CONFIG, HLSQ_CS_CNTL_0. docs/qcom.md lists
+what only hardware can prove.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from qcom import cmdstream as cs
+from qcom import texture
+from qcom.cmdstream import lohi, pkt4, pkt7
+from runner.errors import BlobError
+
+OP, R = cs.OPCODES, cs.REGISTERS
+MAX_GROUP = 128  # work items per group the recorder picks when the blob leaves it to the driver
+
+
+class Layout(NamedTuple):
+    """GPU addresses of what the stream names."""
+    region: dict  # "arena" / "weights" -> base address
+    io: list  # io slot -> address bound now
+    shaders: dict  # kernel -> address of its binary
+    args: int  # the argument block
+    border: int  # the zeroed border-colour table
+
+
+class Recording(NamedTuple):
+    words: list[int]
+    args: np.ndarray  # uint32 dwords of the argument block
+    sites: dict  # io slot -> [dword index in args of a 64-bit address]
+
+
+def address(b, layout: Layout) -> int:
+    return layout.io[b.offset] if b.region in ("input", "output") else \
+        layout.region[b.region] + b.offset
+
+
+def local_size(gs: list[int]) -> list[int]:
+    """Per dim the largest divisor of the global size that keeps the group within MAX_GROUP."""
+    out, room = [], MAX_GROUP
+    for g in gs:
+        d = max(d for d in range(1, min(g, room) + 1) if g % d == 0)
+        out.append(d)
+        room //= d
+    return out
+
+
+def _load(block: int, kind: int, units: int, addr: int) -> list[int]:
+    head = units << 22 | block << 18 | cs.SS6_INDIRECT << 16 | kind << 14
+    return pkt7(OP["CP_LOAD_STATE6_FRAG"], head, *lohi(addr))
+
+
+def _sizes(ln) -> list[int]:
+    gs = list(ln.global_size) + [1] * (3 - len(ln.global_size))
+    ls = list(ln.local_size) + [1] * (3 - len(ln.local_size)) if ln.local_size else local_size(gs)
+    if any(g % n for g, n in zip(gs, ls)) or max(ls) > 1024:
+        raise BlobError(f"launch {ln.kernel}: global size {gs} is not whole work-groups of {ls}")
+    nd0 = len(ln.global_size) | (ls[0] - 1) << 2 | (ls[1] - 1) << 12 | (ls[2] - 1) << 22
+    return (pkt4(R["HLSQ_CS_NDRANGE_0"], nd0, gs[0], 0, gs[1], 0, gs[2], 0)
+            + pkt4(R["HLSQ_CS_KERNEL_GROUP_X"], 1, 1, 1)
+            + pkt7(OP["CP_EXEC_CS"], 0, *(g // n for g, n in zip(gs, ls))))
+
+
+def _launch(blob, ln, prog, layout: Layout, args: list[int], sites: dict) -> list[int]:
+    """One dispatch's packets; appends its constants and descriptors to `args` (dwords)."""
+    if len(ln.args) != len(prog.params):
+        raise BlobError(f"launch {ln.kernel}: {len(ln.args)} buffers for a kernel of "
+                        f"{len(prog.params)} parameters")
+    consts, descs = [0] * (prog.const_vec4s * 4), []
+    for i, (bid, kind) in enumerate(zip(ln.args, prog.params)):
+        b = blob.buffers[bid]
+        if kind == "image":
+            if b.image is None:
+                raise BlobError(f"launch {ln.kernel}: parameter {i} is an image, buffer {bid} "
+                                f"has no image layout")
+            consts[2 * i] = len(descs) // texture.DESCRIPTOR_DWORDS
+            try:
+                descs += texture.descriptor(texture.Texture(address(b, layout), *b.image, b.dtype))
+            except ValueError as e:
+                raise BlobError(f"launch {ln.kernel}: buffer {bid} as an image: {e}") from None
+            continue
+        consts[2 * i:2 * i + 2] = lohi(address(b, layout))
+        if b.region in ("input", "output"):
+            sites.setdefault(b.offset, []).append(len(args) + 2 * i)
+    base = layout.args + 4 * len(args)
+    args += consts + descs
+    args += [0] * (-len(args) % 16)  # every block 64-byte aligned
+    words = pkt7(OP["CP_WAIT_FOR_IDLE"]) if ln.barrier else []
+    shader = layout.shaders[ln.kernel]
+    words += pkt4(R["SP_CS_OBJ_START_LO"], *lohi(shader)) + \
+        pkt4(R["SP_CS_INSTRLEN"], len(prog.binary) // 4) + \
+        _load(cs.SB6_CS_SHADER, cs.ST6_SHADER, prog.units, shader) + \
+        _load(cs.SB6_CS_SHADER, cs.ST6_CONSTANTS, prog.const_vec4s, base)
+    if descs:
+        n, tex = len(descs) // texture.DESCRIPTOR_DWORDS, base + 4 * len(consts)
+        words += pkt4(R["SP_CS_TEX_COUNT"], n) + \
+            _load(cs.SB6_CS_TEX, cs.ST6_CONSTANTS, n, tex) + \
+            _load(cs.SB6_CS_TEX, cs.ST6_SHADER, 1, layout.args) + \
+            pkt4(R["SP_CS_TEX_CONST_LO"], *lohi(tex)) + \
+            pkt4(R["SP_CS_TEX_SAMP_LO"], *lohi(layout.args))
+    return words + _sizes(ln)
+
+
+def record(blob, programs: dict, layout: Layout) -> Recording:
+    args = texture.sampler() + [0] * 12  # the one sampler, at the start of the block
+    sites: dict[int, list[int]] = {}
+    words = pkt7(OP["CP_SET_MARKER"], cs.RM6_COMPUTE) + \
+        pkt4(R["SP_PS_TP_BORDER_COLOR_BASE_ADDR_LO"], *lohi(layout.border))
+    for ln in blob.launches:
+        words += _launch(blob, ln, programs[ln.kernel], layout, args, sites)
+    words += pkt7(OP["CP_WAIT_FOR_IDLE"])
+    return Recording(words, np.array(args, np.uint32), sites)
+
+
+def args_bytes(blob, programs: dict) -> int:
+    """The argument block's size, known before any address is (to allocate it first)."""
+    n = 16
+    for ln in blob.launches:
+        p = programs[ln.kernel]
+        imgs = sum(k == "image" for k in p.params)
+        n += -(-(p.const_vec4s * 4 + imgs * texture.DESCRIPTOR_DWORDS) // 16) * 16
+    return 4 * n

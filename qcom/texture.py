@@ -1,0 +1,84 @@
+"""a6xx texture descriptors (16 dwords) and samplers (4 dwords) for the image-layout buffers the
+compiler chooses: RGBA, fp16 or fp32 texels, linear rows `pitch` texels apart (a multiple of 64),
+read with unnormalized coordinates, nearest filtering and clamp-to-border (border colour 0, which
+is what OpenCL's CLK_ADDRESS_CLAMP returns outside an image).
+
+Field positions come from Mesa's a6xx.xml (freedreno/envytools@d88cafa, domains A6XX_TEX_CONST and
+A6XX_TEX_SAMP; formats from enum a6xx_format). `decode` is what the mock GPU reads back: the image
+a kernel samples is whatever the descriptor it was given says, nothing else.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+DESCRIPTOR_DWORDS, SAMPLER_DWORDS = 16, 4
+PITCH_TEXELS = 64  # the compiler's image pitch alignment (docs/blob.md)
+
+FMT6_16_16_16_16_FLOAT, FMT6_32_32_32_32_FLOAT = 0x62, 0x82
+FORMATS = {np.dtype("float16"): FMT6_16_16_16_16_FLOAT, np.dtype("float32"): FMT6_32_32_32_32_FLOAT}
+DTYPES = {v: k for k, v in FORMATS.items()}
+TEX_X, TEX_Y, TEX_Z, TEX_W = 0, 1, 2, 3  # a6xx_tex_swiz
+TEX_2D = 1  # a6xx_tex_type
+TEX_NEAREST, TEX_CLAMP_TO_BORDER = 0, 3  # a6xx_tex_filter, a6xx_tex_clamp
+MAX_EXTENT = 1 << 15  # WIDTH and HEIGHT are 15-bit fields
+
+
+class Texture(NamedTuple):
+    gpuaddr: int
+    width: int  # texels
+    height: int
+    pitch: int  # texels between row starts
+    dtype: np.dtype
+
+
+def descriptor(t: Texture) -> list[int]:
+    """TEX_CONST dwords 0..15 for a linear 2-D RGBA image."""
+    texel = 4 * np.dtype(t.dtype).itemsize
+    if not (0 < t.width < MAX_EXTENT and 0 < t.height < MAX_EXTENT):
+        raise ValueError(f"image {t.width}x{t.height}: width and height must be "
+                         f"1..{MAX_EXTENT - 1}")
+    if t.pitch % PITCH_TEXELS or t.pitch < t.width:
+        raise ValueError(f"image pitch {t.pitch} texels: expected a multiple of {PITCH_TEXELS} "
+                         f"of at least the width {t.width}")
+    if t.gpuaddr % 64:  # BASE_LO holds address bits 5..31; the compiler aligns images to 64
+        raise ValueError(f"image base {t.gpuaddr:#x} is not 64-byte aligned")
+    words = [0] * DESCRIPTOR_DWORDS
+    words[0] = (TEX_X << 4 | TEX_Y << 7 | TEX_Z << 10 | TEX_W << 13
+                | FORMATS[np.dtype(t.dtype)] << 22)  # TILE_MODE linear, SWAP WZYX: both 0
+    words[1] = t.width | t.height << 15
+    words[2] = (t.pitch * texel) << 7 | TEX_2D << 29  # PITCH is in bytes
+    words[4] = t.gpuaddr & 0xFFFFFFE0
+    words[5] = (t.gpuaddr >> 32) & 0x1FFFF | 1 << 17  # DEPTH 1
+    return words
+
+
+def decode(words) -> Texture:
+    """The image a descriptor names; ValueError for anything `descriptor` would not write."""
+    w = [int(x) for x in words]
+    fmt = (w[0] >> 22) & 0xFF
+    if fmt not in DTYPES or (w[2] >> 29) & 3 != TEX_2D or w[0] & 3:
+        raise ValueError(f"texture descriptor format {fmt:#x}, type {(w[2] >> 29) & 3}, tile "
+                         f"mode {w[0] & 3}: expected a linear 2-D RGBA fp16/fp32 image")
+    dtype = DTYPES[fmt]
+    pitch_bytes = (w[2] >> 7) & 0x3FFFFF
+    texel = 4 * dtype.itemsize
+    if pitch_bytes % texel:
+        raise ValueError(f"texture pitch {pitch_bytes} bytes is not whole {texel}-byte texels")
+    return Texture(w[4] & 0xFFFFFFE0 | (w[5] & 0x1FFFF) << 32, w[1] & 0x7FFF, (w[1] >> 15) & 0x7FFF,
+                   pitch_bytes // texel, dtype)
+
+
+def sampler() -> list[int]:
+    """TEX_SAMP dwords 0..3: nearest, clamp-to-border on every axis, unnormalized coordinates."""
+    wrap = TEX_CLAMP_TO_BORDER
+    return [TEX_NEAREST << 1 | TEX_NEAREST << 3 | wrap << 5 | wrap << 8 | wrap << 11,
+            1 << 5, 0, 0]  # UNNORM_COORDS; BCOLOR_OFFSET 0: the border entry at the base
+
+
+def check_sampler(words) -> None:
+    """The mock executes OpenCL's CLK_ADDRESS_CLAMP (zero outside); refuse any other sampler."""
+    if [int(x) for x in words] != sampler():
+        raise ValueError(f"sampler {[hex(int(x)) for x in words]}: expected nearest, "
+                         f"clamp-to-border, unnormalized coordinates {[hex(x) for x in sampler()]}")
