@@ -93,3 +93,33 @@ def _command(target: str) -> list[str]:
         return [GCC, *t.cpu_flags, *COMMON_FLAGS]
     raise CompileError(f"{CLANG} not found; the {GCC} fallback only builds for the host target "
                        f"{host_target()!r}, got {target!r}")
+
+
+LLD = "ld.lld-19"
+OBJCOPY = "llvm-objcopy-19"
+# the OpenCL C the code object was compiled from rides along in a non-loaded section: the mock GPU
+# (am/mock_gpu.py) runs it on PoCL; a real GPU never maps it
+SOURCE_SECTION = ".keel.opencl"
+# -nogpulib: no ROCm device library; the program defines the builtins it calls (renderers/amdgcn.py)
+GPU_FLAGS = ("-x", "cl", "-cl-std=CL1.2", "-nogpulib", "-O2", "-ffp-contract=fast")
+
+
+def build_code_object(source: str, arch: str) -> bytes:
+    """OpenCL C -> one HSA code object (an ELF shared object) for AMD GPU `arch` (gfx1100):
+    clang-19 compiles, ld.lld-19 links, llvm-objcopy-19 attaches the source."""
+    steps = [[CLANG, "-target", "amdgcn-amd-amdhsa", f"-mcpu={arch}", *GPU_FLAGS, "-c",
+              "graph.cl", "-o", "graph.o"],
+             [LLD, "-shared", "graph.o", "-o", "graph.hsaco"],
+             [OBJCOPY, "--add-section", f"{SOURCE_SECTION}=graph.cl", "--set-section-flags",
+              f"{SOURCE_SECTION}=readonly", "graph.hsaco"]]
+    with tempfile.TemporaryDirectory(prefix="keel-amd-") as tmp:
+        Path(tmp, "graph.cl").write_text(source)
+        for cmd in steps:
+            if not shutil.which(cmd[0]):
+                raise CompileError(f"{cmd[0]} not found; target {arch!r} needs clang-19, lld-19 "
+                                   f"and llvm-19 (apt-get install clang-19 lld-19 llvm-19)")
+            proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise CompileError(f"{cmd[0]} failed for {arch} (exit {proc.returncode}):\n"
+                                   f"{proc.stderr.strip()}")
+        return Path(tmp, "graph.hsaco").read_bytes()
