@@ -48,7 +48,8 @@ from runner.errors import AllocError, DeviceError, DeviceTimeout
 
 # blob target -> device that runs it
 TARGETS = {"cpu": "cpu", "cpu-avx512": "cpu", "cpu-aarch64": "cpu", "cpu-arm64-apple": "cpu",
-           "opencl": "opencl", "qcom": "opencl"}  # qcom: OpenCL C for Adreno, via libOpenCL
+           "opencl": "opencl", "qcom": "opencl",  # qcom: OpenCL C for Adreno, via libOpenCL
+           "amd": "amd"}  # a gfx1100 HSA code object, run by am/ over usbgpu/
 # device name -> "module:Class"
 DEVICES = {"cpu": "runner.cpu:CpuDevice", "opencl": "runner.opencl:OpenCLDevice",
            "mock": "runner.mock:MockDevice"}
