@@ -161,7 +161,7 @@ class Usb:
                 check(self.lib.libusb_submit_transfer(t), f"submit to endpoint 0x{ep:02x}")
             self._pump(ts, deadline)
         finally:
-            self._cancel(ts, deadline)
+            self._cancel(ts)
         self.transfers += len(ts)
         self.bytes += sum(t.actual_length for t in ts)
 
@@ -180,7 +180,7 @@ class Usb:
             raise DeviceError(f"USB transfer on endpoint 0x{bad.endpoint:02x}: "
                               f"{STATUS[bad.status] if 0 <= bad.status < 7 else bad.status}")
 
-    def _cancel(self, ts, deadline: float) -> None:
+    def _cancel(self, ts) -> None:
         """Cancel what is still pending, give libusb a bounded moment to hand the transfers back,
         and free them (a transfer libusb still owns is leaked, never freed under it)."""
         for t in ts:
