@@ -91,7 +91,7 @@ def test_embedded_source_is_plain_opencl_outside_amdgcn(artifacts):
     src = elf.read(artifacts["conv_f16"].programs).source
     outside = re.sub(r"#ifdef __AMDGCN__.*?#endif\n", "", src, flags=re.S)
     assert "__builtin_amdgcn" not in outside and "vstore_half" in outside
-    assert elf.SOURCE_SECTION == toolchain.SOURCE_SECTION
+    assert elf.SOURCE_SYMBOL == toolchain.SOURCE_SYMBOL
 
 
 def test_msgpack_decodes_every_kind_amdgpu_metadata_uses():
