@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from runner.errors import DeviceError
 
 BINARY_SIGNATURE, IPDS_SIGNATURE = 0x28211407, 0x53445049  # discovery.h
+DISCOVERY_TMR_OFFSET = 64 << 10  # discovery.h: the binary starts this far below the top of VRAM
 # soc15_hw_ip.h hardware ids of the blocks keel needs firmware for
 HW_IDS = {1: "MP1", 11: "GC", 42: "SDMA0", 255: "MP0"}
 HEADER = struct.Struct("<IHHHH")

@@ -12,7 +12,8 @@ keeps the SH registers SET_SH_REG writes, and executes:
     code object as `keel_source`) on PoCL, each pointer argument a sub-buffer of GPU memory from
     that address to the end of its allocation: exactly the buffers the packets bound.
   ACQUIRE_MEM: PoCL runs dispatches in order; nothing to wait for.
-  RELEASE_MEM: writes its 64-bit value to its address.
+  DMA_DATA: copies between any two addresses (VRAM, or the host's DMA window).
+  RELEASE_MEM: once every dispatch before it finished, writes its 64-bit value to its address.
 No mock proves the ISA: the gfx1100 machine code in the code object is never executed here.
 
 The PoCL executor lives here for now; qcom's mock executes Adreno dispatches on PoCL too, and the
@@ -74,15 +75,22 @@ class Memory:
 
 
 class CommandProcessor:
-    def __init__(self, memory: Memory):
-        self.mem = memory
+    """`space` is every address the CP reaches (VRAM, and system memory through an aperture:
+    am/mock_device.py); `memory` the VRAM that kernels' buffers live in."""
+
+    def __init__(self, memory: Memory, space=None):
+        self.mem = space or memory
         self.sh: dict[int, int] = {}
         self.pocl = Pocl(memory)
+        self.vram = memory
         self.code: dict[int, elf.CodeObject] = {}  # by base address
         self.dispatches = 0
 
     def run(self, address: int, dwords: int, depth: int = 0) -> None:
-        packets = pm4.decode(pm4.words(self.mem.read(address, 4 * dwords)))
+        self.execute(pm4.words(self.mem.read(address, 4 * dwords)), depth)
+
+    def execute(self, words: list[int], depth: int = 0) -> None:
+        packets = pm4.decode(words)
         for p in packets:
             if p.op == pm4.SET_SH_REG:
                 for i, v in enumerate(p.body[1:]):
@@ -94,7 +102,12 @@ class CommandProcessor:
                 self.run(p.body[0] | (p.body[1] & 0xFFFF) << 32, p.body[2] & 0xFFFFF, 1)
             elif p.op == pm4.DISPATCH_DIRECT:
                 self._dispatch(p.body[:3])
+            elif p.op == pm4.DMA_DATA:
+                self.pocl.finish()  # CP_SYNC: earlier dispatches' writes land first
+                src, dst = p.body[1] | p.body[2] << 32, p.body[3] | p.body[4] << 32
+                self.mem.write(dst, self.mem.read(src, p.body[5] & pm4.DMA_MAX))
             elif p.op == pm4.RELEASE_MEM:
+                self.pocl.finish()
                 self.mem.write(p.body[2] | p.body[3] << 32,
                                struct.pack("<II", p.body[4], p.body[5]))
         self.pocl.finish()

@@ -13,6 +13,8 @@ Facts from the Linux amdgpu sources (nvd.h, gfx_v11_0.c) and Mesa's sid.h:
     interval, GCR_CNTL (which caches to write back / invalidate).
   INDIRECT_BUFFER (0x3F): address lo (dword aligned), hi (16 bits), control = size in dwords
     (bits 19:0) | VALID (bit 23) | VMID (31:24).
+  DMA_DATA (0x50, 6 body dwords): control (CP_SYNC bit 31; SRC_SEL 30:29 and DST_SEL 21:20,
+    0 = an address), source lo, hi, destination lo, hi, command (BYTE_COUNT in bits 25:0).
   NOP (0x10): any body, skipped.
 Compute registers (dword addresses, Mesa sid.h R_00B8xx / 4): listed in REGS.
 """
@@ -21,11 +23,13 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-NOP, DISPATCH_DIRECT, INDIRECT_BUFFER, RELEASE_MEM, ACQUIRE_MEM, SET_SH_REG = \
-    0x10, 0x15, 0x3F, 0x49, 0x58, 0x76
+NOP, DISPATCH_DIRECT, INDIRECT_BUFFER, RELEASE_MEM, DMA_DATA, ACQUIRE_MEM, SET_SH_REG = \
+    0x10, 0x15, 0x3F, 0x49, 0x50, 0x58, 0x76
 NAMES = {NOP: "NOP", DISPATCH_DIRECT: "DISPATCH_DIRECT", INDIRECT_BUFFER: "INDIRECT_BUFFER",
-         RELEASE_MEM: "RELEASE_MEM", ACQUIRE_MEM: "ACQUIRE_MEM", SET_SH_REG: "SET_SH_REG"}
-BODY = {DISPATCH_DIRECT: 4, INDIRECT_BUFFER: 3, RELEASE_MEM: 7, ACQUIRE_MEM: 7}  # fixed sizes
+         RELEASE_MEM: "RELEASE_MEM", DMA_DATA: "DMA_DATA", ACQUIRE_MEM: "ACQUIRE_MEM",
+         SET_SH_REG: "SET_SH_REG"}
+BODY = {DISPATCH_DIRECT: 4, INDIRECT_BUFFER: 3, RELEASE_MEM: 7, DMA_DATA: 6,
+        ACQUIRE_MEM: 7}  # fixed sizes
 SH_START, SH_END = 0x2C00, 0x3000
 REGS = {"COMPUTE_DISPATCH_INITIATOR": 0x2E00, "COMPUTE_START_X": 0x2E04,
         "COMPUTE_NUM_THREAD_X": 0x2E07, "COMPUTE_PGM_LO": 0x2E0C, "COMPUTE_PGM_HI": 0x2E0D,
@@ -37,6 +41,7 @@ INIT_COMPUTE_SHADER_EN, INIT_FORCE_START_AT_000, INIT_CS_W32_EN = 1, 1 << 2, 1 <
 EOP_EVENT, EOP_INDEX = 0x14, 5  # CACHE_FLUSH_AND_INV_TS_EVENT, end of pipe
 DATA_SEL_64 = 2
 IB_VALID = 1 << 23
+DMA_CP_SYNC, DMA_MAX = 1 << 31, (1 << 26) - 1
 # GCR_CNTL of ACQUIRE_MEM: invalidate and write back GL2, invalidate GLV/GLK/GLM/GL1 (what
 # gfx_v11_0_emit_mem_sync asks for between dependent dispatches)
 GCR_ALL = (1 << 8) | (1 << 9) | (1 << 14) | (1 << 15) | (1 << 4) | (1 << 2) | (1 << 3)
@@ -82,6 +87,18 @@ def indirect_buffer(address: int, dwords: int) -> list[int]:
     return packet(INDIRECT_BUFFER, address, address >> 32 & 0xFFFF, dwords | IB_VALID)
 
 
+def dma_data(src: int, dst: int, n: int) -> list[int]:
+    """Copy n bytes from GPU address src to dst, finished before the next packet (CP_SYNC)."""
+    if not 0 < n <= DMA_MAX:
+        raise ValueError(f"DMA_DATA of {n} bytes; one packet moves 1..{DMA_MAX}")
+    return packet(DMA_DATA, DMA_CP_SYNC, src, src >> 32, dst, dst >> 32, n)
+
+
+def nop(dwords: int) -> list[int]:
+    """Filler of `dwords` >= 2 dwords in total."""
+    return packet(NOP, *[0] * (dwords - 1))
+
+
 @dataclass(frozen=True)
 class Packet:
     at: int  # dword offset in its buffer
@@ -123,6 +140,9 @@ def _check(i: int, op: int, body: tuple[int, ...]) -> None:
                                   not body[2] & 0xFFFFF):
         raise PacketError(f"dword {i}: INDIRECT_BUFFER needs a dword-aligned address, VALID and "
                           f"a size, got {[hex(b) for b in body]}")
+    if op == DMA_DATA and (body[0] & (3 << 29 | 3 << 20) or not body[5] & DMA_MAX):
+        raise PacketError(f"dword {i}: DMA_DATA must copy address to address, at least a byte, "
+                          f"got control 0x{body[0]:08x} command 0x{body[5]:08x}")
     if op == RELEASE_MEM and (body[0] & 0x3F != EOP_EVENT or (body[1] >> 29) != DATA_SEL_64 or
                               body[2] % 8):
         raise PacketError(f"dword {i}: RELEASE_MEM must be an end-of-pipe 64-bit write to an "

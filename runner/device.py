@@ -52,7 +52,7 @@ TARGETS = {"cpu": "cpu", "cpu-avx512": "cpu", "cpu-aarch64": "cpu", "cpu-arm64-a
            "amd": "amd"}  # a gfx1100 HSA code object, run by am/ over usbgpu/
 # device name -> "module:Class"
 DEVICES = {"cpu": "runner.cpu:CpuDevice", "opencl": "runner.opencl:OpenCLDevice",
-           "mock": "runner.mock:MockDevice"}
+           "mock": "runner.mock:MockDevice", "amd": "am.device:AmdDevice"}
 
 MIN_SLEEP_S = 20e-6
 MAX_SLEEP_S = 1e-3  # a submission that completes while we sleep costs at most this much latency

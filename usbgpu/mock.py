@@ -233,12 +233,13 @@ class MockLibusb:
         self.streams: dict[int, int] = {}
         self.owned: dict[int, object] = {}  # transfers alive, by address
         self.transfers = 0  # completed, as the host counts them
+        self.on_replug = None  # what else power-cycles with the enclosure (the GPU behind it)
 
     @classmethod
     def shared(cls) -> "MockLibusb":
         """The process's one mock enclosure (KEEL_USB=mock), built with am/'s mock GPU."""
         if cls._shared is None:
-            from am.mock_gpu import make_enclosure
+            from am.mock_device import make_enclosure
             cls._shared = make_enclosure()
         return cls._shared
 
@@ -247,6 +248,8 @@ class MockLibusb:
 
     def replug(self) -> None:
         self.plugged, self.opened, self.pending = True, False, []
+        if self.on_replug is not None:
+            self.on_replug()
 
     # ---- device handling ------------------------------------------------------------------------
     def libusb_init(self, ctxp) -> int:
