@@ -138,10 +138,10 @@ class Gpu:
         for i, w in enumerate(packets):
             ring[(self.wptr + i) % RING_DWORDS] = w
         slots = struct.pack("<QQ", self.seen[SIGNAL_AT], self.seen[TIMELINE_AT])
-        self.pci.dma_put(struct.pack(f"<{RING_DWORDS}I", *ring) +
-                         slots.ljust(PAYLOAD_AT - SIGNAL_AT, b"\0") + payload)
         self.wptr += len(packets)
-        self.pci.write32(2, 4 * DOORBELL, self.wptr & 0xFFFFFFFF)
+        self.pci.dma_put(struct.pack(f"<{RING_DWORDS}I", *ring) +
+                         slots.ljust(PAYLOAD_AT - SIGNAL_AT, b"\0") + payload,
+                         then=(2, 4 * DOORBELL, self.wptr))
 
     def _read(self, at: int) -> int:
         self.seen[at] = struct.unpack("<Q", self.pci.dma_get(at, 8))[0]

@@ -9,7 +9,9 @@ VRAM (BAR0), doorbells (BAR2) and registers (BAR5), with
     ring's packets up to it on am/mock_gpu.py's command processor (kernels on PoCL).
 Faults (KEEL_MOCK_FAULTS, runner/faults.py) by submission, counted in doorbells that carry a
 RELEASE_MEM: hang@N (the queue stops), unplug@N (the enclosure disappears from the USB bus),
-fwerr@N (the Nth firmware load is refused by the PSP).
+fwerr@N (the Nth firmware load is refused by the PSP). A fault inside the mock (a malformed
+packet, an address outside VRAM and the aperture) surfaces as GpuFault, a DeviceError, from the
+USB call that rang the doorbell; hardware would stop the queue and the host would time out.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ IPS = [discovery.Ip(11, 0, (11, 0, 0), (regs.GC_SEG0, regs.GC_SEG1)),
        discovery.Ip(1, 0, (13, 0, 0), (regs.MP0_SEG0,)),
        discovery.Ip(42, 0, (6, 0, 0), (regs.GC_SEG0,))]
 FAULTS_VAR = "KEEL_MOCK_FAULTS"
+KINDS = ("hang", "unplug", "fwerr")  # read when the enclosure is made (MockLibusb.forget())
 
 
 class Space:
@@ -68,7 +71,7 @@ class MockGpu:
         self.cp = None  # built at the first doorbell: PoCL is only loaded when something runs
         self.firmware_loads = self.submissions = 0
         self.running, self.rptr = False, 0
-        self.faults = from_env(FAULTS_VAR)
+        self.faults = from_env(FAULTS_VAR, KINDS)
 
     # ---- BARs -----------------------------------------------------------------------------------
     def mem_read(self, bar: int, offset: int) -> int:
@@ -89,6 +92,8 @@ class MockGpu:
 
     def _register(self, reg: int, value: int) -> None:
         self.regs[reg] = value
+        if reg == regs.CP_HQD_PQ_RPTR:  # the driver (re)starting the queue
+            self.rptr = value
         if reg == regs.C2PMSG_35 and value == regs.BL_LOAD_SOSDRV:
             self.firmware_loads += 1
             fault = self.faults.at(self.firmware_loads)

@@ -66,6 +66,7 @@ class Bridge:
 
     def __init__(self, usb, timeout_s: float = 1.0):
         self.usb, self.timeout_s = usb, timeout_s
+        self.cache: dict[int, bytes] = {}  # TLP register -> the bytes we last wrote there
         self.bufs = [(ffi.new("unsigned char[32]"), ffi.new("unsigned char[64]"),
                       ffi.new(f"unsigned char[{WINDOW_BYTES}]")) for _ in range(STREAMS)]
 
@@ -98,21 +99,23 @@ class Bridge:
 
     # ---- the 8051's XDATA ---------------------------------------------------------------------
     def write(self, addr: int, data: bytes) -> None:
-        self.commands([(xdata_cdb(XDATA_WRITE, b, addr + i), 0, None) for i, b in enumerate(data)])
+        self.commands(self._writes([(addr, data)], cached=False))
 
     def read(self, addr: int, n: int) -> bytes:
         return b"".join(self.commands([(xdata_cdb(XDATA_READ, min(MAX_READ, n - o), addr + o),
                                         min(MAX_READ, n - o), None) for o in range(0, n, MAX_READ)]))
 
     # ---- the DMA window -------------------------------------------------------------------------
-    def window_write(self, data: bytes) -> None:
-        """Put up to 4 KiB where PCIe devices read bus address WINDOW_BUS."""
+    def window_write(self, data: bytes, then: tuple[int, int] | None = None) -> None:
+        """Put up to 4 KiB where PCIe devices read bus address WINDOW_BUS; `then` = (address,
+        value): a posted 32-bit memory write (a doorbell) issued after it in the same batch."""
         if len(data) > WINDOW_BYTES:
             raise ValueError(f"window write of {len(data)} bytes; the window is {WINDOW_BYTES}")
         cdb = struct.pack(">BBQIBB", WRITE16, 0, 0, WINDOW_BYTES // 512, 0, 0)
-        self.commands([(cdb, 0, data.ljust(WINDOW_BYTES, b"\0"))] +
-                      [(xdata_cdb(XDATA_WRITE, b, a + i), 0, None)
-                       for a, v in WINDOW_REARM for i, b in enumerate(v)])
+        ops = [(cdb, 0, data.ljust(WINDOW_BYTES, b"\0"))] + self._writes(WINDOW_REARM, cached=False)
+        if then is not None:
+            ops += self._tlp_ops(MEM_WRITE, then[0], then[1], 4)
+        self.commands(ops)
 
     def window_read(self, offset: int, n: int) -> bytes:
         return self.read(WINDOW_XDATA + offset, n)
@@ -122,17 +125,34 @@ class Bridge:
             tries: int = RETRIES) -> int | None:
         """One PCIe request of 1-4 bytes within a dword; a read's value. A request the link
         failed is reissued, `tries` times at most."""
+        self.commands(self._tlp_ops(fmt, address, value, size))
+        if fmt == MEM_WRITE:
+            return None  # posted
+        self.cache.pop(REG_DATA, None)  # the completion's data lands there
+        return self._completion(fmt, address, value, size, tries)
+
+    def _tlp_ops(self, fmt: int, address: int, value: int | None, size: int) -> list:
         lane = address & 3
         if not 0 < size <= 4 - lane:
             raise ValueError(f"PCIe request of {size} bytes at byte {lane} crosses a dword")
-        ops = [] if value is None else [(REG_DATA, struct.pack(">I", value << (8 * lane)))]
-        ops += [(REG_ADDR, struct.pack(">I", address & ~3)), (REG_BE, bytes([((1 << size) - 1) << lane])),
-                (REG_FMT, bytes([fmt])), (REG_KICK, b"\x0f"), (REG_STATUS, b"\x04")]
-        self.commands([(xdata_cdb(XDATA_WRITE, b, a + i), 0, None)
-                       for a, v in ops for i, b in enumerate(v)])
-        if fmt == MEM_WRITE:
-            return None  # posted
-        return self._completion(fmt, address, value, size, tries)
+        regs = [] if value is None else [(REG_DATA, struct.pack(">I", value << (8 * lane)))]
+        regs += [(REG_ADDR, struct.pack(">I", address & ~3)),
+                 (REG_BE, bytes([((1 << size) - 1) << lane])), (REG_FMT, bytes([fmt]))]
+        return self._writes(regs, cached=True) + \
+            self._writes([(REG_KICK, b"\x0f"), (REG_STATUS, b"\x04")], cached=False)
+
+    def _writes(self, regs, cached: bool) -> list:
+        """E5 commands writing each (address, bytes); with `cached`, bytes the TLP registers
+        already hold (as last written by us) are skipped."""
+        ops = []
+        for a, v in regs:
+            old = self.cache.get(a) if cached else None
+            for i, b in enumerate(v):
+                if old is None or old[i] != b:
+                    ops.append((xdata_cdb(XDATA_WRITE, b, a + i), 0, None))
+            if cached:
+                self.cache[a] = v
+        return ops
 
     def _completion(self, fmt: int, address: int, value, size: int, tries: int) -> int | None:
         for _ in range(RETRIES):

@@ -243,6 +243,12 @@ class MockLibusb:
             cls._shared = make_enclosure()
         return cls._shared
 
+    @classmethod
+    def forget(cls) -> None:
+        """Drop the process's enclosure: the next open builds a fresh one (and reads
+        KEEL_MOCK_FAULTS again)."""
+        cls._shared = None
+
     def unplug(self) -> None:
         self.plugged = False
 

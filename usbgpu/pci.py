@@ -42,8 +42,9 @@ class PciDevice:
     def write32(self, bar: int, offset: int, value: int) -> None:
         raise NotImplementedError
 
-    def dma_put(self, data: bytes) -> None:
-        """Fill the DMA window (from its start) with `data`, at most window[1] bytes."""
+    def dma_put(self, data: bytes, then: tuple[int, int, int] | None = None) -> None:
+        """Fill the DMA window (from its start) with `data`, at most window[1] bytes; then, if
+        given, write32(*then) (a doorbell) ordered after it."""
         raise NotImplementedError
 
     def dma_get(self, offset: int, n: int) -> bytes:
@@ -78,8 +79,9 @@ class UsbPci(PciDevice):
     def write32(self, bar: int, offset: int, value: int) -> None:
         self.bridge.mem(self._address(bar, offset), value & 0xFFFFFFFF)
 
-    def dma_put(self, data: bytes) -> None:
-        self.bridge.window_write(data)
+    def dma_put(self, data: bytes, then: tuple[int, int, int] | None = None) -> None:
+        self.bridge.window_write(data, None if then is None else
+                                 (self._address(then[0], then[1]), then[2] & 0xFFFFFFFF))
 
     def dma_get(self, offset: int, n: int) -> bytes:
         return self.bridge.window_read(offset, n)
