@@ -32,13 +32,25 @@ HEAP_AT = 16 << 20  # first VRAM offset the allocator hands out
 BOOT_TIMEOUT_S = 5.0
 
 
+def discover(pci: PciDevice) -> dict:
+    """The IP discovery binary, read through BAR0 DISCOVERY_TMR_OFFSET below its end (BAR0 must
+    reach the top of VRAM: a resizable BAR, or the mock's small VRAM)."""
+    at = pci.bars[0][1] - discovery.DISCOVERY_TMR_OFFSET
+    head = bar0_read(pci, at, 12)
+    return discovery.parse(bar0_read(pci, at, 10 + struct.unpack_from("<H", head, 10)[0]))
+
+
+def bar0_read(pci: PciDevice, offset: int, n: int) -> bytes:
+    return b"".join(struct.pack("<I", pci.read32(0, offset + i)) for i in range(0, n, 4))[:n]
+
+
 class Gpu:
     def __init__(self, pci: PciDevice, fw_dir=None):
         self.pci = pci
         self.window_bus, self.window_bytes = pci.window
         self.vram_bytes = pci.bars[0][1]
         self.fb = self.reg(regs.GCMC_VM_FB_LOCATION_BASE) << 24
-        self.ips = self._discover()
+        self.ips = discover(pci)
         self._boot_psp(firmware.load_all(self.ips, fw_dir))
         self.agp = 0x7000_0000_0000  # GPU address of bus address 0
         self.wreg(regs.GCMC_VM_AGP_BASE, 0)
@@ -56,16 +68,6 @@ class Gpu:
 
     def wreg(self, r: int, value: int) -> None:
         self.pci.write32(5, 4 * r, value)
-
-    def _discover(self) -> dict:
-        at = self.vram_bytes - discovery.DISCOVERY_TMR_OFFSET
-        head = self._bar0_read(at, 12)
-        size = 10 + struct.unpack_from("<H", head, 10)[0]
-        return discovery.parse(self._bar0_read(at, size))
-
-    def _bar0_read(self, offset: int, n: int) -> bytes:
-        return b"".join(struct.pack("<I", self.pci.read32(0, offset + i))
-                        for i in range(0, n, 4))[:n]
 
     def _bar0_write(self, offset: int, data: bytes) -> None:
         data = data.ljust(-(-len(data) // 4) * 4, b"\0")

@@ -67,6 +67,7 @@ class Bridge:
     def __init__(self, usb, timeout_s: float = 1.0):
         self.usb, self.timeout_s = usb, timeout_s
         self.cache: dict[int, bytes] = {}  # TLP register -> the bytes we last wrote there
+        self.commands_sent = 0  # CDBs, for tools/bench_amd_load.py
         self.bufs = [(ffi.new("unsigned char[32]"), ffi.new("unsigned char[64]"),
                       ffi.new(f"unsigned char[{WINDOW_BYTES}]")) for _ in range(STREAMS)]
 
@@ -74,6 +75,7 @@ class Bridge:
         """Run (cdb, bytes to read, bytes to write) commands, STREAMS at a time; the data read
         by each. DeviceError for a command the bridge refused (CHECK CONDITION)."""
         out = []
+        self.commands_sent += len(cmds)
         for at in range(0, len(cmds), STREAMS):
             chunk = cmds[at:at + STREAMS]
             batch = []
