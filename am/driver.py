@@ -24,7 +24,9 @@ from runner.device import wait_until
 from runner.errors import DeviceError
 from usbgpu.pci import PciDevice
 
-RING_BYTES, SIGNAL_AT, TIMELINE_AT, PAYLOAD_AT = 1024, 1024, 1032, 1280  # window layout
+# window layout: a 64-dword ring (a batch is at most 15 dwords), the signal and timeline slots,
+# then 3824 bytes of payload (93% of each 4 KiB window write)
+RING_BYTES, SIGNAL_AT, TIMELINE_AT, PAYLOAD_AT = 256, 256, 264, 272
 RING_DWORDS = RING_BYTES // 4
 DOORBELL = 0  # the queue's doorbell index (dwords into BAR2)
 FIRMWARE_AT = 1 << 20  # VRAM offset of the PSP's sOS image (the mailbox takes address >> 20)

@@ -48,8 +48,8 @@ def main() -> None:
     print(f"weights {weights} B, code object {len(blob.programs)} B, "
           f"{len(blob.launches)} launches")
     print(f"load: {usb.bytes} B over USB ({usb.bytes / max(weights, 1):.3f} x the weights), "
-          f"{usb.transfers} USB transfers ({usb.transfers / max(weights / 4096, 1):.1f} per "
-          f"weight KiB x4), {bridge.commands_sent} bridge commands, {load_s:.1f} s")
+          f"{usb.transfers} USB transfers ({usb.transfers / max(weights / 4096, 1):.1f} per 4 KiB "
+          f"of weights), {bridge.commands_sent} bridge commands, {load_s:.1f} s")
     feeds = {b.name: m.input_view(b.name) for b in blob.inputs}
     before = (usb.bytes, usb.transfers)
     t = time.perf_counter()
