@@ -196,18 +196,3 @@ def test_firmware_names_come_from_discovery_and_all_missing_files_are_named(tmp_
     (tmp_path / names[0]).write_bytes(firmware.image(b"\x02" * 32)[:-1])
     with pytest.raises(ConfigError, match="header says 64 bytes"):
         firmware.load(names[0], tmp_path)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1200)  # PoCL compiles the whole model's source
-@needs_llvm
-@needs_pocl
-def test_openpilot_recorded_as_pm4_runs_on_the_mock_gpu_and_matches_onnxruntime():
-    """fp32, same tolerance and reasoning as tests/test_opencl.py's openpilot test: the same
-    OpenCL C on the same PoCL, so only summation order differs from onnxruntime."""
-    from models.openpilot import make_openpilot
-    model = make_openpilot()
-    placed = Placed(compiled_blob(model, target="amd"))
-    feeds = random_feeds(model, seed=0)
-    assert_close(placed.run(feeds)["outputs"], ort_run(model, feeds)["outputs"], 1e-3, 1e-4,
-                 "openpilot")

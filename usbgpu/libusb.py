@@ -129,6 +129,17 @@ class Usb:
             self.close()
             raise DeviceError(f"no USB device {vid:04x}:{pid:04x} (is the enclosure plugged in and "
                               f"this user allowed to open it?)")
+        try:
+            self._claim(alt, stream_eps, streams)
+        except DeviceError:
+            self.close()
+            raise
+        self._done = ffi.callback("void(struct libusb_transfer *)", lambda t: None)
+        self.transfers = 0  # USB transfers completed, for docs/perf.md's load measurement
+        self.bytes = 0  # payload bytes moved by them
+
+    def _claim(self, alt: int, stream_eps: tuple[int, ...], streams: int) -> None:
+        lib = self.lib
         if lib.libusb_kernel_driver_active(self.handle, 0) == 1:  # uas / usb-storage on Linux
             check(lib.libusb_detach_kernel_driver(self.handle, 0), "libusb_detach_kernel_driver")
         check(lib.libusb_claim_interface(self.handle, 0), "libusb_claim_interface(0)")
@@ -137,9 +148,6 @@ class Usb:
         eps = ffi.new("unsigned char[]", stream_eps)
         check(lib.libusb_alloc_streams(self.handle, streams, eps, len(stream_eps)),
               f"libusb_alloc_streams({streams})")
-        self._done = ffi.callback("void(struct libusb_transfer *)", lambda t: None)
-        self.transfers = 0  # USB transfers completed, for docs/perf.md's load measurement
-        self.bytes = 0  # payload bytes moved by them
 
     def run(self, batch: list[tuple[int, int, object, int]], timeout_s: float) -> None:
         """Submit (endpoint, stream id or 0, cffi buffer, length) transfers together and return
