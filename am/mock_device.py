@@ -156,3 +156,6 @@ def make_enclosure() -> MockLibusb:
     gpu.usb = MockLibusb(bridge)
     gpu.usb.on_replug = gpu.reset
     return gpu.usb
+
+
+MockLibusb.factory = make_enclosure  # KEEL_USB=mock opens this enclosure

@@ -16,13 +16,14 @@ register writes (armed by 0x0F in 0xB254, started by 0x04 in 0xB296) into config
 bus N only through bridges whose secondary..subordinate range holds N, memory requests only
 through bridges' memory windows into an enabled BAR. `Port` is a PCI-to-PCI bridge; the function
 at the end is any object with `config` (a `Config`) and `mem_read/mem_write(bar, offset, ...)`
-(am/mock_gpu.py's GPU; `Function` here for tests).
+(am/mock_device.py's GPU; `Function` here for tests).
 """
 from __future__ import annotations
 
 import struct
 import time
 
+from runner.errors import DeviceError
 from usbgpu import asm24
 from usbgpu.libusb import (CANCELLED, COMPLETED, ERROR_NO_DEVICE, NO_DEVICE, TRANSFER_BULK,
                            TRANSFER_BULK_STREAM, ffi)
@@ -94,7 +95,7 @@ class Port:
 
 
 class Function:
-    """A PCI function with memory BARs backed by bytearrays (tests; the GPU is am/mock_gpu.py)."""
+    """A PCI function with memory BARs backed by bytearrays (tests; the GPU is am/mock_device.py)."""
 
     def __init__(self, vid: int, did: int, cls: int, bars: dict[int, tuple]):
         self.config = Config(vid, did, cls, 0, bars)
@@ -235,12 +236,16 @@ class MockLibusb:
         self.transfers = 0  # completed, as the host counts them
         self.on_replug = None  # what else power-cycles with the enclosure (the GPU behind it)
 
+    factory = None  # builds the enclosure KEEL_USB=mock opens; am/mock_device.py sets its GPU's
+
     @classmethod
     def shared(cls) -> "MockLibusb":
-        """The process's one mock enclosure (KEEL_USB=mock), built with am/'s mock GPU."""
+        """The process's one mock enclosure (KEEL_USB=mock), built by `factory` on first use."""
         if cls._shared is None:
-            from am.mock_device import make_enclosure
-            cls._shared = make_enclosure()
+            if cls.factory is None:
+                raise DeviceError("KEEL_USB=mock: no mock device is registered behind the mock "
+                                  "bridge (am/mock_device.py registers the GPU)")
+            cls._shared = cls.factory()
         return cls._shared
 
     @classmethod
