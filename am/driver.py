@@ -116,7 +116,7 @@ class Gpu:
         self.wreg(regs.CP_HQD_PQ_DOORBELL_CONTROL, regs.DOORBELL_EN | DOORBELL << 2)
         self.wreg(regs.CP_HQD_ACTIVE, 1)
 
-    # ---- VRAM --------------------------------------------------------------------------------------
+    # ---- VRAM ------------------------------------------------------------------------------
     def alloc(self, n: int, align: int = 4096) -> int:
         va = -(-self.top // align) * align
         if va + n > self.fb + self.vram_bytes - (1 << 20):  # the discovery table's megabyte

@@ -123,7 +123,8 @@ class CommandProcessor:
             raise GpuFault(f"COMPUTE_PGM at 0x{entry:x} is no kernel's entry")
         local = tuple(self._reg("COMPUTE_NUM_THREAD_X", i) for i in range(3))
         at = k.kernarg_sgpr
-        kernarg = self._reg("COMPUTE_USER_DATA_0", at) | self._reg("COMPUTE_USER_DATA_0", at + 1) << 32
+        kernarg = self._reg("COMPUTE_USER_DATA_0", at) | \
+            self._reg("COMPUTE_USER_DATA_0", at + 1) << 32
         args = self.mem.read(kernarg, k.kernarg_size)
         want = {f"hidden_block_count_{c}": g for c, g in zip("xyz", groups)}
         want |= {f"hidden_group_size_{c}": w for c, w in zip("xyz", local)}

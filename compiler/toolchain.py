@@ -97,8 +97,8 @@ def _command(target: str) -> list[str]:
 
 LLD = "ld.lld-19"
 # The OpenCL C the code object was compiled from rides along as a loaded, exported constant: the
-# mock GPU's command processor (am/mock_gpu.py) finds it through the dynamic symbol table in GPU memory, as it finds
-# kernels, and runs it on PoCL. A real GPU never reads it (it costs its size in VRAM).
+# mock GPU's command processor (am/mock_gpu.py) finds it through the dynamic symbol table in GPU
+# memory, as it finds kernels, and runs it on PoCL. A real GPU never reads it (it costs its size in VRAM).
 SOURCE_SYMBOL = "keel_source"
 # -nogpulib: no ROCm device library; the program defines the builtins it calls (renderers/amdgcn.py)
 GPU_FLAGS = ("-x", "cl", "-cl-std=CL1.2", "-nogpulib", "-O2", "-ffp-contract=fast")

@@ -26,7 +26,8 @@ pytestmark = [needs_tool("clang-19", "clang-19"), needs_tool("lld-19", "ld.lld-1
 
 
 def _small_models() -> dict[str, tuple[onnx.ModelProto, bool]]:
-    """name -> (model, float16): a work-group reduction (LDS, barriers), a padded conv (vector loads and stores), and half storage."""
+    """name -> (model, float16): a work-group reduction (LDS, barriers), a padded conv (vector
+    loads and stores), and half storage."""
     w = np.random.default_rng(0).standard_normal((16, 8, 3, 3)).astype(np.float32)
     conv = single_node_model("Conv", [((1, 8, 16, 16), "float32"), w], {"pads": [1, 1, 1, 1]})
     reduce = single_node_model("ReduceSum", [((1, 4096), "float32")], {"keepdims": 1})

@@ -61,7 +61,8 @@ class Placed:
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         for b in self.blob.inputs:
-            self.mem.write(self.io[b.offset], np.ascontiguousarray(feeds[b.name], b.dtype).tobytes())
+            data = np.ascontiguousarray(feeds[b.name], b.dtype)
+            self.mem.write(self.io[b.offset], data.tobytes())
         self.runs += 1
         ring = pm4.indirect_buffer(self.ib, len(self.rec.ib)) + \
             pm4.release_mem(self.signal, self.runs)
@@ -106,7 +107,8 @@ def test_binding_an_io_slot_patches_only_its_kernarg_pointers(placed):
     got = np.frombuffer(placed.mem.read(other, placed.blob.outputs[0].nbytes), np.float32)
     assert_close(got.reshape(placed.blob.outputs[0].shape), ort_run(_conv(), feeds)["y"],
                  1e-5, 1e-5, "rebound output")
-    changed = [i for i in range(len(saved)) if placed.mem.read(placed.kernargs + i, 1)[0] != saved[i]]
+    now = placed.mem.read(placed.kernargs, len(saved))
+    changed = [i for i in range(len(saved)) if now[i] != saved[i]]
     assert changed and all(any(o <= i < o + 8 for o in placed.rec.slots[out_slot]) for i in changed)
     placed.mem.write(placed.kernargs, saved)
 
@@ -162,7 +164,8 @@ def test_the_command_processor_faults_on_what_hardware_would_fault_on(placed):
 
 def _tables():
     return [discovery.Ip(11, 0, (11, 0, 0), (0x1260, 0xA000)),
-            discovery.Ip(255, 0, (13, 0, 0), (0x16000,)), discovery.Ip(1, 0, (13, 0, 0), (0x16000,)),
+            discovery.Ip(255, 0, (13, 0, 0), (0x16000,)),
+            discovery.Ip(1, 0, (13, 0, 0), (0x16000,)),
             discovery.Ip(42, 0, (6, 0, 0), (0x1260,))]
 
 

@@ -129,7 +129,8 @@ def test_keel_usb_rejects_an_unknown_mode(monkeypatch):
 
 def test_command_iu_is_the_uas_layout():
     iu = asm24.command_iu(0x0102, b"\xe4\x04\x50\xb2\x96\x00")
-    assert len(iu) == 32 and iu[:4] == b"\x01\x00\x01\x02" and iu[16:22] == b"\xe4\x04\x50\xb2\x96\x00"
+    assert len(iu) == 32 and iu[:4] == b"\x01\x00\x01\x02"
+    assert iu[16:22] == b"\xe4\x04\x50\xb2\x96\x00"
     assert asm24.xdata_cdb(asm24.XDATA_WRITE, 0x33, 0x1B296) == b"\xe5\x33\x51\xb2\x96\x00"
 
 

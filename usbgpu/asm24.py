@@ -104,8 +104,9 @@ class Bridge:
         self.commands(self._writes([(addr, data)], cached=False))
 
     def read(self, addr: int, n: int) -> bytes:
-        return b"".join(self.commands([(xdata_cdb(XDATA_READ, min(MAX_READ, n - o), addr + o),
-                                        min(MAX_READ, n - o), None) for o in range(0, n, MAX_READ)]))
+        sizes = [(o, min(MAX_READ, n - o)) for o in range(0, n, MAX_READ)]
+        return b"".join(self.commands([(xdata_cdb(XDATA_READ, k, addr + o), k, None)
+                                       for o, k in sizes]))
 
     # ---- the DMA window -------------------------------------------------------------------------
     def window_write(self, data: bytes, then: tuple[int, int] | None = None) -> None:

@@ -24,7 +24,9 @@ from runner.errors import DeviceError
 CDEF = """
 typedef struct libusb_context libusb_context;
 typedef struct libusb_device_handle libusb_device_handle;
-struct libusb_iso_packet_descriptor { unsigned int length; unsigned int actual_length; int status; };
+struct libusb_iso_packet_descriptor {
+    unsigned int length; unsigned int actual_length; int status;
+};
 struct libusb_transfer;
 typedef void (*libusb_transfer_cb_fn)(struct libusb_transfer *transfer);
 struct libusb_transfer {
@@ -79,10 +81,12 @@ PENDING = -1  # our marker in `status` until libusb's completion writes the real
 ERROR_NO_DEVICE = -4
 ERROR_NAMES = {-1: "LIBUSB_ERROR_IO", -2: "LIBUSB_ERROR_INVALID_PARAM", -3: "LIBUSB_ERROR_ACCESS",
                -4: "LIBUSB_ERROR_NO_DEVICE", -5: "LIBUSB_ERROR_NOT_FOUND", -6: "LIBUSB_ERROR_BUSY",
-               -7: "LIBUSB_ERROR_TIMEOUT", -9: "LIBUSB_ERROR_PIPE", -12: "LIBUSB_ERROR_NOT_SUPPORTED"}
+               -7: "LIBUSB_ERROR_TIMEOUT", -9: "LIBUSB_ERROR_PIPE",
+               -12: "LIBUSB_ERROR_NOT_SUPPORTED"}
 # where the library lives: Debian's soname, Homebrew's prefixes (Apple silicon, then Intel)
 CANDIDATES = {"Linux": ("libusb-1.0.so.0",),
-              "Darwin": ("/opt/homebrew/lib/libusb-1.0.0.dylib", "/usr/local/lib/libusb-1.0.0.dylib")}
+              "Darwin": ("/opt/homebrew/lib/libusb-1.0.0.dylib",
+                         "/usr/local/lib/libusb-1.0.0.dylib")}
 
 
 def load():

@@ -12,9 +12,10 @@ fails with LIBUSB_ERROR_NO_DEVICE and pending transfers complete with LIBUSB_TRA
 `hang` stops answering (transfers time out in the host's deadline).
 
 `MockBridge` holds the 8051's XDATA (registers, the 4 KiB DMA window at 0xF000) and turns TLP
-register writes (armed by 0x0F in 0xB254, started by 0x04 in 0xB296) into config and memory requests routed as PCIe does: a config request reaches
-bus N only through bridges whose secondary..subordinate range holds N, memory requests only
-through bridges' memory windows into an enabled BAR. `Port` is a PCI-to-PCI bridge; the function
+register writes (armed by 0x0F in 0xB254, started by 0x04 in 0xB296) into config and memory
+requests routed as PCIe does: a config request reaches bus N only through bridges whose
+secondary..subordinate range holds N, memory requests only through bridges' memory windows into
+an enabled BAR. `Port` is a PCI-to-PCI bridge; the function
 at the end is any object with `config` (a `Config`) and `mem_read/mem_write(bar, offset, ...)`
 (am/mock_device.py's GPU; `Function` here for tests).
 """
@@ -95,7 +96,8 @@ class Port:
 
 
 class Function:
-    """A PCI function with memory BARs backed by bytearrays (tests; the GPU is am/mock_device.py)."""
+    """A PCI function with memory BARs backed by bytearrays (for tests; the GPU behind the
+    bridge is am/mock_device.py's)."""
 
     def __init__(self, vid: int, did: int, cls: int, bars: dict[int, tuple]):
         self.config = Config(vid, did, cls, 0, bars)
@@ -299,7 +301,7 @@ class MockLibusb:
     def libusb_alloc_streams(self, handle, n: int, eps, n_eps: int) -> int:
         return min(n, 32) if self.plugged else ERROR_NO_DEVICE
 
-    # ---- transfers --------------------------------------------------------------------------------
+    # ---- transfers ---------------------------------------------------------------------------
     def libusb_alloc_transfer(self, iso: int):
         t = ffi.new("struct libusb_transfer *")
         self.owned[int(ffi.cast("uintptr_t", t))] = t
@@ -346,7 +348,8 @@ class MockLibusb:
         self.pending.remove(t)
         if data:
             ffi.memmove(t.buffer, data, len(data))
-        t.actual_length = len(data) if t.endpoint & 0x80 else (t.length if status == COMPLETED else 0)
+        t.actual_length = len(data) if t.endpoint & 0x80 else \
+            (t.length if status == COMPLETED else 0)
         t.status = status
         self.transfers += status == COMPLETED
         t.callback(t)

@@ -14,7 +14,6 @@ import os
 import time
 
 import numpy as np
-import pytest
 
 from runner.errors import DeviceError
 from tests.deps import needs_hardware
