@@ -17,6 +17,7 @@ from am import firmware
 from am.mock_device import IPS
 from runner import Model
 from runner.errors import ConfigError, DeviceError, DeviceTimeout
+from runner.faults import parse
 from tests.deps import needs, needs_tool, opencl_missing
 from tests.graphs import assert_close, compiled_blob, ort_run, random_feeds, single_node_model
 from usbgpu.mock import MockLibusb
@@ -102,6 +103,9 @@ def test_a_fault_kind_the_amd_mock_does_not_inject_is_refused(enclosure, monkeyp
     monkeypatch.setenv("KEEL_MOCK_FAULTS", "slow@1:5")
     with pytest.raises(ValueError, match="does not inject slow"):
         Model.load(compiled_blob(_model(), target="amd"), device="amd")
+    # and the host mock (runner/mock.py) refuses the kinds only the amd mock injects
+    with pytest.raises(ValueError, match="does not inject unplug"):
+        parse("unplug@2", "KEEL_MOCK_FAULTS", ("hang", "fault", "slow"))
 
 
 @pytest.mark.slow
