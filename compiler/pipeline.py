@@ -69,7 +69,9 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         source = get_renderer(tgt).render_program([(b.name, b.lin) for b in built.values()],
                                                   bufs.launches, bufs.by_id())
     with st("build"):
-        code = toolchain.build_shared(source, tgt.name) if tgt.shared_object else source.encode()
+        code = toolchain.build_shared(source, tgt.name) if tgt.shared_object else \
+            toolchain.build_code_object(source, tgt.code_object) if tgt.code_object else \
+            source.encode()
     return Artifact(
         target=tgt.name, inputs=bufs.inputs, outputs=bufs.outputs, buffers=list(bufs.by_id().values()),
         weights=bufs.weight_bytes(), arena_bytes=bufs.arena_bytes,

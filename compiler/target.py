@@ -56,6 +56,13 @@ class Target:
     # The programs are one shared object built by the toolchain; otherwise kernel source that the
     # device's driver compiles at load.
     shared_object: bool = False
+    # GPU architecture the toolchain compiles the OpenCL C for, into one HSA code object
+    # (toolchain.build_code_object); "" leaves the source for the device's driver to compile.
+    code_object: str = ""
+    # Where OpenCL C's builtin functions (get_global_id, vloadN, vstore_halfN, barrier) come
+    # from: "library" (the OpenCL implementation's), or "amdgcn": the program defines the ones
+    # the renderer uses, work-item ids from __builtin_amdgcn_* (no ROCm device library needed).
+    cl_builtins: str = "library"
 
 
 # what every CPU target shares; they differ in vector width, registers and caches
@@ -77,6 +84,10 @@ TARGETS = {t.name: t for t in (
     # Adreno 630: 1024-wide work-groups, fp16 ALUs, 16384-texel images, 64-texel row pitch alignment
     Target("qcom", max_workgroup=1024, half_compute=True, images=True, image_max_width=16384,
            image_max_height=16384, image_pitch_align=64, **GPU),
+    # RDNA3 (gfx1100, RX 7900 XTX) through usbgpu/ + am/: buffers only (no image path without a
+    # driver-side image descriptor), fp32 arithmetic, 1024-wide work-groups (HSA's maximum)
+    Target("amd", max_workgroup=1024, code_object="gfx1100", cl_builtins="amdgcn",
+           **{**GPU, "device": "amd"}),
 )}
 
 

@@ -93,3 +93,42 @@ def _command(target: str) -> list[str]:
         return [GCC, *t.cpu_flags, *COMMON_FLAGS]
     raise CompileError(f"{CLANG} not found; the {GCC} fallback only builds for the host target "
                        f"{host_target()!r}, got {target!r}")
+
+
+LLD = "ld.lld-19"
+# The OpenCL C the code object was compiled from rides along as a loaded, exported constant: the
+# mock GPU's command processor (am/mock_gpu.py) finds it through the dynamic symbol table in GPU
+# memory, as it finds kernels, and runs it on PoCL. A real GPU never reads it (it costs its size in VRAM).
+SOURCE_SYMBOL = "keel_source"
+# -nogpulib: no ROCm device library; the program defines the builtins it calls (renderers/amdgcn.py)
+GPU_FLAGS = ("-x", "cl", "-cl-std=CL1.2", "-nogpulib", "-O2", "-ffp-contract=fast")
+
+
+def build_code_object(source: str, arch: str) -> bytes:
+    """OpenCL C -> one HSA code object (an ELF shared object) for AMD GPU `arch` (gfx1100):
+    clang-19 compiles, ld.lld-19 links."""
+    steps = [[CLANG, "-target", "amdgcn-amd-amdhsa", f"-mcpu={arch}", *GPU_FLAGS, "-c",
+              "graph.cl", "-o", "graph.o"],
+             [LLD, "-shared", "graph.o", "-o", "graph.hsaco"]]
+    with tempfile.TemporaryDirectory(prefix="keel-amd-") as tmp:
+        Path(tmp, "graph.cl").write_text(source + _source_constant(source))
+        for cmd in steps:
+            if not shutil.which(cmd[0]):
+                raise CompileError(f"{cmd[0]} not found; target {arch!r} needs clang-19 and "
+                                   f"lld-19 (apt-get install clang-19 lld-19)")
+            proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise CompileError(f"{cmd[0]} failed for {arch} (exit {proc.returncode}):\n"
+                                   f"{proc.stderr.strip()}")
+        return Path(tmp, "graph.hsaco").read_bytes()
+
+
+def _source_constant(source: str) -> str:
+    """`source` as an exported __constant char array, one string literal per line (octal
+    escapes for quotes, backslashes, '?' (trigraphs) and anything not printable ASCII)."""
+    def lit(line: str) -> str:
+        return '"' + "".join(c if " " <= c <= "~" and c not in '"\\?' else f"\\{ord(c):03o}"
+                             for c in line) + '"'
+    body = "\n".join(lit(line) for line in source.encode().decode("latin-1").splitlines(True))
+    return (f"\n__attribute__((visibility(\"protected\"))) __constant char {SOURCE_SYMBOL}[] =\n"
+            f"{body or chr(34) * 2};\n")

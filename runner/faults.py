@@ -9,6 +9,9 @@ submission.
   hang@N      submission N never signals (until recover()).
   fault@N     submission N ends in a device fault (DeviceError from wait()).
   slow@N:MS   submission N signals MS milliseconds later than it would.
+  unplug@N    the device disappears during submission N (the amd mock: the USB enclosure is
+              unplugged; every later call is DeviceError until it is plugged back).
+  fwerr@N     the Nth firmware load of the device's bring-up is refused (the amd mock's PSP).
 """
 from __future__ import annotations
 
@@ -16,8 +19,9 @@ import os
 import re
 from dataclasses import dataclass
 
-KINDS = ("hang", "fault", "slow")
-_ENTRY = re.compile(r"(hang|fault)@([1-9][0-9]*)|slow@([1-9][0-9]*):([0-9]+(?:\.[0-9]+)?)")
+KINDS = ("hang", "fault", "slow", "unplug", "fwerr")
+_ENTRY = re.compile(r"(hang|fault|unplug|fwerr)@([1-9][0-9]*)|"
+                    r"slow@([1-9][0-9]*):([0-9]+(?:\.[0-9]+)?)")
 
 
 @dataclass(frozen=True)
@@ -34,15 +38,20 @@ class Faults:
         return self.by_value.get(value)
 
 
-def parse(text: str, var: str) -> Faults:
-    """Parse a comma-separated fault list; ValueError naming `var`, the entry and the grammar."""
+def parse(text: str, var: str, kinds: tuple[str, ...] = KINDS) -> Faults:
+    """Parse a comma-separated fault list; ValueError naming `var`, the entry and the grammar,
+    or a kind the reading mock does not inject (`kinds`)."""
     by_value: dict[int, Fault] = {}
     for entry in filter(None, (e.strip() for e in text.split(","))):
         m = _ENTRY.fullmatch(entry)
         if m is None:
-            raise ValueError(f"{var}: bad entry {entry!r}; expected hang@N, fault@N or slow@N:MS "
-                             f"(N >= 1 a submission number, MS >= 0 milliseconds)")
+            raise ValueError(f"{var}: bad entry {entry!r}; expected hang@N, fault@N, unplug@N, "
+                             f"fwerr@N or slow@N:MS (N >= 1 a submission number, or for "
+                             f"fwerr a firmware load; MS >= 0 milliseconds)")
         kind, n, slow_n, ms = m.groups()
+        if (kind or "slow") not in kinds:
+            raise ValueError(f"{var}: {entry!r}: this device's mock does not inject "
+                             f"{kind or 'slow'}; expected one of {', '.join(kinds)}")
         value = int(n or slow_n)
         if value in by_value:
             raise ValueError(f"{var}: submission {value} has two faults ({entry!r} and an earlier "
@@ -51,5 +60,5 @@ def parse(text: str, var: str) -> Faults:
     return Faults(by_value)
 
 
-def from_env(var: str) -> Faults:
-    return parse(os.environ.get(var, ""), var)
+def from_env(var: str, kinds: tuple[str, ...] = KINDS) -> Faults:
+    return parse(os.environ.get(var, ""), var, kinds)

@@ -31,7 +31,7 @@ class MockDevice(HostDevice):
     check_target = CpuDevice.check_target  # it runs the CPU targets' programs
 
     def load(self, blob) -> None:
-        faults = from_env(FAULTS_VAR)  # a bad variable fails the load, not a run
+        faults = from_env(FAULTS_VAR, ("hang", "fault", "slow"))  # a bad one fails the load
         self._arena, self._arena_ptr, self._weights_ptr, self._lib = host_memory(blob)
         self._queue = Queue(_symbol(self._lib, LAUNCH), self._record(blob), faults)
         self._finalizer = weakref.finalize(self, shutdown, [self._queue], self._lib)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what keel needs on a fresh Debian/Ubuntu machine: clang-19 + lld-19 (kernel builds and
 # cross-compiles), llvm-19 (objdump/readelf checks of generated code), PoCL (an OpenCL device on
-# the CPU), qemu-user (qemu-aarch64 and qemu-hexagon for the emulated backends), then keel itself
+# the CPU), qemu-user (qemu-aarch64 and qemu-hexagon for the emulated backends), libusb-1.0-0-dev
+# (usbgpu/), then keel itself
 # with its test extras. With CI set, a package that is still missing afterwards is an error: CI
 # must never pass with a test group skipped for want of it.
 set -euo pipefail
@@ -15,6 +16,8 @@ missing() {
   ls /etc/OpenCL/vendors/*pocl* >/dev/null 2>&1 || echo pocl-opencl-icd
   { command -v qemu-aarch64 && command -v qemu-hexagon; } >/dev/null || echo qemu-user
   command -v llvm-objdump-19 >/dev/null || echo llvm-19
+  # usbgpu/: libusb through cffi, and libusb.h to check the binding's struct layout against
+  [ -e /usr/include/libusb-1.0/libusb.h ] || echo libusb-1.0-0-dev
 }
 
 need=($(missing))

@@ -193,7 +193,7 @@ def test_a_slow_run_that_finishes_before_its_deadline_is_no_timeout(mlp_case, mo
 
 
 @pytest.mark.parametrize("text, message", [
-    ("hang3", "bad entry 'hang3'; expected hang@N, fault@N or slow@N:MS"),
+    ("hang3", "bad entry 'hang3'; expected hang@N, fault@N, unplug@N, fwerr@N or slow@N:MS"),
     ("hang@0", "bad entry 'hang@0'"),
     ("slow@2", "bad entry 'slow@2'"),
     ("fault@1:5", "bad entry 'fault@1:5'"),

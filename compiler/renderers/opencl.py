@@ -19,6 +19,7 @@ import math
 from compiler.artifact import Buffer, Image, Launch
 from compiler.ir.dtypes import DType, dtypes
 from compiler.errors import CompileError
+from compiler.renderers import amdgcn
 from compiler.renderers.cstyle import Body, CStyle
 from compiler.ir.rewrite import graph_rewrite
 from compiler.ir.symbolic import build, symbolic, terms
@@ -61,7 +62,7 @@ class OpenCLRenderer(CStyle):
         self.used = set()
         launch_of = {ln.kernel: ln for ln in launches}
         body = [self.render_cl_kernel(name, lin, launch_of[name], buffers) for name, lin in kernels]
-        head = []
+        head = [amdgcn.prelude()] if self.target.cl_builtins == "amdgcn" else []
         if "fp16" in self.used:
             head.append("#pragma OPENCL EXTENSION cl_khr_fp16 : enable")
         if "fp64" in self.used:

@@ -1,0 +1,173 @@
+"""AM: a user-space driver for a gfx11 GPU on any usbgpu.pci.PciDevice.
+
+Bring-up (`Gpu.__init__`): read where VRAM sits in the GPU's address space, read IP discovery
+near the top of VRAM through BAR0, check every firmware file the discovered IP versions need
+(am/firmware.py), hand the PSP its sOS through the bootloader mailbox, open the AGP aperture onto
+the bridge's DMA window, and start one compute queue whose ring lives in that window.
+
+Everything the GPU reads from the host goes through the window, 4 KiB at a time: each window
+write carries the ring's next packets (a DMA_DATA from the window's payload to VRAM, or a graph
+submission), a signal slot, and the payload; one doorbell write starts it; the host polls the
+signal with one bridge read. So moving data costs a few USB commands per 4 KiB instead of a PCIe
+write per dword through BAR0.
+
+Not done here (docs/amd.md): the PSP ring and the microcode loads after sOS (RLC, MEC, SDMA, SMU);
+GPU virtual memory (the queue runs in VMID 0 on physical VRAM addresses and the AGP aperture).
+"""
+from __future__ import annotations
+
+import struct
+import time
+
+from am import discovery, firmware, pm4, regs
+from runner.device import wait_until
+from runner.errors import DeviceError
+from usbgpu.pci import PciDevice
+
+# window layout: a 64-dword ring (a batch is at most 15 dwords), the signal and timeline slots,
+# then 3824 bytes of payload (93% of each 4 KiB window write)
+RING_BYTES, SIGNAL_AT, TIMELINE_AT, PAYLOAD_AT = 256, 256, 264, 272
+RING_DWORDS = RING_BYTES // 4
+DOORBELL = 0  # the queue's doorbell index (dwords into BAR2)
+FIRMWARE_AT = 1 << 20  # VRAM offset of the PSP's sOS image (the mailbox takes address >> 20)
+HEAP_AT = 16 << 20  # first VRAM offset the allocator hands out
+BOOT_TIMEOUT_S = 5.0
+
+
+def discover(pci: PciDevice) -> dict:
+    """The IP discovery binary, read through BAR0 DISCOVERY_TMR_OFFSET below its end (BAR0 must
+    reach the top of VRAM: a resizable BAR, or the mock's small VRAM)."""
+    at = pci.bars[0][1] - discovery.DISCOVERY_TMR_OFFSET
+    head = bar0_read(pci, at, 12)
+    return discovery.parse(bar0_read(pci, at, 10 + struct.unpack_from("<H", head, 10)[0]))
+
+
+def bar0_read(pci: PciDevice, offset: int, n: int) -> bytes:
+    return b"".join(struct.pack("<I", pci.read32(0, offset + i)) for i in range(0, n, 4))[:n]
+
+
+class Gpu:
+    def __init__(self, pci: PciDevice, fw_dir=None):
+        self.pci = pci
+        self.window_bus, self.window_bytes = pci.window
+        self.vram_bytes = pci.bars[0][1]
+        self.fb = self.reg(regs.GCMC_VM_FB_LOCATION_BASE) << 24
+        self.ips = discover(pci)
+        self._boot_psp(firmware.load_all(self.ips, fw_dir))
+        self.agp = 0x7000_0000_0000  # GPU address of bus address 0
+        self.wreg(regs.GCMC_VM_AGP_BASE, 0)
+        self.wreg(regs.GCMC_VM_AGP_BOT, self.agp >> 24)
+        self.wreg(regs.GCMC_VM_AGP_TOP, (self.agp + (1 << 32) - 1) >> 24)
+        self.window = self.agp + self.window_bus
+        self.top = self.fb + HEAP_AT
+        self.wptr, self.seq = 0, 0
+        self.seen = {SIGNAL_AT: 0, TIMELINE_AT: 0}  # what the window's u64 slots hold
+        self._start_queue()
+
+    # ---- registers and VRAM through BARs --------------------------------------------------------
+    def reg(self, r: int) -> int:
+        return self.pci.read32(5, 4 * r)
+
+    def wreg(self, r: int, value: int) -> None:
+        self.pci.write32(5, 4 * r, value)
+
+    def _bar0_write(self, offset: int, data: bytes) -> None:
+        data = data.ljust(-(-len(data) // 4) * 4, b"\0")
+        for i in range(0, len(data), 4):
+            self.pci.write32(0, offset + i, struct.unpack_from("<I", data, i)[0])
+
+    def _boot_psp(self, fws: list) -> None:
+        """sOS through the bootloader mailbox: image in VRAM, address >> 20, command, ready."""
+        sos = next(f for f in fws if f.name.endswith("_sos.bin"))
+        self._mailbox_ready(sos.name)
+        self._bar0_write(FIRMWARE_AT, sos.ucode)
+        self.wreg(regs.C2PMSG_36, (self.fb + FIRMWARE_AT) >> 20 & 0xFFFFFFFF)
+        self.wreg(regs.C2PMSG_35, regs.BL_LOAD_SOSDRV)
+        status = self._mailbox_ready(sos.name) & 0xFFFF
+        if status or not self.reg(regs.C2PMSG_81):
+            raise DeviceError(f"PSP refused firmware {sos.name} (bootloader status 0x{status:04x}, "
+                              f"sOS version {self.reg(regs.C2PMSG_81):#x}); is it the file for "
+                              f"this GPU?")
+
+    def _mailbox_ready(self, what: str) -> int:
+        deadline = time.monotonic() + BOOT_TIMEOUT_S
+        box = [0]
+
+        def ready() -> bool:
+            box[0] = self.reg(regs.C2PMSG_35)
+            return bool(box[0] & regs.BL_READY)
+        try:
+            wait_until(ready, deadline, f"PSP bootloader ({what})")
+        except TimeoutError:
+            raise DeviceError(f"PSP bootloader not ready within {BOOT_TIMEOUT_S} s ({what})") \
+                from None
+        return box[0]
+
+    def _start_queue(self) -> None:
+        self.wreg(regs.GRBM_GFX_CNTL, regs.GRBM_ME1_PIPE0_QUEUE0)
+        self.wreg(regs.CP_HQD_ACTIVE, 0)
+        ring = self.window >> 8
+        self.wreg(regs.CP_HQD_PQ_BASE, ring & 0xFFFFFFFF)
+        self.wreg(regs.CP_HQD_PQ_BASE_HI, ring >> 32)
+        self.wreg(regs.CP_HQD_PQ_CONTROL, RING_DWORDS.bit_length() - 2)  # log2(dwords) - 1
+        self.wreg(regs.CP_HQD_PQ_RPTR, 0)
+        self.wreg(regs.CP_HQD_PQ_WPTR_LO, 0)
+        self.wreg(regs.CP_HQD_PQ_WPTR_HI, 0)
+        self.wreg(regs.CP_HQD_PQ_DOORBELL_CONTROL, regs.DOORBELL_EN | DOORBELL << 2)
+        self.wreg(regs.CP_HQD_ACTIVE, 1)
+
+    # ---- VRAM ------------------------------------------------------------------------------
+    def alloc(self, n: int, align: int = 4096) -> int:
+        va = -(-self.top // align) * align
+        if va + n > self.fb + self.vram_bytes - (1 << 20):  # the discovery table's megabyte
+            raise DeviceError(f"VRAM: {n} bytes do not fit ({self.fb + self.vram_bytes - va} "
+                              f"left)")
+        self.top = va + n
+        return va
+
+    # ---- the window: packets + signal + payload, one doorbell, one poll -------------------------
+    def post(self, packets: list[int], payload: bytes, deadline: float) -> None:
+        """Run `packets` from the ring with `payload` at the window's PAYLOAD_AT; returns once the
+        RELEASE_MEM they end with has written the window's signal."""
+        self.seq += 1
+        self.launch(packets + pm4.release_mem(self.window + SIGNAL_AT, self.seq), payload)
+        wait_until(lambda: self._read(SIGNAL_AT) >= self.seq, deadline, "GPU queue")
+
+    def launch(self, packets: list[int], payload: bytes = b"") -> None:
+        """Write `packets` at the ring's write pointer (wrapping at its end) and ring the
+        doorbell; the window's signal and timeline slots keep the values last seen."""
+        if len(packets) > RING_DWORDS:
+            raise ValueError(f"{len(packets)} dwords of packets; the ring holds {RING_DWORDS}")
+        ring = [0] * RING_DWORDS  # the CP reads only from its read to its write pointer
+        for i, w in enumerate(packets):
+            ring[(self.wptr + i) % RING_DWORDS] = w
+        slots = struct.pack("<QQ", self.seen[SIGNAL_AT], self.seen[TIMELINE_AT])
+        self.wptr += len(packets)
+        self.pci.dma_put(struct.pack(f"<{RING_DWORDS}I", *ring) +
+                         slots.ljust(PAYLOAD_AT - SIGNAL_AT, b"\0") + payload,
+                         then=(2, 4 * DOORBELL, self.wptr))
+
+    def _read(self, at: int) -> int:
+        self.seen[at] = struct.unpack("<Q", self.pci.dma_get(at, 8))[0]
+        return self.seen[at]
+
+    def timeline(self) -> int:
+        """The last timeline value a graph submission's RELEASE_MEM wrote (window slot)."""
+        return self._read(TIMELINE_AT)
+
+    def upload(self, va: int, data, deadline: float) -> None:
+        room = self.window_bytes - PAYLOAD_AT
+        view = memoryview(data).cast("B")
+        for off in range(0, len(view), room):
+            part = bytes(view[off:off + room])
+            self.post(pm4.dma_data(self.window + PAYLOAD_AT, va + off, len(part)), part, deadline)
+
+    def download(self, va: int, out: memoryview, deadline: float) -> None:
+        room = self.window_bytes - PAYLOAD_AT
+        for off in range(0, len(out), room):
+            n = min(room, len(out) - off)
+            self.post(pm4.dma_data(va + off, self.window + PAYLOAD_AT, n), b"", deadline)
+            out[off:off + n] = self.pci.dma_get(PAYLOAD_AT, n)
+
+    def close(self) -> None:
+        self.pci.close()

@@ -1,0 +1,214 @@
+"""The mock GPU's command processor: GPU memory, and PM4 executed from it.
+
+`Memory` is the GPU's address space as the mock sees it: allocations at GPU virtual addresses,
+backed by one host mapping; an access outside every allocation is a GpuFault (a page fault on
+hardware). `CommandProcessor.run(address, dwords)` decodes a command buffer with am/pm4.py (any
+malformed packet is a PacketError before anything runs), follows INDIRECT_BUFFER one level,
+keeps the SH registers SET_SH_REG writes, and executes:
+  DISPATCH_DIRECT: the kernel whose code COMPUTE_PGM_LO/HI points at is found the way a loader
+    would, through the code object's dynamic symbols in GPU memory (am/elf.parse); its kernarg
+    segment is read at the address in the user SGPRs; the hidden arguments must agree with the
+    packet's group counts and COMPUTE_NUM_THREAD_*; and it runs as its OpenCL C (exported in the
+    code object as `keel_source`) on PoCL, each pointer argument a sub-buffer of GPU memory from
+    that address to the end of its allocation: exactly the buffers the packets bound.
+  ACQUIRE_MEM: PoCL runs dispatches in order; nothing to wait for.
+  DMA_DATA: copies between any two addresses (VRAM, or the host's DMA window).
+  RELEASE_MEM: once every dispatch before it finished, writes its 64-bit value to its address.
+No mock proves the ISA: the gfx1100 machine code in the code object is never executed here.
+
+The PoCL executor lives here for now; qcom's mock executes Adreno dispatches on PoCL too, and the
+two should share one (see the report for issue 24).
+"""
+from __future__ import annotations
+
+import bisect
+import hashlib
+import mmap
+import struct
+
+from am import elf, pm4
+from runner import cl
+from runner.errors import DeviceError
+
+GPU_BASE = 0x8000_0000_0000  # where the mock's GPU virtual addresses start
+PAGE = 4096
+CL_MEM_USE_HOST_PTR = 1 << 3
+
+
+class GpuFault(DeviceError):
+    """What would be a GPU page fault: an access outside every allocation."""
+
+
+class Memory:
+    def __init__(self, size: int):
+        self.size = size
+        self.map = mmap.mmap(-1, size)
+        self.view = memoryview(self.map)
+        self.starts: list[int] = []  # allocation start addresses, sorted (bump: in order)
+        self.ends: list[int] = []
+        self.top = GPU_BASE
+
+    def alloc(self, n: int, align: int = PAGE) -> int:
+        va = -(-self.top // align) * align
+        if va + n > GPU_BASE + self.size:
+            raise DeviceError(f"GPU memory: {n} bytes requested, {GPU_BASE + self.size - va} "
+                              f"left of {self.size}")
+        self.starts.append(va)
+        self.ends.append(va + max(n, 1))
+        self.top = va + max(n, 1)
+        return va
+
+    def extent(self, va: int, n: int = 1) -> int:
+        """Bytes from `va` to the end of its allocation; GpuFault unless [va, va+n) is inside."""
+        i = bisect.bisect_right(self.starts, va) - 1
+        if i < 0 or va + n > self.ends[i]:
+            raise GpuFault(f"GPU page fault: {n} bytes at 0x{va:x} outside every allocation")
+        return self.ends[i] - va
+
+    def read(self, va: int, n: int) -> bytes:
+        self.extent(va, n)
+        return bytes(self.view[va - GPU_BASE:va - GPU_BASE + n])
+
+    def write(self, va: int, data: bytes) -> None:
+        self.extent(va, len(data))
+        self.view[va - GPU_BASE:va - GPU_BASE + len(data)] = data
+
+
+class CommandProcessor:
+    """`space` is every address the CP reaches (VRAM, and system memory through an aperture:
+    am/mock_device.py); `memory` the VRAM that kernels' buffers live in."""
+
+    def __init__(self, memory: Memory, space=None):
+        self.mem = space or memory
+        self.sh: dict[int, int] = {}
+        self.pocl = Pocl(memory)
+        self.vram = memory
+        self.code: dict[int, elf.CodeObject] = {}  # by base address
+        self.dispatches = 0
+
+    def run(self, address: int, dwords: int, depth: int = 0) -> None:
+        self.execute(pm4.words(self.mem.read(address, 4 * dwords)), depth)
+
+    def execute(self, words: list[int], depth: int = 0) -> None:
+        packets = pm4.decode(words)
+        for p in packets:
+            if p.op == pm4.SET_SH_REG:
+                for i, v in enumerate(p.body[1:]):
+                    self.sh[pm4.SH_START + p.body[0] + i] = v
+            elif p.op == pm4.INDIRECT_BUFFER:
+                if depth:
+                    raise pm4.PacketError(f"dword {p.at}: INDIRECT_BUFFER inside an indirect "
+                                          f"buffer; a compute queue chains one level")
+                self.run(p.body[0] | (p.body[1] & 0xFFFF) << 32, p.body[2] & 0xFFFFF, 1)
+            elif p.op == pm4.DISPATCH_DIRECT:
+                self._dispatch(p.body[:3])
+            elif p.op == pm4.DMA_DATA:
+                self.pocl.finish()  # CP_SYNC: earlier dispatches' writes land first
+                src, dst = p.body[1] | p.body[2] << 32, p.body[3] | p.body[4] << 32
+                self.mem.write(dst, self.mem.read(src, p.body[5] & pm4.DMA_MAX))
+            elif p.op == pm4.RELEASE_MEM:
+                self.pocl.finish()
+                self.mem.write(p.body[2] | p.body[3] << 32,
+                               struct.pack("<II", p.body[4], p.body[5]))
+        self.pocl.finish()
+
+    def _reg(self, name: str, i: int = 0) -> int:
+        return self.sh.get(pm4.REGS[name] + i, 0)
+
+    def _dispatch(self, groups) -> None:
+        entry = (self._reg("COMPUTE_PGM_LO") | self._reg("COMPUTE_PGM_HI") << 32) << 8
+        co, base = self._code_object(entry)
+        k = next((k for k in co.kernels.values() if base + k.entry == entry), None)
+        if k is None:
+            raise GpuFault(f"COMPUTE_PGM at 0x{entry:x} is no kernel's entry")
+        local = tuple(self._reg("COMPUTE_NUM_THREAD_X", i) for i in range(3))
+        at = k.kernarg_sgpr
+        kernarg = self._reg("COMPUTE_USER_DATA_0", at) | \
+            self._reg("COMPUTE_USER_DATA_0", at + 1) << 32
+        args = self.mem.read(kernarg, k.kernarg_size)
+        want = {f"hidden_block_count_{c}": g for c, g in zip("xyz", groups)}
+        want |= {f"hidden_group_size_{c}": w for c, w in zip("xyz", local)}
+        pointers = []
+        for a in k.args:
+            value = int.from_bytes(args[a.offset:a.offset + a.size], "little")
+            if a.kind == "global_buffer":
+                pointers.append(value)
+            elif a.kind in want and value != want[a.kind]:
+                raise GpuFault(f"{k.name}: kernarg {a.kind} is {value}, the dispatch says "
+                               f"{want[a.kind]}")
+        glob = tuple(g * w for g, w in zip(groups, local))
+        self.pocl.run(co.source, k.name, pointers, glob, local)
+        self.dispatches += 1
+
+    def _code_object(self, entry: int) -> tuple[elf.CodeObject, int]:
+        """The code object holding `entry`: the ELF header on a page at or below it."""
+        base = entry & ~(PAGE - 1)
+        while base >= GPU_BASE:
+            if base in self.code:
+                return self.code[base], base
+            if self.mem.read(base, 4) == b"\x7fELF":
+                self.code[base] = elf.parse(lambda va, n: self.mem.read(base + va, n))
+                return self.code[base], base
+            base -= PAGE
+        raise GpuFault(f"COMPUTE_PGM at 0x{entry:x} is in no loaded code object")
+
+
+class Pocl:
+    """Dispatches as OpenCL kernels over one buffer that is the GPU memory itself."""
+
+    def __init__(self, memory: Memory):
+        self.mem, self.lib = memory, cl.lib()
+        devices = cl.platform_devices()
+        if not devices:
+            raise DeviceError(f"mock GPU: no OpenCL device to execute kernels ({cl.INSTALL_HINT})")
+        self.device = devices[0][1]
+        dev = cl.ffi.new("cl_device_id[1]", [self.device])
+        self.ctx = cl.create(self.lib.clCreateContext, "clCreateContext", cl.ffi.NULL, 1, dev,
+                             cl.ffi.NULL, cl.ffi.NULL)
+        self.queue = cl.create(self.lib.clCreateCommandQueue, "clCreateCommandQueue", self.ctx,
+                               self.device, 0)
+        host = cl.ffi.from_buffer(memory.map)
+        self.whole = cl.create(self.lib.clCreateBuffer, "clCreateBuffer", self.ctx,
+                               cl.CL_MEM_READ_WRITE | CL_MEM_USE_HOST_PTR, memory.size, host)
+        self.host = host
+        self.programs: dict[bytes, object] = {}
+        self.kernels: dict[tuple, object] = {}
+        self.subs: dict[tuple[int, int], object] = {}
+
+    def _kernel(self, source: str, name: str):
+        key = hashlib.sha256(source.encode("latin-1")).digest()
+        if key not in self.programs:
+            src = cl.ffi.new("char[]", source.encode("latin-1"))
+            srcs = cl.ffi.new("const char *[1]", [src])
+            prog = cl.create(self.lib.clCreateProgramWithSource, "clCreateProgramWithSource",
+                             self.ctx, 1, srcs, cl.ffi.NULL)
+            dev = cl.ffi.new("cl_device_id[1]", [self.device])
+            cl.check(self.lib.clBuildProgram(prog, 1, dev, cl.BUILD_OPTIONS, cl.ffi.NULL,
+                                             cl.ffi.NULL), "clBuildProgram (keel_source)")
+            self.programs[key] = prog
+        if (key, name) not in self.kernels:
+            self.kernels[key, name] = cl.create(self.lib.clCreateKernel, f"clCreateKernel {name}",
+                                                self.programs[key], name.encode())
+        return self.kernels[key, name]
+
+    def _sub(self, va: int):
+        n = self.mem.extent(va)
+        if (va, n) not in self.subs:
+            region = cl.ffi.new("cl_buffer_region *", {"origin": va - GPU_BASE, "size": n})
+            self.subs[va, n] = cl.create(self.lib.clCreateSubBuffer, "clCreateSubBuffer",
+                                         self.whole, cl.CL_MEM_READ_WRITE,
+                                         cl.CL_BUFFER_CREATE_TYPE_REGION, region)
+        return self.subs[va, n]
+
+    def run(self, source: str, name: str, pointers: list[int], glob, local) -> None:
+        kernel = self._kernel(source, name)
+        for i, va in enumerate(pointers):
+            mem = cl.ffi.new("cl_mem *", self._sub(va))
+            cl.check(self.lib.clSetKernelArg(kernel, i, cl.ffi.sizeof("cl_mem"), mem),
+                     f"clSetKernelArg {name}[{i}]")
+        g, w = cl.ffi.new("size_t[3]", glob), cl.ffi.new("size_t[3]", local)
+        cl.check(self.lib.clEnqueueNDRangeKernel(self.queue, kernel, 3, cl.ffi.NULL, g, w, 0,
+                                                 cl.ffi.NULL, cl.ffi.NULL), f"enqueue {name}")
+
+    def finish(self) -> None:
+        cl.check(self.lib.clFinish(self.queue), "clFinish")

@@ -1,0 +1,64 @@
+"""What loading a blob on device="amd" moves over USB: bytes, USB transfers and bridge commands
+against the weights' size, through the mock enclosure (KEEL_USB=mock) or a real one.
+
+    python tools/bench_amd_load.py model.blob [--real] [--runs N]
+
+With the mock (the default) the counts are exactly what the host sends and receives; the times
+are the mock's (Python answering every transfer), not a USB link's: a real enclosure's time is
+printed by tests/device/test_usbgpu.py. Stand-in firmware files are made for the mock (keel ships
+none); --real uses KEEL_AMD_FIRMWARE or /lib/firmware/amdgpu.
+"""
+import os
+import sys
+
+sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+import argparse  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+
+def _stand_in_firmware() -> str:
+    from am import firmware
+    from am.mock_device import IPS
+    folder = Path(tempfile.mkdtemp(prefix="keel-fw-"))
+    for name in firmware.required({(ip.hw_id, ip.instance): ip for ip in IPS}):
+        (folder / name).write_bytes(firmware.image(bytes(range(1, 129)) * 2))
+    return str(folder)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("blob")
+    ap.add_argument("--real", action="store_true", help="a real enclosure, not the mock")
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    if not args.real:
+        os.environ["KEEL_USB"] = "mock"
+        os.environ.setdefault("KEEL_AMD_FIRMWARE", _stand_in_firmware())
+    from runner import Model
+    from runner.blob import read_blob
+    blob = read_blob(args.blob)
+    t = time.perf_counter()
+    m = Model.load(args.blob, device="amd")
+    load_s = time.perf_counter() - t
+    usb, bridge = m.device.gpu.pci.usb, m.device.gpu.pci.bridge
+    weights = len(blob.weights)
+    print(f"weights {weights} B, code object {len(blob.programs)} B, "
+          f"{len(blob.launches)} launches")
+    print(f"load: {usb.bytes} B over USB ({usb.bytes / max(weights, 1):.3f} x the weights), "
+          f"{usb.transfers} USB transfers ({usb.transfers / max(weights / 4096, 1):.1f} per 4 KiB "
+          f"of weights), {bridge.commands_sent} bridge commands, {load_s:.1f} s")
+    feeds = {b.name: m.input_view(b.name) for b in blob.inputs}
+    before = (usb.bytes, usb.transfers)
+    t = time.perf_counter()
+    for _ in range(args.runs):
+        m.run(feeds, timeout_ms=600_000)
+    per = (time.perf_counter() - t) / args.runs
+    print(f"run: {(usb.bytes - before[0]) // args.runs} B, "
+          f"{(usb.transfers - before[1]) // args.runs} USB transfers per run, {per * 1e3:.0f} ms")
+
+
+if __name__ == "__main__":
+    main()

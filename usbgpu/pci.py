@@ -1,0 +1,161 @@
+"""The small PCI-device interface am/ drives a GPU through, and its USB implementation.
+
+`PciDevice` is all am/ sees: config space, BAR memory, and a DMA window (host memory the device
+reads and writes at a bus address). A Linux sysfs/VFIO transport can implement it later; am/ does
+not care how the GPU is attached.
+
+`UsbPci` brings the link up behind an ASM24xx (usbgpu/asm24.py) with plain PCI enumeration (PCI
+Local Bus / PCI-to-PCI bridge specifications): walk from bus 0, give each bridge (header type 1)
+its secondary and subordinate bus numbers, stop at the first display-class function (class 0x03);
+then size that function's BARs (write all ones, read the mask back), place them below 4 GiB (the
+bridge's TLP address register is 32 bits), open every bridge's memory windows over them, and
+enable memory decoding and bus mastering.
+"""
+from __future__ import annotations
+
+from runner.errors import DeviceError
+from usbgpu import asm24
+from usbgpu.libusb import Usb, open_lib
+
+VENDOR, COMMAND, CLASS, HEADER_TYPE, BAR0 = 0x00, 0x04, 0x08, 0x0E, 0x10
+BUSES, MEM_WINDOW, PREF_WINDOW, PREF_UPPER = 0x18, 0x20, 0x24, 0x28
+CMD_MEMORY, CMD_MASTER = 0x2, 0x4
+DISPLAY_CLASS = 0x03
+MMIO_START = 0x1000_0000  # above the bridge's DMA window at 0x200000
+MAX_DEPTH = 8
+
+
+class PciDevice:
+    """Config space, BAR memory and the DMA window of one PCI function."""
+    bars: dict[int, tuple[int, int]]  # BAR index -> (bus address, size)
+    window: tuple[int, int]  # DMA window: (bus address the device uses, bytes)
+
+    def cfg_read(self, reg: int, size: int = 4) -> int:
+        raise NotImplementedError
+
+    def cfg_write(self, reg: int, value: int, size: int = 4) -> None:
+        raise NotImplementedError
+
+    def read32(self, bar: int, offset: int) -> int:
+        raise NotImplementedError
+
+    def write32(self, bar: int, offset: int, value: int) -> None:
+        raise NotImplementedError
+
+    def dma_put(self, data: bytes, then: tuple[int, int, int] | None = None) -> None:
+        """Fill the DMA window (from its start) with `data`, at most window[1] bytes; then, if
+        given, write32(*then) (a doorbell) ordered after it."""
+        raise NotImplementedError
+
+    def dma_get(self, offset: int, n: int) -> bytes:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class UsbPci(PciDevice):
+    def __init__(self, timeout_s: float = 1.0, lib=None):
+        lib = lib or open_lib()
+        self.usb = _open(lib)
+        self.bridge = asm24.Bridge(self.usb, timeout_s)
+        self.window = (asm24.WINDOW_BUS, asm24.WINDOW_BYTES)
+        try:
+            self.bus, self.path = self._enumerate()
+            self.bars = self._assign_bars()
+        except Exception:
+            self.close()
+            raise
+
+    def cfg_read(self, reg: int, size: int = 4) -> int:
+        return self.bridge.config(self.bus, 0, 0, reg, None, size)
+
+    def cfg_write(self, reg: int, value: int, size: int = 4) -> None:
+        self.bridge.config(self.bus, 0, 0, reg, value, size)
+
+    def read32(self, bar: int, offset: int) -> int:
+        return self.bridge.mem(self._address(bar, offset))
+
+    def write32(self, bar: int, offset: int, value: int) -> None:
+        self.bridge.mem(self._address(bar, offset), value & 0xFFFFFFFF)
+
+    def dma_put(self, data: bytes, then: tuple[int, int, int] | None = None) -> None:
+        self.bridge.window_write(data, None if then is None else
+                                 (self._address(then[0], then[1]), then[2] & 0xFFFFFFFF))
+
+    def dma_get(self, offset: int, n: int) -> bytes:
+        return self.bridge.window_read(offset, n)
+
+    def close(self) -> None:
+        self.usb.close()
+
+    def _address(self, bar: int, offset: int) -> int:
+        base, size = self.bars[bar]
+        if not 0 <= offset <= size - 4:
+            raise DeviceError(f"BAR{bar} offset 0x{offset:x} outside its {size} bytes")
+        return base + offset
+
+    def _enumerate(self) -> tuple[int, list[int]]:
+        """(bus of the GPU, buses of the bridges above it), assigning bus numbers on the way."""
+        bus, path = 0, []
+        for _ in range(MAX_DEPTH):
+            vid = self.bridge.config(bus, 0, 0, VENDOR, None, 2)
+            if vid == 0xFFFF:
+                break
+            if self.bridge.config(bus, 0, 0, CLASS + 3, None, 1) == DISPLAY_CLASS:
+                return bus, path
+            if self.bridge.config(bus, 0, 0, HEADER_TYPE, None, 1) & 0x7F != 1:
+                break
+            # primary = bus, secondary = bus + 1, subordinate = 0xFF until the walk ends
+            self.bridge.config(bus, 0, 0, BUSES, bus | (bus + 1) << 8 | 0xFF << 16)
+            path.append(bus)
+            bus += 1
+        raise DeviceError(f"no display-class PCI function behind the bridge (walked buses "
+                          f"0..{bus}); is the GPU powered and seated?")
+
+    def _assign_bars(self) -> dict[int, tuple[int, int]]:
+        bars, at, i = {}, MMIO_START, 0
+        while i < 6:
+            reg = BAR0 + 4 * i
+            old = self.cfg_read(reg)
+            wide = (old >> 1) & 3 == 2
+            self.cfg_write(reg, 0xFFFFFFFF)
+            mask = self.cfg_read(reg) & ~0xF
+            if wide:
+                self.cfg_write(reg + 4, 0xFFFFFFFF)
+                mask |= self.cfg_read(reg + 4) << 32
+            size = (~mask + 1) & ((1 << (64 if wide else 32)) - 1) if mask else 0
+            if size and not old & 1:  # memory BARs only (I/O space is not reachable over USB)
+                at = -(-at // size) * size
+                if at + size > 1 << 32:
+                    raise DeviceError(f"BAR{i} of {size >> 20} MiB does not fit below 4 GiB")
+                self.cfg_write(reg, at | (old & 0xF))
+                if wide:
+                    self.cfg_write(reg + 4, 0)
+                bars[i] = (at, size)
+                at += size
+            i += 2 if wide else 1
+        self._open_windows(MMIO_START, at)
+        self.cfg_write(COMMAND, CMD_MEMORY | CMD_MASTER, 2)
+        return bars
+
+    def _open_windows(self, start: int, end: int) -> None:
+        """Every bridge above the GPU forwards [start, end): both memory windows, 1 MiB units."""
+        lo, hi = start >> 20, (end - 1) >> 20
+        for bus in self.path:
+            self.bridge.config(bus, 0, 0, MEM_WINDOW, (lo << 4) | (hi << 20))
+            self.bridge.config(bus, 0, 0, PREF_WINDOW, (lo << 4) | (hi << 20))
+            self.bridge.config(bus, 0, 0, PREF_UPPER, 0)
+            self.bridge.config(bus, 0, 0, PREF_UPPER + 4, 0)
+            self.bridge.config(bus, 0, 0, COMMAND, CMD_MEMORY | CMD_MASTER, 2)
+
+
+def _open(lib) -> Usb:
+    errors = []
+    for vid, pid in asm24.IDS:
+        try:
+            return Usb(lib, vid, pid, asm24.ALT_SETTING,
+                       (asm24.EP_DATA_OUT, asm24.EP_DATA_IN, asm24.EP_STATUS_IN), asm24.STREAMS)
+        except DeviceError as e:
+            errors.append(str(e))
+    raise DeviceError("no ASM24xx bridge: " + "; ".join(errors))
