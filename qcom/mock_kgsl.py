@@ -110,7 +110,7 @@ class MockKgsl:
         self.chip_id, self.gpu_id = chip_id, gpu_id
         self.on_submit = Gpu() if on_submit is None else on_submit
         self.hang, self.delay_s = False, 0.0
-        self.faults, self.count = from_env(FAULTS_VAR), 0  # count: submissions so far
+        self.faults, self.count = from_env(FAULTS_VAR, ("hang", "fault", "slow")), 0  # count: submissions so far
         self.mem, self.contexts, self.ctx_ids = Memory(), {}, itertools.count(1)
         self.fds, self.submissions = set(), []
         self.handlers = {i.number: getattr(self, "_" + i.name.removeprefix("IOCTL_KGSL_").lower())

@@ -10,7 +10,7 @@ class AllocError(BlobError, MemoryError):
 
 
 class ConfigError(ValueError):
-    """An environment setting (KEEL_THREADS) is malformed."""
+    """An environment setting (KEEL_THREADS, KEEL_MOCK_FAULTS, ...) is malformed."""
 
 
 class InputError(ValueError):

@@ -19,6 +19,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from runner.errors import ConfigError
+
 KINDS = ("hang", "fault", "slow", "unplug", "fwerr")
 _ENTRY = re.compile(r"(hang|fault|unplug|fwerr)@([1-9][0-9]*)|"
                     r"slow@([1-9][0-9]*):([0-9]+(?:\.[0-9]+)?)")
@@ -45,16 +47,16 @@ def parse(text: str, var: str, kinds: tuple[str, ...] = KINDS) -> Faults:
     for entry in filter(None, (e.strip() for e in text.split(","))):
         m = _ENTRY.fullmatch(entry)
         if m is None:
-            raise ValueError(f"{var}: bad entry {entry!r}; expected hang@N, fault@N, unplug@N, "
+            raise ConfigError(f"{var}: bad entry {entry!r}; expected hang@N, fault@N, unplug@N, "
                              f"fwerr@N or slow@N:MS (N >= 1 a submission number, or for "
                              f"fwerr a firmware load; MS >= 0 milliseconds)")
         kind, n, slow_n, ms = m.groups()
         if (kind or "slow") not in kinds:
-            raise ValueError(f"{var}: {entry!r}: this device's mock does not inject "
+            raise ConfigError(f"{var}: {entry!r}: this device's mock does not inject "
                              f"{kind or 'slow'}; expected one of {', '.join(kinds)}")
         value = int(n or slow_n)
         if value in by_value:
-            raise ValueError(f"{var}: submission {value} has two faults ({entry!r} and an earlier "
+            raise ConfigError(f"{var}: submission {value} has two faults ({entry!r} and an earlier "
                              f"{by_value[value].kind!r}); expected at most one per submission")
         by_value[value] = Fault("slow", float(ms)) if slow_n else Fault(kind)
     return Faults(by_value)

@@ -14,7 +14,7 @@ from compiler.toolchain import host_target
 from models.efficientnet import make_efficientnet
 from models.openpilot import make_openpilot
 from models.resnet import make_resnet50
-from runner import DeviceError, DeviceTimeout, InputError, Model
+from runner import ConfigError, DeviceError, DeviceTimeout, InputError, Model
 from runner.faults import parse
 from runner.opencl import unavailable_reason
 from tests.deps import needs
@@ -201,13 +201,13 @@ def test_a_slow_run_that_finishes_before_its_deadline_is_no_timeout(mlp_case, mo
     ("hang@2, fault@2", "submission 2 has two faults"),
 ])
 def test_bad_fault_lists_are_clear_errors(text, message):
-    with pytest.raises(ValueError, match=f"^KEEL_MOCK_FAULTS: {message}"):
+    with pytest.raises(ConfigError, match=f"^KEEL_MOCK_FAULTS: {message}"):
         parse(text, "KEEL_MOCK_FAULTS")
 
 
 def test_a_bad_fault_list_fails_the_load(mlp_case, monkeypatch):
     monkeypatch.setenv("KEEL_MOCK_FAULTS", "hang@x")
-    with pytest.raises(ValueError, match="KEEL_MOCK_FAULTS: bad entry 'hang@x'"):
+    with pytest.raises(ConfigError, match="KEEL_MOCK_FAULTS: bad entry 'hang@x'"):
         Model.load(mlp_case[0]["mock"], device="mock")
 
 
