@@ -1,5 +1,4 @@
-"""tools/bisect.py on a light real network (conv + BN + SiLU stem, an MBConv block with
-squeeze-excite, a 1x1 head, pooling, a classifier: 27 ONNX nodes): no divergence as compiled,
+"""tools/bisect.py on a light real network (tests/light_net.py): no divergence as compiled,
 and with one middle node perturbed the tool names exactly that node, on CPU and on OpenCL.
 Each case compiles one debug build (every node output exported), ~5-10 s."""
 from __future__ import annotations
@@ -13,24 +12,13 @@ import numpy as np
 import onnx
 import pytest
 
-from models.blocks import GraphBuilder, conv_bn_act, gemm, mbconv
 from tests.deps import needs, opencl_missing
 from tests.graphs import compiled_blob
+from tests.light_net import light_net
 from tools import bisect
 
-pytestmark = pytest.mark.xdist_group("bisect")
+pytestmark = pytest.mark.xdist_group("light_net")
 TOOL = str(Path(__file__).resolve().parent.parent / "tools" / "bisect.py")
-
-
-def light_net() -> onnx.ModelProto:
-    g = GraphBuilder(seed=3)
-    x = g.input("image", np.float32, (1, 3, 16, 16))
-    h = conv_bn_act(g, x, 3, 8, 3, stride=2)
-    h = mbconv(g, h, 8, 8, 1, 3, 1)
-    h = conv_bn_act(g, h, 8, 16, 1)
-    f = g.op("Flatten", g.op("GlobalAveragePool", h), axis=1)
-    return g.model([(gemm(g, f, 16, 10, out="logits"), np.float32, (1, 10))], "light",
-                   doc="light net for bisect")
 
 
 @pytest.fixture(scope="module")
