@@ -3,6 +3,8 @@
     void keel_graph(uint8_t *arena, const uint8_t *weights, void *const *io);
     void keel_graph_mt(uint8_t *arena, const uint8_t *weights, void *const *io,
                        int tid, int nt, keel_sync *sync);
+    void keel_profile(..., int tid, int nt, keel_sync *sync, unsigned long long *ticks);
+    unsigned long long keel_ticks(void);   (both for profile(), runner/device.py)
 
 loaded straight from memory and called once per submission, synchronously, inside submit(). Weights are a pointer
 into the mapped blob (zero-copy); the arena is a 64-byte aligned host array, on huge pages from

@@ -48,9 +48,9 @@ def test_a_faithful_build_has_no_divergence(model_file):
     assert all(r["max_abs_err"] is not None and not r["diverges"] for r in rep["nodes"])
 
 
-@pytest.mark.parametrize("op_type", ["Conv", "Mul"])
-def test_perturbing_a_middle_node_on_cpu_names_exactly_that_node(model_file, op_type):
+def test_perturbing_a_middle_node_on_cpu_names_exactly_that_node(model_file):
     model = onnx.load(str(model_file))
+    op_type = "Conv"
     node = middle(model, op_type)
     rep = bisect.bisect(str(model_file), "cpu", perturb=node)
     first = rep["first_divergence"]

@@ -1,6 +1,7 @@
 """Per-kernel time of a keel blob on a device: a table sorted by time and a Perfetto trace.
 
-    python tools/profile.py model.blob [--device D] [--runs N] [--trace out.json] [--json]
+    python tools/profile.py model.blob [--device D] [--runs N] [--trace out.json]
+                           [--timeline run.png] [--json]
 
 Each launch is timed by the device itself (runner/device.py, `profile` and `spans`): the CPU's
 cycle counter before and after every kernel on every thread, OpenCL event profiling, the mock's
@@ -15,7 +16,8 @@ wait, copies) and the gaps between launches (barrier waits, dispatch).
 --trace writes Chrome trace-event JSON (Perfetto and chrome://tracing open it): per run, one
 slice per launch and thread, and a host row with the run and its overhead. The device's clock is
 not the host's, so each run's launches are drawn from the end of its host overhead (the split
-of the overhead between before and after the launches is not measured).
+of the overhead between before and after the launches is not measured). --timeline draws the
+median run's slices as a PNG.
 """
 import os
 import sys
@@ -31,6 +33,7 @@ import numpy as np  # noqa: E402
 from runner import BlobError, ConfigError, DeviceError, DeviceTimeout, InputError, Model  # noqa
 from runner.blob import launch_nodes  # noqa: E402
 from tools.cli import Parser, positive_int  # noqa: E402
+from tools.png import PALETTE, Canvas, text_width  # noqa: E402
 from tools.run import random_feeds  # noqa: E402
 
 HOST_TID = 0  # the trace row of the host's run() and overhead slices; device lane k is row k + 1
@@ -73,10 +76,13 @@ def per_launch(spans, n: int) -> np.ndarray:
 def summarize(prof: dict) -> dict:
     blob, samples = prof["blob"], prof["samples"]
     n = len(blob.launches)
-    times = np.median([per_launch(sp, n) for _, _, sp in samples], axis=0)
-    latency = float(np.median([lat for _, lat, _ in samples]))
-    span = float(np.median([max(s.end_ns for s in sp) - min(s.start_ns for s in sp)
-                            if sp else 0 for _, _, sp in samples]))
+    each = [per_launch(sp, n) for _, _, sp in samples]
+    times = np.median(each, axis=0)
+    # the totals are one run's, the run of median latency, so its parts add up exactly (medians
+    # of parts taken separately need not: a preempted kernel inflates some runs' spans only)
+    mid = int(np.argsort([lat for _, lat, _ in samples])[len(samples) // 2])
+    _, latency, spans = samples[mid]
+    span = max(s.end_ns for s in spans) - min(s.start_ns for s in spans) if spans else 0
     flops = blob.manifest["meta"].get("flops") or [0] * n
     nbytes, nodes = launch_bytes(blob), launch_nodes(blob)
     rows = [{"launch": i, "kernel": ln.kernel, "ns": float(times[i]),
@@ -87,7 +93,7 @@ def summarize(prof: dict) -> dict:
              "nodes": [name for name, _ in nodes[i]]}
             for i, ln in enumerate(blob.launches)]
     rows.sort(key=lambda r: -r["ns"])
-    kernels = float(times.sum())
+    kernels = float(each[mid].sum())
     return {"device": prof["device"], "runs": len(samples), "latency_ns": latency,
             "kernels_ns": kernels, "accounted": kernels / latency if latency else 0.0,
             "unaccounted_ns": latency - kernels, "host_overhead_ns": latency - span,
@@ -95,8 +101,9 @@ def summarize(prof: dict) -> dict:
 
 
 def print_table(s: dict) -> None:
-    print(f"device {s['device']}, median of {s['runs']} runs: latency {s['latency_ns'] / 1e3:.1f} "
-          f"us, kernels {s['kernels_ns'] / 1e3:.1f} us ({100 * s['accounted']:.1f}% of it)")
+    print(f"device {s['device']}, the median of {s['runs']} runs: latency "
+          f"{s['latency_ns'] / 1e3:.1f} us, kernels {s['kernels_ns'] / 1e3:.1f} us "
+          f"({100 * s['accounted']:.1f}% of it; per-kernel times below: medians over the runs)")
     print(f"unaccounted {s['unaccounted_ns'] / 1e3:.1f} us: host overhead "
           f"{s['host_overhead_ns'] / 1e3:.1f} us (bind, submit, wait, copies), gaps between "
           f"launches {s['gaps_ns'] / 1e3:.1f} us (barriers, dispatch)")
@@ -149,12 +156,44 @@ def _lane_name(device: str, lane: int | None) -> str:
     return f"cpu thread {lane}" if device == "cpu" else f"{device} queue {lane}"
 
 
+def draw_run(prof: dict, width: int = 1000, row: int = 34) -> Canvas:
+    """The median run as a picture: one row for the host, one per device lane, a rectangle per
+    launch (named where it fits), time across. The same slices --trace writes for that run."""
+    samples = prof["samples"]
+    t0, latency, spans = samples[int(np.argsort([s[1] for s in samples])[len(samples) // 2])]
+    lanes = sorted({s.lane for s in spans})
+    left, top = 130, 40
+    c = Canvas(width, top + row * (len(lanes) + 1) + 30)
+    x = lambda ns: left + ns * (width - left - 10) / max(latency, 1)  # noqa: E731
+    start = min((s.start_ns for s in spans), default=0)
+    overhead = max(latency - (max((s.end_ns for s in spans), default=0) - start), 0)
+    c.text(10, 10, f"{prof['device']}: one run, {latency / 1e3:.1f} us, "
+                   f"{len(prof['blob'].launches)} launches")
+    c.text(10, top + 10, "host")
+    c.rect(x(0), top + 4, x(latency), top + row - 4, (220, 220, 220), outline=(120, 120, 120))
+    c.rect(x(0), top + 4, x(overhead), top + row - 4, (120, 120, 120))
+    for r, lane in enumerate(lanes, 1):
+        c.text(10, top + r * row + 10, _lane_name(prof["device"], lane))
+        for sp in (s for s in spans if s.lane == lane):
+            x0, x1 = x(overhead + sp.start_ns - start), x(overhead + sp.end_ns - start)
+            color = PALETTE[sp.launch % len(PALETTE)]
+            c.rect(x0, top + r * row + 4, x1, top + (r + 1) * row - 4, color,
+                   outline=tuple(v * 2 // 3 for v in color))
+            name = prof["blob"].launches[sp.launch].kernel.split("_")[0]
+            if x1 - x0 > text_width(name) + 6:
+                c.text(x0 + 3, top + r * row + 10, name, (255, 255, 255))
+    c.text(left, c.size[1] - 20, f"0 .. {latency / 1e3:.1f} us (grey: host overhead)",
+           (90, 90, 90))
+    return c
+
+
 def main() -> int:
     ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("blob")
     ap.add_argument("--device", help="runner device (default: the blob target's)")
     ap.add_argument("--runs", type=positive_int, default=20, help="profiled runs (median)")
     ap.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace-event JSON file")
+    ap.add_argument("--timeline", metavar="OUT.png", help="draw the median run as a PNG")
     ap.add_argument("--json", action="store_true", help="the table as one JSON object")
     args = ap.parse_args()
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `profile.py x.blob | head` ends quietly
@@ -163,6 +202,8 @@ def main() -> int:
         if args.trace:
             with open(args.trace, "w") as f:
                 json.dump(trace(prof), f)
+        if args.timeline:
+            draw_run(prof).save(args.timeline)
     except (BlobError, ConfigError, InputError, DeviceError, DeviceTimeout, ValueError,
             OSError) as e:
         print(f"profile: {e}", file=sys.stderr)
