@@ -2,7 +2,6 @@
 (opened and checked pixel by pixel), and the blob reader's handling of the provenance key."""
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path

@@ -20,7 +20,6 @@ import sys
 
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-import json  # noqa: E402
 import math  # noqa: E402
 import signal  # noqa: E402
 import tempfile  # noqa: E402
@@ -32,7 +31,7 @@ from onnx import helper  # noqa: E402
 from runner import BlobError, ConfigError, DeviceError, DeviceTimeout, InputError, Model  # noqa
 from runner.blob import launch_nodes, read_blob  # noqa: E402
 from runner.device import TARGETS  # noqa: E402
-from tools.cli import Parser  # noqa: E402
+from tools.cli import Parser, report  # noqa: E402
 from tools.run import ToolError, load_feeds, random_feeds  # noqa: E402
 
 # (rtol, atol) per dtype kind and size: an element diverges when |keel - ort| > atol + rtol*|ort|.
@@ -321,12 +320,7 @@ def main() -> int:
             ValueError) as e:
         print(f"bisect: {e}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(rep, indent=1))
-    else:
-        print_text(rep)
-        _print_blob(rep)
-    return 0
+    return report(rep, args.json, lambda r: (print_text(r), _print_blob(r)))
 
 
 if __name__ == "__main__":

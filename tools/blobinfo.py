@@ -14,14 +14,13 @@ import sys
 # the repository root, so the tool runs from a checkout without installing keel
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-import json  # noqa: E402
 import signal  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 from runner.blob import launch_nodes, read_blob  # noqa: E402
 from runner.errors import BlobError  # noqa: E402
-from tools.cli import Parser  # noqa: E402
+from tools.cli import Parser, report  # noqa: E402
 from tools.png import PALETTE, Canvas, text_width  # noqa: E402
 
 
@@ -173,11 +172,7 @@ def main() -> int:
     except (BlobError, OSError) as e:
         print(f"blobinfo: {args.blob}: {e}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(d, indent=1))
-    else:
-        print_text(d)
-    return 0
+    return report(d, args.json, print_text)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 
 from runner import BlobError, ConfigError, DeviceError, DeviceTimeout, InputError, Model  # noqa
 from runner.blob import launch_nodes  # noqa: E402
-from tools.cli import Parser, positive_int  # noqa: E402
+from tools.cli import Parser, positive_int, report  # noqa: E402
 from tools.png import PALETTE, Canvas, text_width  # noqa: E402
 from tools.run import random_feeds  # noqa: E402
 
@@ -208,12 +208,7 @@ def main() -> int:
             OSError) as e:
         print(f"profile: {e}", file=sys.stderr)
         return 2
-    s = summarize(prof)
-    if args.json:
-        print(json.dumps(s, indent=1))
-    else:
-        print_table(s)
-    return 0
+    return report(summarize(prof), args.json, print_table)
 
 
 if __name__ == "__main__":
