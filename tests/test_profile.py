@@ -101,3 +101,22 @@ def test_cli_prints_the_table_and_writes_a_trace_perfetto_accepts(cpu_blob, tmp_
     assert sum(e["name"] == "host overhead" for e in slices) == 2
     names = {e["args"]["name"] for e in events if e["ph"] == "M"}
     assert {"host", "cpu thread 0", "cpu thread 1"} <= names
+
+
+@pytest.mark.slow
+def test_openpilot_shaped_blob_prints_the_table_and_one_slice_per_launch(tmp_path):
+    """The issue's bar, on the whole model; its blob is test_end_to_end's (same cache key)."""
+    from models.openpilot import make_openpilot
+    path = str(compiled_blob(make_openpilot(float16=False), float16=False))
+    out = tmp_path / "op.json"
+    proc = subprocess.run([sys.executable, TOOL, path, "--runs", "1", "--trace", str(out)],
+                          capture_output=True, text=True, check=True,
+                          env={**os.environ, "KEEL_THREADS": "1"})
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("device cpu") and "unaccounted" in lines[1]
+    n_launch = len(lines) - 3  # two summary lines and the header, then one row per launch
+    assert n_launch > 300 and "Conv+BatchNormalization+Sigmoid+Mul" in proc.stdout
+    events = json.loads(out.read_text())["traceEvents"]
+    assert all(all(k in e for k in KEYS) for e in events)
+    kernels = [e for e in events if e["ph"] == "X" and e["tid"] == 1]
+    assert len(kernels) == n_launch
