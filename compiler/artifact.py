@@ -57,3 +57,5 @@ class Artifact:
     launches: list[Launch]
     programs: bytes
     meta: dict = field(default_factory=dict)
+    # ONNX nodes per launch: {"nodes": [[name, op_type], ...], "launches": [[node index, ...]]}
+    provenance: dict | None = None

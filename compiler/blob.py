@@ -64,6 +64,8 @@ def blob_bytes(artifact: Artifact) -> bytes:
         "programs": programs,
         "meta": artifact.meta,
     }
+    if artifact.provenance is not None:
+        manifest["provenance"] = artifact.provenance
     payloads = {"weights": bytes(artifact.weights), "programs": bytes(artifact.programs),
                 "graph": graph}
     return assemble(artifact.target, manifest, payloads)

@@ -50,7 +50,11 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
     with st("frontend"):
         graph = load_onnx(model, input_shapes or {}, float16=float16, winograd=tgt.winograd)
     with st("schedule"):
-        outs, kernels, realized = schedule([u for _, u in graph.outputs])
+        outs, kernels, realized, tracked = schedule([u for _, u in graph.outputs],
+                                                    tuple(graph.origins))
+        origins: dict[UOp, int] = {}
+        for u, i in zip(tracked, graph.origins.values()):
+            origins.setdefault(u, i)
         kernels = _copies_for_shared_outputs(outs, kernels)
         kernels, last = _layouts(kernels, realized, set(outs), tgt)
     bufs = Buffers(graph.inputs, list(zip([n for n, _ in graph.outputs], outs)),
@@ -76,9 +80,34 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         target=tgt.name, inputs=bufs.inputs, outputs=bufs.outputs, buffers=list(bufs.by_id().values()),
         weights=bufs.weight_bytes(), arena_bytes=bufs.arena_bytes,
         arena_lower_bound_bytes=bufs.lower_bound, launches=bufs.launches, programs=code,
+        provenance=provenance(uses, graph.nodes, origins),
         meta={"producer": f"keel {VERSION}", "float16": float16, **graph.meta,
               "flops": bufs.flops,
               "stage_seconds": {k: round(v, 4) for k, v in st.times.items()}})
+
+
+def provenance(uses: list["Use"], nodes: list[tuple[str, str]], origins: dict[UOp, int]) -> dict:
+    """Per launch, the ONNX nodes it computes (docs/blob.md, "provenance"): every tensor some
+    node produced between the kernel's root and the realized tensors it reads. A node folded into
+    the weights at compile time, or one whose output is another's (Identity), runs in no launch.
+    Only nodes some launch computes are listed, so the table stays small."""
+    per = []
+    for use in uses:
+        k, found = use.kernel, set()
+        stop, seen, stack = set(k.inputs), set(), [k.root]
+        while stack:
+            u = stack.pop()
+            if u in seen:
+                continue
+            seen.add(u)
+            if u in origins and (u is k.root or u not in stop):
+                found.add(origins[u])
+            if u not in stop:
+                stack.extend(u.src)
+        per.append(sorted(found))
+    index = {n: j for j, n in enumerate(sorted({i for p in per for i in p}))}
+    return {"nodes": [list(nodes[i]) for i in index],
+            "launches": [[index[i] for i in p] for p in per]}
 
 
 def _copies_for_shared_outputs(outs: list[UOp], kernels: list[Kernel]) -> list[Kernel]:

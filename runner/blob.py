@@ -97,6 +97,7 @@ def parse_blob(data: memoryview) -> Blob:
         launches = _launches(sections["graph"], manifest["programs"], buffers)
         inputs = _io(manifest["inputs"], buffers, "input", first_slot=0)
         outputs = _io(manifest["outputs"], buffers, "output", first_slot=len(manifest["inputs"]))
+        _provenance(manifest.get("provenance"), len(launches))
         chunks.finish()
     return Blob(target=target, producer=producer, manifest=manifest, buffers=buffers,
                 inputs=inputs, outputs=outputs, launches=launches,
@@ -201,18 +202,21 @@ def _nullable(check):
     return nullable
 
 
-def _obj(fields):
-    keys, items = fields.keys(), tuple(fields.items())
+def _obj(fields, optional=None):
+    """Exactly the keys of `fields`, plus any of `optional` (keys a v2 manifest may omit)."""
+    optional = optional or {}
+    keys, every = fields.keys(), {**fields, **optional}
 
     def check(v):
         if type(v) is not dict:
             raise _Invalid("an object", v)
-        if v.keys() != keys:
-            raise _Invalid(f"keys {sorted(keys)}", sorted(v))
+        if v.keys() != keys and not keys <= v.keys() <= every.keys():
+            extra = f" (optional {sorted(optional)})" if optional else ""
+            raise _Invalid(f"keys {sorted(keys)}{extra}", sorted(v))
         k = None
         try:
-            for k, item in items:
-                item(v[k])
+            for k in v:
+                every[k](v[k])
         except _Invalid as e:
             e.path.append(k)
             raise
@@ -233,6 +237,10 @@ _MANIFEST = _obj({
     "sections": _list(_obj({"name": _one_of(SECTIONS), "offset": _int, "size": _int,
                             "chunk_sha256": _list(_sha256)})),
     "meta": _dict,
+}, optional={
+    # which ONNX nodes each launch computes (tools: profile, bisect, blobinfo); checked against
+    # the replay table in _provenance
+    "provenance": _obj({"nodes": _list(_list(_str)), "launches": _list(_list(_int))}),
 })
 
 
@@ -346,6 +354,27 @@ class _ChunkCheck:
     def __exit__(self, *exc) -> None:
         self._stop = True
         self._join()
+
+
+def _provenance(prov: dict | None, n_launches: int) -> None:
+    if prov is None:
+        return
+    nodes, per = prov["nodes"], prov["launches"]
+    if any(len(n) != 2 for n in nodes):
+        raise BlobError(f"manifest provenance.nodes: expected [name, op_type] pairs, got "
+                        f"{next(n for n in nodes if len(n) != 2)!r:.80}")
+    if len(per) != n_launches or any(i >= len(nodes) for p in per for i in p):
+        raise BlobError(f"manifest provenance.launches: expected one list per launch "
+                        f"({n_launches}) of indices below {len(nodes)}, got {len(per)} lists")
+
+
+def launch_nodes(blob: Blob) -> list[list[tuple[str, str]]]:
+    """Per launch, the (name, op_type) of the ONNX nodes it computes; empty lists for a blob
+    written without provenance."""
+    prov = blob.manifest.get("provenance")
+    if prov is None:
+        return [[] for _ in blob.launches]
+    return [[tuple(prov["nodes"][i]) for i in p] for p in prov["launches"]]
 
 
 def _buffers(records: list[dict]) -> dict[int, BufferSpec]:

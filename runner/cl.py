@@ -63,6 +63,7 @@ cl_int clEnqueueCopyBufferToImage(cl_command_queue, cl_mem, cl_mem, size_t, cons
 cl_int clFlush(cl_command_queue);
 cl_int clFinish(cl_command_queue);
 cl_int clGetEventInfo(cl_event, cl_uint, size_t, void *, size_t *);
+cl_int clGetEventProfilingInfo(cl_event, cl_uint, size_t, void *, size_t *);
 cl_int clReleaseEvent(cl_event);
 cl_int clReleaseMemObject(cl_mem);
 cl_int clGetMemObjectInfo(cl_mem, cl_uint, size_t, void *, size_t *);
@@ -88,6 +89,8 @@ CL_BUFFER_CREATE_TYPE_REGION = 0x1220
 CL_RGBA, CL_HALF_FLOAT, CL_FLOAT, CL_MEM_OBJECT_IMAGE2D = 0x10B5, 0x10DD, 0x10DE, 0x10F1
 CL_PROGRAM_BINARY_SIZES, CL_PROGRAM_BINARIES, CL_PROGRAM_BUILD_LOG = 0x1165, 0x1166, 0x1183
 CL_EVENT_COMMAND_EXECUTION_STATUS = 0x11D3
+CL_QUEUE_PROFILING_ENABLE, CL_PROFILING_COMMAND_START, CL_PROFILING_COMMAND_END = \
+    1 << 1, 0x1282, 0x1283
 CL_MEM_SIZE, CL_MEM_CONTEXT = 0x1102, 0x1106
 CHANNEL_TYPES = {np.dtype("float32"): CL_FLOAT, np.dtype("float16"): CL_HALF_FLOAT}
 BUILD_OPTIONS = b""  # IEEE semantics: no fast-relaxed-math (ONNX NaN/inf behaviour must hold)

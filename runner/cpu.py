@@ -3,6 +3,8 @@
     void keel_graph(uint8_t *arena, const uint8_t *weights, void *const *io);
     void keel_graph_mt(uint8_t *arena, const uint8_t *weights, void *const *io,
                        int tid, int nt, keel_sync *sync);
+    void keel_profile(..., int tid, int nt, keel_sync *sync, unsigned long long *ticks);
+    unsigned long long keel_ticks(void);   (both for profile(), runner/device.py)
 
 loaded straight from memory and called once per submission, synchronously, inside submit(). Weights are a pointer
 into the mapped blob (zero-copy); the arena is a 64-byte aligned host array, on huge pages from
@@ -27,8 +29,8 @@ from dataclasses import dataclass
 
 import cffi
 
-from runner.device import HostDevice, aligned_empty
-from runner.errors import BlobError, ConfigError
+from runner.device import HostDevice, Span, aligned_empty
+from runner.errors import BlobError, ConfigError, DeviceError
 
 ffi = cffi.FFI()
 ffi.cdef("""
@@ -43,6 +45,9 @@ void keel_graph(uint8_t *arena, const uint8_t *weights, void *const *io);
 void keel_graph_mt(uint8_t *arena, const uint8_t *weights, void *const *io, int tid, int nt,
                    keel_sync *sync);
 void keel_launch(int launch, void *const *args);
+void keel_profile(uint8_t *arena, const uint8_t *weights, void *const *io, int tid, int nt,
+                  keel_sync *sync, unsigned long long *ticks);
+unsigned long long keel_ticks(void);
 """)
 
 
@@ -90,6 +95,8 @@ class CpuDevice(HostDevice):
         self._io_ptrs = ffi.new("void *[]", max(len(blob.inputs) + len(blob.outputs), 1))
         self._init_io(blob)
         self._graph = _symbol(self._lib, ENTRY)
+        self._n_launches, self._ticks = len(blob.launches), None
+        self._sync1 = ffi.new("keel_sync *")  # one thread profiling: its barriers never wait
         self.threads, self._pool = threads_from_env(), None
         if self.threads > 1 and hasattr(self._lib, ENTRY_MT):
             self._new_pool()
@@ -99,13 +106,17 @@ class CpuDevice(HostDevice):
     def _new_pool(self) -> None:
         self._pool = Pool(self._lib.keel_graph_mt, self.threads)
         self._owned[:] = [self._pool]
+        self._use_profile(getattr(self, "_ticks", None))
 
     def _patch(self, slot: int, array) -> None:
         self._io_ptrs[slot] = ffi.from_buffer(array)
 
     def submit(self, deadline: float) -> int:
         self._value += 1
-        if self._pool is None:
+        if self._pool is None and getattr(self, "_ticks", None) is not None:
+            self._lib.keel_profile(self._arena_ptr, self._weights_ptr, self._io_ptrs, 0, 1,
+                                   self._sync1, self._ticks)
+        elif self._pool is None:
             self._graph(self._arena_ptr, self._weights_ptr, self._io_ptrs)
         elif not self._pool.run(self._arena_ptr, self._weights_ptr, self._io_ptrs, deadline):
             return self._value  # never completes: wait() raises DeviceTimeout
@@ -126,6 +137,35 @@ class CpuDevice(HostDevice):
 
     def close(self) -> None:
         release_host_memory(self)
+
+    def profile(self, on: bool) -> None:
+        """keel_profile in place of keel_graph_mt: every thread stores the cycle counter before
+        and after each launch into its own row of `ticks`."""
+        if not on:
+            self._ticks = None
+            self._use_profile(None)
+            return
+        if not hasattr(self._lib, PROFILE) or not hasattr(self._lib, "keel_ticks"):
+            raise DeviceError("this blob's program has no keel_profile entry point (compiled "
+                              "by an older keel); recompile it to profile")
+        self._ticks = ffi.new("unsigned long long[]", max(2 * self._n_launches * self.threads, 1))
+        self._ns_per_tick = _ns_per_tick(self._lib.keel_ticks)
+        self._use_profile(self._ticks)
+
+    def _use_profile(self, ticks) -> None:
+        if self._pool is not None:
+            self._pool.profile = (self._lib.keel_profile, ticks, 2 * self._n_launches) \
+                if ticks is not None else None
+
+    def spans(self) -> list[Span]:
+        if getattr(self, "_ticks", None) is None or not self._done:
+            raise DeviceError("spans(): no profiled submission has completed; call profile(True) "
+                              "and run first")
+        n, t = self._n_launches, self._ns_per_tick
+        rows = [self._ticks[k * 2 * n:(k + 1) * 2 * n] for k in range(self.threads)]
+        base = min(min(r) for r in rows if r) if n else 0
+        return [Span(i, tid, round((r[2 * i] - base) * t), round((r[2 * i + 1] - base) * t))
+                for tid, r in enumerate(rows) for i in range(n)]
 
 
 def host_memory(blob) -> tuple:
@@ -169,7 +209,16 @@ def _symbol(lib, name: str):
         raise BlobError(f"programs section does not export {name}") from None
 
 
-ENTRY, ENTRY_MT = "keel_graph", "keel_graph_mt"
+ENTRY, ENTRY_MT, PROFILE = "keel_graph", "keel_graph_mt", "keel_profile"
+CALIBRATE_S = 0.02  # cycle counter against CLOCK_MONOTONIC: 1 us of jitter is 5e-5 of it
+
+
+def _ns_per_tick(ticks) -> float:
+    """The cycle counter's period (rdtsc: the nominal clock; cntvct: its own fixed rate)."""
+    t0, c0 = time.perf_counter_ns(), ticks()
+    time.sleep(CALIBRATE_S)
+    t1, c1 = time.perf_counter_ns(), ticks()
+    return (t1 - t0) / max(c1 - c0, 1)
 GRACE_S = 1.0  # after a missed deadline, how long recover() gives a share to finish its kernel
 
 try:  # the process's own C library, for sched_yield and clock_gettime in the barrier
@@ -205,6 +254,7 @@ class Pool:
             self.sync.yield_fn, self.sync.clock_fn = _LIBC.sched_yield, _LIBC.clock_gettime
             self.sync.clock_id = time.CLOCK_MONOTONIC
         self.args: tuple = ()
+        self.profile = None  # set by CpuDevice.profile
         self.stop = False
         self.pending = 0  # shares started and not yet back
         self.start = [threading.Semaphore(0) for _ in range(nt - 1)]
@@ -219,7 +269,7 @@ class Pool:
             self.start[tid - 1].acquire()
             if self.stop:
                 return
-            self.graph_mt(*self.args, tid, self.nt, self.sync)
+            self._share(tid)
             self.done.release()
 
     def run(self, arena, weights, io, deadline: float) -> bool:
@@ -231,12 +281,19 @@ class Pool:
         self.pending = len(self.start)
         for s in self.start:
             s.release()
-        self.graph_mt(arena, weights, io, 0, self.nt, self.sync)  # returns once every share is done
+        self._share(0)  # returns once every share is done
         while self.pending:  # past the deadline: one last non-blocking look
             if not self.done.acquire(timeout=max(deadline - time.monotonic(), 0)):
                 return False  # late shares may still run: reset() waits for them
             self.pending -= 1  # workers are back on their semaphores: args may change
         return not self.sync.abort
+
+    def _share(self, tid: int) -> None:
+        if self.profile is None:
+            self.graph_mt(*self.args, tid, self.nt, self.sync)
+        else:  # (keel_profile, ticks, row length): each thread times into its own row
+            fn, ticks, row = self.profile
+            fn(*self.args, tid, self.nt, self.sync, ticks + tid * row)
 
     def reset(self) -> bool:
         """After a missed deadline: True once every worker is back and the barrier is reset."""

@@ -31,6 +31,18 @@ graph, io slots are binding slots, a submission is a point on a timeline.
                          io buffers and weights survive.
   close()                releases everything; idempotent; the device is unusable afterwards.
 
+Per-launch timing (tools/profile.py), optional: a backend without timestamps keeps the defaults,
+which raise DeviceError.
+  profile(on)            from the next submission on, time every launch (off: no cost at all).
+                         The timestamps are the device's own: CPU cycle counters per thread,
+                         OpenCL event profiling, a GPU ring's or DSP's timestamp packets.
+  spans()                after wait() on a profiled submission: its launches as a list of Span
+                         (launch index, lane, start and end in ns). A lane is one row of the
+                         trace: a CPU thread, a queue or hardware ring. Times are on the device's
+                         clock from any origin; only differences within one submission mean
+                         something, and the host subtracts them from its own run latency to
+                         report what no launch accounts for.
+
 Backends register in DEVICES by module path, so a backend's imports (ioctls, cffi builds) are only
 paid when it is used.
 """
@@ -40,6 +52,7 @@ import importlib
 import mmap
 import os
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -58,6 +71,15 @@ DEVICES = {"cpu": "runner.cpu:CpuDevice", "opencl": "runner.opencl:OpenCLDevice"
 
 MIN_SLEEP_S = 20e-6
 MAX_SLEEP_S = 1e-3  # a submission that completes while we sleep costs at most this much latency
+
+
+@dataclass(frozen=True)
+class Span:
+    """One launch of a profiled submission, as the device timed it."""
+    launch: int  # index in the blob's replay table
+    lane: int  # where it ran: CPU thread id, queue or ring number (one trace row each)
+    start_ns: int
+    end_ns: int
 
 
 class Device:
@@ -103,6 +125,12 @@ class Device:
 
     def close(self) -> None:
         raise NotImplementedError
+
+    def profile(self, on: bool) -> None:
+        raise DeviceError(f"device {self.name!r} has no per-launch timestamps")
+
+    def spans(self) -> list[Span]:
+        raise DeviceError(f"device {self.name!r} has no per-launch timestamps")
 
 
 def get_device(name: str) -> Device:

@@ -13,11 +13,12 @@ Faults from KEEL_MOCK_FAULTS (runner/faults.py): hang@N, fault@N, slow@N:MS.
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections import deque
 
 from runner.cpu import CpuDevice, _symbol, ffi, host_memory, release_host_memory, shutdown
-from runner.device import HostDevice
+from runner.device import HostDevice, Span
 from runner.errors import DeviceError
 from runner.faults import from_env
 
@@ -73,6 +74,16 @@ class MockDevice(HostDevice):
     def close(self) -> None:
         release_host_memory(self)  # stops the worker before the memory it replays into goes
 
+    def profile(self, on: bool) -> None:
+        self._queue.stamps = [0] * (2 * len(self._queue.table)) if on else None
+
+    def spans(self) -> list[Span]:
+        stamps = self._queue.stamps
+        if stamps is None or not self._queue.done:
+            raise DeviceError("spans(): no profiled submission has completed; call "
+                              "profile(True) and run first")
+        return [Span(i, 0, stamps[2 * i], stamps[2 * i + 1]) for i in range(len(stamps) // 2)]
+
 
 class Queue:
     """The mock's hardware side: a timeline and a worker thread that replays submissions in
@@ -85,6 +96,7 @@ class Queue:
         self.pending: deque[int] = deque()
         self.value = self.done = self.failed = 0
         self.gen = 0  # bumped by restart() and close(): a worker serves one generation
+        self.stamps: list[int] | None = None  # per launch start, end (ns) when profiling
         self._start()
 
     def submit(self) -> int:
@@ -123,8 +135,7 @@ class Queue:
                     if self.cond.wait_for(stopped, None if kind == "hang" else fault.ms / 1000):
                         return
             if kind != "fault":
-                for i, args in enumerate(self.table):
-                    self.launch(i, args)
+                self._replay()
             with self.cond:
                 if stopped():
                     return
@@ -133,6 +144,17 @@ class Queue:
                 else:
                     self.done = value
                 self.cond.notify_all()
+
+    def _replay(self) -> None:
+        stamps = self.stamps  # profiling: the host clock around each launch, as a GPU's
+        if stamps is None:  # timestamp packets bracket each dispatch
+            for i, args in enumerate(self.table):
+                self.launch(i, args)
+            return
+        for i, args in enumerate(self.table):
+            stamps[2 * i] = time.perf_counter_ns()
+            self.launch(i, args)
+            stamps[2 * i + 1] = time.perf_counter_ns()
 
     def close(self) -> None:
         """Stop the worker; a replay in flight finishes first (its kernels are bounded)."""

@@ -38,11 +38,13 @@ from runner.cl import (BUILD_OPTIONS, CHANNEL_TYPES, CL_BUFFER_CREATE_TYPE_REGIO
                        CL_EVENT_COMMAND_EXECUTION_STATUS, CL_MEM_COPY_HOST_PTR,
                        CL_MEM_CONTEXT, CL_MEM_OBJECT_IMAGE2D, CL_MEM_READ_ONLY,
                        CL_MEM_READ_WRITE, CL_MEM_SIZE,
-                       CL_PLATFORM_NAME, CL_PLATFORM_VERSION, CL_PROGRAM_BINARIES,
-                       CL_PROGRAM_BINARY_SIZES, CL_PROGRAM_BUILD_LOG, CL_RGBA, CL_SUCCESS,
+                       CL_PLATFORM_NAME, CL_PLATFORM_VERSION, CL_PROFILING_COMMAND_END,
+                       CL_PROFILING_COMMAND_START, CL_PROGRAM_BINARIES,
+                       CL_PROGRAM_BINARY_SIZES, CL_PROGRAM_BUILD_LOG, CL_QUEUE_PROFILING_ENABLE,
+                       CL_RGBA, CL_SUCCESS,
                        INSTALL_HINT, check, create, ffi, info_str, info_uint, platform_devices,
                        unavailable_reason)
-from runner.device import HostDevice
+from runner.device import HostDevice, Span
 from runner.errors import BlobError, DeviceError
 
 __all__ = ["OpenCLDevice", "unavailable_reason"]
@@ -92,8 +94,8 @@ class OpenCLDevice(HostDevice):
         devs = ffi.new("cl_device_id[]", [self.dev])
         self.ctx = ffi.gc(create(lib.clCreateContext, "clCreateContext", ffi.NULL, 1, devs,
                                ffi.NULL, ffi.NULL), lib.clReleaseContext)
-        self.queue = ffi.gc(create(lib.clCreateCommandQueue, "clCreateCommandQueue", self.ctx,
-                                 self.dev, 0), lib.clReleaseCommandQueue)
+        self.events = None  # profiling: one event per launch of the last submission
+        self.queue = self._new_queue()
         self.cache_dir = None
         self.inflight: list[_Submission] = []  # oldest first
         self.value = self.done = 0
@@ -236,8 +238,42 @@ class OpenCLDevice(HostDevice):
         """Drain the queue (a lost device returns an error at once), then replace it."""
         self.close()
         self.done = self.value
-        self.queue = ffi.gc(create(self.lib.clCreateCommandQueue, "clCreateCommandQueue",
-                                   self.ctx, self.dev, 0), self.lib.clReleaseCommandQueue)
+        self.queue = self._new_queue()
+
+    def _new_queue(self):
+        props = 0 if self.events is None else CL_QUEUE_PROFILING_ENABLE
+        return ffi.gc(create(self.lib.clCreateCommandQueue, "clCreateCommandQueue", self.ctx,
+                             self.dev, props), self.lib.clReleaseCommandQueue)
+
+    def profile(self, on: bool) -> None:
+        """Event profiling: a queue created with CL_QUEUE_PROFILING_ENABLE, and an event kept
+        per kernel launch, whose START and END the device stamps."""
+        self.close()
+        self._release_events()
+        n = sum(1 for cmd in self.commands if not isinstance(cmd, _Image))
+        self.events = ffi.new("cl_event[]", max(n, 1)) if on else None
+        self.queue = self._new_queue()
+
+    def spans(self) -> list[Span]:
+        if self.events is None or not self.done or self.events[0] == ffi.NULL:
+            raise DeviceError("spans(): no profiled submission has completed; call "
+                              "profile(True) and run first")
+        stamp = ffi.new("cl_ulong *")
+        out = []
+        for i in range(len(self.events)):
+            times = []
+            for param in (CL_PROFILING_COMMAND_START, CL_PROFILING_COMMAND_END):
+                check(self.lib.clGetEventProfilingInfo(self.events[i], param, 8, stamp, ffi.NULL),
+                      f"clGetEventProfilingInfo (launch {i})")
+                times.append(int(stamp[0]))
+            out.append(Span(i, 0, *times))
+        return out
+
+    def _release_events(self) -> None:
+        for i in range(len(self.events) if self.events is not None else 0):
+            if self.events[i] != ffi.NULL:
+                self.lib.clReleaseEvent(self.events[i])
+                self.events[i] = ffi.NULL
 
     def close(self) -> None:
         """Wait for what is queued (it writes into host arrays and uses the buffers released
@@ -247,18 +283,25 @@ class OpenCLDevice(HostDevice):
         for sub in getattr(self, "inflight", ()):
             sub.release()
         self.inflight = []
+        if getattr(self, "events", None) is not None:
+            self._release_events()
 
     def __del__(self):
         self.close()
 
     def _enqueue_commands(self) -> None:
+        if self.events is not None:
+            self._release_events()
+        launch = 0
         for cmd in self.commands:
             if isinstance(cmd, _Image):
                 self._copy_to_image(cmd)
                 continue
             kernel, dims, gs, ls, name = cmd
+            event = ffi.NULL if self.events is None else self.events + launch
             check(self.lib.clEnqueueNDRangeKernel(self.queue, kernel, dims, ffi.NULL, gs, ls, 0,
-                                                   ffi.NULL, ffi.NULL), f"enqueue kernel {name}")
+                                                   ffi.NULL, event), f"enqueue kernel {name}")
+            launch += 1
 
     # ---- memory -------------------------------------------------------------------------------
     def _buffer(self, flags: int, nbytes: int):

@@ -22,3 +22,13 @@ def positive_int(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return n
+
+
+def report(result, as_json: bool, text) -> int:
+    """A tool's result: one indented JSON object with --json, else `text(result)` prints it."""
+    if as_json:
+        import json
+        print(json.dumps(result, indent=1))
+    else:
+        text(result)
+    return 0

@@ -24,6 +24,10 @@ class Graph:
     inputs: list[tuple[str, UOp]]
     outputs: list[tuple[str, UOp]]
     meta: dict = field(default_factory=dict)
+    # provenance: every top-level node as (name, op_type), and the node that first produced each
+    # tensor (an Identity's output is its input's UOp, so it keeps the producer's index)
+    nodes: list[tuple[str, str]] = field(default_factory=list)
+    origins: dict[UOp, int] = field(default_factory=dict)
 
 
 
@@ -195,7 +199,23 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
             raise CompileError(f"graph output {vi.name!r} is not produced by any node")
         outputs.append((vi.name, vals[vi.name].uop))
     meta = {p.key: p.value for p in proto.metadata_props}
-    return Graph(inputs, outputs, {"opset": opset, "metadata": meta} if meta else {"opset": opset})
+    return Graph(inputs, outputs, {"opset": opset, "metadata": meta} if meta else {"opset": opset},
+                 *_origins(proto.graph.node, vals))
+
+
+def node_name(node: onnx.NodeProto, i: int) -> str:
+    """A node's name, or (names are optional in ONNX) its first output's, or its index."""
+    return node.name or next((o for o in node.output if o), f"#{i}")
+
+
+def _origins(nodes, vals: dict) -> tuple[list[tuple[str, str]], dict[UOp, int]]:
+    """Which node each tensor came from, for provenance in the blob (pipeline.provenance)."""
+    origins: dict[UOp, int] = {}
+    for i, n in enumerate(nodes):
+        for name in n.output:
+            if isinstance(vals.get(name), Tensor):
+                origins.setdefault(vals[name].uop, i)
+    return [(node_name(n, i), n.op_type) for i, n in enumerate(nodes)], origins
 
 
 def _build(nodes, vals: dict, base: Ctx, functions: dict) -> None:

@@ -5,7 +5,9 @@ The entry points are the CPU "command buffer": one call from the runner executes
   keel_graph_mt(arena, weights, io, tid, nt, sync)   called by nt threads at once: each kernel
       splits its outermost loop between them; a spin barrier separates a kernel from the next
       one only where that one reads or overwrites something written since the last barrier
-  keel_profile(arena, weights, io, ticks)            one thread, a timestamp after every kernel
+  keel_profile(arena, weights, io, tid, nt, sync, ticks)   keel_graph_mt, with this thread's
+      cycle counter before and after every kernel in ticks[2i], ticks[2i + 1]
+  keel_ticks()                                       the cycle counter, to calibrate it
   keel_launch(i, args)                               launch i alone, on args[j] = its j-th buffer:
       what a queue device replaying the blob's launch table does (runner/mock.py)
 Threads come from the runner (created once per model); the barrier is C11-style atomics and
@@ -20,7 +22,7 @@ from compiler.ir.uop import Ops, UOp
 
 ENTRY, ENTRY_MT = "keel_graph", "keel_graph_mt"
 SPLIT_MIN = 8  # trip count from which a loop is split between threads
-PROFILE = "keel_profile"  # same graph, recording a timestamp after every launch
+PROFILE = "keel_profile"  # the threaded graph, timing every launch on every thread
 LAUNCH = "keel_launch"  # one launch of the replay table, its args given as pointers (mock device)
 # Cycle counter without libc: clang's builtin on every target (rdtsc / cntvct), gcc on x86 only.
 TICKS = """
@@ -72,6 +74,24 @@ static void keel_barrier(keel_sync *s, int nt, int *sense) {
 """
 
 
+def _threaded(name: str, sig: str, launches: list[Launch], args: list[str], timed: bool) -> str:
+    """The threaded entry point; timed, it also stores the cycle counter before and after each
+    launch into ticks[2i] and ticks[2i + 1] (the caller gives each thread its own row), so a
+    profile sees every thread's share of every kernel and, between them, its barrier waits."""
+    mt = []
+    for i, (ln, a) in enumerate(zip(launches, args)):
+        if ln.barrier:  # compiler/schedule/hazards.py
+            mt.append("  keel_barrier(s, nt, &sense);")
+        call = f"  {ln.kernel}({a}, tid, nt);"
+        mt.append(f"  ticks[{2 * i}] = KEEL_TICKS();\n{call}\n  ticks[{2 * i + 1}] = KEEL_TICKS();"
+                  if timed else call)
+    mt.append("  keel_barrier(s, nt, &sense);  /* all work done before any thread returns */")
+    extra = ", unsigned long long *ticks" if timed else ""
+    return (f"void {name}({sig}, int tid, int nt, keel_sync *s{extra}) {{\n"
+            f"  int sense = __atomic_load_n(&s->sense, __ATOMIC_ACQUIRE);\n"
+            + "\n".join(mt) + "\n}\n")
+
+
 class CRenderer(CStyle):
     """Vectors use the GCC/clang `vector_size` extension: lane-wise arithmetic and compares (which
     give 0/-1 integer masks), `__builtin_convertvector` for casts, a plain cast for bit casts."""
@@ -94,24 +114,15 @@ class CRenderer(CStyle):
         one = [f"  {ln.kernel}({a}, 0, 1);" for ln, a in zip(launches, args)]
         sig = "unsigned char *arena, const unsigned char *weights, void *const *io"
         entry = f"void {ENTRY}({sig}) {{\n" + "\n".join(one) + "\n}\n"
-        timed = "\n".join(f"{c}\n  ticks[{i + 1}] = KEEL_TICKS();" for i, c in enumerate(one))
-        profile = (f"void {PROFILE}({sig}, unsigned long long *ticks) {{\n"
-                   f"  ticks[0] = KEEL_TICKS();\n{timed}\n}}\n")
-        mt = []
-        for ln, a in zip(launches, args):
-            if ln.barrier:  # compiler/schedule/hazards.py
-                mt.append("  keel_barrier(s, nt, &sense);")
-            mt.append(f"  {ln.kernel}({a}, tid, nt);")
-        mt.append("  keel_barrier(s, nt, &sense);  /* all work done before any thread returns */")
-        threaded = (f"void {ENTRY_MT}({sig}, int tid, int nt, keel_sync *s) {{\n"
-                    f"  int sense = __atomic_load_n(&s->sense, __ATOMIC_ACQUIRE);\n"
-                    + "\n".join(mt) + "\n}\n")
+        threaded = _threaded(ENTRY_MT, sig, launches, args, timed=False) + \
+            _threaded(PROFILE, sig, launches, args, timed=True) + \
+            "unsigned long long keel_ticks(void) { return KEEL_TICKS(); }\n"
         cases = [f"  case {i}: {ln.kernel}(" + ", ".join(
             f"({dtypes.from_np(buffers[b].dtype).cname} *)args[{j}]" for j, b in enumerate(ln.args))
             + ", 0, 1); return;" for i, ln in enumerate(launches)]
         replay = (f"void {LAUNCH}(int launch, void *const *args) {{\n  switch (launch) {{\n"
                   + "\n".join(cases) + "\n  }\n}\n")
-        return TICKS + "\n".join(body) + "\n" + entry + threaded + profile + replay
+        return TICKS + "\n".join(body) + "\n" + entry + threaded + replay
 
     # ---- threads: each kernel takes its share of the outermost loop ---------------------------
     def extra_params(self) -> list[str]:

@@ -251,10 +251,15 @@ def find_reduce(root: UOp, realized: set) -> UOp | None:
     return None
 
 
-def schedule(outputs: list[UOp]) -> tuple[list[UOp], list[Kernel], set[UOp]]:
-    """Returns (folded outputs, kernels in order, realized set)."""
-    sink = UOp(Ops.SINK, dtypes.void, tuple(outputs))
+def schedule(outputs: list[UOp], track: tuple[UOp, ...] = ()) -> tuple[list[UOp], list[Kernel],
+                                                                       set[UOp], list[UOp]]:
+    """Returns (folded outputs, kernels in order, realized set, `track` folded). `track`: more
+    tensors to fold in the same rewrite, so they are the very nodes the kernels hold (a second
+    rewrite would build new weights, and new nodes above them): the ONNX nodes' outputs, for
+    provenance."""
+    sink = UOp(Ops.SINK, dtypes.void, tuple(outputs) + tuple(track))
     folded = list(graph_rewrite(sink, tensor_rules).src)
+    folded, tracked = folded[:len(outputs)], folded[len(outputs):]
     realized = realize(folded)
     kernels = []
     for u in _topo(folded):
@@ -265,7 +270,7 @@ def schedule(outputs: list[UOp]) -> tuple[list[UOp], list[Kernel], set[UOp]]:
                 reads = [u]  # an output that is an input or weight: a copy kernel
             kernels.append(Kernel(f"k{len(kernels)}_{_describe(u, realized)}", u,
                                   list(dict.fromkeys(reads))))
-    return folded, kernels, realized
+    return folded, kernels, realized, tracked
 
 
 def _describe(u: UOp, realized: set) -> str:
