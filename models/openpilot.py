@@ -135,6 +135,34 @@ def make_openpilot(float16: bool = False, seed: int = 0) -> onnx.ModelProto:
                    metadata=metadata_props())
 
 
+# The toy: openpilot's io names, kinds and metadata format at a thousandth of the size, for fast
+# tests of the modeld path (tools/modeld.py, tools/soak.py). Two heads: plan, and a hidden_state
+# as wide as a features_buffer row, fed back by the replay loop.
+TOY_INPUTS = {"img": (np.uint8, (1, 12, 8, 16)), "big_img": (np.uint8, (1, 12, 8, 16)),
+              "desire_pulse": (np.float32, (1, 5, 8)), "features_buffer": (np.float32, (1, 4, 16))}
+TOY_HEADS = (("plan", 40), ("hidden_state", 16))
+
+
+def make_toy(seed: int = 0) -> onnx.ModelProto:
+    g = GraphBuilder(seed)
+    for name, (dtype, shape) in TOY_INPUTS.items():
+        g.input(name, dtype, shape)
+    pooled = [g.op("ReduceMean", g.op("Cast", cam, to=onnx.TensorProto.FLOAT), axes=[2, 3],
+                   keepdims=0)
+              for cam in ("img", "big_img")]
+    flat = [g.op("Flatten", n, axis=1) for n in ("desire_pulse", "features_buffer")]
+    x = g.op("Concat", *pooled, *flat, axis=1)
+    n_in = 2 * 12 + 5 * 8 + 4 * 16
+    n_out = sum(n for _, n in TOY_HEADS)
+    h = g.op("Tanh", gemm(g, g.op("Div", x, g.const(np.float32(128.0), "scale")), n_in, n_out))
+    slices, start = {}, 0
+    for name, n in TOY_HEADS:
+        slices[name], start = slice(start, start + n), start + n
+    pickled = codecs.encode(pickle.dumps(slices), "base64").decode()
+    return g.model([(g.op("Identity", h, out="outputs"), np.float32, (1, n_out))], "openpilot_toy",
+                   doc=f"openpilot-shaped toy, seed {seed}", metadata={"output_slices": pickled})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-o", "--output", required=True)

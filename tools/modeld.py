@@ -81,7 +81,9 @@ class Feeder:
 
 
 def replay(m: Model, hz: float, frames: int, timeout_ms: float, budget_ms: float,
-           log=sys.stderr) -> dict:
+           log=None) -> dict:
+    """Replay `frames` frames at `hz`; drop lines go to `log` (default: stderr)."""
+    log = log or sys.stderr
     feed, period = Feeder(m), 1 / hz
     times, timeouts, device_errors, skipped = [], 0, 0, 0
     t0 = time.monotonic()
