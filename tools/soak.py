@@ -24,9 +24,9 @@ histories shifted in place, hidden_state fed back). What it checks:
 Memory it keeps is fixed at the start (latency histograms per window, a sample buffer that halves
 its resolution when full), so the harness's own bookkeeping does not look like a leak.
 
-Output: a JSONL log (start, samples, faults, mismatches, serial lines, windows, summary), a PNG of
-latency and RSS over time, a summary ending in a one-line verdict; exit status 0 for OK, 1 for
-FAIL, 2 for bad arguments or an unusable blob. --json prints the summary as one JSON object.
+Output: a JSONL log (start, samples, canaries, faults, serial lines, the summary with its
+latency windows), a PNG of latency and RSS over time, a summary ending in a one-line verdict;
+exit status 0 for OK, 1 for FAIL, 2 for bad arguments or an unusable blob. --json prints the summary as one JSON object.
 """
 import os
 import sys
@@ -51,7 +51,7 @@ NOISE_SIGMAS = 3.0
 MAD = 1.4826  # median absolute deviation -> standard deviation, for normal noise
 BINS = np.geomspace(1e-3, 1e5, 1852)  # ms; ratio 1.01 between edges: p99 read to within 1%
 SAMPLES = 4096  # sample buffer capacity; full, it keeps every other sample and samples half as often
-MAX_EVENTS = 100  # mismatches and faults logged in full; past that they are only counted
+MAX_EVENTS = 100  # mismatching canaries logged in detail; past that they are only counted
 ALERT = re.compile(r"kgsl|adreno|gpu.{0,20}(fault|hang|reset)|page fault|oops|panic|"
                    r"bug:|watchdog", re.I)
 
@@ -160,6 +160,10 @@ class Soak:
             self.log.write(json.dumps(rec) + "\n")
 
     def run(self) -> dict:
+        self.loop()
+        return self.summary()
+
+    def loop(self) -> None:
         next_sample = self.t0
         while not self._done():
             i = self.count["runs"] = self.count["runs"] + 1
@@ -173,7 +177,6 @@ class Soak:
         self._once(self.count["runs"] + 1, canary=True)  # a last canary, after everything
         self.count["runs"] += 1
         self._sample(self.count["runs"])
-        return self.summary()
 
     def _done(self) -> bool:
         if self.runs is not None:
@@ -226,17 +229,19 @@ class Soak:
         if self.reference is None:
             self.reference = {n: a.copy() for n, a in self.canary_out.items()}
             return
-        for name, got in self.canary_out.items():
-            want = self.reference[name]
-            same = got.view(np.uint8) == want.view(np.uint8)
-            if same.all():
-                continue
-            self.count["canary_mismatches"] += 1
-            self.first_mismatch = self.first_mismatch or i
-            if self.count["canary_mismatches"] <= MAX_EVENTS:
-                at = int(np.argmin(same.reshape(-1))) // got.dtype.itemsize
+        bad = [(name, got, self.reference[name]) for name, got in self.canary_out.items()
+               if not np.array_equal(got.view(np.uint8), self.reference[name].view(np.uint8))]
+        self.event("canary", run=i, match=not bad)
+        if not bad:
+            return
+        self.count["canary_mismatches"] += 1
+        self.first_mismatch = self.first_mismatch or i
+        if self.count["canary_mismatches"] <= MAX_EVENTS:
+            for name, got, want in bad:
+                g, w = got.reshape(-1), want.reshape(-1)
+                at = int(np.argmax(g.view(np.uint8) != w.view(np.uint8))) // got.dtype.itemsize
                 self.event("canary_mismatch", run=i, output=name, element=at,
-                           got=float(got.reshape(-1)[at]), want=float(want.reshape(-1)[at]))
+                           got=float(g[at]), want=float(w[at]))
 
     def _sample(self, i: int) -> None:
         rss, fds, threads, mem = resources(self.m.device)
@@ -419,10 +424,11 @@ def main(hook=None) -> int:
             print(f"soak: {e}", file=sys.stderr)
             return 2
         try:
-            s = soak.run()
+            soak.loop()
         finally:
             if serial_log:
                 serial_log.close()
+        s = soak.summary()
     s["log"], s["plot"] = args.log, args.plot
     s["plot_renderer"] = plot(soak, args.plot, f"soak {os.path.basename(args.blob)} "
                               f"{m.device.name} {s['verdict']}")
