@@ -26,7 +26,7 @@ from models.openpilot import make_toy
 from runner import Model
 from tests.graphs import compiled_blob
 from tools.plot import COLORS
-from tools.soak import Soak, reasons
+from tools.soak import BINS, Soak, drift, growth, percentile, reasons
 
 pytestmark = pytest.mark.xdist_group("openpilot_toy")
 ENV = {**os.environ, "PYTHONPATH": os.getcwd()}
@@ -152,3 +152,21 @@ def test_serial_without_pyserial_is_a_clear_error(blob, tmp_path):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV,
                          timeout=60)
     assert res.returncode == 2 and "--serial needs pyserial (pip install pyserial)" in res.stderr
+
+
+def test_statistics_the_verdict_rests_on():
+    rng = np.random.default_rng(0)
+    ms = rng.lognormal(1, 0.5, 20000)
+    hist = np.zeros(len(BINS) + 1, np.int64)
+    np.add.at(hist, np.searchsorted(BINS, ms), 1)
+    for q in (50, 99):  # bins are 1% wide: the upper edge is within 1% above the true value
+        assert np.percentile(ms, q) <= percentile(hist, q) <= 1.01 * np.percentile(ms, q)
+    t = np.linspace(0, 100, 200)
+    y = 5 * t + rng.normal(0, 20, t.size)
+    y[150] += 1e6  # one wild sample moves a robust fit by nothing much
+    assert 450 < growth(t, y) < 550
+    assert growth(t, np.full(t.size, 7.0)) == 0
+    steady = [{"p99_ms": 10 + x} for x in rng.normal(0, 0.3, 10)]
+    assert drift(steady)["checked"] and not drift(steady)["drifted"]
+    ramp = [{"p99_ms": 10 + 0.25 * k + x} for k, x in enumerate(rng.normal(0, 0.05, 10))]
+    assert drift(ramp)["drifted"]  # +22% over the run, noise 0.05 ms

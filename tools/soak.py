@@ -88,12 +88,13 @@ def growth(t: np.ndarray, y: np.ndarray) -> float:
 
 
 def percentile(hist: np.ndarray, q: float) -> float | None:
-    """The q-th percentile (ms) of a BINS histogram: the upper edge of the bin holding it."""
+    """The q-th percentile (ms) of a BINS histogram (column k counts BINS[k-1] < ms <= BINS[k]):
+    the upper edge of the bin holding it."""
     n = hist.sum()
     if n == 0:
         return None
     k = int(np.searchsorted(np.cumsum(hist), q / 100 * n))
-    return float(BINS[min(k + 1, len(BINS) - 1)])
+    return float(BINS[min(k, len(BINS) - 1)])
 
 
 def drift(windows: list[dict]) -> dict:
