@@ -404,7 +404,7 @@ def parse_args():
     return ap.parse_args()
 
 
-def main(hook=None) -> int:
+def main() -> int:
     args = parse_args()
     runs = None if args.hours else (args.runs or 1000)
     try:
@@ -412,10 +412,10 @@ def main(hook=None) -> int:
     except (BlobError, ConfigError, DeviceError, ValueError) as e:  # ValueError: bad --device
         print(f"soak: {args.blob}: {e}", file=sys.stderr)
         return 2
-    with open(args.log, "w") as log:
+    with open(args.log, "w", buffering=1) as log:  # line-buffered: a killed soak keeps its log
         soak = Soak(m, runs, args.hours and args.hours * 3600, args.canary_every, args.sample_s,
                     max(args.warmup, 0), args.windows, args.timeout_ms,
-                    args.rss_bound_mb * 2**20, max(args.allow_faults, 0), log, hook)
+                    args.rss_bound_mb * 2**20, max(args.allow_faults, 0), log)
         soak.event("start", blob=os.path.abspath(args.blob), device=m.device.name,
                    runs=runs, hours=args.hours, argv=sys.argv[1:],
                    wall_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
@@ -426,6 +426,8 @@ def main(hook=None) -> int:
             return 2
         try:
             soak.loop()
+        except KeyboardInterrupt:  # Ctrl-C ends an hours-long soak early, with its summary
+            soak.event("interrupted", run=soak.count["runs"])
         finally:
             if serial_log:
                 serial_log.close()

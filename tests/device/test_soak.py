@@ -20,11 +20,12 @@ import sys
 import pytest
 
 from qcom import kgsl
+from tests.deps import needs_hardware
 
 BLOB = os.environ.get("KEEL_SOAK_BLOB")
 pytestmark = [
-    pytest.mark.skipif(not os.path.exists(kgsl.DEVICE_PATH) or platform.machine() != "aarch64",
-                       reason=f"{kgsl.DEVICE_PATH} absent or not aarch64: not a comma device"),
+    needs_hardware("a comma device", None if os.path.exists(kgsl.DEVICE_PATH) and
+                   platform.machine() == "aarch64" else f"{kgsl.DEVICE_PATH} absent or not aarch64"),
     pytest.mark.skipif(not BLOB, reason="KEEL_SOAK_BLOB unset: name the openpilot blob to soak"),
     pytest.mark.timeout(0),  # hours by design: subprocess.run's timeout bounds it instead
 ]
