@@ -79,16 +79,16 @@ def test_injected_leak_fails_with_the_reason(blob):
 
 
 def test_injected_drift_fails_with_the_reason(blob):
-    runs = 400
+    runs = 300
 
-    def hook(i):
-        time.sleep(0.02 * i / runs)  # the run slows steadily to +20 ms
+    def hook(i):  # steady over the first half, then slower run by run, to +60 ms at the end:
+        time.sleep(0.06 * max(0, 2 * i / runs - 1))  # far beyond a loaded machine's p99 noise
 
     s = Soak(Model.load(blob, device="mock"), runs=runs, hook=hook).run()
-    assert s["verdict"] == "FAIL"
+    assert s["verdict"] == "FAIL", s["drift"]
     assert any(r.startswith("latency p99 drifted") for r in s["reasons"]), s["reasons"]
     d = s["drift"]
-    assert d["last_p99_ms"] > 15 and d["first_p99_ms"] < 8  # the first window ends near +2 ms
+    assert d["last_p99_ms"] > 50 and d["first_p99_ms"] < d["limit_ms"] < 40, d
 
 
 def _png(path) -> np.ndarray:
