@@ -24,6 +24,7 @@ import pytest
 
 from models.openpilot import make_toy
 from runner import Model
+from tests.deps import needs, opencl_missing
 from tests.graphs import compiled_blob
 from tools.plot import COLORS
 from tools.soak import BINS, Soak, drift, growth, percentile, reasons
@@ -170,3 +171,12 @@ def test_statistics_the_verdict_rests_on():
     assert drift(steady)["checked"] and not drift(steady)["drifted"]
     ramp = [{"p99_ms": 10 + 0.25 * k + x} for k, x in enumerate(rng.normal(0, 0.05, 10))]
     assert drift(ramp)["drifted"]  # +22% over the run, noise 0.05 ms
+
+
+@needs("pocl-opencl-icd", opencl_missing())
+def test_soak_runs_on_opencl():
+    """Every device: the same harness on OpenCL (PoCL here), canaries bit-exact run after run."""
+    m = Model.load(str(compiled_blob(make_toy(), target="opencl")), device="opencl")
+    s = Soak(m, runs=200, canary_every=20, sample_s=0.05).run()
+    assert (s["runs"], s["canaries"], s["canary_mismatches"]) == (200, 11, 0)
+    assert s["timeouts"] == s["device_errors"] == 0 and s["fd_growth"] == 0
