@@ -10,6 +10,7 @@ omitted optional input.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import pathlib
 import tempfile
@@ -177,11 +178,15 @@ def compiled_blob(model: onnx.ModelProto, target: str = "cpu", **compile_kwargs)
                          .encode()).hexdigest()[:24]
     folder = _cache_dir() or pathlib.Path(tempfile.mkdtemp(prefix="keel-test-"))
     path = folder / "models" / f"{key}.blob"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        write_blob(compile_model(model, target=target, **compile_kwargs), tmp)
-        os.replace(tmp, path)  # atomic: a worker compiling the same model at once is harmless
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # A second worker that wants the same model waits for the first instead of compiling it
+    # again (tests of one module are spread over workers); the lock dies with its process.
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            write_blob(compile_model(model, target=target, **compile_kwargs), tmp)
+            os.replace(tmp, path)  # atomic: a reader never sees half a blob
     return path
 
 
