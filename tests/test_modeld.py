@@ -15,7 +15,6 @@ from runner import InputError, Model
 from tests.graphs import compiled_blob
 from tools.modeld import Feeder, replay
 
-pytestmark = pytest.mark.xdist_group("openpilot_toy")
 
 
 @pytest.fixture(scope="module")

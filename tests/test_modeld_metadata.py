@@ -21,7 +21,6 @@ from models.openpilot import make_toy
 from runner import BlobError, InputError, Model
 from tests.graphs import compiled_blob
 
-pytestmark = pytest.mark.xdist_group("openpilot_toy")
 OUT = [("outputs", (1, 56))]
 
 

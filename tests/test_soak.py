@@ -29,7 +29,6 @@ from tests.graphs import compiled_blob
 from tools.plot import COLORS
 from tools.soak import BINS, Soak, drift, growth, percentile, reasons
 
-pytestmark = pytest.mark.xdist_group("openpilot_toy")
 ENV = {**os.environ, "PYTHONPATH": os.getcwd()}
 
 
