@@ -3,7 +3,8 @@
 Interface (exactly openpilot's combined model): inputs `img`, `big_img` uint8 (1,12,128,256) (two
 YUV420 frames of the road and wide cameras), `desire_pulse` (1,25,8), `traffic_convention` (1,2),
 `action_t` (1,2), `features_buffer` (1,24,512), all float32; one output `outputs` float32
-(1, 6504), cut into plan/lead/pose/... by the JSON `output_slices` in metadata_props.
+(1, 6504), cut into plan/lead/pose/... by `output_slices` in metadata_props, in openpilot's own
+format (a base64 pickle of {name: slice}; see metadata_props()).
 
 Structure: per camera an EfficientNet-B0 trunk (3x3 depthwise everywhere) on x/128 - 1, pooled to
 1280 features; both projected to one 512-d token appended to the 24 past features -> a (1,25,512)
@@ -26,8 +27,9 @@ exactly. Constants that are not learned (shapes, 1/128, the mask) stay exact.
 from __future__ import annotations
 
 import argparse
-import json
+import codecs
 import math
+import pickle
 
 import numpy as np
 import onnx
@@ -57,12 +59,21 @@ D_MODEL, HEADS_N, BLOCKS, HEAD_HIDDEN = 512, 8, 2, 256
 SEQ = INPUTS["features_buffer"][1][1] + 1  # the past features plus the current frame's token
 
 
-def output_slices() -> dict[str, list[int]]:
+def output_slices() -> dict[str, slice]:
+    """Each head's slice of the flattened output, in output order: openpilot's form."""
     slices, start = {}, 0
     for name, n in HEADS:
-        slices[name] = [start, start + n]
+        slices[name] = slice(start, start + n, None)
         start += n
     return slices
+
+
+def metadata_props() -> dict[str, str]:
+    """What openpilot's exporter writes into metadata_props: `output_slices` as base64 text of
+    the pickled {name: slice} dict (its modeld's get_model_metadata.py decodes it with
+    pickle.loads(codecs.decode(value.encode(), "base64"))), and a `model_checkpoint` string."""
+    pickled = codecs.encode(pickle.dumps(output_slices()), "base64").decode()
+    return {"output_slices": pickled, "model_checkpoint": "keel-openpilot-stand-in"}
 
 
 def camera_features(g: GraphBuilder, img: str) -> str:
@@ -121,7 +132,35 @@ def make_openpilot(float16: bool = False, seed: int = 0) -> onnx.ModelProto:
     precision = "fp16 weights" if float16 else "fp32 weights"
     return g.model([(out, np.float32, (1, N_OUTPUTS))], "openpilot_like",
                    doc=f"openpilot-shaped driving model, random {precision}, seed {seed}",
-                   metadata={"output_slices": json.dumps(output_slices())})
+                   metadata=metadata_props())
+
+
+# The toy: openpilot's io names, kinds and metadata format at a thousandth of the size, for fast
+# tests of the modeld path (tools/modeld.py, tools/soak.py). Two heads: plan, and a hidden_state
+# as wide as a features_buffer row, fed back by the replay loop.
+TOY_INPUTS = {"img": (np.uint8, (1, 12, 8, 16)), "big_img": (np.uint8, (1, 12, 8, 16)),
+              "desire_pulse": (np.float32, (1, 5, 8)), "features_buffer": (np.float32, (1, 4, 16))}
+TOY_HEADS = (("plan", 40), ("hidden_state", 16))
+
+
+def make_toy(seed: int = 0) -> onnx.ModelProto:
+    g = GraphBuilder(seed)
+    for name, (dtype, shape) in TOY_INPUTS.items():
+        g.input(name, dtype, shape)
+    pooled = [g.op("ReduceMean", g.op("Cast", cam, to=onnx.TensorProto.FLOAT), axes=[2, 3],
+                   keepdims=0)
+              for cam in ("img", "big_img")]
+    flat = [g.op("Flatten", n, axis=1) for n in ("desire_pulse", "features_buffer")]
+    x = g.op("Concat", *pooled, *flat, axis=1)
+    n_in = 2 * 12 + 5 * 8 + 4 * 16
+    n_out = sum(n for _, n in TOY_HEADS)
+    h = g.op("Tanh", gemm(g, g.op("Div", x, g.const(np.float32(128.0), "scale")), n_in, n_out))
+    slices, start = {}, 0
+    for name, n in TOY_HEADS:
+        slices[name], start = slice(start, start + n), start + n
+    pickled = codecs.encode(pickle.dumps(slices), "base64").decode()
+    return g.model([(g.op("Identity", h, out="outputs"), np.float32, (1, n_out))], "openpilot_toy",
+                   doc=f"openpilot-shaped toy, seed {seed}", metadata={"output_slices": pickled})
 
 
 def main() -> None:

@@ -11,6 +11,14 @@ place; outputs not passed get a fresh array per run, which the next run never to
 feeds, run() reads the input slots as they are (see input_view): they are the device's own io
 memory (runner/device.py: io_buffer).
 
+External inputs (modeld's camera frames, owned by the vision pipeline): bind_input(name, arr)
+binds a C-contiguous aligned array to an input for every run() without feeds, with no copy, until
+it is bound again (None: back to the model's own slot). The Model keeps a reference to it.
+
+openpilot output slices: when the model's ONNX carried openpilot's `output_slices`,
+`output_slices` maps each name to a slice of the flattened output, and output_views(out) gives
+named zero-copy views into preallocated outputs (take them once; every run rewrites them).
+
 Deadlines: each run() waits at most `timeout_ms` (per call, else the Model's) from its submission,
 then raises DeviceTimeout. After a DeviceTimeout or DeviceError the next run() first recovers the
 device, then runs normally.
@@ -30,17 +38,20 @@ import numpy as np
 from runner.blob import Blob, read_blob
 from runner.device import TARGETS, Device, get_device
 from runner.errors import DeviceError, DeviceTimeout, InputError
+from runner.slices import read_slices
 
 DEFAULT_TIMEOUT_MS = 2000
 
 
 class Model:
     def __init__(self, blob: Blob, device: Device):
+        self._sliced, self._slices = read_slices(blob.manifest, blob.outputs)
         self.blob, self.device = blob, device
         self.timeout_ms = DEFAULT_TIMEOUT_MS
         self._in = [(b.name, b.shape, b.dtype) for b in blob.inputs]
         self._out = [(b.name, b.shape, b.dtype) for b in blob.outputs]
         self._slots = [device.io_buffer(i) for i in range(len(self._in))]
+        self._bound_in = list(self._slots)  # what run() without feeds reads, per input
         self._lock = threading.Lock()
         self._broken = False  # the last run failed: recover before the next one
         self._closed = False
@@ -56,12 +67,12 @@ class Model:
         dev.cache_dir = f"{path}.clcache"
         try:
             dev.load(blob)
+            return cls(blob, dev)
         except BaseException:
             # the traceback keeps `dev` alive in a cycle with the blob's mapping; let go of the
             # mapped buffers now, or collecting that cycle would fail on still-exported views
             dev.close()
             raise
-        return cls(blob, dev)
 
     @property
     def inputs(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
@@ -75,11 +86,48 @@ class Model:
     def meta(self) -> dict:
         return self.blob.manifest["meta"]
 
+    @property
+    def output_slices(self) -> dict[str, slice]:
+        """openpilot's {name: slice} over the flattened output; {} when the model has none."""
+        return dict(self._slices)
+
+    def output_views(self, out: dict) -> dict[str, np.ndarray]:
+        """{name: out[output].reshape(-1)[slice]} as views: no copy, valid for every later run
+        that writes into the same `out` (run(out=out))."""
+        if self._sliced is None:
+            raise InputError("this model has no output_slices (its ONNX metadata_props had none)")
+        arr = _checked(f"out[{self._sliced!r}]", out.get(self._sliced),
+                       *self.outputs[self._sliced])
+        flat = arr.view()
+        try:
+            flat.shape = (-1,)  # raises rather than copy
+        except AttributeError:
+            raise InputError(f"out[{self._sliced!r}]: expected a C-contiguous array") from None
+        return {name: flat[s] for name, s in self._slices.items()}
+
     def input_view(self, name: str) -> np.ndarray:
-        """The input slot itself: write into it, then run() without feeds."""
-        for (slot_name, _, _), slot in zip(self._in, self._slots):
+        """The array run() without feeds reads for this input (its own slot unless bind_input
+        bound another): write into it, then run() without feeds."""
+        return self._bound_in[self._input_index(name)]
+
+    def bind_input(self, name: str, array: np.ndarray | None) -> None:
+        """Bind an externally owned array (a camera frame) to an input, zero-copy, for every
+        run() without feeds until bound again; None binds the model's own slot back."""
+        i = self._input_index(name)
+        if array is None:
+            array = self._slots[i]
+        _, shape, dtype = self._in[i]
+        arr = _checked(f"bind_input({name!r})", array, shape, dtype)
+        if not (arr.flags.c_contiguous and arr.flags.aligned):
+            raise InputError(f"bind_input({name!r}): expected a C-contiguous, aligned array "
+                             f"(binding is zero-copy), got c_contiguous={arr.flags.c_contiguous} "
+                             f"aligned={arr.flags.aligned}")
+        self._bound_in[i] = arr  # one store: a run binding now sees the old array or this one
+
+    def _input_index(self, name: str) -> int:
+        for i, (slot_name, _, _) in enumerate(self._in):
             if slot_name == name:
-                return slot
+                return i
         raise InputError(f"unknown input {name!r}; inputs are {[n for n, _, _ in self._in]}")
 
     def close(self) -> None:
@@ -124,8 +172,8 @@ class Model:
     def _bind_feeds(self, feeds: dict | None) -> None:
         bind = self.device.bind
         if feeds is None:
-            for i, slot in enumerate(self._slots):
-                bind(i, slot)
+            for i, arr in enumerate(self._bound_in):
+                bind(i, arr)
             return
         for i, (name, shape, dtype) in enumerate(self._in):
             if name not in feeds:

@@ -3,7 +3,6 @@ standard topologies, and the FLOP counter they are measured with."""
 from __future__ import annotations
 
 import functools
-import json
 import platform
 
 import numpy as np
@@ -11,6 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from compiler.onnx.metadata import output_slices
 from models.efficientnet import make_efficientnet
 from models.flops import count_flops
 from models.openpilot import INPUTS, N_OUTPUTS, make_openpilot
@@ -50,7 +50,9 @@ def _check_openpilot_interface(model: onnx.ModelProto) -> None:
         [("outputs", np.dtype(np.float32), (1, N_OUTPUTS))]
     assert 6000 <= N_OUTPUTS <= 7000
     meta = {p.key: p.value for p in model.metadata_props}
-    slices = sorted(json.loads(meta["output_slices"]).values())
+    # openpilot's format (a base64 pickle of {name: slice}), decoded the way the compiler does
+    got = output_slices(meta["output_slices"], [("outputs", (1, N_OUTPUTS))])["slices"]
+    slices = sorted((start, stop) for _, start, stop, _ in got)
     # The slices tile [0, N) exactly: no gaps, no overlaps.
     assert [s[0] for s in slices] == [0] + [s[1] for s in slices[:-1]]
     assert slices[-1][1] == N_OUTPUTS

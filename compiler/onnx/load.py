@@ -15,6 +15,7 @@ from compiler.errors import CompileError, StaticInputError
 from compiler.ir.tensor import Tensor
 from compiler.ir.uop import UOp
 from compiler.onnx import ops  # noqa: F401  (registers every op into OPS)
+from compiler.onnx.metadata import model_meta
 from compiler.onnx.registry import MAX_OPSET, MIN_OPSET, ONNX_CODES, OPS, Ctx, onnx_dtype
 
 MAX_ELEMENTS = 2**31 - 1
@@ -198,9 +199,9 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
         if vals.get(vi.name) is None:
             raise CompileError(f"graph output {vi.name!r} is not produced by any node")
         outputs.append((vi.name, vals[vi.name].uop))
-    meta = {p.key: p.value for p in proto.metadata_props}
-    return Graph(inputs, outputs, {"opset": opset, "metadata": meta} if meta else {"opset": opset},
-                 *_origins(proto.graph.node, vals))
+    props = {p.key: p.value for p in proto.metadata_props}
+    meta = model_meta(props, [(name, tuple(u.shape)) for name, u in outputs])
+    return Graph(inputs, outputs, {"opset": opset, **meta}, *_origins(proto.graph.node, vals))
 
 
 def node_name(node: onnx.NodeProto, i: int) -> str:
