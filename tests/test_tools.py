@@ -81,3 +81,40 @@ def test_demo_times_keel_and_onnxruntime_at_one_thread_and_at_every_core(tmp_pat
     for row, n in zip(rows, counts):
         threads = f"{n} thread" if n == 1 else f"{n} threads"
         assert f"keel ({threads})" in row and f"onnxruntime ({threads})" in row, row
+
+
+@pytest.mark.parametrize("float16", [False, True], ids=["fp32", "fp16"])
+def test_roofline_bound_is_the_larger_of_compute_and_traffic_per_launch(tmp_path, float16):
+    """The Adreno 630 roofline (tools/roofline.py) from a --target qcom blob, checked against
+    quantities computed here from the blob itself: every launch's bound is the max of its FLOPs
+    at the chip's peak and its tensors' bytes at its bandwidth, the total is their sum, and
+    every weight is read at least once."""
+    from compiler.blob import write_blob
+    from compiler.pipeline import compile_model
+    from runner.blob import read_blob
+    from tests.light_net import light_net
+    from tools.roofline import CHIPS, bound
+
+    path = tmp_path / "light.blob"
+    write_blob(compile_model(light_net(), target="qcom", float16=float16), path)
+    blob, chip = read_blob(path), CHIPS["adreno630"]
+    r = bound(blob, chip)
+    peak = (chip.fp16_gflops if float16 else chip.fp32_gflops) * 1e9
+    assert r["arithmetic"] == ("half" if float16 else "float")
+    flops = blob.manifest["meta"]["flops"]
+    rows = {x["launch"]: x for x in r["launches_by_bound"]}
+    assert sorted(rows) == list(range(len(blob.launches))) and sum(flops) > 0
+    for i, ln in enumerate(blob.launches):
+        nbytes = sum(int(np.prod(blob.buffers[b].shape)) * blob.buffers[b].dtype.itemsize
+                     for b in set(ln.args))
+        want = max(flops[i] / peak, nbytes / (chip.gbps * 1e9)) * 1e6
+        assert rows[i]["bytes"] == nbytes and rows[i]["bound_us"] == pytest.approx(want)
+    assert r["bound_ms"] == pytest.approx(sum(x["bound_us"] for x in rows.values()) / 1e3)
+    assert r["bytes_moved"] >= r["weights_bytes"] > 0
+
+
+def test_roofline_cli_names_a_bad_blob(tmp_path):
+    bad = tmp_path / "bad.blob"
+    bad.write_bytes(b"not a blob")
+    r = _tool("tools/roofline.py", str(bad))
+    assert r.returncode == 2 and r.stderr.startswith(f"roofline: {bad}: file is 10 bytes")

@@ -206,7 +206,7 @@ def main() -> int:
             draw_run(prof).save(args.timeline)
     except (BlobError, ConfigError, InputError, DeviceError, DeviceTimeout, ValueError,
             OSError) as e:
-        print(f"profile: {e}", file=sys.stderr)
+        print(f"profile: {args.blob}: {e}", file=sys.stderr)
         return 2
     return report(summarize(prof), args.json, print_table)
 
