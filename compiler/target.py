@@ -19,6 +19,9 @@ class Target:
     # the vendor's libOpenCL
     device: str
     vector_bytes: int = 32  # SIMD register width the optimizer tiles for
+    # float kernels' vector width where it differs (0: vector_bytes). Hexagon v65 HVX is integer
+    # only: float kernels tile for scalar FP registers, integer ones for 128-byte HVX vectors.
+    float_vector_bytes: int = 0
     registers: int = 16  # vector registers available for accumulators
     # per-core L1d and L2 the CPU loop order blocks for: the smallest among the target's
     # common CPUs (Skylake client for x86-64-v3, Skylake-SP for v4, Kryo 385 for aarch64)
@@ -57,6 +60,11 @@ class Target:
     # device's driver compiles at load.
     shared_object: bool = False
 
+    def vector_width(self, dtype) -> int:
+        """Bytes per vector for kernels producing `dtype` (a keel DType)."""
+        return self.float_vector_bytes if self.float_vector_bytes and dtype.is_float \
+            else self.vector_bytes
+
 
 # what every CPU target shares; they differ in vector width, registers and caches
 CPU = dict(renderer="c", device="cpu", prefetch=True, cpu_layouts=True, winograd=True,
@@ -77,6 +85,13 @@ TARGETS = {t.name: t for t in (
     # Adreno 630: 1024-wide work-groups, fp16 ALUs, 16384-texel images, 64-texel row pitch alignment
     Target("qcom", max_workgroup=1024, half_compute=True, images=True, image_max_width=16384,
            image_max_height=16384, image_pitch_align=64, **GPU),
+    # Hexagon 685 cDSP (v65): 128-byte integer HVX vectors, 32 of them; floats on the scalar
+    # units (one 4-byte lane); 32 KiB L1d, 512 KiB L2. No Winograd: scalar FP multiplies cost
+    # what adds do. Buffers on HVX's 128-byte vector alignment. The programs are one
+    # position-independent Hexagon shared object run by the DSP-side runtime (dsp/).
+    Target("dsp", renderer="c", device="dsp", vector_bytes=128, float_vector_bytes=4,
+           registers=16, l2_bytes=512 << 10, buffer_align=128, cpu_layouts=True,
+           pack_weights=True, shared_object=True),
 )}
 
 

@@ -48,10 +48,11 @@ from runner.errors import AllocError, DeviceError, DeviceTimeout
 
 # blob target -> device that runs it
 TARGETS = {"cpu": "cpu", "cpu-avx512": "cpu", "cpu-aarch64": "cpu", "cpu-arm64-apple": "cpu",
-           "opencl": "opencl", "qcom": "opencl"}  # qcom: OpenCL C for Adreno, via libOpenCL
+           "opencl": "opencl", "qcom": "opencl",  # qcom: OpenCL C for Adreno, via libOpenCL
+           "dsp": "dsp"}  # Hexagon 685: FastRPC, or qemu-hexagon with KEEL_FASTRPC=mock (dsp/)
 # device name -> "module:Class"
 DEVICES = {"cpu": "runner.cpu:CpuDevice", "opencl": "runner.opencl:OpenCLDevice",
-           "mock": "runner.mock:MockDevice"}
+           "mock": "runner.mock:MockDevice", "dsp": "dsp.device:DspDevice"}
 
 MIN_SLEEP_S = 20e-6
 MAX_SLEEP_S = 1e-3  # a submission that completes while we sleep costs at most this much latency
