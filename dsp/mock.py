@@ -2,8 +2,8 @@
 and run under qemu-hexagon, with the real HVX and scalar-FP kernels of the blob.
 
 How it stands in for FastRPC (dsp/fastrpc.py):
-  shared buffer   a file in /dev/shm both sides map MAP_SHARED (FastRPC: an ION / dma-buf buffer
-                  mapped into the DSP's SMMU once, at load);
+  shared buffer   a memfd both sides map MAP_SHARED (FastRPC: an ION / dma-buf buffer mapped
+                  into the DSP's SMMU once, at load);
   session + load  one qemu-hexagon process per load, started with the programs and the buffer's
                   layout (FastRPC: open the session, dlopen the graph in the user PD);
   invoke          8 bytes {seq, flags} on its stdin, the answer on its stdout (FastRPC: one
@@ -23,6 +23,7 @@ import struct
 import subprocess
 import tempfile
 import time
+import weakref
 from pathlib import Path
 
 from runner.errors import DeviceError, DeviceTimeout
@@ -66,44 +67,49 @@ def runtime_elf() -> Path:
 
 
 class QemuTransport:
+    """The shared buffer and the programs are memfds the qemu process inherits, as FastRPC maps
+    dma-buf fds: nothing is left behind in the file system, whatever happens to the process."""
+
     def __init__(self):
-        self.dir = Path(tempfile.mkdtemp(prefix="keel-dsp-"))
-        self.proc = None
+        self.procs: list = []  # the running process, if any (a list the finalizer shares)
         self.buf = b""
         self.shm = None
+        self.fds: list[int] = []
+        self._finalizer = weakref.finalize(self, _stop, self.procs, self.fds)
+
+    @property
+    def proc(self):
+        return self.procs[0]
 
     def alloc(self, nbytes: int) -> mmap.mmap:
-        where = "/dev/shm" if os.path.isdir("/dev/shm") else str(self.dir)
-        fd, self.shm_path = tempfile.mkstemp(prefix="keel-dsp-", dir=where)
-        try:
-            os.ftruncate(fd, nbytes)
-            self.shm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED)
-        finally:
-            os.close(fd)
-        self.shm_bytes = nbytes
+        fd = _memfd("keel-dsp-shared", nbytes)
+        self.shm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED)
+        self.shm_fd, self.shm_bytes = fd, nbytes
+        self.fds.append(fd)
         return self.shm
 
     def open(self, programs, weights: int, arena: int, slots: list[int], launches: int,
              deadline: float) -> None:
-        so = self.dir / "programs.so"
-        so.write_bytes(programs)
-        self.argv = [QEMU, str(runtime_elf()), str(so), str(len(programs)), self.shm_path,
+        so = _memfd("keel-dsp-programs", 0)
+        self.fds.append(so)
+        os.write(so, programs)
+        self.argv = [QEMU, str(runtime_elf()), str(so), str(len(programs)), str(self.shm_fd),
                      str(self.shm_bytes), str(weights), str(arena), str(launches),
                      *map(str, slots)]
         self._start(deadline)
 
     def _start(self, deadline: float) -> None:
         self.buf = b""
-        with open(self.dir / "stderr", "wb") as err:
-            self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=err)
+        self.err = tempfile.TemporaryFile(prefix="keel-dsp-stderr-")
+        fds = (int(self.argv[2]), self.shm_fd)
+        self.procs[:] = [subprocess.Popen(self.argv, stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, stderr=self.err, pass_fds=fds)]
         os.set_blocking(self.proc.stdout.fileno(), False)
         while True:  # the first answer (seq 0) says the library is loaded
-            got = self.replies()
-            if got:
+            if self.replies():
                 return
             if time.monotonic() > deadline:
-                self._stop()
+                _stop(self.procs, [])
                 raise DeviceTimeout(f"{QEMU}: the DSP runtime did not load the programs in time")
             self.block(0.05)
 
@@ -135,20 +141,36 @@ class QemuTransport:
     def block(self, seconds: float) -> None:
         select.select([self.proc.stdout], [], [], seconds)
 
-    def restart(self, deadline: float) -> None:
-        self._stop()
-        self._start(deadline)
-
     def _why(self) -> str:
-        code = self.proc.poll()
-        err = (self.dir / "stderr").read_bytes().decode(errors="replace").strip()
+        code = self.proc.poll() if self.procs else None
+        self.err.seek(0)
+        err = self.err.read().decode(errors="replace").strip()
         return f"exit status {code}: {err or 'no message'}"
 
-    def _stop(self) -> None:
-        """End the process this transport started (a hung DSP does not stop by itself)."""
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
+    def restart(self, deadline: float) -> None:
+        _stop(self.procs, [])
+        self._start(deadline)
+
+    def close(self) -> None:
+        self._finalizer()
+        if self.shm is not None:
+            try:
+                self.shm.close()
+            except BufferError:  # io views still held by the caller: unmapped when they go
+                pass
+            self.shm = None
+
+
+def _memfd(name: str, nbytes: int) -> int:
+    fd = os.memfd_create(name, 0)  # inherited by the qemu process through pass_fds
+    os.ftruncate(fd, nbytes)
+    return fd
+
+
+def _stop(procs: list, fds: list) -> None:
+    """End the process this transport started (a hung DSP does not stop by itself), then close
+    the memfds. Also the finalizer: a Model dropped without close() leaves nothing running."""
+    for proc in procs:
         proc.stdin.close()
         try:
             proc.wait(0.2)
@@ -156,14 +178,7 @@ class QemuTransport:
             proc.kill()
             proc.wait(STOP_S)
         proc.stdout.close()
-
-    def close(self) -> None:
-        self._stop()
-        if self.shm is not None:
-            try:
-                self.shm.close()
-            except BufferError:  # io views still held by the caller: unmapped when they go
-                pass
-            os.unlink(self.shm_path)
-            self.shm = None
-        shutil.rmtree(self.dir, ignore_errors=True)
+    procs.clear()
+    for fd in fds:
+        os.close(fd)
+    fds.clear()

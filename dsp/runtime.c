@@ -10,9 +10,10 @@
    This build is the emulated DSP (dsp/mock.py, KEEL_FASTRPC=mock): a static Hexagon Linux
    executable for qemu-hexagon, with the same kernels the DSP runs.
 
-     runtime PROGRAMS PROGRAMS_BYTES SHM SHM_BYTES WEIGHTS_OFF ARENA_OFF LAUNCHES IO_OFF...
+     runtime PROGRAMS_FD PROGRAMS_BYTES SHM_FD SHM_BYTES WEIGHTS_OFF ARENA_OFF LAUNCHES IO_OFF...
 
-   The shared buffer SHM is a file both sides map MAP_SHARED (the ION buffer's stand-in). Invokes
+   PROGRAMS_FD and SHM_FD are inherited file descriptors (memfds); the shared buffer SHM is mapped
+   MAP_SHARED by both sides (the stand-in for the ION / dma-buf buffer FastRPC maps). Invokes
    arrive on stdin as {u32 seq, u32 flags} and are answered on stdout with {u32 seq, u32 status,
    u32 nticks, u32 0, u64 ticks[nticks]}; a first answer with seq 0 says the library is loaded.
    What stands in for the DSP's own parts: the ELF loader below (the DSP's dlopen of a shared
@@ -22,8 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum { AT_FDCWD = -100, O_RDWR = 2 };
-enum { SYS_openat = 56, SYS_close = 57, SYS_read = 63, SYS_write = 64, SYS_exit_group = 94,
+enum { SYS_close = 57, SYS_read = 63, SYS_write = 64, SYS_exit_group = 94,
        SYS_mmap2 = 222 };
 enum { PROT_RWX = 7, MAP_SHARED = 1, MAP_PRIVATE_ANON = 0x02 | 0x20 };
 enum { FLAG_PROFILE = 1, FLAG_HANG = 2, FLAG_FAULT = 4 };  /* the last two: injected faults */
@@ -223,11 +223,9 @@ static Image load(const char *file, uint32_t size) {
   return im;
 }
 
-static char *open_map(const char *path, uint32_t size, long prot, long flags) {
-  long fd = SYS(SYS_openat, AT_FDCWD, path, O_RDWR);
-  if (fd < 0) die(3, "cannot open ", path);
-  char *p = map(size, prot, flags, fd);
-  SYS(SYS_close, fd, 0, 0);
+static char *map_fd(const char *fd, uint32_t size, long prot, long flags) {
+  char *p = map(size, prot, flags, number(fd));
+  SYS(SYS_close, number(fd), 0, 0);
   return p;
 }
 
@@ -241,15 +239,15 @@ static int serve(int argc, char **argv) {
   static void *io[MAX_SLOTS];
   static unsigned long long ticks[MAX_LAUNCHES + 1];
   if (argc < FIRST_SLOT || argc - FIRST_SLOT > MAX_SLOTS)
-    die(2, "usage: runtime PROGRAMS PROGRAMS_BYTES SHM SHM_BYTES WEIGHTS_OFF ARENA_OFF "
+    die(2, "usage: runtime PROGRAMS_FD PROGRAMS_BYTES SHM_FD SHM_BYTES WEIGHTS_OFF ARENA_OFF "
         "LAUNCHES IO_OFF...", "");
   uint32_t shm_size = number(argv[4]), launches = number(argv[7]);
   if (launches > MAX_LAUNCHES) die(2, "too many launches: ", argv[7]);
-  char *file = open_map(argv[1], number(argv[2]), 1, 2);  /* PROT_READ, MAP_PRIVATE */
+  char *file = map_fd(argv[1], number(argv[2]), 1, 2);  /* PROT_READ, MAP_PRIVATE */
   Image im = load(file, number(argv[2]));
   graph_fn *graph = symbol(&im, "keel_graph");
   profile_fn *profile = symbol(&im, "keel_profile");
-  unsigned char *shm = (unsigned char *)open_map(argv[3], shm_size, 3, MAP_SHARED);
+  unsigned char *shm = (unsigned char *)map_fd(argv[3], shm_size, 3, MAP_SHARED);
   uint32_t weights = number(argv[5]), arena = number(argv[6]);
   if (weights > shm_size || arena > shm_size) die(2, "weights or arena past the shared buffer", "");
   for (int i = FIRST_SLOT; i < argc; i++) {
