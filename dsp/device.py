@@ -28,7 +28,6 @@ from runner.faults import Faults, from_env
 TRANSPORT_VAR, FAULTS_VAR = "KEEL_FASTRPC", "KEEL_MOCK_FAULTS"
 ALIGN = 128  # HVX vector: the runtime's loads of a buffer's first vector are aligned ones
 FLAG_PROFILE, FLAG_HANG, FLAG_FAULT = 1, 2, 4  # dsp/runtime.c
-REPLY = struct.Struct("<4I")  # seq, status, nticks, 0; then nticks u64
 LOAD_S = 60.0  # the runtime answers once its library is loaded (qemu start included)
 
 
@@ -45,6 +44,19 @@ def layout(blob) -> tuple[int, int, list[int], int]:
     return 0, arena, slots, at
 
 
+def launch_table(blob, weights: int, arena: int, slots: list[int]) -> bytes:
+    """The blob's launch table for the runtime's profiled invokes: per launch, its argument count,
+    then each argument's byte offset in the shared buffer (u32 words)."""
+    base = {"arena": arena, "weights": weights}
+    words = []
+    for ln in blob.launches:
+        words.append(len(ln.args))
+        for bid in ln.args:
+            b = blob.buffers[bid]
+            words.append(base[b.region] + b.offset if b.region in base else slots[b.offset])
+    return struct.pack(f"<{len(words)}I", *words)
+
+
 def transport():
     kind = os.environ.get(TRANSPORT_VAR, "device").strip() or "device"
     if kind == "mock":
@@ -59,7 +71,9 @@ def transport():
 
 class DspDevice(Device):
     name = "dsp"
-    profile = False  # ask the runtime for per-kernel ticks; they land in last_ticks
+    # ask the runtime for per-kernel costs: last_ticks then holds, per launch, its cycles (qemu:
+    # packets), then per launch its HVX instructions (qemu only)
+    profile = False
 
     def check_target(self, target: str) -> None:
         if target != "dsp":
@@ -82,7 +96,8 @@ class DspDevice(Device):
         self._due: dict[int, float] = {}  # seq -> when a slow@N fault lets its answer through
         self._ready: list = []  # answers read, in order: (due, seq, status, ticks)
         self.last_ticks: list[int] = []
-        self._link.open(blob.programs, weights, arena, slots, len(blob.launches),
+        self._link.open(blob.programs, weights, arena, slots, launch_table(blob, weights, arena,
+                                                                           slots),
                         time.monotonic() + LOAD_S)
 
     def io_buffer(self, slot: int) -> np.ndarray:

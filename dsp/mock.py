@@ -10,7 +10,8 @@ How it stands in for FastRPC (dsp/fastrpc.py):
                   FASTRPC_IOCTL_INVOKE carrying the same two words as scalars);
   recover         kill the process and start another (FastRPC: close the session, open again).
 The kernels, the buffer layout and the numerics are the DSP's; what differs is the transport, and
-time: qemu does not model the cycle counter (ticks read 0) or the DSP's speed.
+time: qemu does not model the DSP's cycles, so a profiled invoke reports qemu's packet counts (and
+HVX instruction counts) per kernel instead: the cost model's signal, not a latency.
 """
 from __future__ import annotations
 
@@ -33,8 +34,10 @@ PACKAGES = {QEMU: "qemu-user", CLANG: "clang-19", "ld.lld-19": "lld-19"}  # tool
 SOURCE = Path(__file__).with_name("runtime.c")
 # the blob's -mcpu and HVX flags (compiler/toolchain.py "dsp"), for Linux instead of bare metal:
 # the runner never imports the compiler, so they are repeated here
+# KEEL_QEMU: per-kernel costs from qemu's packet and HVX counters instead of the cycle counter
 FLAGS = ("--target=hexagon-unknown-linux-musl", "-mcpu=hexagonv65", "-mhvx", "-mhvx-length=128b",
-         "-O2", "-Wall", "-Werror", "-ffreestanding", "-nostdlib", "-static", "-fuse-ld=lld")
+         "-O2", "-Wall", "-Werror", "-ffreestanding", "-nostdlib", "-static", "-fuse-ld=lld",
+         "-DKEEL_QEMU")
 REPLY = struct.Struct("<4I")  # seq, status, nticks, 0 (dsp/runtime.c Reply); then nticks u64
 STOP_S = 2.0
 
@@ -88,20 +91,22 @@ class QemuTransport:
         self.fds.append(fd)
         return self.shm
 
-    def open(self, programs, weights: int, arena: int, slots: list[int], launches: int,
+    def open(self, programs, weights: int, arena: int, slots: list[int], table: bytes,
              deadline: float) -> None:
-        so = _memfd("keel-dsp-programs", 0)
-        self.fds.append(so)
+        """Start the DSP side on `programs`; `table` is the launch table (dsp/runtime.c)."""
+        so, tab = _memfd("keel-dsp-programs", 0), _memfd("keel-dsp-table", 0)
+        self.fds += [so, tab]
         os.write(so, programs)
+        os.write(tab, table)
         self.argv = [QEMU, str(runtime_elf()), str(so), str(len(programs)), str(self.shm_fd),
-                     str(self.shm_bytes), str(weights), str(arena), str(launches),
+                     str(self.shm_bytes), str(tab), str(len(table)), str(weights), str(arena),
                      *map(str, slots)]
         self._start(deadline)
 
     def _start(self, deadline: float) -> None:
         self.buf = b""
         self.err = tempfile.TemporaryFile(prefix="keel-dsp-stderr-")
-        fds = (int(self.argv[2]), self.shm_fd)
+        fds = (int(self.argv[2]), self.shm_fd, int(self.argv[6]))
         self.procs[:] = [subprocess.Popen(self.argv, stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, stderr=self.err, pass_fds=fds)]
         os.set_blocking(self.proc.stdout.fileno(), False)

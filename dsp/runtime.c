@@ -3,19 +3,25 @@
 
    Loaded once per Model.load. It receives one shared buffer holding the weights, the arena and
    every io slot (offsets given at start), so an invoke passes no buffers at all: FastRPC's
-   per-call buffer cap never applies. Per invoke it runs keel_graph, or keel_profile when the
-   host asks for per-kernel cycle counts (the Hexagon cycle counter, UPCYCLE, read by the
-   compiler's KEEL_TICKS).
+   per-call buffer cap never applies. Per invoke it runs keel_graph, or, when the host asks for
+   per-kernel costs, each launch of the blob's launch table through keel_launch with a counter
+   read around it: the Hexagon cycle counter (UPCYCLE) on the DSP; under qemu (KEEL_QEMU), qemu's
+   own packet and HVX-instruction counters, which the emulator keeps in control registers c20
+   and c22 (reserved on the hardware).
 
    This build is the emulated DSP (dsp/mock.py, KEEL_FASTRPC=mock): a static Hexagon Linux
    executable for qemu-hexagon, with the same kernels the DSP runs.
 
-     runtime PROGRAMS_FD PROGRAMS_BYTES SHM_FD SHM_BYTES WEIGHTS_OFF ARENA_OFF LAUNCHES IO_OFF...
+     runtime PROGRAMS_FD PROGRAMS_BYTES SHM_FD SHM_BYTES TABLE_FD TABLE_BYTES WEIGHTS_OFF
+             ARENA_OFF IO_OFF...
 
-   PROGRAMS_FD and SHM_FD are inherited file descriptors (memfds); the shared buffer SHM is mapped
-   MAP_SHARED by both sides (the stand-in for the ION / dma-buf buffer FastRPC maps). Invokes
+   The fds are inherited memfds; the shared buffer SHM is mapped MAP_SHARED by both sides (the
+   stand-in for the ION / dma-buf buffer FastRPC maps). TABLE is the launch table as u32 words:
+   per launch, its argument count, then each argument's byte offset in SHM. Invokes
    arrive on stdin as {u32 seq, u32 flags} and are answered on stdout with {u32 seq, u32 status,
    u32 nticks, u32 0, u64 ticks[nticks]}; a first answer with seq 0 says the library is loaded.
+   A profiled invoke answers 2 * launches ticks: per launch its cost (cycles, or qemu's packets),
+   then per launch its HVX instructions (qemu only; 0 on the DSP).
    What stands in for the DSP's own parts: the ELF loader below (the DSP's dlopen of a shared
    object in the user PD), the pipe loop (the FastRPC invoke of the skel's method) and the
    division helpers (the DSP C library's). Exit status: 0 host closed stdin, 2 usage, 3 file,
@@ -27,7 +33,7 @@ enum { SYS_close = 57, SYS_read = 63, SYS_write = 64, SYS_exit_group = 94,
        SYS_mmap2 = 222 };
 enum { PROT_RWX = 7, MAP_SHARED = 1, MAP_PRIVATE_ANON = 0x02 | 0x20 };
 enum { FLAG_PROFILE = 1, FLAG_HANG = 2, FLAG_FAULT = 4 };  /* the last two: injected faults */
-enum { MAX_SLOTS = 256, MAX_LAUNCHES = 65536, FIRST_SLOT = 8 };
+enum { MAX_SLOTS = 256, MAX_LAUNCHES = 65536, MAX_ARGS = 64, FIRST_SLOT = 9 };
 
 /* Linux on Hexagon: trap0(#1), number in r6, arguments in r0-r5, result in r0 */
 static long sys6(long n, long a, long b, long c, long d, long e, long f) {
@@ -231,24 +237,61 @@ static char *map_fd(const char *fd, uint32_t size, long prot, long flags) {
 
 /* ---- the invoke loop ------------------------------------------------------------------------ */
 typedef void graph_fn(unsigned char *arena, const unsigned char *weights, void *const *io);
-typedef void profile_fn(unsigned char *arena, const unsigned char *weights, void *const *io,
-                        unsigned long long *ticks);
+typedef void launch_fn(int launch, void *const *args);
 typedef struct { uint32_t seq, status, nticks, pad; } Reply;
+
+#ifdef KEEL_QEMU  /* qemu's counters: c20 packets, c22 HVX instructions ("r0 = c20", "r0 = c22") */
+#define COST() ({ uint32_t r; __asm__ volatile(".word 0x6a14c000\n%0 = r0" : "=r"(r) :: "r0"); r; })
+#define HVX_OPS() ({ uint32_t r; __asm__ volatile(".word 0x6a16c000\n%0 = r0" : "=r"(r) :: "r0"); r; })
+#else
+#define COST() __builtin_readcyclecounter()
+#define HVX_OPS() 0u
+#endif
+
+typedef struct { launch_fn *launch; const uint32_t *table; uint32_t words, launches; } Table;
+
+/* every launch alone, its cost and HVX count measured around it; the answer is 2 * launches */
+static uint32_t profile(const Table *t, unsigned char *shm, unsigned long long *ticks) {
+  static void *args[MAX_ARGS];
+  const uint32_t *w = t->table, *end = t->table + t->words;
+  for (uint32_t i = 0; i < t->launches; i++) {
+    uint32_t n = *w++;
+    for (uint32_t j = 0; j < n; j++) args[j] = shm + w[j];
+    w += n;
+    unsigned long long c0 = COST(), h0 = HVX_OPS();
+    t->launch((int)i, args);
+    ticks[i] = (unsigned long long)COST() - c0;
+    ticks[t->launches + i] = (unsigned long long)HVX_OPS() - h0;
+  }
+  return w == end ? 2 * t->launches : 0;
+}
+
+/* the launch table checked once: argument counts and offsets inside the shared buffer */
+static Table read_table(launch_fn *launch, const char *fd, const char *bytes, uint32_t shm_size) {
+  Table t = {launch, (const uint32_t *)map_fd(fd, number(bytes), 1, 2), number(bytes) / 4, 0};
+  for (uint32_t k = 0; k < t.words; t.launches++) {
+    uint32_t n = t.table[k++];
+    if (n > MAX_ARGS || k + n > t.words) die(2, "launch table: bad argument count", "");
+    for (uint32_t j = 0; j < n; j++)
+      if (t.table[k++] >= shm_size) die(2, "launch table: argument past the shared buffer", "");
+  }
+  if (t.launches > MAX_LAUNCHES) die(2, "launch table: too many launches", "");
+  return t;
+}
 
 static int serve(int argc, char **argv) {
   static void *io[MAX_SLOTS];
-  static unsigned long long ticks[MAX_LAUNCHES + 1];
+  static unsigned long long ticks[2 * MAX_LAUNCHES];
   if (argc < FIRST_SLOT || argc - FIRST_SLOT > MAX_SLOTS)
-    die(2, "usage: runtime PROGRAMS_FD PROGRAMS_BYTES SHM_FD SHM_BYTES WEIGHTS_OFF ARENA_OFF "
-        "LAUNCHES IO_OFF...", "");
-  uint32_t shm_size = number(argv[4]), launches = number(argv[7]);
-  if (launches > MAX_LAUNCHES) die(2, "too many launches: ", argv[7]);
+    die(2, "usage: runtime PROGRAMS_FD PROGRAMS_BYTES SHM_FD SHM_BYTES TABLE_FD TABLE_BYTES "
+        "WEIGHTS_OFF ARENA_OFF IO_OFF...", "");
+  uint32_t shm_size = number(argv[4]);
   char *file = map_fd(argv[1], number(argv[2]), 1, 2);  /* PROT_READ, MAP_PRIVATE */
   Image im = load(file, number(argv[2]));
   graph_fn *graph = symbol(&im, "keel_graph");
-  profile_fn *profile = symbol(&im, "keel_profile");
+  Table table = read_table(symbol(&im, "keel_launch"), argv[5], argv[6], shm_size);
   unsigned char *shm = (unsigned char *)map_fd(argv[3], shm_size, 3, MAP_SHARED);
-  uint32_t weights = number(argv[5]), arena = number(argv[6]);
+  uint32_t weights = number(argv[7]), arena = number(argv[8]);
   if (weights > shm_size || arena > shm_size) die(2, "weights or arena past the shared buffer", "");
   for (int i = FIRST_SLOT; i < argc; i++) {
     uint32_t off = number(argv[i]);
@@ -263,10 +306,8 @@ static int serve(int argc, char **argv) {
     reply = (Reply){req[0], 0, 0, 0};
     if (req[1] & FLAG_HANG) for (;;) __asm__ volatile("" ::: "memory");  /* never answers */
     if (req[1] & FLAG_FAULT) reply.status = 1;
-    else if (req[1] & FLAG_PROFILE) {
-      profile(shm + arena, shm + weights, io, ticks);
-      reply.nticks = launches + 1;
-    } else graph(shm + arena, shm + weights, io);
+    else if (req[1] & FLAG_PROFILE) reply.status = !(reply.nticks = profile(&table, shm, ticks));
+    else graph(shm + arena, shm + weights, io);
     io_all(SYS_write, 1, (char *)&reply, sizeof reply);
     io_all(SYS_write, 1, (char *)ticks, reply.nticks * sizeof *ticks);
   }
