@@ -241,8 +241,9 @@ typedef void launch_fn(int launch, void *const *args);
 typedef struct { uint32_t seq, status, nticks, pad; } Reply;
 
 #ifdef KEEL_QEMU  /* qemu's counters: c20 packets, c22 HVX instructions ("r0 = c20", "r0 = c22") */
-#define COST() ({ uint32_t r; __asm__ volatile(".word 0x6a14c000\n%0 = r0" : "=r"(r) :: "r0"); r; })
-#define HVX_OPS() ({ uint32_t r; __asm__ volatile(".word 0x6a16c000\n%0 = r0" : "=r"(r) :: "r0"); r; })
+#define READ_R0(word) ({ uint32_t r; __asm__ volatile(word "\n%0 = r0" : "=r"(r) :: "r0"); r; })
+#define COST() READ_R0(".word 0x6a14c000")
+#define HVX_OPS() READ_R0(".word 0x6a16c000")
 #else
 #define COST() __builtin_readcyclecounter()
 #define HVX_OPS() 0u

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
 from compiler.blob import write_blob
 from compiler.pipeline import compile_model
