@@ -60,10 +60,11 @@ class Target:
     # device's driver compiles at load.
     shared_object: bool = False
 
-    def vector_width(self, dtype) -> int:
-        """Bytes per vector for kernels producing `dtype` (a keel DType)."""
-        return self.float_vector_bytes if self.float_vector_bytes and dtype.is_float \
-            else self.vector_bytes
+    def vector_width(self, dtypes) -> int:
+        """Bytes per vector for a kernel computing in `dtypes` (keel DTypes): the float width
+        as soon as one is a float (a float kernel with an int8 result is still float work)."""
+        floats = self.float_vector_bytes and any(d.scalar.is_float for d in dtypes)
+        return self.float_vector_bytes if floats else self.vector_bytes
 
 
 # what every CPU target shares; they differ in vector width, registers and caches

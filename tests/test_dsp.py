@@ -12,12 +12,13 @@ from __future__ import annotations
 import dataclasses
 import re
 import subprocess
+import tempfile
 import time
 
 import numpy as np
 import onnx
 import pytest
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from compiler.blob import write_blob
 from compiler.pipeline import compile_model
@@ -61,6 +62,51 @@ def int8_model(n: int = 4096) -> onnx.ModelProto:
                       [("y", (n,), np.int8)], {"c": c})
 
 
+def cnn() -> onnx.ModelProto:
+    """Conv (s2) -> Relu -> Conv -> Relu -> MaxPool -> Flatten -> Gemm: a small image network
+    for the quantizer (opset 13: per-channel DequantizeLinear needs its axis attribute)."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("MaxPool", ["r2"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("Gemm", ["f", "w3", "b3"], ["y"], transB=1)]
+    inits = {"w1": rng.standard_normal((16, 3, 3, 3)).astype(np.float32) * 0.3,
+             "b1": rng.standard_normal(16).astype(np.float32) * 0.1,
+             "w2": rng.standard_normal((32, 16, 3, 3)).astype(np.float32) * 0.1,
+             "b2": rng.standard_normal(32).astype(np.float32) * 0.1,
+             "w3": rng.standard_normal((10, 32 * 8 * 8)).astype(np.float32) * 0.03,
+             "b3": rng.standard_normal(10).astype(np.float32) * 0.1}
+    return make_model(nodes, [("x", (1, 3, 32, 32), np.float32)], [("y", (1, 10), np.float32)],
+                      inits, opset=13)
+
+
+def image(seed: int) -> dict:
+    return {"x": np.random.default_rng(seed).standard_normal((1, 3, 32, 32)).astype(np.float32)}
+
+
+def qdq_cnn() -> onnx.ModelProto:
+    """cnn() through onnxruntime's quantize_static: QDQ format, int8 activations calibrated on 8
+    images, int8 weights per output channel, int32 biases."""
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+
+    class Images(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([image(k) for k in range(8)])
+
+        def get_next(self):
+            return next(self.it, None)
+    with tempfile.TemporaryDirectory(prefix="keel-qdq-") as d:
+        onnx.save(cnn(), f"{d}/cnn.onnx")
+        quantize_static(f"{d}/cnn.onnx", f"{d}/qdq.onnx", Images(), quant_format=QuantFormat.QDQ,
+                        per_channel=True, activation_type=QuantType.QInt8,
+                        weight_type=QuantType.QInt8)
+        return onnx.load(f"{d}/qdq.onnx")
+
+
 def squeezenet64() -> onnx.ModelProto:
     """onnx's light squeezenet (randomized weights, test_aarch64) at 64x64: it ends in a global
     average pool, so a smaller image is the same network at 1/12 of the emulated time."""
@@ -81,7 +127,8 @@ def blobs(tmp_path_factory):
 
     def get(name):
         if name not in made:
-            model = {"conv": conv_model, "int8": int8_model, "squeezenet": squeezenet64}[name]()
+            model = {"conv": conv_model, "int8": int8_model, "squeezenet": squeezenet64,
+                     "qdq": qdq_cnn}[name]()
             write_blob(compile_model(model, target="dsp"), d / f"{name}.blob")
             made[name] = model, d / f"{name}.blob"
         return made[name]
@@ -196,6 +243,49 @@ def test_hvx_kernel_takes_a_tenth_of_the_packets_of_scalar_code(blobs, tmp_path)
         np.testing.assert_array_equal(m.run(feeds)["y"], ort_run(model, feeds)["y"])
         packets.append(sum(m.device.last_ticks[:len(m.blob.launches)]))
     assert packets[0] * 10 < packets[1], packets
+
+
+# ---- the int8 QDQ path -------------------------------------------------------------------------
+
+def _output_step(model: onnx.ModelProto) -> float:
+    """The scale of the last DequantizeLinear before the graph output: one quantization step."""
+    out = model.graph.output[0].name
+    node = next(n for n in model.graph.node if out in n.output)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    return float(inits[node.input[1]])
+
+
+@pytest.mark.parametrize("target", ["dsp", "cpu"])
+def test_quantize_static_model_matches_onnxruntime(target, blobs, tmp_path):
+    """Bound: the output is quantized (DequantizeLinear of int8); each requantization may round
+    differently from onnxruntime's fused QLinearConv (fixed-point multiplier, half up, against
+    float, half to even), one step per layer at most, so 2 steps of the output scale over three
+    requantized layers, and the same top-1. Measured 2026-11-24: 0 steps on 3 images."""
+    model, path = blobs("qdq")
+    if target == "cpu":
+        from compiler.toolchain import host_target
+        path = tmp_path / "cpu.blob"
+        write_blob(compile_model(model, target=host_target()), path)
+    m, step = (_load(path) if target == "dsp" else Model.load(path)), _output_step(model)
+    for seed in (20, 21, 22):  # not among the calibration images
+        got, want = m.run(image(seed))["y"], ort_run(model, image(seed))["y"]
+        assert np.abs(got - want).max() <= 2 * step + 1e-6, (seed, np.abs(got - want).max(), step)
+        assert got.argmax() == want.argmax()
+
+
+def test_qdq_convs_run_in_integers_on_hvx(blobs):
+    """The first conv's int8 x int8 -> int32 kernel executes HVX instructions under qemu, and
+    the requantization is integer: no float64 in the programs (v65 has no double arithmetic
+    instructions; it would be calls the runtime does not provide)."""
+    model, path = blobs("qdq")
+    m = _load(path)
+    m.device.profile = True
+    m.run(image(20))
+    n = len(m.blob.launches)
+    hvx = {ln.kernel: h for ln, h in zip(m.blob.launches, m.device.last_ticks[n:])}
+    assert any(h > 1000 and "radd" in k for k, h in hvx.items()), hvx  # a reduction on HVX
+    text = _disassemble(path)
+    assert HVX.search(text) and "df" not in set(re.findall(r"= (df)\w+\(", text))
 
 
 # ---- faults: the runtime core's contract on the emulated DSP ------------------------------------
