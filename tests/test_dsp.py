@@ -87,24 +87,28 @@ def image(seed: int) -> dict:
     return {"x": np.random.default_rng(seed).standard_normal((1, 3, 32, 32)).astype(np.float32)}
 
 
-def qdq_cnn() -> onnx.ModelProto:
-    """cnn() through onnxruntime's quantize_static: QDQ format, int8 activations calibrated on 8
-    images, int8 weights per output channel, int32 biases."""
+def quantized(model: onnx.ModelProto, images: list[dict]) -> onnx.ModelProto:
+    """`model` through onnxruntime's quantize_static: QDQ format, int8 activations calibrated on
+    `images`, int8 weights per output channel, int32 biases."""
     from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
                                           quantize_static)
 
     class Images(CalibrationDataReader):
         def __init__(self):
-            self.it = iter([image(k) for k in range(8)])
+            self.it = iter(images)
 
         def get_next(self):
             return next(self.it, None)
     with tempfile.TemporaryDirectory(prefix="keel-qdq-") as d:
-        onnx.save(cnn(), f"{d}/cnn.onnx")
-        quantize_static(f"{d}/cnn.onnx", f"{d}/qdq.onnx", Images(), quant_format=QuantFormat.QDQ,
+        onnx.save(model, f"{d}/model.onnx")
+        quantize_static(f"{d}/model.onnx", f"{d}/qdq.onnx", Images(), quant_format=QuantFormat.QDQ,
                         per_channel=True, activation_type=QuantType.QInt8,
                         weight_type=QuantType.QInt8)
         return onnx.load(f"{d}/qdq.onnx")
+
+
+def qdq_cnn() -> onnx.ModelProto:
+    return quantized(cnn(), [image(k) for k in range(8)])
 
 
 def squeezenet64() -> onnx.ModelProto:
