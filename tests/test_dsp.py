@@ -277,6 +277,49 @@ def test_quantize_static_model_matches_onnxruntime(target, blobs, tmp_path):
         assert got.argmax() == want.argmax()
 
 
+def test_qdq_matmul_runs_in_integers_on_cpu(tmp_path, monkeypatch):
+    """MatMul's weights are quantized per output column (the last axis); the integer path
+    must pick those scales, not the rows'. Bound as above: the output is one requantized layer,
+    so 1 step; measured 0."""
+    from compiler.toolchain import host_target
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((32, 24)).astype(np.float32) * np.linspace(0.01, 1, 24, dtype=np.float32)
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])],
+                       [("x", (1, 16, 32), np.float32)], [("y", (1, 16, 24), np.float32)],
+                       {"w": w}, opset=13)
+    feeds = [{"x": np.random.default_rng(k).standard_normal((1, 16, 32)).astype(np.float32)}
+             for k in range(6)]
+    q = quantized(model, feeds[:4])
+    assert [n.op_type for n in q.graph.node].count("DequantizeLinear") == 3
+    from compiler.onnx.ops import quant
+    taken, contract = [], quant.integer_contract
+    monkeypatch.setattr(quant, "integer_contract",
+                        lambda *a: taken.append(contract(*a)) or taken[-1])
+    write_blob(compile_model(q, target=host_target()), tmp_path / "mm.blob")
+    assert any(t is not None for t in taken), "the MatMul took the float path"
+    m, step = Model.load(tmp_path / "mm.blob"), _output_step(q)
+    for f in feeds[4:]:
+        got, want = m.run(f)["y"], ort_run(q, f)["y"]
+        assert np.abs(got - want).max() <= step + 1e-6
+
+
+@pytest.mark.parametrize("m", [1e-9, 2.0 ** -31 * 1.5, 0.3, 0.999999, 0.5, 0.75, 1.0, 3.0])
+def test_fixed_point_multiplier_is_within_half_a_unit_of_q31(m):
+    from compiler.onnx.ops.quant import fixed_point
+    m0, r = fixed_point(np.array([m]))
+    assert 1 << 30 <= m0[0] < 1 << 31 and 1 <= r[0] <= 62
+    assert abs(m0[0] * 2.0 ** -r[0] - m) <= 2.0 ** -(r[0] + 1)
+    acc = np.arange(-5000, 5000, 7, dtype=np.int64)  # the requantization the kernels compute
+    got = (acc * m0[0] + (1 << int(r[0] - 1))) >> r[0]
+    assert np.abs(got - acc * m).max() <= 0.5 + 1e-6 * max(1, np.abs(acc * m).max())
+
+
+@pytest.mark.parametrize("m", [0.0, -0.5, 1e-12, 2.0 ** 31])
+def test_multipliers_without_a_q31_form_keep_the_float_requantization(m):
+    from compiler.onnx.ops.quant import fixed_point
+    assert fixed_point(np.array([0.5, m])) is None
+
+
 def test_qdq_convs_run_in_integers_on_hvx(blobs):
     """The first conv's int8 x int8 -> int32 kernel executes HVX instructions under qemu, and
     the requantization is integer: no float64 in the programs (v65 has no double arithmetic

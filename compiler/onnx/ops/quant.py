@@ -184,8 +184,9 @@ def integer_contract(ctx, i: list, a: dict, float_op, w_axis: int, out_axis: int
 
 
 def fixed_point(m: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """m = m0 * 2**-r with m0 a Q31 integer in [2**30, 2**31) and 1 <= r <= 62; None when some m
-    is outside (2**-31, 1): such a layer keeps the float requantization."""
+    """m = m0 * 2**-r with m0 a Q31 integer in [2**30, 2**31) and 1 <= r <= 62 (so an int32
+    accumulator times m0 fits int64); None when some m is <= 0 or outside [2**-32, 2**30): such
+    a layer keeps the float requantization."""
     frac, exp = np.frexp(m.astype(np.float64))
     m0 = np.round(frac * 2.0 ** 31).astype(np.int64)
     exp = np.where(m0 == 1 << 31, exp + 1, exp)
