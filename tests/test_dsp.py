@@ -363,6 +363,34 @@ def test_fault_is_a_device_error_and_the_next_run_recovers(blobs, monkeypatch):
     assert time.monotonic() - t >= 0.030
 
 
+def test_timeline_and_waits_follow_the_device_contract(blobs):
+    """runner/device.py v2, as test_device_contract checks it for the other devices: values grow
+    by one, invokes queue in order, a completed wait with a past deadline is no timeout."""
+    model, path = blobs("int8")
+    m = _load(path)
+    dev, feeds = m.device, random_feeds(model, seed=5)
+    dev.io_buffer(0)[:], dev.io_buffer(1)[:] = feeds["a"], feeds["b"]
+    assert m.input_view("a") is dev.io_buffer(0)
+    deadline = time.monotonic() + SLOW_MS / 1000
+    values = [dev.submit(deadline) for _ in range(3)]
+    assert values[1:] == [values[0] + 1, values[0] + 2]
+    dev.wait(values[-1], deadline)
+    assert dev.completed() >= values[-1]
+    dev.wait(values[0], time.monotonic() - 1)
+    np.testing.assert_array_equal(dev.io_buffer(2), ort_run(model, feeds)["y"])
+
+
+def test_recover_without_a_failure_and_double_close_are_harmless(blobs):
+    model, path = blobs("int8")
+    m, feeds = _load(path), random_feeds(model, seed=6)
+    m.device.recover()  # a new emulated DSP, the shared buffer (weights) kept
+    np.testing.assert_array_equal(m.run(feeds)["y"], ort_run(model, feeds)["y"])
+    m.close()
+    m.close()
+    with pytest.raises(DeviceError, match="run\\(\\) on a closed Model; load it again"):
+        m.run(feeds)
+
+
 def test_runtime_refuses_an_object_that_is_not_hexagon(tmp_path):
     from compiler.toolchain import build_shared
     link = mock.QemuTransport()
@@ -373,6 +401,16 @@ def test_runtime_refuses_an_object_that_is_not_hexagon(tmp_path):
             link.open(x86, 0, 0, [], b"", time.monotonic() + 30)
     finally:
         link.close()
+
+
+def test_without_fastrpc_and_without_the_mock_load_says_what_to_do(blobs, monkeypatch):
+    import os
+    from dsp import fastrpc
+    if os.path.exists(fastrpc.RPC_NODE):
+        pytest.skip("a FastRPC device: the transport opens for real (tests/device/test_dsp.py)")
+    monkeypatch.delenv("KEEL_FASTRPC")
+    with pytest.raises(DeviceError, match="adsprpc-smd absent: .* set KEEL_FASTRPC=mock"):
+        Model.load(blobs("int8")[1])
 
 
 def test_a_wrong_transport_is_a_config_error(blobs, monkeypatch):
