@@ -238,9 +238,13 @@ def _pool_attrs(a: dict, x: Tensor):
 def _maxpool(ctx, i, a):
     x = i[0]
     ks, strides, dil, pads, _ = _pool_attrs(a, x)
+    single = len(ctx.node.output) < 2 or not ctx.node.output[1]
+    if single and (y := quant.integer_window(ctx, x, lambda q: q.pool(
+            Ops.MAX, ks, strides, dil, pads, q.dtype.min))) is not None:
+        return y  # QDQ: the max of the int8 values
     fill = -math.inf if x.dtype.is_float else x.dtype.min
     y = x.pool(Ops.MAX, ks, strides, dil, pads, fill)
-    if len(ctx.node.output) < 2 or not ctx.node.output[1]:
+    if single:
         return y
     return [y, _maxpool_indices(x, y, ks, strides, dil, pads, a.get("storage_order", 0))]
 

@@ -9,9 +9,10 @@ DequantizeLinear of int8/uint8 with constant scale and zero point records its in
 (Ctx.qdq); Conv, MatMul and Gemm whose inputs both have one (and whose bias, if any, is the int32
 DequantizeLinear quantizers emit) multiply the integers and accumulate in int32, and record the
 accumulator with its scale; a QuantizeLinear of such a value requantizes the accumulator with a
-fixed-point multiplier and shift instead of going through float. Everything else (Add, Mul,
-pooling, Concat) stays the float computation the graph spells, between its DQ and Q: requantized
-only where the graph says so.
+fixed-point multiplier and shift instead of going through float; MaxPool takes its max on the
+integers (dequantization is increasing). Everything else (Add, Mul, average pooling, Concat)
+stays the float computation the graph spells, between its DQ and Q: requantized only where the
+graph says so.
 """
 from __future__ import annotations
 
@@ -215,3 +216,17 @@ def integer_requantize(ctx, x: Tensor, scale: Tensor, zp: Tensor | None, out: DT
     v = (v + Tensor.weight((1 << (fp[1] - 1)).reshape(shape))).shr(r)
     v = v + int(zy.reshape(-1)[0])
     return v.maximum(int(out.min)).minimum(int(out.max)).cast(out)
+
+
+def integer_window(ctx, x: Tensor, fn):
+    """A max over windows of a dequantized int8 tensor, taken on the integers: dequantization
+    with a positive scale is increasing, so max(DQ(q)) = DQ(max(q)). None when x has no
+    per-tensor integer origin."""
+    d = ctx.qdq.get(x.uop)
+    if not isinstance(d, Dq) or d.q.dtype is dtypes.int32 or d.scale.size != 1 \
+            or d.zp.size != 1 or not d.scale.reshape(-1)[0] > 0:
+        return None
+    q = fn(d.q)
+    y = (q.cast(dtypes.float32) - float(d.zp.reshape(-1)[0])) * float(d.scale.reshape(-1)[0])
+    ctx.qdq[y.uop] = Dq(q, d.zp, d.scale, d.axis)
+    return y
