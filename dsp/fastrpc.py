@@ -23,7 +23,6 @@ import ctypes
 import fcntl
 import mmap
 import os
-import queue
 import struct
 import threading
 import time
@@ -157,7 +156,8 @@ class FastRpcTransport:
             raise DeviceError(f"{RPC_NODE} absent: not a Qualcomm device with FastRPC; set "
                               f"KEEL_FASTRPC=mock to run the DSP program under qemu-hexagon")
         self.shm = self.rpc = None
-        self.done: queue.Queue = queue.Queue()
+        self.done: list = []  # (session fd, (error, reply)) in completion order
+        self.cond = threading.Condition()
         self.shell = next((p for p in SHELLS if os.path.exists(p)), None)
         if self.shell is None:
             raise DeviceError(f"no DSP shell among {SHELLS}: cannot spawn a cDSP process")
@@ -239,13 +239,18 @@ class FastRpcTransport:
             self._invoke(self.handle, scalars(RUN, 1, 1), pra, f"invoke {seq}")
             _, status, n, _ = struct.unpack_from("<4I", out.raw)
             return seq, status, list(struct.unpack_from(f"<{n}Q", out.raw, 16))
-        threading.Thread(target=lambda: self.done.put((rpc, _catch(run, value=True))),
-                         daemon=True, name="keel-fastrpc").start()
+        def finish():
+            result = _catch(run, value=True)
+            with self.cond:
+                self.done.append((rpc, result))
+                self.cond.notify_all()
+        threading.Thread(target=finish, daemon=True, name="keel-fastrpc").start()
 
     def replies(self) -> list:
+        with self.cond:
+            done, self.done = self.done, []
         out = []
-        while not self.done.empty():
-            rpc, (err, reply) = self.done.get()
+        for rpc, (err, reply) in done:
             if rpc != self.rpc:  # an abandoned session's late answer
                 continue
             if err is not None:
@@ -254,10 +259,8 @@ class FastRpcTransport:
         return out
 
     def block(self, seconds: float) -> None:
-        try:  # look, then put back: replies() consumes
-            self.done.put(self.done.get(timeout=seconds))
-        except queue.Empty:
-            pass
+        with self.cond:
+            self.cond.wait_for(lambda: self.done, seconds)
 
     def restart(self, deadline: float) -> None:
         self._drop()
