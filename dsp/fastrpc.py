@@ -157,6 +157,8 @@ class FastRpcTransport:
                               f"KEEL_FASTRPC=mock to run the DSP program under qemu-hexagon")
         self.shm = self.rpc = None
         self.done: list = []  # (session fd, (error, reply)) in completion order
+        self.pending: list = []  # (seq, flags) not yet invoked
+        self.worker = None  # the current session's invoking thread
         self.cond = threading.Condition()
         self.shell = next((p for p in SHELLS if os.path.exists(p)), None)
         if self.shell is None:
@@ -230,21 +232,35 @@ class FastRpcTransport:
         _ioctl(self.rpc, INVOKE, Invoke(handle=handle, sc=sc, pra=pra), what)
 
     def invoke(self, seq: int, flags: int) -> None:
-        reply = 16 + 16 * 65536  # dsp/runtime.c: a header and 2 * launches u64 at most
-        pra, keep, (out,) = _args([struct.pack("<2I", seq, flags)], [reply])
-        rpc = self.rpc
+        """Queue one invoke; the session's worker thread makes the calls one at a time, in
+        order (the DSP-side runtime runs one graph at a time)."""
+        with self.cond:
+            self.pending.append((seq, flags))
+            self.cond.notify_all()
+            if self.worker is None:
+                self.worker = threading.Thread(target=self._serve, args=(self.rpc,),
+                                               daemon=True, name="keel-fastrpc")
+                self.worker.start()
 
-        def run():  # holds the argument buffers until the DSP has answered
-            assert keep
-            self._invoke(self.handle, scalars(RUN, 1, 1), pra, f"invoke {seq}")
-            _, status, n, _ = struct.unpack_from("<4I", out.raw)
-            return seq, status, list(struct.unpack_from(f"<{n}Q", out.raw, 16))
-        def finish():
-            result = _catch(run, value=True)
+    def _serve(self, rpc: int) -> None:
+        while True:
+            with self.cond:
+                self.cond.wait_for(lambda: self.pending or self.rpc != rpc)
+                if self.rpc != rpc:
+                    return  # the session was abandoned (recover, close)
+                seq, flags = self.pending.pop(0)
+            result = _catch(lambda: self._run(rpc, seq, flags), value=True)
             with self.cond:
                 self.done.append((rpc, result))
                 self.cond.notify_all()
-        threading.Thread(target=finish, daemon=True, name="keel-fastrpc").start()
+
+    def _run(self, rpc: int, seq: int, flags: int) -> tuple:
+        reply = 16 + 16 * 65536  # dsp/runtime.c: a header and 2 * launches u64 at most
+        pra, keep, (out,) = _args([struct.pack("<2I", seq, flags)], [reply])
+        _ioctl(rpc, INVOKE, Invoke(handle=self.handle, sc=scalars(RUN, 1, 1), pra=pra),
+               f"invoke {seq}")
+        _, status, n, _ = struct.unpack_from("<4I", out.raw)
+        return seq, status, list(struct.unpack_from(f"<{n}Q", out.raw, 16))
 
     def replies(self) -> list:
         with self.cond:
@@ -269,9 +285,11 @@ class FastRpcTransport:
     def _drop(self) -> None:
         """Abandon the session: closing its fd ends the PD; an invoke still blocked in it
         returns into a session nobody reads."""
-        if self.rpc is not None:
-            os.close(self.rpc)
-            self.rpc = None
+        with self.cond:
+            if self.rpc is not None:
+                os.close(self.rpc)
+            self.rpc, self.worker, self.pending = None, None, []
+            self.cond.notify_all()
 
     def close(self) -> None:
         self._drop()
