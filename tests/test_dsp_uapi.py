@@ -2,8 +2,10 @@
 
 FACTS below were produced with tests/qcom_uapi_regen.py's `facts` and tests/dsp_uapi_probe.c,
 compiled for aarch64-linux-gnu and x86_64-linux-gnu, which agreed, on 2026-11-24, from:
-  drivers/char/adsprpc_shared.h of android-linux-stable/msm-4.9@0b6b8011bd22ebfb9eb09ca0eceedc6205436402
-  (Qualcomm's msm-4.9 FastRPC driver, "Copyright (c) 2012-2018").
+  drivers/char/adsprpc_shared.h of android-linux-stable/msm-4.9, commit
+  0b6b8011bd22ebfb9eb09ca0eceedc6205436402 (Qualcomm's msm-4.9 FastRPC driver, "Copyright (c)
+  2012-2018"), a local copy of its macros and declarations as read from the code index (the
+  smq_* message structs and inline helpers, which no ioctl carries, left out).
 The comma 3X kernel (commaai/agnos-kernel-sdm845) builds this msm-4.9 driver for SDM845; its
 snapshot (1.4 GB) was too large to bring here, so the header came from the msm-4.9 tree it
 derives from. To re-check against another copy (say, the one in comma's kernel):
