@@ -19,6 +19,9 @@ class Target:
     # the vendor's libOpenCL
     device: str
     vector_bytes: int = 32  # SIMD register width the optimizer tiles for
+    # float kernels' vector width where it differs (0: vector_bytes). Hexagon v65 HVX is integer
+    # only: float kernels tile for scalar FP registers, integer ones for 128-byte HVX vectors.
+    float_vector_bytes: int = 0
     registers: int = 16  # vector registers available for accumulators
     # per-core L1d and L2 the CPU loop order blocks for: the smallest among the target's
     # common CPUs (Skylake client for x86-64-v3, Skylake-SP for v4, Kryo 385 for aarch64)
@@ -64,6 +67,12 @@ class Target:
     # the renderer uses, work-item ids from __builtin_amdgcn_* (no ROCm device library needed).
     cl_builtins: str = "library"
 
+    def vector_width(self, dtypes) -> int:
+        """Bytes per vector for a kernel computing in `dtypes` (keel DTypes): the float width
+        as soon as one is a float (a float kernel with an int8 result is still float work)."""
+        floats = self.float_vector_bytes and any(d.scalar.is_float for d in dtypes)
+        return self.float_vector_bytes if floats else self.vector_bytes
+
 
 # what every CPU target shares; they differ in vector width, registers and caches
 CPU = dict(renderer="c", device="cpu", prefetch=True, cpu_layouts=True, winograd=True,
@@ -88,6 +97,13 @@ TARGETS = {t.name: t for t in (
     # driver-side image descriptor), fp32 arithmetic, 1024-wide work-groups (HSA's maximum)
     Target("amd", max_workgroup=1024, code_object="gfx1100", cl_builtins="amdgcn",
            **{**GPU, "device": "amd"}),
+    # Hexagon 685 cDSP (v65): 128-byte integer HVX vectors, 32 of them; floats on the scalar
+    # units (one 4-byte lane); 32 KiB L1d, 512 KiB L2. No Winograd: scalar FP multiplies cost
+    # what adds do. Buffers on HVX's 128-byte vector alignment. The programs are one
+    # position-independent Hexagon shared object run by the DSP-side runtime (dsp/).
+    Target("dsp", renderer="c", device="dsp", vector_bytes=128, float_vector_bytes=4,
+           registers=16, l2_bytes=512 << 10, buffer_align=128, cpu_layouts=True,
+           pack_weights=True, shared_object=True),
 )}
 
 

@@ -48,6 +48,11 @@ TARGETS: dict[str, CpuTarget] = {
     "cpu-arm64-apple": CpuTarget("arm64-apple-macos11", (),
                                  ("-fuse-ld=lld", "-Wl,-undefined,dynamic_lookup"),
                                  "Darwin", ("arm64",)),
+    # Hexagon 685 cDSP (v65) with 128-byte HVX. -G0: no small-data (GP-relative) section, which
+    # a position-independent object loaded by the DSP's loader cannot use. Never a host: the
+    # objects run on the DSP, or under qemu-hexagon through dsp/runtime.c.
+    "dsp": CpuTarget("hexagon-unknown-none-elf", ("-mcpu=hexagonv65", "-mhvx", "-mhvx-length=128b",
+                                                  "-G0"), ("-fuse-ld=lld",), "QuRT", ()),
 }
 
 

@@ -62,12 +62,14 @@ from runner.errors import AllocError, DeviceError, DeviceTimeout
 # blob target -> device that runs it
 TARGETS = {"cpu": "cpu", "cpu-avx512": "cpu", "cpu-aarch64": "cpu", "cpu-arm64-apple": "cpu",
            "opencl": "opencl", "qcom": "opencl",  # qcom: OpenCL C for Adreno, via libOpenCL
-           "amd": "amd"}  # a gfx1100 HSA code object, run by am/ over usbgpu/
+           "amd": "amd",  # a gfx1100 HSA code object, run by am/ over usbgpu/
+           "dsp": "dsp"}  # Hexagon 685: FastRPC, or qemu-hexagon with KEEL_FASTRPC=mock (dsp/)
 # device name -> "module:Class"
 DEVICES = {"cpu": "runner.cpu:CpuDevice", "opencl": "runner.opencl:OpenCLDevice",
            "mock": "runner.mock:MockDevice",
            "qcom": "qcom.device:QcomDevice",  # KGSL direct (Adreno 630); KEEL_KGSL=mock in CI
-           "amd": "am.device:AmdDevice"}  # over usbgpu/; KEEL_USB=mock in CI
+           "amd": "am.device:AmdDevice",  # over usbgpu/; KEEL_USB=mock in CI
+           "dsp": "dsp.device:DspDevice"}  # FastRPC; KEEL_FASTRPC=mock runs qemu-hexagon
 
 MIN_SLEEP_S = 20e-6
 MAX_SLEEP_S = 1e-3  # a submission that completes while we sleep costs at most this much latency

@@ -32,13 +32,14 @@ def asm_dir(tmp: str, target: str) -> str:
     return os.path.join(tmp, "arm64")
 
 
-def facts(header: str, target: str) -> dict:
+def facts(header: str, target: str, probe: str = PROBE, name: str = "msm_kgsl.h") -> dict:
+    """The facts `probe` records from `header`, included by the probe as linux/`name`."""
     with tempfile.TemporaryDirectory() as tmp:
         os.makedirs(os.path.join(tmp, "linux"))
-        shutil.copy(header, os.path.join(tmp, "linux", "msm_kgsl.h"))
+        shutil.copy(header, os.path.join(tmp, "linux", name))
         obj = os.path.join(tmp, "probe.o")
         subprocess.run(["clang-19", f"--target={target}", "-D__user=", "-I", tmp, "-isystem",
-                        asm_dir(tmp, target), "-c", PROBE, "-o", obj], check=True)
+                        asm_dir(tmp, target), "-c", probe, "-o", obj], check=True)
         names, values = os.path.join(tmp, "n"), os.path.join(tmp, "v")
         subprocess.run(["llvm-objcopy-19", f"--dump-section=.keel_names={names}",
                         f"--dump-section=.keel_facts={values}", obj], check=True)

@@ -143,7 +143,9 @@ class Tile:
 def plan_cpu(kernel: Kernel, params: dict[UOp, int], target: Target, packable=()) -> Plan:
     red = find_reduce(kernel.root, set(params))
     full, rdims = reduce_shape(red, kernel.root)
-    lanes = max(target.vector_bytes // max(kernel.root.dtype.itemsize, 1), 1)
+    width = target.vector_width({u.dtype for u in kernel.root.toposort()}
+                                if target.float_vector_bytes else (kernel.root.dtype,))
+    lanes = max(width // max(kernel.root.dtype.itemsize, 1), 1)
     out_dims = [d for d in range(len(full)) if d not in rdims and full[d] > 1]
     if red is not None and out_dims:
         tile = _reduce_tile(kernel, params, packable, target, full, rdims, out_dims, lanes)

@@ -5,7 +5,7 @@ builds graphs from it. Nothing here imports an op module, so there is no import 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -56,6 +56,9 @@ class Ctx:
     node: onnx.NodeProto | None = None
     float16: bool = False
     winograd: bool = False  # 3x3 convs may use Winograd's algorithm (CPU targets)
+    # quantized origins of float values, for the integer QDQ path (onnx/ops/quant.py): shared by
+    # every node's Ctx (dataclasses.replace copies the reference)
+    qdq: dict = field(default_factory=dict)
 
     def static(self, t: Tensor | None, what: str) -> np.ndarray:
         """A compile-time value (shape vectors, pads, axes...): its weight-only subgraph,

@@ -13,6 +13,7 @@ from compiler.ir.dtypes import dtypes
 from compiler.ir.tensor import Tensor
 from compiler.ir.uop import Ops
 from compiler.onnx import winograd
+from compiler.onnx.ops import quant
 from compiler.onnx.ops.shape import arange_at
 from compiler.onnx.registry import op
 
@@ -101,11 +102,17 @@ def contract(fn, x: Tensor, w: Tensor) -> Tensor:
 
 @op("MatMul")
 def _matmul(ctx, i, a):
+    if (y := quant.integer_contract(ctx, i, a, _matmul, -1, -1)) is not None:
+        return y  # QDQ: int8 products in int32
     return contract(Tensor.matmul, i[0], i[1])
 
 
 @op("Gemm")
 def _gemm(ctx, i, a):
+    w_axis = 0 if a.get("transB", 0) else -1  # the output channel's axis in the weight
+    if not a.get("transA", 0) and a.get("alpha", 1.0) == a.get("beta", 1.0) == 1.0 \
+            and (y := quant.integer_contract(ctx, i, a, _gemm, w_axis, -1)) is not None:
+        return y
     x, w = i[0], i[1]
     if a.get("transA", 0):
         x = x.transpose()
@@ -146,6 +153,8 @@ def _window_attrs(a: dict, x: Tensor, ks):
 
 @op("Conv")
 def _conv(ctx, i, a):
+    if (y := quant.integer_contract(ctx, i, a, _conv, 0, 1)) is not None:
+        return y  # QDQ: int8 products in int32
     x, w = i[0], i[1]
     ks = tuple(w.shape[2:])
     strides, dil, pads = _window_attrs(a, x, ks)
@@ -229,9 +238,13 @@ def _pool_attrs(a: dict, x: Tensor):
 def _maxpool(ctx, i, a):
     x = i[0]
     ks, strides, dil, pads, _ = _pool_attrs(a, x)
+    single = len(ctx.node.output) < 2 or not ctx.node.output[1]
+    if single and (y := quant.integer_window(ctx, x, lambda q: q.pool(
+            Ops.MAX, ks, strides, dil, pads, q.dtype.min))) is not None:
+        return y  # QDQ: the max of the int8 values
     fill = -math.inf if x.dtype.is_float else x.dtype.min
     y = x.pool(Ops.MAX, ks, strides, dil, pads, fill)
-    if len(ctx.node.output) < 2 or not ctx.node.output[1]:
+    if single:
         return y
     return [y, _maxpool_indices(x, y, ks, strides, dil, pads, a.get("storage_order", 0))]
 

@@ -2,8 +2,23 @@
 
 Integer contractions accumulate in int32 (exact, as the ONNX reference does); requantization
 multiplies by the scale ratio in float64, rounds half to even and saturates to the output type.
+
+QDQ models (what quantizers such as onnxruntime's quantize_static emit) spell integer layers as
+float ops between DequantizeLinear and QuantizeLinear. Here they run in integers: a
+DequantizeLinear of int8/uint8 with constant scale and zero point records its integer origin
+(Ctx.qdq); Conv, MatMul and Gemm whose inputs both have one (and whose bias, if any, is the int32
+DequantizeLinear quantizers emit) multiply the integers and accumulate in int32, and record the
+accumulator with its scale; a QuantizeLinear of such a value requantizes the accumulator with a
+fixed-point multiplier and shift instead of going through float; MaxPool takes its max on the
+integers (dequantization is increasing). Everything else (Add, Mul, average pooling, Concat)
+stays the float computation the graph spells, between its DQ and Q: requantized only where the
+graph says so.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
 
 from compiler.ir.dtypes import DType, dtypes
 from compiler.onnx.registry import OPS, onnx_dtype, op
@@ -42,6 +57,8 @@ def _quantize(ctx, i, a):
     axis, block = a.get("axis", 1), a.get("block_size", 0)
     out = zp.dtype if zp is not None else \
         onnx_dtype(a["output_dtype"], ctx.where()) if a.get("output_dtype") else dtypes.uint8
+    if not block and (q := integer_requantize(ctx, x, scale, zp, out)) is not None:
+        return q
     s = qparam(scale, x, axis, block)
     ct = onnx_dtype(a["precision"], ctx.where()) if a.get("precision") else _widest(x, s)
     v = (x.cast(ct) / s.cast(ct)).round_even()
@@ -60,7 +77,10 @@ def _dequantize(ctx, i, a):
         dx = dx - qparam(zp, x, axis, block).cast(dtypes.float32)
     y = dx * qparam(scale, x, axis, block).cast(dtypes.float32)
     out = onnx_dtype(a["output_dtype"], ctx.where()) if a.get("output_dtype") else scale.dtype
-    return y.cast(out)
+    y = y.cast(out)
+    if not block and out is dtypes.float32:
+        record_dq(ctx, y, x, scale, zp, axis)
+    return y
 
 
 def _centered(x: Tensor, zp: Tensor | None, axis: int = -1) -> Tensor:
@@ -106,3 +126,107 @@ def _qlinear_conv(ctx, i, a):
     acc = OPS["Conv"](ctx, [_centered(x, zx), _centered(w, zw, 0), bias], a)
     sw = qparam(sw, acc, 1)
     return _requantize(acc, sx * sw / sy, zy, zy.dtype if zy is not None else x.dtype)
+
+
+# ---- the integer QDQ path ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Dq:
+    """A DequantizeLinear's integer origin: q (int8/uint8/int32), its constant zero point and
+    scale (numpy, scalar or per `axis`)."""
+    q: Tensor
+    zp: np.ndarray
+    scale: np.ndarray
+    axis: int
+
+
+@dataclass(frozen=True)
+class Acc:
+    """An int32 accumulator and the float scale per element of `axis` that makes it the value."""
+    acc: Tensor
+    scale: np.ndarray
+    axis: int
+
+
+def record_dq(ctx, y: Tensor, x: Tensor, scale: Tensor, zp: Tensor | None, axis: int) -> None:
+    if x.dtype not in (dtypes.int8, dtypes.uint8, dtypes.int32):
+        return
+    s = ctx.constant(scale)
+    z = np.zeros(1, np.int64) if zp is None else ctx.constant(zp)
+    if s is not None and z is not None:
+        ctx.qdq[y.uop] = Dq(x, z.astype(np.int64), s.astype(np.float64), axis % max(x.ndim, 1))
+
+
+def integer_contract(ctx, i: list, a: dict, float_op, w_axis: int, out_axis: int):
+    """Conv / MatMul / Gemm on dequantized integers, in integers; None when the inputs are not
+    all quantized per tensor (activations) and per tensor or per output channel (weights)."""
+    x, w = (ctx.qdq.get(t.uop) if t is not None else None for t in i[:2])
+    if not (isinstance(x, Dq) and isinstance(w, Dq)) or x.q.dtype is dtypes.int32 \
+            or x.scale.size != 1 or x.zp.size != 1 or np.any(w.zp):
+        return None
+    if w.scale.size != 1 and w.axis != w_axis % w.q.ndim:
+        return None
+    scale = (x.scale.reshape(()) * w.scale).reshape(-1)
+    bias = ctx.qdq.get(i[2].uop) if len(i) > 2 and i[2] is not None else None
+    if len(i) > 2 and i[2] is not None and not (
+            isinstance(bias, Dq) and bias.q.dtype is dtypes.int32 and not np.any(bias.zp)
+            and np.allclose(np.broadcast_to(bias.scale.reshape(-1), scale.shape), scale,
+                            rtol=1e-6, atol=0)):
+        return None  # a float bias, or one quantized with another scale
+    xi = x.q.cast(dtypes.int32)
+    if x.zp.reshape(-1)[0]:
+        xi = xi - int(x.zp.reshape(-1)[0])
+    acc = float_op(ctx, [xi, w.q.cast(dtypes.int32)] + ([bias.q] if bias else []), a)
+    out_axis %= acc.ndim
+    shape = [scale.size if d == out_axis else 1 for d in range(acc.ndim)]
+    y = acc.cast(dtypes.float32) * Tensor.weight(scale.astype(np.float32).reshape(shape))
+    ctx.qdq[y.uop] = Acc(acc, scale, out_axis)
+    return y
+
+
+def fixed_point(m: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """m = m0 * 2**-r with m0 a Q31 integer in [2**30, 2**31) and 1 <= r <= 62 (so an int32
+    accumulator times m0 fits int64); None when some m is <= 0 or outside [2**-32, 2**30): such
+    a layer keeps the float requantization."""
+    frac, exp = np.frexp(m.astype(np.float64))
+    m0 = np.round(frac * 2.0 ** 31).astype(np.int64)
+    exp = np.where(m0 == 1 << 31, exp + 1, exp)
+    m0 = np.where(m0 == 1 << 31, 1 << 30, m0)
+    r = 31 - exp
+    if np.any(m <= 0) or np.any(r < 1) or np.any(r > 62):
+        return None
+    return m0, r.astype(np.int64)
+
+
+def integer_requantize(ctx, x: Tensor, scale: Tensor, zp: Tensor | None, out: DType):
+    """QuantizeLinear of a recorded accumulator: round(acc * m) + zero point, saturated, with m
+    as a fixed-point multiplier and shift (int64 product, rounding half up); None when the
+    output scale or zero point is not one constant, or m has no fixed-point form."""
+    acc = ctx.qdq.get(x.uop)
+    sy = ctx.constant(scale)
+    zy = np.zeros(1) if zp is None else ctx.constant(zp)
+    if not isinstance(acc, Acc) or sy is None or zy is None or sy.size != 1 or zy.size != 1:
+        return None
+    fp = fixed_point(acc.scale / float(sy.reshape(-1)[0]))
+    if fp is None:
+        return None
+    shape = [fp[0].size if d == acc.axis else 1 for d in range(acc.acc.ndim)]
+    m0, r = (Tensor.weight(v.reshape(shape)) for v in fp)
+    v = acc.acc.cast(dtypes.int64) * m0
+    v = (v + Tensor.weight((1 << (fp[1] - 1)).reshape(shape))).shr(r)
+    v = v + int(zy.reshape(-1)[0])
+    return v.maximum(int(out.min)).minimum(int(out.max)).cast(out)
+
+
+def integer_window(ctx, x: Tensor, fn):
+    """A max over windows of a dequantized int8 tensor, taken on the integers: dequantization
+    with a positive scale is increasing, so max(DQ(q)) = DQ(max(q)). None when x has no
+    per-tensor integer origin."""
+    d = ctx.qdq.get(x.uop)
+    if not isinstance(d, Dq) or d.q.dtype is dtypes.int32 or d.scale.size != 1 \
+            or d.zp.size != 1 or not d.scale.reshape(-1)[0] > 0:
+        return None
+    q = fn(d.q)
+    y = (q.cast(dtypes.float32) - float(d.zp.reshape(-1)[0])) * float(d.scale.reshape(-1)[0])
+    ctx.qdq[y.uop] = Dq(q, d.zp, d.scale, d.axis)
+    return y

@@ -1,0 +1,450 @@
+"""The Hexagon 685 backend executed: `dsp` blobs run under qemu-hexagon through the DSP-side
+runtime (dsp/runtime.c, dsp/mock.py, KEEL_FASTRPC=mock) and are compared with onnxruntime.
+
+Tolerances: float kernels run on the DSP's scalar FP units in float32, summing in another order
+than onnxruntime and contracting multiply-adds (-ffp-contract=fast), ~1 ulp per step; measured
+2026-11-24: the conv model's softmax max abs error 9e-8 on outputs up to 0.35, squeezenet's 1.4e-7
+on outputs up to 0.08. rtol=1e-4 with atol=1e-6 is test_aarch64's bound for the same situation and
+keeps a >7x margin. Integer kernels are exact: compared with assert_array_equal.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from compiler.blob import write_blob
+from compiler.pipeline import compile_model
+from compiler.target import get_target
+from dsp import mock
+from runner import DeviceError, DeviceTimeout, Model
+from runner.errors import ConfigError
+from tests.deps import needs
+from tests.graphs import assert_close, compiled_blob, make_model, ort_run, random_feeds
+from tests.test_aarch64 import LIGHT_DIR, randomized
+
+pytestmark = [needs("qemu-user, clang-19, lld-19", mock.missing()),
+              pytest.mark.xdist_group("dsp")]
+OBJDUMP = "llvm-objdump-19"
+SLOW_MS = 120_000  # qemu on a shared 2-core machine: a deadline no healthy run comes near
+SCHEDULING_MARGIN_S = 0.5  # as test_device_contract: a hang is reported at its deadline
+HVX = re.compile(r"\bv\d+(?::\d+)?(?:\.[bhw])? \+?= (vmpy\w*|vadd|vmax)\(")  # HVX arithmetic
+SCALAR_FP = re.compile(r"\br\d+ \+?= (sfmpy|sfadd)\(")
+
+
+def conv_model() -> onnx.ModelProto:
+    """Conv (stride 2, padded) -> Relu -> Flatten -> Gemm -> Softmax: a float network in small."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Flatten", ["r"], ["f"]),
+             helper.make_node("Gemm", ["f", "w2"], ["g"], transB=1),
+             helper.make_node("Softmax", ["g"], ["y"])]
+    inits = {"w1": rng.standard_normal((16, 3, 3, 3)).astype(np.float32) * 0.3,
+             "b1": rng.standard_normal(16).astype(np.float32) * 0.1,
+             "w2": rng.standard_normal((10, 16 * 8 * 8)).astype(np.float32) * 0.05}
+    return make_model(nodes, [("x", (1, 3, 16, 16), np.float32)], [("y", (1, 10), np.float32)],
+                      inits)
+
+
+def int8_model(n: int = 4096) -> onnx.ModelProto:
+    """max(a * b + c, a) on int8: wrapping int8 arithmetic, one 128-lane HVX vector per step."""
+    c = (np.arange(n) % 7 - 3).astype(np.int8)
+    nodes = [helper.make_node("Mul", ["a", "b"], ["p"]), helper.make_node("Add", ["p", "c"], ["s"]),
+             helper.make_node("Max", ["s", "a"], ["y"])]
+    return make_model(nodes, [("a", (n,), np.int8), ("b", (n,), np.int8)],
+                      [("y", (n,), np.int8)], {"c": c})
+
+
+def cnn() -> onnx.ModelProto:
+    """Conv (s2) -> Relu -> Conv -> Relu -> MaxPool -> Flatten -> Gemm: a small image network
+    for the quantizer (opset 13: per-channel DequantizeLinear needs its axis attribute)."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("MaxPool", ["r2"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("Gemm", ["f", "w3", "b3"], ["y"], transB=1)]
+    inits = {"w1": rng.standard_normal((16, 3, 3, 3)).astype(np.float32) * 0.3,
+             "b1": rng.standard_normal(16).astype(np.float32) * 0.1,
+             "w2": rng.standard_normal((32, 16, 3, 3)).astype(np.float32) * 0.1,
+             "b2": rng.standard_normal(32).astype(np.float32) * 0.1,
+             "w3": rng.standard_normal((10, 32 * 8 * 8)).astype(np.float32) * 0.03,
+             "b3": rng.standard_normal(10).astype(np.float32) * 0.1}
+    return make_model(nodes, [("x", (1, 3, 32, 32), np.float32)], [("y", (1, 10), np.float32)],
+                      inits, opset=13)
+
+
+def image(seed: int) -> dict:
+    return {"x": np.random.default_rng(seed).standard_normal((1, 3, 32, 32)).astype(np.float32)}
+
+
+def quantized(model: onnx.ModelProto, images: list[dict]) -> onnx.ModelProto:
+    """`model` through onnxruntime's quantize_static: QDQ format, int8 activations calibrated on
+    `images`, int8 weights per output channel, int32 biases."""
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+
+    class Images(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(images)
+
+        def get_next(self):
+            return next(self.it, None)
+    with tempfile.TemporaryDirectory(prefix="keel-qdq-") as d:
+        onnx.save(model, f"{d}/model.onnx")
+        quantize_static(f"{d}/model.onnx", f"{d}/qdq.onnx", Images(), quant_format=QuantFormat.QDQ,
+                        per_channel=True, activation_type=QuantType.QInt8,
+                        weight_type=QuantType.QInt8)
+        return onnx.load(f"{d}/qdq.onnx")
+
+
+def qdq_cnn() -> onnx.ModelProto:
+    return quantized(cnn(), [image(k) for k in range(8)])
+
+
+def squeezenet64() -> onnx.ModelProto:
+    """onnx's light squeezenet (randomized weights, test_aarch64) at 64x64: it ends in a global
+    average pool, so a smaller image is the same network at 1/12 of the emulated time."""
+    model = randomized(onnx.load(LIGHT_DIR / "light_squeezenet.onnx"), seed=0)
+    image = next(i for i in model.graph.input if len(i.type.tensor_type.shape.dim) == 4)
+    dims = image.type.tensor_type.shape.dim
+    dims[2].dim_value = dims[3].dim_value = 64
+    del model.graph.value_info[:]
+    for out in model.graph.output:
+        out.type.tensor_type.ClearField("shape")
+    return model
+
+
+def qdq_squeezenet() -> onnx.ModelProto:
+    """squeezenet64() through quantize_static: a real network's QDQ model (opset 13, the graph
+    inputs that the old IR also lists for weights dropped), calibrated on 8 images."""
+    from onnx import version_converter
+    model = squeezenet64()
+    weights = {i.name for i in model.graph.initializer}
+    data = [i for i in model.graph.input
+            if i.name not in weights and len(i.type.tensor_type.shape.dim) == 4]
+    del model.graph.input[:]
+    model.graph.input.extend(data)
+    model = version_converter.convert_version(model, 13)
+    rng = [np.random.default_rng(k) for k in range(8)]
+    return quantized(model, [{data[0].name: r.standard_normal((1, 3, 64, 64)).astype(np.float32)}
+                             for r in rng])
+
+
+@pytest.fixture(scope="module")
+def blobs(tmp_path_factory):
+    """name -> (model, blob path), compiled for `dsp` once per module."""
+    made, d = {}, tmp_path_factory.mktemp("dsp")
+
+    def get(name):
+        if name not in made:
+            model = {"conv": conv_model, "int8": int8_model, "squeezenet": squeezenet64,
+                     "qdq": qdq_cnn}[name]()
+            write_blob(compile_model(model, target="dsp"), d / f"{name}.blob")
+            made[name] = model, d / f"{name}.blob"
+        return made[name]
+    return get
+
+
+@pytest.fixture(autouse=True)
+def emulated(monkeypatch):
+    monkeypatch.setenv("KEEL_FASTRPC", "mock")
+    monkeypatch.delenv("KEEL_MOCK_FAULTS", raising=False)
+
+
+def _load(path) -> Model:
+    m = Model.load(path)  # the blob's target names the device: "dsp"
+    m.timeout_ms = SLOW_MS
+    return m
+
+
+def _disassemble(blob_path) -> str:
+    from runner.blob import read_blob
+    so = bytes(read_blob(blob_path).programs)
+    return subprocess.run([OBJDUMP, "-d", "-"], input=so, capture_output=True,
+                          check=True).stdout.decode()
+
+
+# ---- the renderer's objects --------------------------------------------------------------------
+
+def test_integer_kernels_are_hvx_and_float_kernels_scalar_fp(blobs):
+    ints, floats = _disassemble(blobs("int8")[1]), _disassemble(blobs("conv")[1])
+    assert {m.group(1)[:4] for m in HVX.finditer(ints)} >= {"vmpy", "vadd", "vmax"}
+    assert not SCALAR_FP.search(ints)
+    assert SCALAR_FP.search(floats)
+    assert not HVX.search(floats), "v65 HVX has no float lanes: float kernels stay scalar"
+
+
+def test_programs_are_a_position_independent_v65_object(blobs):
+    from runner.blob import read_blob
+    so = bytes(read_blob(blobs("conv")[1]).programs)
+    assert so[:4] == b"\x7fELF" and so[4] == 1  # ELF32
+    e_type, e_machine = np.frombuffer(so[16:20], "<u2")
+    e_flags = int(np.frombuffer(so[36:40], "<u4")[0])
+    assert (e_type, e_machine) == (3, 164)  # ET_DYN, EM_HEXAGON
+    assert e_flags & 0xff == 0x65  # EF_HEXAGON_MACH_V65: runs on the Hexagon 685
+    dyn = subprocess.run(["llvm-readelf-19", "-d", "-l", "-r", "-"], input=so, capture_output=True,
+                         check=True).stdout.decode()
+    assert "TEXTREL" not in dyn  # code is never patched: shareable, mappable read-only
+    # every loadable segment page-aligned, as the DSP's loader maps them
+    aligns = [int(line.split()[-1], 16) for line in dyn.splitlines() if line.strip()
+              .startswith("LOAD")]
+    assert aligns and all(a % 4096 == 0 for a in aligns)
+
+
+# ---- runs under qemu-hexagon --------------------------------------------------------------------
+
+def test_float_model_matches_onnxruntime(blobs):
+    model, path = blobs("conv")
+    feeds = random_feeds(model, seed=1)
+    assert_close(_load(path).run(feeds)["y"], ort_run(model, feeds)["y"], 1e-4, 1e-6, "conv")
+
+
+@pytest.mark.slow  # ~10 s compile, ~10 s of scalar FP under emulation
+def test_light_squeezenet_matches_onnxruntime(blobs):
+    model, path = blobs("squeezenet")
+    feeds = random_feeds(model, seed=1)
+    (name, want), = ort_run(model, feeds).items()
+    assert want.std() > 1e-4  # randomized: the outputs are not all equal
+    assert_close(_load(path).run(feeds)[name], want, 1e-4, 1e-6, "squeezenet")
+
+
+def test_hvx_int8_kernels_match_onnxruntime_exactly(blobs):
+    model, path = blobs("int8")
+    m = _load(path)
+    for seed in (1, 2):  # a second run on new inputs: the shared buffer is rewritten
+        feeds = random_feeds(model, seed=seed)
+        np.testing.assert_array_equal(m.run(feeds)["y"], ort_run(model, feeds)["y"])
+
+
+def test_outputs_bound_to_host_arrays_are_copied_back(blobs):
+    model, path = blobs("int8")
+    m, feeds = _load(path), random_feeds(model, seed=3)
+    y = np.full(4096, 77, np.int8)
+    m.run(feeds, out={"y": y})
+    np.testing.assert_array_equal(y, ort_run(model, feeds)["y"])
+
+
+def test_profiled_runs_count_packets_per_kernel_and_hvx_only_where_integer(blobs):
+    """qemu's packet counter per launch: the cost signal. The int8 kernel's work is HVX; the
+    float model has none. A profiled run computes the same outputs (launch by launch)."""
+    for name, hvx in (("int8", True), ("conv", False)):
+        model, path = blobs(name)
+        m, feeds = _load(path), random_feeds(model, seed=1)
+        m.device.profile = True
+        got, n = m.run(feeds), len(m.blob.launches)
+        packets, hvx_ops = m.device.last_ticks[:n], m.device.last_ticks[n:]
+        assert len(m.device.last_ticks) == 2 * n and all(p > 0 for p in packets)
+        assert (sum(hvx_ops) > 0) == hvx, name
+        for k, want in ort_run(model, feeds).items():
+            assert_close(got[k], want, 1e-4, 1e-6, name)
+
+
+def test_hvx_kernel_takes_a_tenth_of_the_packets_of_scalar_code(blobs, tmp_path):
+    """The cost signal compares HVX with scalar code: the same int8 kernel compiled with 4-byte
+    "vectors" (what a target without HVX would tile for). Measured 2026-11-24 under qemu 7.2:
+    175 packets against 17419; 10x leaves room for scheduling changes."""
+    model, path = blobs("int8")
+    scalar = dataclasses.replace(get_target("dsp"), vector_bytes=4)
+    write_blob(compile_model(model, target=scalar), tmp_path / "scalar.blob")
+    feeds, packets = random_feeds(model, seed=1), []
+    for p in (path, tmp_path / "scalar.blob"):
+        m = _load(p)
+        m.device.profile = True
+        np.testing.assert_array_equal(m.run(feeds)["y"], ort_run(model, feeds)["y"])
+        packets.append(sum(m.device.last_ticks[:len(m.blob.launches)]))
+    assert packets[0] * 10 < packets[1], packets
+
+
+# ---- the int8 QDQ path -------------------------------------------------------------------------
+
+def _output_step(model: onnx.ModelProto) -> float:
+    """The scale of the last DequantizeLinear before the graph output: one quantization step."""
+    out = model.graph.output[0].name
+    node = next(n for n in model.graph.node if out in n.output)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    return float(inits[node.input[1]])
+
+
+@pytest.mark.parametrize("target", ["dsp", "cpu"])
+def test_quantize_static_model_matches_onnxruntime(target, blobs, tmp_path):
+    """Bound: the output is quantized (DequantizeLinear of int8); each requantization may round
+    differently from onnxruntime's fused QLinearConv (fixed-point multiplier, half up, against
+    float, half to even), one step per layer at most, so 2 steps of the output scale over three
+    requantized layers, and the same top-1. Measured 2026-11-24: 0 steps on 3 images."""
+    model, path = blobs("qdq")
+    if target == "cpu":
+        from compiler.toolchain import host_target
+        path = tmp_path / "cpu.blob"
+        write_blob(compile_model(model, target=host_target()), path)
+    m, step = (_load(path) if target == "dsp" else Model.load(path)), _output_step(model)
+    for seed in (20, 21, 22):  # not among the calibration images
+        got, want = m.run(image(seed))["y"], ort_run(model, image(seed))["y"]
+        assert np.abs(got - want).max() <= 2 * step + 1e-6, (seed, np.abs(got - want).max(), step)
+        assert got.argmax() == want.argmax()
+
+
+@pytest.mark.slow  # ~40 s compile (cached across runs by tests/graphs.py), 2 s under qemu
+def test_quantized_squeezenet_matches_onnxruntime_on_the_emulated_dsp():
+    """Same bound as the CNN's (2 output steps, same top-1) over ten requantized layers, where
+    onnxruntime's fused kernels round in float: measured 2026-11-24, 0 steps on these images
+    (the output is a softmax quantized to 1/255)."""
+    model = qdq_squeezenet()
+    m, step = _load(compiled_blob(model, target="dsp")), _output_step(model)
+    for seed in (30, 31, 32):
+        feeds = {model.graph.input[0].name: np.random.default_rng(seed)
+                 .standard_normal((1, 3, 64, 64)).astype(np.float32)}
+        (name, want), = ort_run(model, feeds).items()
+        got = m.run(feeds)[name]
+        assert np.abs(got - want).max() <= 2 * step + 1e-6 and got.argmax() == want.argmax()
+
+
+def test_qdq_matmul_runs_in_integers_on_cpu(tmp_path, monkeypatch):
+    """MatMul's weights are quantized per output column (the last axis); the integer path
+    must pick those scales, not the rows'. Bound as above: the output is one requantized layer,
+    so 1 step; measured 0."""
+    from compiler.toolchain import host_target
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((32, 24)).astype(np.float32)
+    w *= np.linspace(0.01, 1, 24, dtype=np.float32)  # column scales far apart: per-column matters
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])],
+                       [("x", (1, 16, 32), np.float32)], [("y", (1, 16, 24), np.float32)],
+                       {"w": w}, opset=13)
+    feeds = [{"x": np.random.default_rng(k).standard_normal((1, 16, 32)).astype(np.float32)}
+             for k in range(6)]
+    q = quantized(model, feeds[:4])
+    assert [n.op_type for n in q.graph.node].count("DequantizeLinear") == 3
+    from compiler.onnx.ops import quant
+    taken, contract = [], quant.integer_contract
+    monkeypatch.setattr(quant, "integer_contract",
+                        lambda *a: taken.append(contract(*a)) or taken[-1])
+    write_blob(compile_model(q, target=host_target()), tmp_path / "mm.blob")
+    assert any(t is not None for t in taken), "the MatMul took the float path"
+    m, step = Model.load(tmp_path / "mm.blob"), _output_step(q)
+    for f in feeds[4:]:
+        got, want = m.run(f)["y"], ort_run(q, f)["y"]
+        assert np.abs(got - want).max() <= step + 1e-6
+
+
+@pytest.mark.parametrize("m", [1e-9, 2.0 ** -31 * 1.5, 0.3, 0.999999, 0.5, 0.75, 1.0, 3.0])
+def test_fixed_point_multiplier_is_within_half_a_unit_of_q31(m):
+    from compiler.onnx.ops.quant import fixed_point
+    m0, r = fixed_point(np.array([m]))
+    assert 1 << 30 <= m0[0] < 1 << 31 and 1 <= r[0] <= 62
+    assert abs(m0[0] * 2.0 ** -r[0] - m) <= 2.0 ** -(r[0] + 1)
+    acc = np.arange(-5000, 5000, 7, dtype=np.int64)  # the requantization the kernels compute
+    got = (acc * m0[0] + (1 << int(r[0] - 1))) >> r[0]
+    assert np.abs(got - acc * m).max() <= 0.5 + 1e-6 * max(1, np.abs(acc * m).max())
+
+
+@pytest.mark.parametrize("m", [0.0, -0.5, 1e-12, 2.0 ** 31])
+def test_multipliers_without_a_q31_form_keep_the_float_requantization(m):
+    from compiler.onnx.ops.quant import fixed_point
+    assert fixed_point(np.array([0.5, m])) is None
+
+
+def test_qdq_convs_run_in_integers_on_hvx(blobs):
+    """The first conv's int8 x int8 -> int32 kernel executes HVX instructions under qemu, and
+    the requantization is integer: no float64 in the programs (v65 has no double arithmetic
+    instructions; it would be calls the runtime does not provide)."""
+    model, path = blobs("qdq")
+    m = _load(path)
+    m.device.profile = True
+    m.run(image(20))
+    n = len(m.blob.launches)
+    hvx = {ln.kernel: h for ln, h in zip(m.blob.launches, m.device.last_ticks[n:])}
+    assert any(h > 1000 and "radd" in k for k, h in hvx.items()), hvx  # a reduction on HVX
+    text = _disassemble(path)
+    assert HVX.search(text) and "df" not in set(re.findall(r"= (df)\w+\(", text))
+
+
+# ---- faults: the runtime core's contract on the emulated DSP ------------------------------------
+
+def test_hang_times_out_at_its_deadline_and_the_next_run_matches(blobs, monkeypatch):
+    monkeypatch.setenv("KEEL_MOCK_FAULTS", "hang@2")
+    model, path = blobs("int8")
+    m = _load(path)
+    feeds = [random_feeds(model, seed=s) for s in (1, 2)]
+    np.testing.assert_array_equal(m.run(feeds[0])["y"], ort_run(model, feeds[0])["y"])
+    t = time.monotonic()
+    with pytest.raises(DeviceTimeout, match=r"dsp invoke 2 not complete by its deadline "
+                                            r"\(100 ms after submit\)"):
+        m.run(feeds[1], timeout_ms=100)
+    assert 0.100 <= time.monotonic() - t < 0.100 + SCHEDULING_MARGIN_S
+    np.testing.assert_array_equal(m.run(feeds[1])["y"], ort_run(model, feeds[1])["y"])
+
+
+def test_fault_is_a_device_error_and_the_next_run_recovers(blobs, monkeypatch):
+    monkeypatch.setenv("KEEL_MOCK_FAULTS", "fault@1,slow@2:30")
+    model, path = blobs("int8")
+    m, feeds = _load(path), random_feeds(model, seed=1)
+    with pytest.raises(DeviceError, match=r"dsp invoke 1 failed on the DSP"):
+        m.run(feeds)
+    t = time.monotonic()
+    np.testing.assert_array_equal(m.run(feeds)["y"], ort_run(model, feeds)["y"])
+    assert time.monotonic() - t >= 0.030
+
+
+def test_timeline_and_waits_follow_the_device_contract(blobs):
+    """runner/device.py v2, as test_device_contract checks it for the other devices: values grow
+    by one, invokes queue in order, a completed wait with a past deadline is no timeout."""
+    model, path = blobs("int8")
+    m = _load(path)
+    dev, feeds = m.device, random_feeds(model, seed=5)
+    dev.io_buffer(0)[:], dev.io_buffer(1)[:] = feeds["a"], feeds["b"]
+    assert m.input_view("a") is dev.io_buffer(0)
+    deadline = time.monotonic() + SLOW_MS / 1000
+    values = [dev.submit(deadline) for _ in range(3)]
+    assert values[1:] == [values[0] + 1, values[0] + 2]
+    dev.wait(values[-1], deadline)
+    assert dev.completed() >= values[-1]
+    dev.wait(values[0], time.monotonic() - 1)
+    np.testing.assert_array_equal(dev.io_buffer(2), ort_run(model, feeds)["y"])
+
+
+def test_recover_without_a_failure_and_double_close_are_harmless(blobs):
+    model, path = blobs("int8")
+    m, feeds = _load(path), random_feeds(model, seed=6)
+    m.device.recover()  # a new emulated DSP, the shared buffer (weights) kept
+    np.testing.assert_array_equal(m.run(feeds)["y"], ort_run(model, feeds)["y"])
+    m.close()
+    m.close()
+    with pytest.raises(DeviceError, match="run\\(\\) on a closed Model; load it again"):
+        m.run(feeds)
+
+
+def test_runtime_refuses_an_object_that_is_not_hexagon(tmp_path):
+    from compiler.toolchain import build_shared
+    link = mock.QemuTransport()
+    try:
+        link.alloc(4096)
+        x86 = build_shared("void keel_graph(void) {}\n", "cpu")
+        with pytest.raises(DeviceError, match="not an ELF32 Hexagon shared object"):
+            link.open(x86, 0, 0, [], b"", time.monotonic() + 30)
+    finally:
+        link.close()
+
+
+def test_without_fastrpc_and_without_the_mock_load_says_what_to_do(blobs, monkeypatch):
+    import os
+    from dsp import fastrpc
+    if os.path.exists(fastrpc.RPC_NODE):
+        pytest.skip("a FastRPC device: the transport opens for real (tests/device/test_dsp.py)")
+    monkeypatch.delenv("KEEL_FASTRPC")
+    with pytest.raises(DeviceError, match="adsprpc-smd absent: .* set KEEL_FASTRPC=mock"):
+        Model.load(blobs("int8")[1])
+
+
+def test_a_wrong_transport_is_a_config_error(blobs, monkeypatch):
+    monkeypatch.setenv("KEEL_FASTRPC", "usb")
+    with pytest.raises(ConfigError, match="KEEL_FASTRPC must be 'device' .* or 'mock'"):
+        Model.load(blobs("int8")[1])
