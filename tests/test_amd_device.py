@@ -22,8 +22,7 @@ from tests.deps import needs, needs_tool, opencl_missing
 from tests.graphs import assert_close, compiled_blob, ort_run, random_feeds, single_node_model
 from usbgpu.mock import MockLibusb
 
-pytestmark = [needs("pocl-opencl-icd", opencl_missing()), needs_tool("lld-19", "ld.lld-19"),
-              pytest.mark.xdist_group("amd_device")]
+pytestmark = [needs("pocl-opencl-icd", opencl_missing()), needs_tool("lld-19", "ld.lld-19")]
 TIMEOUT_MS = 3000
 
 

@@ -1,6 +1,7 @@
-"""tools/bisect.py on a light real network (tests/light_net.py): no divergence as compiled,
-and with one middle node perturbed the tool names exactly that node, on CPU and on OpenCL.
-Each case compiles one debug build (every node output exported), ~5-10 s."""
+"""tools/bisect.py on real networks: onnx's light SqueezeNet (105 nodes, IR version 3) and the
+tools' light net (tests/light_net.py, against a compiled blob). No divergence as compiled, and
+with one middle node perturbed the tool names exactly that node, on CPU and on OpenCL. Each case
+compiles one debug build (every node output exported), ~5-10 s."""
 from __future__ import annotations
 
 import json
@@ -17,8 +18,8 @@ from tests.graphs import compiled_blob
 from tests.light_net import light_net
 from tools import bisect
 
-pytestmark = pytest.mark.xdist_group("light_net")
 TOOL = str(Path(__file__).resolve().parent.parent / "tools" / "bisect.py")
+SQUEEZENET = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / "light_squeezenet.onnx"
 
 
 @pytest.fixture(scope="module")
@@ -48,11 +49,17 @@ def test_a_faithful_build_has_no_divergence(model_file):
     assert all(r["max_abs_err"] is not None and not r["diverges"] for r in rep["nodes"])
 
 
-def test_perturbing_a_middle_node_on_cpu_names_exactly_that_node(model_file):
-    model = onnx.load(str(model_file))
+def test_a_real_network_compiled_faithfully_has_no_divergence():
+    rep = bisect.bisect(str(SQUEEZENET), "cpu")
+    assert rep["first_divergence"] is None
+    assert rep["nodes_compared"] == len(onnx.load(str(SQUEEZENET)).graph.node)
+
+
+def test_perturbing_a_middle_node_on_cpu_names_exactly_that_node():
+    model = onnx.load(str(SQUEEZENET))
     op_type = "Conv"
     node = middle(model, op_type)
-    rep = bisect.bisect(str(model_file), "cpu", perturb=node)
+    rep = bisect.bisect(str(SQUEEZENET), "cpu", perturb=node)
     first = rep["first_divergence"]
     assert first["node"] == node and first["op_type"] == op_type
     launch, kernel = first["kernel"].split()  # "<launch index> <kernel name>"
@@ -65,10 +72,10 @@ def test_perturbing_a_middle_node_on_cpu_names_exactly_that_node(model_file):
 
 
 @needs("pocl-opencl-icd", opencl_missing())
-def test_perturbing_a_middle_node_on_opencl_names_exactly_that_node(model_file, capsys):
-    model = onnx.load(str(model_file))
+def test_perturbing_a_middle_node_on_opencl_names_exactly_that_node(capsys):
+    model = onnx.load(str(SQUEEZENET))
     node = middle(model, "Conv")
-    rep = bisect.bisect(str(model_file), "opencl", perturb=node)
+    rep = bisect.bisect(str(SQUEEZENET), "opencl", perturb=node)
     assert rep["first_divergence"]["node"] == node
     bisect.print_text(rep)
     assert f"first divergence: node {node!r} (Conv)" in capsys.readouterr().out

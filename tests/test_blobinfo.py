@@ -18,7 +18,6 @@ from tests.light_net import light_net
 from tools import blobinfo
 from tools.png import PALETTE, read_png
 
-pytestmark = pytest.mark.xdist_group("light_net")
 TOOL = str(Path(__file__).resolve().parent.parent / "tools" / "blobinfo.py")
 
 

@@ -20,7 +20,6 @@ from tests.graphs import compiled_blob
 from tests.light_net import light_net
 from tools import profile
 
-pytestmark = pytest.mark.xdist_group("light_net")
 TOOL = str(Path(__file__).resolve().parent.parent / "tools" / "profile.py")
 KEYS = ("ph", "ts", "dur", "name", "pid", "tid")
 

@@ -23,8 +23,7 @@ from tests.graphs import assert_close, compiled_blob, make_model, ort_run
 from tests.test_opencl import (LIGHT, conv_net, light_case, needs_opencl,  # noqa: F401
                                openpilot_case)
 
-pytestmark = [needs_tool("clang-19", halfhost.CLANG), needs_opencl,
-              pytest.mark.xdist_group("qcom_device")]
+pytestmark = [needs_tool("clang-19", halfhost.CLANG), needs_opencl]
 
 
 @pytest.fixture(autouse=True)

@@ -85,8 +85,11 @@ def debug_model(model: onnx.ModelProto, perturb: tuple[str, float] | None = None
     dt = helper.tensor_dtype_to_np_dtype(outs[out].type.tensor_type.elem_type)
     c = helper.make_tensor(f"{out}.delta", outs[out].type.tensor_type.elem_type, [],
                            [np.asarray(delta, dt).item()])
-    m.graph.initializer.append(c)
-    m.graph.node.insert(i + 1, helper.make_node("Add", [raw, c.name], [out],
+    # a Constant node, not an initializer: before IR version 4 every initializer must also be
+    # a graph input, and older real models (onnx's light models: IR 3) are exactly those
+    m.graph.node.insert(i + 1, helper.make_node("Constant", [], [c.name], value=c,
+                                                name=f"{name}.delta"))
+    m.graph.node.insert(i + 2, helper.make_node("Add", [raw, c.name], [out],
                                                 name=f"{name}.perturb"))
     return m
 
