@@ -79,8 +79,8 @@ class Gpu:
             raise GpuFault(f"{where}: {prog.kernel} takes {len(prog.params)} parameters, "
                            f"{vec4s} constant vec4s loaded")
         consts = mem.words(consts_addr, vec4s * 4) if vec4s else []
-        args = [self._arg(mem, state, kind, consts[2 * i] | consts[2 * i + 1] << 32, where)
-                for i, kind in enumerate(prog.params)]
+        args = [self._arg(mem, state, kind, consts[at] | consts[at + 1] << 32, where)
+                for kind, at in zip(prog.params, prog.offsets)]
         gs, ls = _sizes(regs, where)
         groups = [g // n for g, n in zip(gs, ls)]
         if list(pk.payload[1:]) != groups:
