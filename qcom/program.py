@@ -29,10 +29,12 @@ import json
 import os
 import re
 import struct
+import warnings
 from pathlib import Path
 from typing import NamedTuple
 
 from qcom.errors import DeviceError
+from runner.errors import BlobError
 
 MAGIC = b"KEELMCK1"
 SHADER_UNIT = 128  # CP_LOAD_STATE6 loads shader code in 128-byte units
@@ -172,3 +174,59 @@ def load(source: str, compiler: str, chip_id: int, driver: str, cache_dir: str |
     except OSError:
         pass
     return progs
+
+
+# ---- binaries embedded in the blob (tools/compile.py --embed-binaries; docs/blob.md, meta) ----
+EMBED_KEY = "qcom_programs"
+
+
+def embedded(source: str, compiler: str, chip_id: int, driver: str) -> dict:
+    """The manifest meta entry holding this device's parsed programs for `source`."""
+    progs = load(source, compiler, chip_id, driver, None)
+    return {"compiler": compiler, "chip_id": chip_id, "driver": driver,
+            "source_sha256": hashlib.sha256(source.encode()).hexdigest(),
+            "programs": {n: to_json(p) for n, p in progs.items()}}
+
+
+def embed_here(source: str) -> dict:
+    """`embedded` for the KGSL device of this machine (KEEL_KGSL selects the mock)."""
+    from qcom import kgsl
+    k = kgsl.Kgsl()
+    try:
+        return embedded(source, *identity(k))
+    finally:
+        k.close()
+
+
+def from_blob(entry: dict | None, source: str, compiler: str, chip_id: int, driver: str,
+              cache_dir: str | None) -> dict[str, Program]:
+    """The blob's own programs when they were built by this compiler, chip and driver from this
+    source; otherwise `load` (built once, then cached), with a warning naming both when the blob
+    carried binaries for another device."""
+    if entry is not None:
+        try:
+            have = (entry["compiler"], entry["chip_id"], entry["driver"])
+            same = have == (compiler, chip_id, driver) and \
+                entry["source_sha256"] == hashlib.sha256(source.encode()).hexdigest()
+            if same:
+                return {n: from_json(d) for n, d in entry["programs"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise BlobError(f"manifest meta {EMBED_KEY!r}: unreadable ({type(e).__name__}: "
+                            f"{e}); expected compiler, chip_id, driver, source_sha256 and "
+                            f"programs as tools/compile.py --embed-binaries writes them") from None
+        warnings.warn(f"qcom: the blob's binaries were built by {_who(*have)}, this device is "
+                      f"{_who(compiler, chip_id, driver)} (or the source differs): building "
+                      f"them once here (cached)", stacklevel=3)
+    return load(source, compiler, chip_id, driver, cache_dir)
+
+
+def identity(kgsl) -> tuple[str, int, str]:
+    """(compiler kind, chip id, driver version) of an open Kgsl: what programs are bound to.
+    Refuses unvalidated chips."""
+    info, v = kgsl.check_chip(), kgsl.version()
+    return (getattr(kgsl.driver, "compiler", "vendor"), info.chip_id,
+            f"{v.drv_major}.{v.drv_minor}/{v.dev_major}.{v.dev_minor}")
+
+
+def _who(compiler, chip_id, driver) -> str:
+    return f"{compiler} compiler, chip {chip_id:#010x}, driver {driver}"

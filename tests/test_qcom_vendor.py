@@ -11,12 +11,20 @@ positions in the recorded stream. tests/device/test_qcom.py runs real binaries o
 import json
 import struct
 
+import numpy as np
 import pytest
+from onnx import helper
 
 from qcom import cmdstream as cs
 from qcom import program, record, vendor
 from qcom.errors import DeviceError
 from qcom.program import Program, Regs
+from runner import Model
+from runner.blob import read_blob
+from runner.errors import BlobError
+from tests.graphs import make_model, ort_run, random_feeds
+from tests.test_opencl import needs_opencl
+from tools import compile as compile_tool
 
 R = cs.REGISTERS
 DECLS = ["__global float *x", "__read_only image2d_t w", "__global float *y"]
@@ -131,3 +139,72 @@ def test_mock_programs_keep_their_constant_layout():
     assert p.offsets == (0, 2) and p.regs == Regs() and p.imms == ()
     assert program.from_json(json.loads(json.dumps(program.to_json(p)))) == p
     assert isinstance(p, Program)
+
+
+# ---- binaries embedded in the blob ------------------------------------------------------------
+SRC = "__kernel void k(__global float *a) { a[0] = 1.0f; }"
+MOCK = ("mock", 0x06030001, "3.1/1.0")
+
+
+def counting_build(monkeypatch) -> list:
+    built = []
+    real = program.build
+
+    def build(source, compiler):
+        built.append(compiler)
+        return real(source, compiler)
+    monkeypatch.setattr(program, "build", build)
+    return built
+
+
+def test_binaries_of_another_chip_or_driver_are_rebuilt_once_with_a_warning(monkeypatch,
+                                                                            tmp_path):
+    entry = program.embedded(SRC, *MOCK)
+    built = counting_build(monkeypatch)
+    assert program.from_blob(entry, SRC, *MOCK, str(tmp_path))["k"].kernel == "k"
+    assert built == []  # this device's own: used as they are
+    other = dict(entry, chip_id=0x06030002, driver="9.9/1.0")
+    with pytest.warns(UserWarning, match=r"built by mock compiler, chip 0x06030002, driver "
+                                         r"9\.9/1\.0, this device is mock compiler, chip "
+                                         r"0x06030001, driver 3\.1/1\.0"):
+        progs = program.from_blob(other, SRC, *MOCK, str(tmp_path))
+    assert built == ["mock"] and progs == program.from_blob(entry, SRC, *MOCK, None)
+    with pytest.warns(UserWarning, match="source differs"):  # same device, another source
+        program.from_blob(entry, SRC.replace("1.0f", "2.0f"), *MOCK, str(tmp_path))
+
+
+def test_an_unreadable_embedded_entry_is_a_blob_error():
+    entry = program.embedded(SRC, *MOCK)
+    del entry["programs"]
+    with pytest.raises(BlobError, match=r"meta 'qcom_programs': unreadable .*'programs'"):
+        program.from_blob(entry, SRC, *MOCK, None)
+
+
+def test_embed_binaries_needs_target_qcom(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        compile_tool.main([str(tmp_path / "m.onnx"), "-o", str(tmp_path / "m.blob"),
+                           "--target", "opencl", "--embed-binaries"])
+    assert e.value.code == 2 and "--embed-binaries needs --target qcom" in capsys.readouterr().err
+
+
+@needs_opencl
+def test_a_blob_compiled_with_embedded_binaries_loads_without_building(tmp_path, monkeypatch):
+    """tools/compile.py --embed-binaries on the mock KGSL (mock binaries, as a comma 3X's would
+    be vendor ones), then a load that must not build: fp32 on PoCL against onnxruntime; Relu and
+    Mul are exact in fp32, so the outputs must be equal."""
+    monkeypatch.setenv("KEEL_KGSL", "mock")
+    monkeypatch.delenv("KEEL_MOCK_FAULTS", raising=False)
+    model = make_model([helper.make_node("Relu", ["x"], ["r"]),
+                        helper.make_node("Mul", ["r", "x"], ["y"])],
+                       [("x", (4, 8), "float32")], [("y", (4, 8), "float32")])
+    (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
+    out = tmp_path / "m.blob"
+    assert compile_tool.main([str(tmp_path / "m.onnx"), "-o", str(out), "--target", "qcom",
+                              "--embed-binaries"]) == 0
+    entry = read_blob(out).manifest["meta"][program.EMBED_KEY]
+    assert entry["compiler"] == "mock" and entry["programs"]
+    built = counting_build(monkeypatch)
+    feeds = random_feeds(model)
+    assert np.array_equal(Model.load(out, device="qcom").run(feeds)["y"],
+                          ort_run(model, feeds)["y"])
+    assert built == []
