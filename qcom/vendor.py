@@ -68,8 +68,8 @@ def parse(lib: bytes, kernel: str, decls: list[str], half: bool = False) -> Prog
                                       f"(the kernel spills registers); expected 0")
     if nsamp > 1:
         r.fail("sampler count", f"is {nsamp}, expected 0 or 1")
-    regs = Regs(full=r.u32(r.u32(0x34, "register descriptor offset") + 0x14, "full registers"),
-                half=r.u32(r.u32(0x34, "register descriptor offset") + 0x18, "half registers"),
+    at = r.u32(0x34, "register descriptor offset")
+    regs = Regs(full=r.u32(at + 0x14, "full registers"), half=r.u32(at + 0x18, "half registers"),
                 branch=r.u32(d + 0x108, "branch stack") // 2,
                 first=r.u32(d + 0xC4, "first instruction offset"),
                 shared=r.u32(d + 0xD8, "local memory size"))
