@@ -9,7 +9,8 @@ Per launch:
   SP_CS_OBJ_START, SP_CS_INSTRLEN        where the program's binary is, and its length
   CP_LOAD_STATE6_FRAG shader, constants  indirect loads from the shader object and the arg block
   SP_CS_TEX_COUNT, CP_LOAD_STATE6_FRAG textures and sampler, SP_CS_TEX_CONST / _SAMP  (images)
-  HLSQ_CS_NDRANGE_0..6, HLSQ_CS_KERNEL_GROUP_X..Z, CP_EXEC_CS   sizes, then the dispatch
+  HLSQ_CS_NDRANGE_0..6, HLSQ_CS_KERNEL_GROUP_X..Z, CP_RUN_OPENCL   sizes, then the dispatch
+                                         (CP_RUN_OPENCL: how tinygrad launches vendor binaries)
 The stream starts by entering compute mode and pointing the border-colour base at a zeroed
 table (clamp-to-border reads 0, OpenCL's CLK_ADDRESS_CLAMP), and ends waiting for idle.
 
@@ -94,8 +95,8 @@ def _sizes(ln) -> list[int]:
         raise BlobError(f"launch {ln.kernel}: global size {gs} is not whole work-groups of {ls}")
     nd0 = len(ln.global_size) | (ls[0] - 1) << 2 | (ls[1] - 1) << 12 | (ls[2] - 1) << 22
     return (pkt4(R["HLSQ_CS_NDRANGE_0"], nd0, gs[0], 0, gs[1], 0, gs[2], 0, CS_CNTL_0, NO_REG,
-                 1, 1, 1)  # ..._NDRANGE_6, HLSQ_CS_CNTL_0/1, HLSQ_CS_KERNEL_GROUP_X..Z
-            + pkt7(OP["CP_EXEC_CS"], 0, *(g // n for g, n in zip(gs, ls))))
+                 *(g // n for g, n in zip(gs, ls)))  # HLSQ_CS_CNTL_0/1, KERNEL_GROUP_X..Z
+            + pkt7(OP["CP_RUN_OPENCL"], 0))
 
 
 def _launch(blob, ln, prog, layout: Layout, args: list[int], sites: dict) -> list[int]:
