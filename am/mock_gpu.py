@@ -16,13 +16,11 @@ keeps the SH registers SET_SH_REG writes, and executes:
   RELEASE_MEM: once every dispatch before it finished, writes its 64-bit value to its address.
 No mock proves the ISA: the gfx1100 machine code in the code object is never executed here.
 
-The PoCL executor lives here for now; qcom's mock executes Adreno dispatches on PoCL too, and the
-two should share one (see the report for issue 24).
+The PoCL executor is runner/cl.py's HostExecutor, shared with qcom's mock.
 """
 from __future__ import annotations
 
 import bisect
-import hashlib
 import mmap
 import struct
 
@@ -32,7 +30,6 @@ from runner.errors import DeviceError
 
 GPU_BASE = 0x8000_0000_0000  # where the mock's GPU virtual addresses start
 PAGE = 4096
-CL_MEM_USE_HOST_PTR = 1 << 3
 
 
 class GpuFault(DeviceError):
@@ -154,61 +151,29 @@ class CommandProcessor:
 
 
 class Pocl:
-    """Dispatches as OpenCL kernels over one buffer that is the GPU memory itself."""
+    """Dispatches as OpenCL kernels (runner/cl.py's HostExecutor) over one buffer that is the
+    GPU memory itself; each pointer argument a sub-buffer from its address to the end of its
+    allocation."""
 
     def __init__(self, memory: Memory):
-        self.mem, self.lib = memory, cl.lib()
-        devices = cl.platform_devices()
-        if not devices:
-            raise DeviceError(f"mock GPU: no OpenCL device to execute kernels ({cl.INSTALL_HINT})")
-        self.device = devices[0][1]
-        dev = cl.ffi.new("cl_device_id[1]", [self.device])
-        self.ctx = cl.create(self.lib.clCreateContext, "clCreateContext", cl.ffi.NULL, 1, dev,
-                             cl.ffi.NULL, cl.ffi.NULL)
-        self.queue = cl.create(self.lib.clCreateCommandQueue, "clCreateCommandQueue", self.ctx,
-                               self.device, 0)
-        host = cl.ffi.from_buffer(memory.map)
-        self.whole = cl.create(self.lib.clCreateBuffer, "clCreateBuffer", self.ctx,
-                               cl.CL_MEM_READ_WRITE | CL_MEM_USE_HOST_PTR, memory.size, host)
-        self.host = host
-        self.programs: dict[bytes, object] = {}
+        self.mem, self.ex = memory, cl.HostExecutor("mock GPU")
+        self.host = cl.ffi.from_buffer(memory.map)  # pins the mapping the buffer computes in
+        self.whole = self.ex.buffer(self.host, memory.size)
         self.kernels: dict[tuple, object] = {}
         self.subs: dict[tuple[int, int], object] = {}
-
-    def _kernel(self, source: str, name: str):
-        key = hashlib.sha256(source.encode("latin-1")).digest()
-        if key not in self.programs:
-            src = cl.ffi.new("char[]", source.encode("latin-1"))
-            srcs = cl.ffi.new("const char *[1]", [src])
-            prog = cl.create(self.lib.clCreateProgramWithSource, "clCreateProgramWithSource",
-                             self.ctx, 1, srcs, cl.ffi.NULL)
-            dev = cl.ffi.new("cl_device_id[1]", [self.device])
-            cl.check(self.lib.clBuildProgram(prog, 1, dev, cl.BUILD_OPTIONS, cl.ffi.NULL,
-                                             cl.ffi.NULL), "clBuildProgram (keel_source)")
-            self.programs[key] = prog
-        if (key, name) not in self.kernels:
-            self.kernels[key, name] = cl.create(self.lib.clCreateKernel, f"clCreateKernel {name}",
-                                                self.programs[key], name.encode())
-        return self.kernels[key, name]
 
     def _sub(self, va: int):
         n = self.mem.extent(va)
         if (va, n) not in self.subs:
-            region = cl.ffi.new("cl_buffer_region *", {"origin": va - GPU_BASE, "size": n})
-            self.subs[va, n] = cl.create(self.lib.clCreateSubBuffer, "clCreateSubBuffer",
-                                         self.whole, cl.CL_MEM_READ_WRITE,
-                                         cl.CL_BUFFER_CREATE_TYPE_REGION, region)
+            self.subs[va, n] = self.ex.sub(self.whole, va - GPU_BASE, n)
         return self.subs[va, n]
 
     def run(self, source: str, name: str, pointers: list[int], glob, local) -> None:
-        kernel = self._kernel(source, name)
-        for i, va in enumerate(pointers):
-            mem = cl.ffi.new("cl_mem *", self._sub(va))
-            cl.check(self.lib.clSetKernelArg(kernel, i, cl.ffi.sizeof("cl_mem"), mem),
-                     f"clSetKernelArg {name}[{i}]")
-        g, w = cl.ffi.new("size_t[3]", glob), cl.ffi.new("size_t[3]", local)
-        cl.check(self.lib.clEnqueueNDRangeKernel(self.queue, kernel, 3, cl.ffi.NULL, g, w, 0,
-                                                 cl.ffi.NULL, cl.ffi.NULL), f"enqueue {name}")
+        program = self.ex.program(source.encode("latin-1"))
+        if (id(program), name) not in self.kernels:
+            self.kernels[id(program), name] = self.ex.kernel(program, name)
+        self.ex.launch(self.kernels[id(program), name], [self._sub(va) for va in pointers],
+                       glob, local, name)
 
     def finish(self) -> None:
-        cl.check(self.lib.clFinish(self.queue), "clFinish")
+        self.ex.finish()

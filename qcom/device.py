@@ -2,8 +2,8 @@
 runtime on the per-run path (runner/device.py's contract v2).
 
 load():   open KGSL (the kernel, or qcom/mock_kgsl.py with KEEL_KGSL=mock), refuse unvalidated
-          chips, get the programs (qcom/program.py, cached beside the blob by chip, driver and
-          source), allocate GPU objects (arena, weights, one per io slot, shaders, a zeroed
+          chips, get the programs (qcom/program.py: the blob's embedded ones when they were
+          built for this chip and driver, else built once and cached by chip, driver and source), allocate GPU objects (arena, weights, one per io slot, shaders, a zeroed
           border-colour table, the timeline word, the command ring), create a context and record
           the whole graph into one indirect buffer (qcom/record.py).
 submit(): copies inputs bound as unaligned host arrays into their slots, writes three packets
@@ -55,11 +55,9 @@ class QcomDevice(Device):
 
     def load(self, blob) -> None:
         self.kgsl, self.objs, self.ctx = kgsl.Kgsl(), [], None
-        info, v = self.kgsl.check_chip(), self.kgsl.version()
-        driver = f"{v.drv_major}.{v.drv_minor}/{v.dev_major}.{v.dev_minor}"
-        self.programs = program.load(bytes(blob.programs).decode(),
-                                     getattr(self.kgsl.driver, "compiler", "vendor"),
-                                     info.chip_id, driver, self.cache_dir)
+        self.programs = program.from_blob(blob.manifest["meta"].get(program.EMBED_KEY),
+                                          bytes(blob.programs).decode(),
+                                          *program.identity(self.kgsl), self.cache_dir)
         missing = sorted({ln.kernel for ln in blob.launches} - set(self.programs))
         if missing:
             raise BlobError(f"launches name kernels {missing} that the program does not define")

@@ -22,8 +22,6 @@ import numpy as np
 from qcom import hostcl
 from qcom.program import Program, split
 
-CL_MEM_USE_HOST_PTR = 1 << 3
-
 
 class HostHalf:
     """Half programs: clang `_Float16` libraries, by program source."""
@@ -50,64 +48,28 @@ class HostHalf:
 
 
 class Pocl:
-    """Float programs on PoCL, by program source."""
+    """Float programs on PoCL (runner/cl.py's HostExecutor), by program source."""
 
     def __init__(self):
         from runner import cl  # only a mock that runs float programs needs libOpenCL
-        self.cl, self.ffi, self.lib = cl, cl.ffi, cl.lib()
-        platform, self.dev = cl.platform_devices()[0]
-        devs = self.ffi.new("cl_device_id[]", [self.dev])
-        self.ctx = self.ffi.gc(cl.create(self.lib.clCreateContext, "clCreateContext", self.ffi.NULL,
-                                         1, devs, self.ffi.NULL, self.ffi.NULL),
-                               self.lib.clReleaseContext)
-        self.queue = self.ffi.gc(cl.create(self.lib.clCreateCommandQueue, "clCreateCommandQueue",
-                                           self.ctx, self.dev, 0), self.lib.clReleaseCommandQueue)
+        self.ex = cl.HostExecutor("qcom mock GPU")
         self.kernels: dict[str, object] = {}
 
     def prepare(self, preamble: str, progs: list[Program]) -> None:
-        cl, ffi, lib = self.cl, self.ffi, self.lib
-        src = (preamble + "".join(split(p.source)[1][0][1] for p in progs)).encode()
-        text = ffi.new("char[]", src)  # alive until the call returns: char *[] does not own it
-        program = ffi.gc(cl.create(lib.clCreateProgramWithSource, "clCreateProgramWithSource",
-                                   self.ctx, 1, ffi.new("char *[]", [text]),
-                                   ffi.new("size_t[]", [len(src)])), lib.clReleaseProgram)
-        cl.check(lib.clBuildProgram(program, 1, ffi.new("cl_device_id[]", [self.dev]),
-                                    cl.BUILD_OPTIONS, ffi.NULL, ffi.NULL),
-                 f"clBuildProgram (mock GPU, kernels {[p.kernel for p in progs]})")
+        program = self.ex.program(
+            (preamble + "".join(split(p.source)[1][0][1] for p in progs)).encode())
         for p in progs:
-            self.kernels[p.source] = ffi.gc(cl.create(lib.clCreateKernel, "clCreateKernel",
-                                                      program, p.kernel.encode()),
-                                            lib.clReleaseKernel)
+            self.kernels[p.source] = self.ex.kernel(program, p.kernel)
 
     def _mem(self, kind: str, addr: int, what):
-        cl, ffi, lib = self.cl, self.ffi, self.lib
-        host = ffi.cast("void *", addr)
         if kind == "buffer":
-            return cl.create(lib.clCreateBuffer, "clCreateBuffer", self.ctx,
-                             cl.CL_MEM_READ_WRITE | CL_MEM_USE_HOST_PTR, what, host)
-        fmt = ffi.new("cl_image_format *", (cl.CL_RGBA, cl.CHANNEL_TYPES[np.dtype(what.dtype)]))
-        desc = ffi.new("cl_image_desc *")
-        desc.image_type, desc.image_width, desc.image_height = \
-            cl.CL_MEM_OBJECT_IMAGE2D, what.width, what.height
-        desc.image_row_pitch = what.pitch * 4 * np.dtype(what.dtype).itemsize
-        return cl.create(lib.clCreateImage, "clCreateImage", self.ctx,
-                         cl.CL_MEM_READ_ONLY | cl.CL_MEM_COPY_HOST_PTR, fmt, desc, host)
+            return self.ex.buffer(addr, what)
+        return self.ex.image(addr, what.width, what.height, what.pitch, what.dtype)
 
     def run(self, prog: Program, args: list, gs: list[int], ls: list[int]) -> None:
-        cl, ffi, lib = self.cl, self.ffi, self.lib
-        kernel, mems = self.kernels[prog.source], []
-        try:
-            for i, arg in enumerate(args):
-                mems.append(self._mem(*arg))
-                cl.check(lib.clSetKernelArg(kernel, i, ffi.sizeof("cl_mem"),
-                                            ffi.new("cl_mem *", mems[-1])), f"clSetKernelArg({i})")
-            cl.check(lib.clEnqueueNDRangeKernel(self.queue, kernel, 3, ffi.NULL,
-                                                ffi.new("size_t[]", gs), ffi.new("size_t[]", ls),
-                                                0, ffi.NULL, ffi.NULL), f"enqueue {prog.kernel}")
-            cl.check(lib.clFinish(self.queue), "clFinish")
-        finally:
-            for m in mems:
-                lib.clReleaseMemObject(m)
+        mems = [self._mem(*arg) for arg in args]  # released when dropped, after finish
+        self.ex.launch(self.kernels[prog.source], mems, gs, ls, prog.kernel)
+        self.ex.finish()
 
 
 class Executor:

@@ -1,8 +1,9 @@
 """The mock KGSL's GPU: plays a decoded submission the way the CP would, over the mock's memory.
 
 It keeps the register file the stream writes and the state CP_LOAD_STATE6 loads (shader,
-constants, texture descriptors, samplers), and at each CP_EXEC_CS runs the kernel that state
-names: the program in the shader object (qcom/program.py), the parameters read from the loaded
+constants, texture descriptors, samplers), and at each CP_RUN_OPENCL (groups in
+HLSQ_CS_KERNEL_GROUP_X..Z, how vendor OpenCL binaries are launched) or CP_EXEC_CS (groups in its
+payload) runs the kernel that state names: the program in the shader object (qcom/program.py), the parameters read from the loaded
 constants (buffer addresses, texture slots), the images the descriptors describe
 (qcom/texture.py), the sizes in HLSQ_CS_NDRANGE_*. Nothing comes from anywhere but GPU memory and
 the stream, so a wrong address, descriptor or size in what the device recorded shows up as a
@@ -55,7 +56,7 @@ class Gpu:
                 regs.update({pk.code + i: v for i, v in enumerate(pk.payload)})
             elif pk.name.startswith("CP_LOAD_STATE6"):
                 state[_state(pk.payload)] = _source(pk.payload)
-            elif pk.name == "CP_EXEC_CS":
+            elif pk.name in ("CP_EXEC_CS", "CP_RUN_OPENCL"):
                 self._dispatch(mem, regs, state, pk)
             elif pk.name == "CP_MEM_WRITE":
                 memory_writes([pk], mem)
@@ -70,7 +71,7 @@ class Gpu:
         return self.programs[raw]
 
     def _dispatch(self, mem, regs: dict, state: dict, pk) -> None:
-        where = f"CP_EXEC_CS (packet {pk.index}, dword {pk.at})"
+        where = f"{pk.name} (packet {pk.index}, dword {pk.at})"
         if (cs.SB6_CS_SHADER, cs.ST6_SHADER) not in state:
             raise GpuFault(f"{where}: no shader loaded")
         prog = self._program(mem, *state[cs.SB6_CS_SHADER, cs.ST6_SHADER])
@@ -79,13 +80,14 @@ class Gpu:
             raise GpuFault(f"{where}: {prog.kernel} takes {len(prog.params)} parameters, "
                            f"{vec4s} constant vec4s loaded")
         consts = mem.words(consts_addr, vec4s * 4) if vec4s else []
-        args = [self._arg(mem, state, kind, consts[2 * i] | consts[2 * i + 1] << 32, where)
-                for i, kind in enumerate(prog.params)]
+        args = [self._arg(mem, state, kind, consts[at] | consts[at + 1] << 32, where)
+                for kind, at in zip(prog.params, prog.offsets)]
         gs, ls = _sizes(regs, where)
         groups = [g // n for g, n in zip(gs, ls)]
-        if list(pk.payload[1:]) != groups:
-            raise GpuFault(f"{where}: CP_EXEC_CS groups {list(pk.payload[1:])}, the NDRANGE "
-                           f"registers give {groups}")
+        said = list(pk.payload[1:]) if pk.name == "CP_EXEC_CS" else \
+            [regs.get(R[f"HLSQ_CS_KERNEL_GROUP_{c}"]) for c in "XYZ"]
+        if said != groups:
+            raise GpuFault(f"{where}: groups {said}, the NDRANGE registers give {groups}")
         self.executor.run(prog, args, gs, ls)
 
     def _arg(self, mem, state: dict, kind: str, value: int, where: str) -> tuple:

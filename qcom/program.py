@@ -8,12 +8,19 @@ Where binaries come from depends on the driver behind Kgsl (`driver.compiler`):
   the facts a parse of a vendor binary yields: the kernel name, each parameter's kind and whether
   the program computes in half. The mock GPU executes exactly that source for every dispatch
   that points at it.
-- "vendor" (the kernel driver on a device): libOpenCL would build the program once and the
-  binary would be parsed for ISA, register footprint and constant layout. That parser is not
-  written yet (docs/qcom.md); load() says so instead of guessing at a format it cannot check.
+- "vendor" (the kernel driver on a device): libOpenCL builds each kernel once (runner/cl.py),
+  and qcom/vendor.py parses the binary it returns for the ISA, register footprint, branch
+  stack, local memory, parameter kinds and constant layout. libOpenCL is used at load only, and
+  only on a cache miss.
 
-Constant layout, both cases: parameter i sits in dwords 2i, 2i+1 of the kernel's constants: a
-64-bit GPU address for a buffer, the texture slot for an image. The block is padded to vec4s.
+Constant layout: mock, parameter i sits in dwords 2i, 2i+1 of the kernel's constants (a 64-bit
+GPU address for a buffer, the texture slot for an image); vendor, a buffer sits where the binary
+says and an image takes the next texture slot, in parameter order (`offsets[i]` is None). The
+block is padded to whole units of CONST_ALIGN vec4s (HLSQ_CS_CNTL counts constants in fours).
+
+The cache holds the parsed programs (JSON), keyed by compiler kind, chip id, driver version and
+source, in the blob's `.clcache` folder or, without one, in KEEL_CACHE_DIR/qcom
+(~/.cache/keel/qcom).
 """
 from __future__ import annotations
 
@@ -22,16 +29,30 @@ import json
 import os
 import re
 import struct
+import warnings
 from pathlib import Path
 from typing import NamedTuple
 
 from qcom.errors import DeviceError
+from runner.errors import BlobError
 
 MAGIC = b"KEELMCK1"
 SHADER_UNIT = 128  # CP_LOAD_STATE6 loads shader code in 128-byte units
 MAX_UNITS = 0x3FF  # its NUM_UNIT field is 10 bits
+CACHE_FORMAT = "qcom-programs-2"  # bump when Program's fields change
+CONST_ALIGN = 4  # vec4s: HLSQ_CS_CNTL's CONSTLEN has shr=2 (a6xx.xml)
 _KERNEL = re.compile(r"(?:__attribute__\(\(reqd_work_group_size\([^)]*\)\)\)\s*)?"
                      r"__kernel void (\w+)\(([^)]*)\)")
+
+
+class Regs(NamedTuple):
+    """What SP_CS_CTRL_REG0 / SP_CS_UNKNOWN_A9B1 / SP_CS_OBJ_FIRST_EXEC_OFFSET take from a
+    binary. The mock's binaries say 0 everywhere: the mock GPU runs OpenCL C, not registers."""
+    full: int = 0  # full-precision register footprint
+    half: int = 0  # half-precision register footprint
+    branch: int = 0  # branch stack depth
+    first: int = 0  # byte offset of the first instruction in the ISA
+    shared: int = 0  # bytes of local (shared) memory
 
 
 class Program(NamedTuple):
@@ -40,6 +61,9 @@ class Program(NamedTuple):
     params: tuple[str, ...]  # "buffer" or "image" per parameter
     half: bool  # computes in half (cl_khr_fp16)
     source: str  # the OpenCL C the mock executes; "" for vendor binaries
+    offsets: tuple = ()  # per parameter: its first constant dword, or None (next texture slot)
+    regs: Regs = Regs()
+    imms: tuple = ()  # (dword, value): constants the compiler placed for the driver to load
 
     @property
     def units(self) -> int:
@@ -47,7 +71,8 @@ class Program(NamedTuple):
 
     @property
     def const_vec4s(self) -> int:
-        return -(-len(self.params) * 2 // 4)
+        ends = [o + 2 for o in self.offsets if o is not None] + [d + 1 for d, _ in self.imms]
+        return -(-max(ends, default=0) // (4 * CONST_ALIGN)) * CONST_ALIGN
 
 
 def split(source: str) -> tuple[str, list[tuple[str, str, list[str]]]]:
@@ -79,7 +104,9 @@ def parse(binary: bytes) -> Program:
     (n,) = struct.unpack_from("<I", binary, 8)
     meta = json.loads(bytes(binary[12:12 + n]))
     source = bytes(binary[12 + n:]).rstrip(b"\0").decode()
-    return Program(meta["kernel"], bytes(binary), tuple(meta["params"]), meta["half"], source)
+    params = tuple(meta["params"])
+    return Program(meta["kernel"], bytes(binary), params, meta["half"], source,
+                   tuple(2 * i for i in range(len(params))))
 
 
 def mock_build(source: str) -> dict[str, Program]:
@@ -96,28 +123,110 @@ def mock_build(source: str) -> dict[str, Program]:
 def build(source: str, compiler: str) -> dict[str, Program]:
     if compiler == "mock":
         return mock_build(source)
-    raise DeviceError("qcom: building Adreno binaries needs the vendor compiler's binary parsed "
-                      "(ISA, registers, constants), which keel does not do yet; run qcom blobs "
-                      "with device='opencl' on this device (docs/qcom.md)")
+    from qcom import vendor  # libOpenCL: on a device, on a cache miss
+    return vendor.build(source)
+
+
+def to_json(p: Program) -> dict:
+    return p._replace(binary=p.binary.hex())._asdict()
+
+
+def from_json(d: dict) -> Program:
+    """A cached Program; ValueError/KeyError/TypeError for an entry of another shape."""
+    p = Program(**d)
+    regs = Regs(*p.regs)
+    offsets = tuple(None if o is None else int(o) for o in p.offsets)
+    if len(offsets) != len(p.params) or not set(p.params) <= {"buffer", "image"}:
+        raise ValueError("cached program's parameters and offsets disagree")
+    return p._replace(binary=bytes.fromhex(p.binary), params=tuple(p.params), offsets=offsets,
+                      regs=regs, imms=tuple(tuple(map(int, x)) for x in p.imms))
+
+
+def cache_path(compiler: str, chip_id: int, driver: str, source: str,
+               cache_dir: str | None) -> Path | None:
+    """Where the parsed programs are cached; None for mock programs without a blob folder."""
+    if not cache_dir and compiler == "mock":
+        return None
+    key = hashlib.sha256("\0".join([CACHE_FORMAT, compiler, f"{chip_id:#x}", driver,
+                                    source]).encode())
+    folder = cache_dir or os.environ.get("KEEL_CACHE_DIR") or \
+        str(Path.home() / ".cache" / "keel")
+    sub = "" if cache_dir else "qcom"
+    return Path(folder) / sub / f"qcom-{key.hexdigest()[:32]}.json"
 
 
 def load(source: str, compiler: str, chip_id: int, driver: str, cache_dir: str | None):
     """Programs by kernel name, from the cache when its key (chip, driver, source) matches."""
-    key = hashlib.sha256("\0".join([compiler, f"{chip_id:#x}", driver, source]).encode())
-    path = Path(cache_dir) / f"qcom-{key.hexdigest()[:32]}.json" if cache_dir else None
+    path = cache_path(compiler, chip_id, driver, source, cache_dir)
     if path is not None and path.exists():
         try:
-            blobs = json.loads(path.read_text())
-            return {name: parse(bytes.fromhex(h)) for name, h in blobs.items()}
-        except (OSError, ValueError, KeyError, DeviceError):
+            return {name: from_json(d) for name, d in json.loads(path.read_text()).items()}
+        except (OSError, ValueError, KeyError, TypeError):
             pass  # unreadable or stale: rebuilt below
     progs = build(source, compiler)
-    if path is not None:
-        try:  # best effort: a read-only disk costs a rebuild next time
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps({n: p.binary.hex() for n, p in progs.items()}))
-            os.replace(tmp, path)
-        except OSError:
-            pass
+    if path is None:
+        return progs
+    try:  # best effort: a read-only disk costs a rebuild next time
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({n: to_json(p) for n, p in progs.items()}))
+        os.replace(tmp, path)
+    except OSError:
+        pass
     return progs
+
+
+# ---- binaries embedded in the blob (tools/compile.py --embed-binaries; docs/blob.md, meta) ----
+EMBED_KEY = "qcom_programs"
+
+
+def embedded(source: str, compiler: str, chip_id: int, driver: str) -> dict:
+    """The manifest meta entry holding this device's parsed programs for `source`."""
+    progs = load(source, compiler, chip_id, driver, None)
+    return {"compiler": compiler, "chip_id": chip_id, "driver": driver,
+            "source_sha256": hashlib.sha256(source.encode()).hexdigest(),
+            "programs": {n: to_json(p) for n, p in progs.items()}}
+
+
+def embed_here(source: str) -> dict:
+    """`embedded` for the KGSL device of this machine (KEEL_KGSL selects the mock)."""
+    from qcom import kgsl
+    k = kgsl.Kgsl()
+    try:
+        return embedded(source, *identity(k))
+    finally:
+        k.close()
+
+
+def from_blob(entry: dict | None, source: str, compiler: str, chip_id: int, driver: str,
+              cache_dir: str | None) -> dict[str, Program]:
+    """The blob's own programs when they were built by this compiler, chip and driver from this
+    source; otherwise `load` (built once, then cached), with a warning naming both when the blob
+    carried binaries for another device."""
+    if entry is not None:
+        try:
+            have = (entry["compiler"], entry["chip_id"], entry["driver"])
+            same = have == (compiler, chip_id, driver) and \
+                entry["source_sha256"] == hashlib.sha256(source.encode()).hexdigest()
+            if same:
+                return {n: from_json(d) for n, d in entry["programs"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise BlobError(f"manifest meta {EMBED_KEY!r}: unreadable ({type(e).__name__}: "
+                            f"{e}); expected compiler, chip_id, driver, source_sha256 and "
+                            f"programs as tools/compile.py --embed-binaries writes them") from None
+        warnings.warn(f"qcom: the blob's binaries were built by {_who(*have)}, this device is "
+                      f"{_who(compiler, chip_id, driver)} (or the source differs): building "
+                      f"them once here (cached)", stacklevel=3)
+    return load(source, compiler, chip_id, driver, cache_dir)
+
+
+def identity(kgsl) -> tuple[str, int, str]:
+    """(compiler kind, chip id, driver version) of an open Kgsl: what programs are bound to.
+    Refuses unvalidated chips."""
+    info, v = kgsl.check_chip(), kgsl.version()
+    return (getattr(kgsl.driver, "compiler", "vendor"), info.chip_id,
+            f"{v.drv_major}.{v.drv_minor}/{v.dev_major}.{v.dev_minor}")
+
+
+def _who(compiler, chip_id, driver) -> str:
+    return f"{compiler} compiler, chip {chip_id:#010x}, driver {driver}"

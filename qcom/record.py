@@ -9,13 +9,18 @@ Per launch:
   SP_CS_OBJ_START, SP_CS_INSTRLEN        where the program's binary is, and its length
   CP_LOAD_STATE6_FRAG shader, constants  indirect loads from the shader object and the arg block
   SP_CS_TEX_COUNT, CP_LOAD_STATE6_FRAG textures and sampler, SP_CS_TEX_CONST / _SAMP  (images)
-  HLSQ_CS_NDRANGE_0..6, HLSQ_CS_KERNEL_GROUP_X..Z, CP_EXEC_CS   sizes, then the dispatch
+  HLSQ_CS_NDRANGE_0..6, HLSQ_CS_KERNEL_GROUP_X..Z, CP_RUN_OPENCL   sizes, then the dispatch
+                                         (CP_RUN_OPENCL: how tinygrad launches vendor binaries)
 The stream starts by entering compute mode and pointing the border-colour base at a zeroed
 table (clamp-to-border reads 0, OpenCL's CLK_ADDRESS_CLAMP), and ends waiting for idle.
 
-Not programmed here, because they come from a vendor binary's parse (register footprint, thread
-size, constant base registers): SP_CS_CTRL_REG0, SP_CS_CONFIG, HLSQ_CS_CNTL_0. docs/qcom.md lists
-what only hardware can prove.
+The shader registers come from the program's parse (qcom/program.py, qcom/vendor.py):
+SP_CS_CTRL_REG0 (register footprints, branch stack, 64-wide threads), SP_CS_UNKNOWN_A9B1 (local
+memory and constant RAM mode 256: 0x41, what a6xx.xml saw vendor streams write, up to 2 KB),
+SP_CS_OBJ_FIRST_EXEC_OFFSET, SP_CS_CONFIG (enabled, textures, samplers), HLSQ_CS_CNTL (constant
+length, enabled) and HLSQ_CS_CNTL_0/1 with the "no register" ids vendor streams carry. No
+private memory: a binary that needs it is refused at parse. docs/qcom.md lists what only
+hardware can prove.
 """
 from __future__ import annotations
 
@@ -29,6 +34,9 @@ from qcom.cmdstream import lohi, pkt4, pkt7
 from runner.errors import BlobError
 
 OP, R = cs.OPCODES, cs.REGISTERS
+CONST_RAM_256 = 2 << 5  # SP_CS_UNKNOWN_A9B1 bits 5-6: constant RAM mode, 256 vec4s
+NO_REG = 0xFC  # a3xx_regid meaning "none": what HLSQ_CS_CNTL_0/1 hold when unused
+CS_CNTL_0 = 0x00CCC0CF  # HLSQ_CS_CNTL_0 as vendor OpenCL streams program it (tinygrad)
 MAX_GROUP = 128  # work items per group the recorder picks when the blob leaves it to the driver
 
 
@@ -62,6 +70,19 @@ def local_size(gs: list[int]) -> list[int]:
     return out
 
 
+def _shader_regs(prog, shader: int, ntex: int) -> list[int]:
+    """SP_CS_CTRL_REG0..SP_CS_OBJ_START, SP_CS_CONFIG + SP_CS_INSTRLEN, HLSQ_CS_CNTL: from the
+    program's parse. Field positions: a6xx.xml (a6xx_sp_xs_ctrl_reg0, a6xx_sp_xs_config,
+    a6xx_hlsq_xs_cntl); threads are 64 wide (THREADSIZE 0)."""
+    r = prog.regs
+    ctrl = r.half << 1 | r.full << 7 | r.branch << 14
+    shared = max(1, (r.shared - 1) // 1024)  # KB above the first, at least 1 (tinygrad's)
+    config = 1 << 8 | ntex << 9 | min(ntex, 1) << 17
+    return (pkt4(R["SP_CS_CTRL_REG0"], ctrl, CONST_RAM_256 | shared, 0, r.first, *lohi(shader))
+            + pkt4(R["SP_CS_CONFIG"], config, len(prog.binary) // 4)
+            + pkt4(R["HLSQ_CS_CNTL"], prog.const_vec4s >> 2 | 1 << 8))
+
+
 def _load(block: int, kind: int, units: int, addr: int) -> list[int]:
     head = units << 22 | block << 18 | cs.SS6_INDIRECT << 16 | kind << 14
     return pkt7(OP["CP_LOAD_STATE6_FRAG"], head, *lohi(addr))
@@ -73,9 +94,9 @@ def _sizes(ln) -> list[int]:
     if any(g % n for g, n in zip(gs, ls)) or max(ls) > 1024:
         raise BlobError(f"launch {ln.kernel}: global size {gs} is not whole work-groups of {ls}")
     nd0 = len(ln.global_size) | (ls[0] - 1) << 2 | (ls[1] - 1) << 12 | (ls[2] - 1) << 22
-    return (pkt4(R["HLSQ_CS_NDRANGE_0"], nd0, gs[0], 0, gs[1], 0, gs[2], 0)
-            + pkt4(R["HLSQ_CS_KERNEL_GROUP_X"], 1, 1, 1)
-            + pkt7(OP["CP_EXEC_CS"], 0, *(g // n for g, n in zip(gs, ls))))
+    return (pkt4(R["HLSQ_CS_NDRANGE_0"], nd0, gs[0], 0, gs[1], 0, gs[2], 0, CS_CNTL_0, NO_REG,
+                 *(g // n for g, n in zip(gs, ls)))  # HLSQ_CS_CNTL_0/1, KERNEL_GROUP_X..Z
+            + pkt7(OP["CP_RUN_OPENCL"], 0))
 
 
 def _launch(blob, ln, prog, layout: Layout, args: list[int], sites: dict) -> list[int]:
@@ -84,32 +105,34 @@ def _launch(blob, ln, prog, layout: Layout, args: list[int], sites: dict) -> lis
         raise BlobError(f"launch {ln.kernel}: {len(ln.args)} buffers for a kernel of "
                         f"{len(prog.params)} parameters")
     consts, descs = [0] * (prog.const_vec4s * 4), []
-    for i, (bid, kind) in enumerate(zip(ln.args, prog.params)):
+    for dword, value in prog.imms:
+        consts[dword] = value
+    for i, (bid, kind, at) in enumerate(zip(ln.args, prog.params, prog.offsets)):
         b = blob.buffers[bid]
         if kind == "image":
             if b.image is None:
                 raise BlobError(f"launch {ln.kernel}: parameter {i} is an image, buffer {bid} "
                                 f"has no image layout")
-            consts[2 * i] = len(descs) // texture.DESCRIPTOR_DWORDS
+            if at is not None:  # mock binaries: the slot is a constant too
+                consts[at] = len(descs) // texture.DESCRIPTOR_DWORDS
             try:
                 descs += texture.descriptor(texture.Texture(address(b, layout), *b.image, b.dtype))
             except ValueError as e:
                 raise BlobError(f"launch {ln.kernel}: buffer {bid} as an image: {e}") from None
             continue
-        consts[2 * i:2 * i + 2] = lohi(address(b, layout))
+        consts[at:at + 2] = lohi(address(b, layout))
         if b.region in ("input", "output"):
-            sites.setdefault(b.offset, []).append(len(args) + 2 * i)
+            sites.setdefault(b.offset, []).append(len(args) + at)
     base = layout.args + 4 * len(args)
     args += consts + descs
     args += [0] * (-len(args) % 16)  # every block 64-byte aligned
     words = pkt7(OP["CP_WAIT_FOR_IDLE"]) if ln.barrier else []
-    shader = layout.shaders[ln.kernel]
-    words += pkt4(R["SP_CS_OBJ_START_LO"], *lohi(shader)) + \
-        pkt4(R["SP_CS_INSTRLEN"], len(prog.binary) // 4) + \
+    shader, ntex = layout.shaders[ln.kernel], len(descs) // texture.DESCRIPTOR_DWORDS
+    words += _shader_regs(prog, shader, ntex) + \
         _load(cs.SB6_CS_SHADER, cs.ST6_SHADER, prog.units, shader) + \
         _load(cs.SB6_CS_SHADER, cs.ST6_CONSTANTS, prog.const_vec4s, base)
     if descs:
-        n, tex = len(descs) // texture.DESCRIPTOR_DWORDS, base + 4 * len(consts)
+        n, tex = ntex, base + 4 * len(consts)
         words += pkt4(R["SP_CS_TEX_COUNT"], n) + \
             _load(cs.SB6_CS_TEX, cs.ST6_CONSTANTS, n, tex) + \
             _load(cs.SB6_CS_TEX, cs.ST6_SHADER, 1, layout.args) + \

@@ -4,6 +4,8 @@ call and its error code; a missing loader or platform is a BlobError naming what
 """
 from __future__ import annotations
 
+import hashlib
+import re
 import sys
 
 import cffi
@@ -84,7 +86,8 @@ CL_DEVICE_MEM_BASE_ADDR_ALIGN, CL_DEVICE_NAME, CL_DEVICE_VERSION, CL_DRIVER_VERS
     0x1019, 0x102B, 0x102F, 0x102D
 CL_DEVICE_EXTENSIONS, CL_DEVICE_IMAGE_PITCH_ALIGNMENT = 0x1030, 0x104A
 CL_DEVICE_IMAGE_BASE_ADDRESS_ALIGNMENT = 0x104B
-CL_MEM_READ_WRITE, CL_MEM_READ_ONLY, CL_MEM_COPY_HOST_PTR = 1 << 0, 1 << 2, 1 << 5
+CL_MEM_READ_WRITE, CL_MEM_READ_ONLY, CL_MEM_USE_HOST_PTR, CL_MEM_COPY_HOST_PTR = \
+    1 << 0, 1 << 2, 1 << 3, 1 << 5
 CL_BUFFER_CREATE_TYPE_REGION = 0x1220
 CL_RGBA, CL_HALF_FLOAT, CL_FLOAT, CL_MEM_OBJECT_IMAGE2D = 0x10B5, 0x10DD, 0x10DE, 0x10F1
 CL_PROGRAM_BINARY_SIZES, CL_PROGRAM_BINARIES, CL_PROGRAM_BUILD_LOG = 0x1165, 0x1166, 0x1183
@@ -176,3 +179,124 @@ def info_uint(fn, obj, param: int, ctype: str = "cl_uint") -> int:
     out = ffi.new(f"{ctype} *")
     check(fn(obj, param, ffi.sizeof(ctype), out, ffi.NULL), "get info")
     return int(out[0])
+
+
+# ---- programs: shared by runner/opencl.py and the mocks' executor --------------------------------
+def build(ctx, dev, source: bytes, where: str):
+    """A program built from OpenCL C for one device; BlobError with the build log and the kernels
+    it points at when the build fails. `where` names the device for the message."""
+    cl = lib()
+    text = ffi.new("char[]", source)  # alive until the call returns: char *[] does not own it
+    program = ffi.gc(create(cl.clCreateProgramWithSource, "clCreateProgramWithSource", ctx, 1,
+                            ffi.new("char *[]", [text]), ffi.new("size_t[]", [len(source)])),
+                     cl.clReleaseProgram)
+    devs = ffi.new("cl_device_id[]", [dev])
+    err = cl.clBuildProgram(program, 1, devs, BUILD_OPTIONS, ffi.NULL, ffi.NULL)
+    if err != CL_SUCCESS:
+        def build_info(prog, param, size, value, size_out):
+            return cl.clGetProgramBuildInfo(prog, dev, param, size, value, size_out)
+        log = info_str(build_info, program, CL_PROGRAM_BUILD_LOG)
+        kernels = kernels_at(source.decode(errors="replace"), log)
+        raise BlobError(f"OpenCL build failed (error {err}) on {where} in kernel(s) "
+                        f"{kernels or ['?']}:\n{log.strip()}")
+    return program
+
+
+def binary(program) -> bytes | None:
+    """The device binary of a built single-device program (CL_PROGRAM_BINARIES), or None when
+    the driver has none to give."""
+    cl = lib()
+    size = ffi.new("size_t[1]")
+    if cl.clGetProgramInfo(program, CL_PROGRAM_BINARY_SIZES, ffi.sizeof("size_t"), size,
+                           ffi.NULL) != CL_SUCCESS or size[0] == 0:
+        return None
+    data = ffi.new("unsigned char[]", size[0])
+    ptrs = ffi.new("unsigned char *[]", [data])
+    if cl.clGetProgramInfo(program, CL_PROGRAM_BINARIES, ffi.sizeof(ptrs), ptrs,
+                           ffi.NULL) != CL_SUCCESS:
+        return None
+    return bytes(ffi.buffer(data, size[0]))
+
+
+def kernels_at(source: str, log: str) -> list[str]:
+    """Kernel names whose source lines the build log's diagnostics point at."""
+    starts = [(i + 1, m.group(1)) for i, line in enumerate(source.splitlines())
+              for m in [re.search(r"__kernel void (\w+)\(", line)] if m]
+    names = []
+    lines = set()  # "file:LINE:COL: error: ..." (clang) or "error: file:LINE:COL: ..." (PoCL)
+    for diag in log.splitlines():
+        m = re.search(r":(\d+):\d+:", diag)
+        if m and "error" in diag:
+            lines.add(int(m.group(1)))
+    for n in sorted(lines):
+        owner = [name for start, name in starts if start <= n]
+        if owner and owner[-1] not in names:
+            names.append(owner[-1])
+    return names
+
+
+class HostExecutor:
+    """OpenCL C run over host memory, for the mock GPUs (qcom, am): one context and in-order
+    queue on the first platform device (PoCL in CI), programs built once per source, buffers
+    that are the host memory itself (CL_MEM_USE_HOST_PTR: PoCL's CPU device computes in place).
+    `who` names the user in errors."""
+
+    def __init__(self, who: str):
+        pairs = platform_devices()
+        if not pairs:
+            raise DeviceError(f"{who}: no OpenCL device to execute kernels ({INSTALL_HINT})")
+        self.who, self.lib, self.dev = who, lib(), pairs[0][1]
+        devs = ffi.new("cl_device_id[]", [self.dev])
+        self.ctx = ffi.gc(create(self.lib.clCreateContext, "clCreateContext", ffi.NULL, 1, devs,
+                                 ffi.NULL, ffi.NULL), self.lib.clReleaseContext)
+        self.queue = ffi.gc(create(self.lib.clCreateCommandQueue, "clCreateCommandQueue",
+                                   self.ctx, self.dev, 0), self.lib.clReleaseCommandQueue)
+        self.programs: dict[bytes, object] = {}  # by sha256 of the source
+
+    def program(self, source: bytes):
+        key = hashlib.sha256(source).digest()
+        if key not in self.programs:
+            self.programs[key] = build(self.ctx, self.dev, source, self.who)
+        return self.programs[key]
+
+    def kernel(self, program, name: str):
+        return ffi.gc(create(self.lib.clCreateKernel, f"clCreateKernel({name})", program,
+                             name.encode()), self.lib.clReleaseKernel)
+
+    def buffer(self, host, nbytes: int):
+        """A buffer that is `nbytes` of host memory at `host` (an address or a cffi buffer)."""
+        ptr = ffi.cast("void *", host) if isinstance(host, int) else host
+        return ffi.gc(create(self.lib.clCreateBuffer, "clCreateBuffer", self.ctx,
+                             CL_MEM_READ_WRITE | CL_MEM_USE_HOST_PTR, nbytes, ptr),
+                      self.lib.clReleaseMemObject)
+
+    def sub(self, mem, origin: int, size: int):
+        region = ffi.new("cl_buffer_region *", {"origin": origin, "size": size})
+        return ffi.gc(create(self.lib.clCreateSubBuffer, "clCreateSubBuffer", mem,
+                             CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION, region),
+                      self.lib.clReleaseMemObject)
+
+    def image(self, host: int, width: int, height: int, pitch: int, dtype):
+        """A read-only RGBA image copied from `pitch`-texel rows of host memory at `host`."""
+        dtype = np.dtype(dtype)
+        fmt = ffi.new("cl_image_format *", (CL_RGBA, CHANNEL_TYPES[dtype]))
+        desc = ffi.new("cl_image_desc *")
+        desc.image_type, desc.image_width, desc.image_height = \
+            CL_MEM_OBJECT_IMAGE2D, width, height
+        desc.image_row_pitch = pitch * 4 * dtype.itemsize
+        return ffi.gc(create(self.lib.clCreateImage, "clCreateImage", self.ctx,
+                             CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, fmt, desc,
+                             ffi.cast("void *", host)), self.lib.clReleaseMemObject)
+
+    def launch(self, kernel, mems: list, glob, local, name: str) -> None:
+        """Enqueue `kernel` over 3-D sizes with `mems` as its arguments, in order."""
+        for i, mem in enumerate(mems):
+            check(self.lib.clSetKernelArg(kernel, i, ffi.sizeof("cl_mem"),
+                                          ffi.new("cl_mem *", mem)), f"clSetKernelArg {name}[{i}]")
+        check(self.lib.clEnqueueNDRangeKernel(self.queue, kernel, 3, ffi.NULL,
+                                              ffi.new("size_t[3]", list(glob)),
+                                              ffi.new("size_t[3]", list(local)), 0, ffi.NULL,
+                                              ffi.NULL), f"enqueue {name}")
+
+    def finish(self) -> None:
+        check(self.lib.clFinish(self.queue), "clFinish")

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from pathlib import Path
 
 from runner import cl
@@ -39,8 +38,7 @@ from runner.cl import (BUILD_OPTIONS, CHANNEL_TYPES, CL_BUFFER_CREATE_TYPE_REGIO
                        CL_MEM_CONTEXT, CL_MEM_OBJECT_IMAGE2D, CL_MEM_READ_ONLY,
                        CL_MEM_READ_WRITE, CL_MEM_SIZE,
                        CL_PLATFORM_NAME, CL_PLATFORM_VERSION, CL_PROFILING_COMMAND_END,
-                       CL_PROFILING_COMMAND_START, CL_PROGRAM_BINARIES,
-                       CL_PROGRAM_BINARY_SIZES, CL_PROGRAM_BUILD_LOG, CL_QUEUE_PROFILING_ENABLE,
+                       CL_PROFILING_COMMAND_START, CL_QUEUE_PROFILING_ENABLE,
                        CL_RGBA, CL_SUCCESS,
                        INSTALL_HINT, check, create, ffi, info_str, info_uint, platform_devices,
                        unavailable_reason)
@@ -396,39 +394,17 @@ class OpenCLDevice(HostDevice):
         return program
 
     def _from_source(self, source: bytes):
-        lib = self.lib
-        text = ffi.new("char[]", source)
-        ptrs = ffi.new("char *[]", [text])
-        sizes = ffi.new("size_t[]", [len(source)])
-        program = ffi.gc(create(lib.clCreateProgramWithSource, "clCreateProgramWithSource",
-                              self.ctx, 1, ptrs, sizes), lib.clReleaseProgram)
-        devs = ffi.new("cl_device_id[]", [self.dev])
-        err = lib.clBuildProgram(program, 1, devs, BUILD_OPTIONS, ffi.NULL, ffi.NULL)
-        if err != CL_SUCCESS:
-            def build_info(prog, param, size, value, size_out):
-                return lib.clGetProgramBuildInfo(prog, self.dev, param, size, value, size_out)
-            log = info_str(build_info, program, CL_PROGRAM_BUILD_LOG)
-            kernels = _kernels_at(source.decode(errors="replace"), log)
-            raise BlobError(f"OpenCL build failed (error {err}) on {self.device_name!r} in "
-                            f"kernel(s) {kernels or ['?']}:\n{log.strip()}")
-        return program
+        return cl.build(self.ctx, self.dev, source, repr(self.device_name))
 
     def _save_binary(self, program, path: Path) -> None:
         """Best effort: a read-only or full disk only costs a rebuild next time."""
-        lib = self.lib
-        size = ffi.new("size_t[1]")
-        if lib.clGetProgramInfo(program, CL_PROGRAM_BINARY_SIZES, ffi.sizeof("size_t"), size,
-                                ffi.NULL) != CL_SUCCESS or size[0] == 0:
-            return
-        data = ffi.new("unsigned char[]", size[0])
-        ptrs = ffi.new("unsigned char *[]", [data])
-        if lib.clGetProgramInfo(program, CL_PROGRAM_BINARIES, ffi.sizeof(ptrs), ptrs,
-                                ffi.NULL) != CL_SUCCESS:
+        data = cl.binary(program)
+        if data is None:
             return
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_bytes(ffi.buffer(data, size[0]))
+            tmp.write_bytes(data)
             os.replace(tmp, path)
         except OSError:
             pass
@@ -441,19 +417,3 @@ class _Image:
     def __init__(self, mem, copy):
         self.mem, self.copy = mem, copy
 
-
-def _kernels_at(source: str, log: str) -> list[str]:
-    """Kernel names whose source lines the build log's diagnostics point at."""
-    starts = [(i + 1, m.group(1)) for i, line in enumerate(source.splitlines())
-              for m in [re.search(r"__kernel void (\w+)\(", line)] if m]
-    names = []
-    lines = set()  # "file:LINE:COL: error: ..." (clang) or "error: file:LINE:COL: ..." (PoCL)
-    for diag in log.splitlines():
-        m = re.search(r":(\d+):\d+:", diag)
-        if m and "error" in diag:
-            lines.add(int(m.group(1)))
-    for n in sorted(lines):
-        owner = [name for start, name in starts if start <= n]
-        if owner and owner[-1] not in names:
-            names.append(owner[-1])
-    return names

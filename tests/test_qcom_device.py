@@ -91,7 +91,7 @@ def test_the_graph_is_recorded_once_and_each_run_is_one_submission(case):
     assert len(mock.submissions) == 3
     assert np.array_equal(_graph(m), before)  # nothing re-recorded per run
     names = [p.name for p in mock.submissions[-1][2]]
-    assert names[0] == "CP_INDIRECT_BUFFER" and names.count("CP_EXEC_CS") == len(m.blob.launches)
+    assert names[0] == "CP_INDIRECT_BUFFER" and names.count("CP_RUN_OPENCL") == len(m.blob.launches)
 
 
 def test_a_flipped_parity_bit_is_rejected_naming_the_packet(case):
@@ -157,6 +157,21 @@ def test_a_wrong_address_in_the_arguments_faults_the_context(case):
     m = load(model)
     m.device.args_words[16:18] = [0x1000, 0]  # launch 0, parameter 0: unmapped memory
     with pytest.raises(DeviceError, match=r"EDEADLK.*GPU access 0x1000\+1 outside every"):
+        m.run(feeds)
+
+
+def test_group_counts_that_disagree_with_the_ndrange_fault_the_context(case):
+    """CP_RUN_OPENCL takes its group counts from HLSQ_CS_KERNEL_GROUP_X..Z: the mock checks
+    them against the NDRANGE registers, so a wrong count in the recording cannot pass."""
+    model, feeds, _ = case
+    m = load(model)
+    g = _graph(m)
+    words = [int(w) for w in g]
+    packets = [p for p in split(words) if p.name == "HLSQ_CS_NDRANGE_0"]
+    at = packets[0].at + 1 + 9  # NDRANGE_0..6, CNTL_0/1, then KERNEL_GROUP_X
+    g[at] += 1
+    with pytest.raises(DeviceError, match=r"EDEADLK.*CP_RUN_OPENCL .*groups \[(\d+), "
+                                          r".*the NDRANGE registers give \[(?!\1,)"):
         m.run(feeds)
 
 

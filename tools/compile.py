@@ -1,9 +1,14 @@
 """Compile an ONNX model into one keel blob.
 
   python tools/compile.py MODEL.onnx -o OUT.blob [--target cpu] [--input-shape NAME=d0,d1,...]...
-                          [--float16] [--verbose]
+                          [--float16] [--embed-binaries] [--verbose]
 
-Exit codes: 0 success, 2 bad input (unreadable or unsupported model, bad arguments).
+--embed-binaries (--target qcom, on the device): builds every kernel with this device's vendor
+OpenCL compiler, parses the binaries and stores the parsed programs in the blob's manifest meta
+(docs/qcom.md), so a load on the same chip and driver never touches libOpenCL.
+
+Exit codes: 0 success, 1 no usable device for --embed-binaries, 2 bad input (unreadable or
+unsupported model, bad arguments).
 """
 from __future__ import annotations
 
@@ -19,6 +24,8 @@ from compiler.blob import check_output, write_blob  # noqa: E402
 from compiler.pipeline import Stages, compile_model  # noqa: E402
 from compiler.errors import CompileError  # noqa: E402
 from compiler.target import TARGETS  # noqa: E402
+from qcom import program  # noqa: E402
+from runner.errors import BlobError, DeviceError  # noqa: E402
 from tools.cli import Parser  # noqa: E402
 
 
@@ -57,18 +64,27 @@ def main(argv=None) -> int:
     ap.add_argument("--input-shape", action="append", type=parse_shape, default=[],
                     metavar="NAME=d0,d1,...", help="bind an input's dynamic dims (repeatable)")
     ap.add_argument("--float16", action="store_true", help="store weights and activations as fp16")
+    ap.add_argument("--embed-binaries", action="store_true",
+                    help="qcom, on the device: embed this GPU's parsed kernel binaries")
     ap.add_argument("--verbose", action="store_true", help="per-stage timings")
     args = ap.parse_args(argv)
+    if args.embed_binaries and args.target != "qcom":
+        ap.error(f"--embed-binaries needs --target qcom, not {args.target}")
     stages = Stages(progress=Progress())
     t0 = time.perf_counter()
     try:
         check_output(args.output)  # before the compile, not after it
         art = compile_model(args.model, target=args.target, input_shapes=dict(args.input_shape),
                             float16=args.float16, stages=stages)
+        if args.embed_binaries:
+            art.meta[program.EMBED_KEY] = program.embed_here(bytes(art.programs).decode())
         write_blob(art, args.output)
     except CompileError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except (DeviceError, BlobError) as e:  # --embed-binaries: no KGSL, libOpenCL or parse
+        print(f"error: --embed-binaries: {e}", file=sys.stderr)
+        return 1
     except OSError as e:  # the path that failed: the output, its temporary, a C source...
         print(f"error: {e.filename or args.output}: {e.strerror or e}", file=sys.stderr)
         return 2

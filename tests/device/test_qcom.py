@@ -86,6 +86,41 @@ def test_a_timestamp_never_submitted_is_refused(dev):
         dev.context_destroy(ctx)
 
 
+# ---- vendor binaries (issue item 3) --------------------------------------------------------------
+
+def _small():
+    from onnx import helper
+    from tests.graphs import make_model, random_feeds
+    model = make_model([helper.make_node("Relu", ["x"], ["r"]),
+                        helper.make_node("Mul", ["r", "x"], ["y"])],
+                       [("x", (4, 64), "float32")], [("y", (4, 64), "float32")])
+    return model, random_feeds(model)
+
+
+def test_vendor_binaries_parse_run_and_embed(dev, tmp_path, monkeypatch):
+    """libOpenCL builds each kernel once; the parse (qcom/vendor.py) gives ISA and registers the
+    Adreno runs; the parsed programs are cached and embedded, and a load from either never
+    touches libOpenCL. Relu then Mul is exact in fp32: equal to numpy."""
+    from qcom import program
+    from runner import Model, cl
+    from tools import compile as compile_tool
+    model, feeds = _small()
+    monkeypatch.setenv("KEEL_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
+    out = tmp_path / "m.blob"
+    assert compile_tool.main([str(tmp_path / "m.onnx"), "-o", str(out), "--target", "qcom",
+                              "--embed-binaries"]) == 0
+    x = feeds["x"]
+    monkeypatch.setattr(cl, "lib", lambda: pytest.fail("libOpenCL used at load or run"))
+    got = Model.load(out, device="qcom").run(feeds)["y"]
+    assert np.array_equal(got, np.maximum(x, 0) * x)
+    from runner.blob import read_blob
+    for name, d in read_blob(out).manifest["meta"][program.EMBED_KEY]["programs"].items():
+        p = program.from_json(d)
+        print(f"{name}: {len(p.binary)} bytes ISA, regs {p.regs}, offsets {p.offsets}")
+        assert p.regs.full > 0 and p.units > 0
+
+
 # ---- whole models through device="qcom", beside the vendor OpenCL path (issue item 9) ---------
 
 RUNS = 1000
