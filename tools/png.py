@@ -1,6 +1,6 @@
-"""A small RGB canvas drawn with numpy and written as a PNG with zlib: rectangles, lines and
-text in a 3x5 pixel font. The tools' pictures (blobinfo --memory, profile --timeline) need no
-plotting library; matplotlib stays an optional extra that nothing here depends on.
+"""A small RGB canvas drawn with numpy and written as a PNG with zlib: rectangles, polylines and
+text in a 3x5 pixel font. The tools' pictures (blobinfo --memory, profile --timeline, soak's
+charts without matplotlib) need no plotting library; matplotlib stays an optional extra.
 """
 from __future__ import annotations
 
@@ -53,6 +53,22 @@ class Canvas:
         if outline is not None and b - a > 2 and d - c > 2:
             self.px[c, a:b] = self.px[d - 1, a:b] = outline
             self.px[c:d, a] = self.px[c:d, b - 1] = outline
+
+    def polyline(self, xs, ys, color) -> None:
+        """Straight segments through the points (pixels); non-finite points are skipped, and
+        what falls outside the canvas is clipped."""
+        xs, ys = np.asarray(xs, float), np.asarray(ys, float)
+        ok = np.isfinite(xs) & np.isfinite(ys)
+        xs, ys = xs[ok], ys[ok]
+        pts = [(xs, ys)] if len(xs) == 1 else []
+        for ax, ay, bx, by in zip(xs, ys, xs[1:], ys[1:]):
+            n = int(max(abs(bx - ax), abs(by - ay))) + 1
+            pts.append((np.linspace(ax, bx, n), np.linspace(ay, by, n)))
+        w, h = self.size
+        for px, py in pts:
+            px, py = np.rint(px).astype(int), np.rint(py).astype(int)
+            inside = (px >= 0) & (px < w) & (py >= 0) & (py < h)
+            self.px[py[inside], px[inside]] = color
 
     def text(self, x: int, y: int, s: str, color=(0, 0, 0), scale: int = 2) -> int:
         """Draw `s` with its top left at (x, y); returns the x after it. Unknown characters
