@@ -25,10 +25,12 @@ VERSION = "0.1.0"
 
 
 class Stages:
-    """Per-stage wall time, and an optional progress callback for long stages."""
+    """Per-stage wall time, counts (kernels built, taken from the cache...), and an optional
+    progress callback for long stages."""
 
     def __init__(self, progress=None):
         self.times: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
         self.progress = progress
 
     @contextmanager

@@ -3,14 +3,17 @@ linearize. Kernels are independent once scheduled, and building them is most of 
 time, so on Linux they build in forked worker processes, one per core."""
 from __future__ import annotations
 
+import hashlib
 import multiprocessing
 import os
+import pickle
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from compiler import cache
 from compiler.codegen.half import demote_half, half_rules, promote_for_half_compute, storage_casts
 from compiler.codegen.linearize import linearize
 from compiler.codegen.lower import lower_kernel
@@ -23,7 +26,7 @@ from compiler.codegen.vectorize import vectorize
 from compiler.ir.dtypes import DType
 from compiler.ir.rewrite import graph_rewrite
 from compiler.ir.symbolic import symbolic
-from compiler.ir.uop import UOp
+from compiler.ir.uop import Ops, UOp
 from compiler.schedule.fusion import Kernel
 from compiler.target import Target
 
@@ -49,6 +52,32 @@ class Built:
 
 
 def build_all(jobs: dict[tuple, Job], st) -> dict[tuple, Built]:
+    """Build every job, or take it from the kernel cache (compiler/cache.py)."""
+    digests = {k: job_digest(j) for k, j in jobs.items()}
+    hits = {}
+    for k, d in digests.items():
+        data = d and cache.get("kernels", d)
+        if data:
+            hits[k] = replace(pickle.loads(data), name=jobs[k].kernel.name)
+    st.counts["kernels cached"] = len(hits)
+    built = _build_all({k: j for k, j in jobs.items() if k not in hits}, st)
+    for k, b in built.items():
+        if digests[k]:
+            cache.put("kernels", digests[k], pickle.dumps(b, protocol=pickle.HIGHEST_PROTOCOL))
+    return {k: hits[k] if k in hits else built[k] for k in jobs}  # job order: reproducible
+
+
+def job_digest(job: Job) -> str | None:
+    """The kernel cache's key: everything build_kernel reads (None: not cacheable)."""
+    h = hashlib.sha256(cache.code_digest().encode())
+    if not cache.graph_digest(UOp(Ops.SINK, src=(job.kernel.root, *job.kernel.inputs)), h):
+        return None
+    h.update(repr((job.param_dtypes, job.target, sorted(job.packable.items()),
+                   sorted(job.arena))).encode())
+    return h.hexdigest()
+
+
+def _build_all(jobs: dict[tuple, Job], st) -> dict[tuple, Built]:
     """Build every job, in worker processes when there are enough of them (`st`: Stages)."""
     keys = list(jobs)
     workers = min(compile_jobs(), len(keys))

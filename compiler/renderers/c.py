@@ -13,6 +13,8 @@ needs no libc.
 """
 from __future__ import annotations
 
+import hashlib
+
 from compiler.artifact import Buffer, Launch
 from compiler.ir.dtypes import DType, dtypes
 from compiler.renderers.cstyle import INFIX, Body, CStyle
@@ -77,41 +79,29 @@ class CRenderer(CStyle):
     give 0/-1 integer masks), `__builtin_convertvector` for casts, a plain cast for bit casts."""
 
     def render_program(self, kernels: list[tuple[str, list[UOp]]], launches: list[Launch],
-                       buffers: dict[int, Buffer]) -> str:
-        used = {u.dtype for _, lin in kernels for u in lin if u.dtype.count > 1}
-        counts = {d.count for d in used}
-        masks = {_int_of(b).vec(n) for n in counts for b in (1, 2, 4, 8)}  # for select()
-        vectors = {d for d in used if d.scalar is not dtypes.bool} | masks
-        typedefs = "".join(self.typedef(d) for d in sorted(vectors, key=lambda d: d.cname))
+                       buffers: dict[int, Buffer]) -> Program:
         # every parameter is declared, even one whose loads simplified away: the call passes it
         signature = {ln.kernel: [dtypes.from_np(buffers[b].dtype) for b in ln.args]
                      for ln in reversed(launches)}
-        body = [typedefs]
+        texts = {}
         for name, lin in kernels:
             self.param_dtypes = signature[name]
-            body.append(self.render_kernel(name, lin))
-        args = [", ".join(self._arg(buffers[b]) for b in ln.args) for ln in launches]
-        one = [f"  {ln.kernel}({a}, 0, 1);" for ln, a in zip(launches, args)]
-        sig = "unsigned char *arena, const unsigned char *weights, void *const *io"
-        entry = f"void {ENTRY}({sig}) {{\n" + "\n".join(one) + "\n}\n"
-        timed = "\n".join(f"{c}\n  ticks[{i + 1}] = KEEL_TICKS();" for i, c in enumerate(one))
-        profile = (f"void {PROFILE}({sig}, unsigned long long *ticks) {{\n"
-                   f"  ticks[0] = KEEL_TICKS();\n{timed}\n}}\n")
-        mt = []
-        for ln, a in zip(launches, args):
-            if ln.barrier:  # compiler/schedule/hazards.py
-                mt.append("  keel_barrier(s, nt, &sense);")
-            mt.append(f"  {ln.kernel}({a}, tid, nt);")
-        mt.append("  keel_barrier(s, nt, &sense);  /* all work done before any thread returns */")
-        threaded = (f"void {ENTRY_MT}({sig}, int tid, int nt, keel_sync *s) {{\n"
-                    f"  int sense = __atomic_load_n(&s->sense, __ATOMIC_ACQUIRE);\n"
-                    + "\n".join(mt) + "\n}\n")
-        cases = [f"  case {i}: {ln.kernel}(" + ", ".join(
-            f"({dtypes.from_np(buffers[b].dtype).cname} *)args[{j}]" for j, b in enumerate(ln.args))
-            + ", 0, 1); return;" for i, ln in enumerate(launches)]
-        replay = (f"void {LAUNCH}(int launch, void *const *args) {{\n  switch (launch) {{\n"
-                  + "\n".join(cases) + "\n  }\n}\n")
-        return TICKS + "\n".join(body) + "\n" + entry + threaded + profile + replay
+            texts[name] = self.render_kernel(name, lin)
+        lins = [lin for _, lin in kernels]
+        whole = (TICKS + "\n".join([_typedefs(self, lins), *texts.values()]) + "\n"
+                 + _entries(self, launches, buffers, {}))
+        # the same kernels as separate units: extern, named by their own text, so an object
+        # built once serves every model (and every position in a model) that has the kernel
+        units, syms = {}, {}
+        for (name, lin), text in zip(kernels, texts.values()):
+            rest = text[len(f"{self.kernel_prefix} {name}"):]  # "(params) {body}"
+            unit = _typedefs(self, [lin]) + "void KEEL_KERNEL" + rest
+            syms[name] = "keel_" + hashlib.sha256(unit.encode()).hexdigest()[:20]
+            units[syms[name]] = unit.replace("void KEEL_KERNEL", f"void {syms[name]}", 1)
+        protos = "".join(f"void {syms[n]}{t[len(f'{self.kernel_prefix} {n}'):].split(' {', 1)[0]};\n"
+                         for n, t in texts.items())
+        units["keel_graph"] = TICKS + protos + _entries(self, launches, buffers, syms)
+        return Program(whole, list(units.items()))
 
     # ---- threads: each kernel takes its share of the outermost loop ---------------------------
     def extra_params(self) -> list[str]:
@@ -241,6 +231,54 @@ class CRenderer(CStyle):
             mask = f"__builtin_convertvector({mask}, {ints})"
         return (f"(({self.dtype(dt)})((({ints})({a}) & {mask}) | "
                 f"(({ints})({b}) & ~{mask})))")
+
+
+class Program(str):
+    """The program as one translation unit (what a reader of the source sees), carrying the same
+    program split into `units` [(name, C source)]: one per distinct kernel and one for the entry
+    points, which toolchain.py builds and caches one object each."""
+    units: list[tuple[str, str]]
+
+    def __new__(cls, text: str, units: list[tuple[str, str]]):
+        self = super().__new__(cls, text)
+        self.units = units
+        return self
+
+
+def _typedefs(r: CRenderer, lins: list[list[UOp]]) -> str:
+    used = {u.dtype for lin in lins for u in lin if u.dtype.count > 1}
+    counts = {d.count for d in used}
+    masks = {_int_of(b).vec(n) for n in counts for b in (1, 2, 4, 8)}  # for select()
+    vectors = {d for d in used if d.scalar is not dtypes.bool} | masks
+    return "".join(r.typedef(d) for d in sorted(vectors, key=lambda d: d.cname))
+
+
+def _entries(r: CRenderer, launches: list[Launch], buffers: dict[int, Buffer],
+             syms: dict[str, str]) -> str:
+    """The entry points (module docstring); `syms` renames kernels (units call them by symbol)."""
+    calls = [syms.get(ln.kernel, ln.kernel) for ln in launches]
+    args = [", ".join(r._arg(buffers[b]) for b in ln.args) for ln in launches]
+    one = [f"  {c}({a}, 0, 1);" for c, a in zip(calls, args)]
+    sig = "unsigned char *arena, const unsigned char *weights, void *const *io"
+    entry = f"void {ENTRY}({sig}) {{\n" + "\n".join(one) + "\n}\n"
+    timed = "\n".join(f"{c}\n  ticks[{i + 1}] = KEEL_TICKS();" for i, c in enumerate(one))
+    profile = (f"void {PROFILE}({sig}, unsigned long long *ticks) {{\n"
+               f"  ticks[0] = KEEL_TICKS();\n{timed}\n}}\n")
+    mt = []
+    for ln, c, a in zip(launches, calls, args):
+        if ln.barrier:  # compiler/schedule/hazards.py
+            mt.append("  keel_barrier(s, nt, &sense);")
+        mt.append(f"  {c}({a}, tid, nt);")
+    mt.append("  keel_barrier(s, nt, &sense);  /* all work done before any thread returns */")
+    threaded = (f"void {ENTRY_MT}({sig}, int tid, int nt, keel_sync *s) {{\n"
+                f"  int sense = __atomic_load_n(&s->sense, __ATOMIC_ACQUIRE);\n"
+                + "\n".join(mt) + "\n}\n")
+    cases = [f"  case {i}: {c}(" + ", ".join(
+        f"({dtypes.from_np(buffers[b].dtype).cname} *)args[{j}]" for j, b in enumerate(ln.args))
+        + ", 0, 1); return;" for i, (ln, c) in enumerate(zip(launches, calls))]
+    replay = (f"void {LAUNCH}(int launch, void *const *args) {{\n  switch (launch) {{\n"
+              + "\n".join(cases) + "\n  }\n}\n")
+    return entry + threaded + profile + replay
 
 
 def _int_of(nbytes: int) -> DType:
