@@ -78,7 +78,13 @@ class PatternMatcher:
 
     def rewrite(self, u: UOp, ctx=None) -> UOp | None:
         for pat, fn in self.by_op[u.op]:
-            for caps in pat.match(u, {}):
+            if pat.src is None and pat.arg is _ANY:  # most rules: one op, maybe a dtype, a name
+                if pat.dtypes is not None and u.dtype not in pat.dtypes:
+                    continue
+                found = [{pat.name: u} if pat.name is not None else {}]
+            else:
+                found = pat.match(u, {})
+            for caps in found:
                 out = fn(ctx, **caps) if ctx is not None else fn(**caps)
                 if out is not None and out is not u:
                     return out
