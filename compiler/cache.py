@@ -40,6 +40,11 @@ def get(layer: str, key: str) -> bytes | None:
         return None
 
 
+def has(layer: str, key: str) -> bool:
+    r = root()
+    return r is not None and (r / layer / key).is_file()
+
+
 def put(layer: str, key: str, data: bytes) -> None:
     r = root()
     if r is None:

@@ -93,13 +93,28 @@ def build_shared(source: str, target: str) -> bytes:
         return Path(tmp, "graph.so").read_bytes()
 
 
+def cached_units(source: str, target: str) -> dict[str, int]:
+    """How many of the source's units build_shared will compile, and how many it has cached."""
+    units = getattr(source, "units", None) or [("graph", source)]
+    keys = _unit_keys(units, target)
+    hit = sum(disk.has("objects", k) for k in keys.values())
+    return {"compiled": len(units) - hit, "cached": hit}
+
+
+def _unit_keys(units: list[tuple[str, str]], target: str) -> dict[str, str]:
+    """The object cache's key per unit: its name (it lands in the object), its text, the
+    command and the compiler's version."""
+    cmd = [*_command(target, link=False), "-c"]
+    tag = repr((cmd, _cc_version(cmd[0]))).encode()
+    return {n: hashlib.sha256(tag + n.encode() + b"\0" + src.encode()).hexdigest()
+            for n, src in units}
+
+
 def _objects(units: list[tuple[str, str]], target: str, tmp: str) -> list[str]:
     """Each unit's object file in `tmp` (names in unit order): from the cache, or compiled by
     as many compiler processes as there are cores, each given a similar share of the source."""
     cmd = [*_command(target, link=False), "-c"]
-    tag = repr((cmd, _cc_version(cmd[0]))).encode()
-    keys = {n: hashlib.sha256(tag + n.encode() + b"\0" + src.encode()).hexdigest()
-            for n, src in units}
+    keys = _unit_keys(units, target)
     missing = []
     for name, src in units:
         data = disk.get("objects", keys[name])

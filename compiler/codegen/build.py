@@ -59,8 +59,9 @@ def build_all(jobs: dict[tuple, Job], st) -> dict[tuple, Built]:
         data = d and cache.get("kernels", d)
         if data:
             hits[k] = replace(pickle.loads(data), name=jobs[k].kernel.name)
-    st.counts["kernels cached"] = len(hits)
-    built = _build_all({k: j for k, j in jobs.items() if k not in hits}, st)
+    st.count("kernels", built=len(jobs) - len(hits), cached=len(hits))
+    todo = {k: j for k, j in jobs.items() if k not in hits}
+    built = _build_all(todo, st) if todo else {}
     for k, b in built.items():
         if digests[k]:
             cache.put("kernels", digests[k], pickle.dumps(b, protocol=pickle.HIGHEST_PROTOCOL))
