@@ -119,7 +119,7 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, ctx=None) -> UOp:
 def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
     """Replace nodes by identity (no pattern matching); used to bind placeholders."""
     memo: dict[UOp, UOp] = dict(mapping)
-    for node in root.toposort():
+    for node in root.toposort(leaves=mapping):  # what is below a replaced node is not needed
         if node in memo:
             continue
         src = tuple(memo[s] for s in node.src)

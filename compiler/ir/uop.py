@@ -263,8 +263,9 @@ class UOp:
     def ranges(self) -> tuple[UOp, ...]:
         return tuple(s for s in self.src if s.op is Ops.RANGE)
 
-    def toposort(self) -> list[UOp]:
-        """Sources before users, iteratively: graphs are deep (thousands of nodes in a chain)."""
+    def toposort(self, leaves=()) -> list[UOp]:
+        """Sources before users, iteratively: graphs are deep (thousands of nodes in a chain).
+        Nodes in `leaves` are listed but not walked into."""
         order, seen, stack = [], set(), [(self, False)]
         while stack:
             node, done = stack.pop()
@@ -275,7 +276,8 @@ class UOp:
                 continue
             seen.add(node)
             stack.append((node, True))
-            stack.extend((s, False) for s in reversed(node.src) if s not in seen)
+            if node not in leaves:
+                stack.extend((s, False) for s in reversed(node.src) if s not in seen)
         return order
 
 
