@@ -54,18 +54,25 @@ class Built:
 def build_all(jobs: dict[tuple, Job], st) -> dict[tuple, Built]:
     """Build every job, or take it from the kernel cache (compiler/cache.py)."""
     digests = {k: job_digest(j) for k, j in jobs.items()}
-    hits = {}
-    for k, d in digests.items():
-        data = d and cache.get("kernels", d)
-        if data:
-            hits[k] = replace(pickle.loads(data), name=jobs[k].kernel.name)
+    hits = {k: replace(b, name=jobs[k].kernel.name) for k, d in digests.items()
+            if (b := _cached(d)) is not None}
     st.count("kernels", built=len(jobs) - len(hits), cached=len(hits))
     todo = {k: j for k, j in jobs.items() if k not in hits}
     built = _build_all(todo, st) if todo else {}
     for k, b in built.items():
         if digests[k]:
-            cache.put("kernels", digests[k], pickle.dumps(b, protocol=pickle.HIGHEST_PROTOCOL))
+            # permutations index weights of < 2**31 elements (load.py's limit): int32 halves them
+            small = replace(b, perms={j: p.astype(np.int32) for j, p in b.perms.items()})
+            cache.put("kernels", digests[k], pickle.dumps(small, protocol=pickle.HIGHEST_PROTOCOL))
     return {k: hits[k] if k in hits else built[k] for k in jobs}  # job order: reproducible
+
+
+def _cached(digest: str | None) -> Built | None:
+    data = digest and cache.get("kernels", digest)
+    try:
+        return pickle.loads(data) if data else None
+    except Exception:  # written by another Python or numpy, or damaged: build it again
+        return None
 
 
 def job_digest(job: Job) -> str | None:
