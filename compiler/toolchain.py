@@ -32,7 +32,6 @@ GCC = "gcc"
 # only "fast" lets the compiler fuse it into an FMA (one rounding instead of two).
 CODE_FLAGS = ("-O2", "-ffreestanding", "-fno-math-errno", "-ffp-contract=fast", "-fPIC")
 LINK_FLAGS = ("-shared", "-nostdlib")
-COMMON_FLAGS = CODE_FLAGS + LINK_FLAGS
 TIMEOUT = 1800  # seconds for one compiler process: the largest model's kernels take ~30 s
 UNIT_BYTES = 200_000  # source a compiler process is given before another one pays for its start
 
@@ -123,15 +122,21 @@ def _objects(units: list[tuple[str, str]], target: str, tmp: str) -> list[str]:
             missing.append((len(src), name))
         else:
             Path(tmp, f"{name}.o").write_bytes(data)
-    n = max(1, min(_cores(), len(missing), sum(b for b, _ in missing) // UNIT_BYTES + 1))
+    n = max(1, min(compile_jobs(), len(missing), sum(b for b, _ in missing) // UNIT_BYTES + 1))
     groups: list[tuple[int, list[str]]] = [(0, []) for _ in range(n)]
     for size, name in sorted(missing, reverse=True):  # largest first, onto the lightest group
         load, names = min(groups, key=lambda g: g[0])
         groups[groups.index((load, names))] = (load + size, names + [name])
     procs = [subprocess.Popen([*cmd, *(f"{n}.c" for n in names)], cwd=tmp, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _, names in groups if names]
-    for p in procs:
-        _wait(p, target)
+    errors = []
+    for p in procs:  # every process is waited for, so none outlives the temporary folder
+        try:
+            _wait(p, target)
+        except CompileError as e:
+            errors.append(e)
+    if errors:
+        raise errors[0]
     for _, name in missing:
         disk.put("objects", keys[name], Path(tmp, f"{name}.o").read_bytes())
     return [f"{name}.o" for name, _ in units]
@@ -156,11 +161,17 @@ def _wait(proc: subprocess.Popen, target: str) -> None:
 
 @cache
 def _cc_version(cc: str) -> str:
-    return subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+def compile_jobs() -> int:
+    """Processes a compile may run at once (kernel builders, clang): KEEL_COMPILE_JOBS, or one
+    per core this process may use."""
+    text = os.environ.get("KEEL_COMPILE_JOBS", "")
+    if text.strip().isdigit() and int(text) > 0:
+        return int(text)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
 
 
 def _target(target: str) -> CpuTarget:

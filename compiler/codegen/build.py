@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing
-import os
 import pickle
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -29,6 +28,7 @@ from compiler.ir.symbolic import symbolic
 from compiler.ir.uop import Ops, UOp
 from compiler.schedule.fusion import Kernel
 from compiler.target import Target
+from compiler.toolchain import compile_jobs
 
 PARALLEL_MIN_KERNELS = 8  # below this, starting worker processes costs more than it saves
 
@@ -121,14 +121,6 @@ def _build_job(i: int):
     jobs, timer = _FORKED
     st = timer()
     return i, build_kernel(jobs[i], st), st.times
-
-
-def compile_jobs() -> int:
-    text = os.environ.get("KEEL_COMPILE_JOBS", "")
-    if text.strip().isdigit() and int(text) > 0:
-        return int(text)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        (os.cpu_count() or 1)
 
 
 def build_kernel(job: Job, st) -> Built:
