@@ -1,4 +1,5 @@
-"""Freestanding C: every kernel plus the graph entry points in a single translation unit.
+"""Freestanding C: every kernel plus the graph entry points in a single translation unit (and
+the same program split into one unit per kernel, which toolchain.py builds and caches).
 
 The entry points are the CPU "command buffer": one call from the runner executes the whole model.
   keel_graph(arena, weights, io)                     one thread
@@ -90,18 +91,22 @@ class CRenderer(CStyle):
         lins = [lin for _, lin in kernels]
         whole = (TICKS + "\n".join([_typedefs(self, lins), *texts.values()]) + "\n"
                  + _entries(self, launches, buffers, {}))
-        # the same kernels as separate units: extern, named by their own text, so an object
-        # built once serves every model (and every position in a model) that has the kernel
-        units, syms = {}, {}
-        for (name, lin), text in zip(kernels, texts.values()):
-            rest = text[len(f"{self.kernel_prefix} {name}"):]  # "(params) {body}"
+        return Program(whole, self._units(kernels, texts, launches, buffers))
+
+    def _units(self, kernels: list[tuple[str, list[UOp]]], texts: dict[str, str],
+               launches: list[Launch], buffers: dict[int, Buffer]) -> list[tuple[str, str]]:
+        """The same kernels as separate units: extern and named by a hash of their own text, so
+        an object built once serves every model (and every position in a model) that has the
+        kernel; the entry points call them by that name."""
+        units, syms, protos = {}, {}, []
+        for name, lin in kernels:
+            rest = texts[name][len(f"{self.kernel_prefix} {name}"):]  # "(params) {body}"
             unit = _typedefs(self, [lin]) + "void KEEL_KERNEL" + rest
             syms[name] = "keel_" + hashlib.sha256(unit.encode()).hexdigest()[:20]
             units[syms[name]] = unit.replace("void KEEL_KERNEL", f"void {syms[name]}", 1)
-        protos = "".join(f"void {syms[n]}{t[len(f'{self.kernel_prefix} {n}'):].split(' {', 1)[0]};\n"
-                         for n, t in texts.items())
-        units["keel_graph"] = TICKS + protos + _entries(self, launches, buffers, syms)
-        return Program(whole, list(units.items()))
+            protos.append(f"void {syms[name]}{rest.split(' {', 1)[0]};\n")
+        units["keel_graph"] = TICKS + "".join(protos) + _entries(self, launches, buffers, syms)
+        return list(units.items())
 
     # ---- threads: each kernel takes its share of the outermost loop ---------------------------
     def extra_params(self) -> list[str]:
