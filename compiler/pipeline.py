@@ -25,17 +25,26 @@ VERSION = "0.1.0"
 
 
 class Stages:
-    """Per-stage wall time, and an optional progress callback for long stages."""
+    """Per-stage wall time, counts (kernels built, taken from the cache...), and an optional
+    progress callback for long stages."""
 
-    def __init__(self, progress=None):
+    def __init__(self, progress=None, report=None):
         self.times: dict[str, float] = {}
+        self.counts: dict[str, dict[str, int]] = {}  # stage -> what it handled, by kind
         self.progress = progress
+        self.report = report  # called with (stage, seconds, counts) as each top stage ends
 
     @contextmanager
     def __call__(self, name: str):
         t = time.perf_counter()
         yield
-        self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t
+        secs = time.perf_counter() - t
+        self.times[name] = self.times.get(name, 0.0) + secs
+        if self.report:
+            self.report(name, secs, self.counts.get(name, {}))
+
+    def count(self, stage: str, **counts: int) -> None:
+        self.counts.setdefault(stage, {}).update(counts)
 
     def tick(self, stage: str, done: int, total: int):
         if self.progress:
@@ -57,9 +66,10 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
             origins.setdefault(u, i)
         kernels = _copies_for_shared_outputs(outs, kernels)
         kernels, last = _layouts(kernels, realized, set(outs), tgt)
-    bufs = Buffers(graph.inputs, list(zip([n for n, _ in graph.outputs], outs)),
-                   device_storage(tgt, float16, images), tgt.buffer_align)
-    jobs, uses = _jobs(kernels, bufs, last, tgt)
+        bufs = Buffers(graph.inputs, list(zip([n for n, _ in graph.outputs], outs)),
+                       device_storage(tgt, float16, images), tgt.buffer_align)
+        jobs, uses = _jobs(kernels, bufs, last, tgt)
+        st.count("schedule", kernels=len(kernels), programs=len(jobs))
     with st("kernels"):
         built = build_all(jobs, st)
     for use in uses:
@@ -73,9 +83,13 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         source = get_renderer(tgt).render_program([(b.name, b.lin) for b in built.values()],
                                                   bufs.launches, bufs.by_id())
     with st("build"):
-        code = toolchain.build_shared(source, tgt.name) if tgt.shared_object else \
-            toolchain.build_code_object(source, tgt.code_object) if tgt.code_object else \
-            source.encode()
+        if tgt.shared_object:
+            st.count("build", **toolchain.cached_units(source, tgt.name))
+            code = toolchain.build_shared(source, tgt.name)
+        elif tgt.code_object:
+            code = toolchain.build_code_object(source, tgt.code_object)
+        else:
+            code = source.encode()
     return Artifact(
         target=tgt.name, inputs=bufs.inputs, outputs=bufs.outputs, buffers=list(bufs.by_id().values()),
         weights=bufs.weight_bytes(), arena_bytes=bufs.arena_bytes,

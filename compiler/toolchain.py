@@ -1,27 +1,39 @@
 """C source -> shared object bytes for one CPU target.
 
 One freestanding translation unit in, one shared object out, built with clang-19 (any target from
-any host) or gcc (host target only, when clang-19 is missing). Nothing is cached yet. The object may
-still import memcpy/memset that the compiler emits for large copies: the runner resolves them from
-the libc already loaded in its process.
+any host) or gcc (host target only, when clang-19 is missing). The object may still import
+memcpy/memset that the compiler emits for large copies: the runner resolves them from the libc
+already loaded in its process.
+
+A source that carries `units` (renderers/c.py:Program: one per kernel, one for the entry points)
+is built unit by unit instead: each unit's object comes from the cache (compiler/cache.py, keyed
+by its name, text, the command and the compiler's version) or is compiled, the missing ones in one
+compiler process per core, and the objects are linked. An edited model recompiles only the
+kernels it changed; an unchanged one only links.
 """
 from __future__ import annotations
 
+import hashlib
+import os
 import platform
 import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
+from compiler import cache as disk
 from compiler.errors import CompileError
 
 CLANG = "clang-19"
 GCC = "gcc"
 # -ffp-contract=fast: kernels bind every value to a variable, so a*b+c spans statements;
 # only "fast" lets the compiler fuse it into an FMA (one rounding instead of two).
-COMMON_FLAGS = ("-O2", "-ffreestanding", "-fno-math-errno", "-ffp-contract=fast", "-fPIC", "-shared",
-                "-nostdlib")
+CODE_FLAGS = ("-O2", "-ffreestanding", "-fno-math-errno", "-ffp-contract=fast", "-fPIC")
+LINK_FLAGS = ("-shared", "-nostdlib")
+TIMEOUT = 1800  # seconds for one compiler process: the largest model's kernels take ~30 s
+UNIT_BYTES = 200_000  # source a compiler process is given before another one pays for its start
 
 
 @dataclass(frozen=True)
@@ -71,17 +83,100 @@ def can_run(target: str) -> bool:
 
 
 def build_shared(source: str, target: str) -> bytes:
-    """Compile `source` (one C translation unit) into a shared object for `target`."""
-    cmd = _command(target)
+    """Compile `source` (one C translation unit, or a Program with units) into a shared object
+    for `target`."""
+    units = getattr(source, "units", None)
     with tempfile.TemporaryDirectory(prefix="keel-cc-") as tmp:
-        # relative names only: the file name lands in the object's symbol table, keep it stable
-        Path(tmp, "graph.c").write_text(source)
-        proc = subprocess.run([*cmd, "graph.c", "-o", "graph.so"], cwd=tmp,
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise CompileError(f"{cmd[0]} failed for target {target!r} (exit {proc.returncode}):\n"
-                               f"{proc.stderr.strip()}")
+        # relative names only: a file's name lands in its object's symbol table, keep it stable
+        if not units:
+            Path(tmp, "graph.c").write_text(source)
+            _run([*_command(target), "graph.c", "-o", "graph.so"], tmp, target)
+            return Path(tmp, "graph.so").read_bytes()
+        objs = _objects(units, target, tmp)
+        _run([*_link_command(target), *objs, "-o", "graph.so"], tmp, target)
         return Path(tmp, "graph.so").read_bytes()
+
+
+def cached_units(source: str, target: str) -> dict[str, int]:
+    """How many of the source's units build_shared will compile, and how many it has cached."""
+    units = getattr(source, "units", None) or [("graph", source)]
+    keys = _unit_keys(units, target)
+    hit = sum(disk.has("objects", k) for k in keys.values())
+    return {"compiled": len(units) - hit, "cached": hit}
+
+
+def _unit_keys(units: list[tuple[str, str]], target: str) -> dict[str, str]:
+    """The object cache's key per unit: its name (it lands in the object), its text, the
+    command and the compiler's version."""
+    cmd = [*_command(target, link=False), "-c"]
+    tag = repr((cmd, _cc_version(cmd[0]))).encode()
+    return {n: hashlib.sha256(tag + n.encode() + b"\0" + src.encode()).hexdigest()
+            for n, src in units}
+
+
+def _objects(units: list[tuple[str, str]], target: str, tmp: str) -> list[str]:
+    """Each unit's object file in `tmp` (names in unit order): from the cache, or compiled by
+    as many compiler processes as there are cores, each given a similar share of the source."""
+    cmd = [*_command(target, link=False), "-c"]
+    keys = _unit_keys(units, target)
+    missing = []
+    for name, src in units:
+        data = disk.get("objects", keys[name])
+        if data is None:
+            Path(tmp, f"{name}.c").write_text(src)
+            missing.append((len(src), name))
+        else:
+            Path(tmp, f"{name}.o").write_bytes(data)
+    n = max(1, min(compile_jobs(), len(missing), sum(b for b, _ in missing) // UNIT_BYTES + 1))
+    groups: list[tuple[int, list[str]]] = [(0, []) for _ in range(n)]
+    for size, name in sorted(missing, reverse=True):  # largest first, onto the lightest group
+        load, names = min(groups, key=lambda g: g[0])
+        groups[groups.index((load, names))] = (load + size, names + [name])
+    procs = [subprocess.Popen([*cmd, *(f"{n}.c" for n in names)], cwd=tmp, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _, names in groups if names]
+    errors = []
+    for p in procs:  # every process is waited for, so none outlives the temporary folder
+        try:
+            _wait(p, target)
+        except CompileError as e:
+            errors.append(e)
+    if errors:
+        raise errors[0]
+    for _, name in missing:
+        disk.put("objects", keys[name], Path(tmp, f"{name}.o").read_bytes())
+    return [f"{name}.o" for name, _ in units]
+
+
+def _run(cmd: list[str], cwd: str, target: str) -> None:
+    _wait(subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True), target)
+
+
+def _wait(proc: subprocess.Popen, target: str) -> None:
+    try:
+        _, err = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise CompileError(f"{proc.args[0]} took over {TIMEOUT} s for target {target!r}") from None
+    if proc.returncode != 0:
+        raise CompileError(f"{proc.args[0]} failed for target {target!r} (exit {proc.returncode}):\n"
+                           f"{err.strip()}")
+
+
+@cache
+def _cc_version(cc: str) -> str:
+    return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
+
+
+def compile_jobs() -> int:
+    """Processes a compile may run at once (kernel builders, clang): KEEL_COMPILE_JOBS, or one
+    per core this process may use."""
+    text = os.environ.get("KEEL_COMPILE_JOBS", "")
+    if text.strip().isdigit() and int(text) > 0:
+        return int(text)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
 
 
 def _target(target: str) -> CpuTarget:
@@ -90,14 +185,23 @@ def _target(target: str) -> CpuTarget:
     return TARGETS[target]
 
 
-def _command(target: str) -> list[str]:
+def _command(target: str, link: bool = True) -> list[str]:
+    """The compiler command for `target`: compile and link in one go, or (link=False) compile."""
     t = _target(target)
     if shutil.which(CLANG):
-        return [CLANG, f"--target={t.triple}", *t.cpu_flags, *COMMON_FLAGS, *t.link_flags]
+        tail = (*LINK_FLAGS, *t.link_flags) if link else ()
+        return [CLANG, f"--target={t.triple}", *t.cpu_flags, *CODE_FLAGS, *tail]
     if shutil.which(GCC) and target == host_target():
-        return [GCC, *t.cpu_flags, *COMMON_FLAGS]
+        return [GCC, *t.cpu_flags, *CODE_FLAGS, *(LINK_FLAGS if link else ())]
     raise CompileError(f"{CLANG} not found; the {GCC} fallback only builds for the host target "
                        f"{host_target()!r}, got {target!r}")
+
+
+def _link_command(target: str) -> list[str]:
+    cc, t = _command(target, link=False)[0], _target(target)
+    if cc == CLANG:
+        return [CLANG, f"--target={t.triple}", *LINK_FLAGS, *t.link_flags]
+    return [GCC, *LINK_FLAGS]
 
 
 LLD = "ld.lld-19"

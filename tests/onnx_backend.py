@@ -9,16 +9,21 @@ are fully static, otherwise on the first run() that sees a new signature. A grap
 compiler needs as a value (the `shape` of a Reshape, the `axes` of a reduction: StaticInputError)
 is bound as a constant from the values run() receives, so the signature includes its value.
 
-Compiled blobs are cached on disk (KEEL_CACHE_DIR, default ~/.cache/keel/onnx_backend), in a folder
-per hash of exactly the sources a blob can depend on (_source_digest; the newest few folders are
-kept), keyed by the model bytes and the bound shapes and constants. KEEL_CACHE_DIR="" turns the
-cache off.
+Two cache layers, both under KEEL_CACHE_DIR (default ~/.cache/keel; KEEL_CACHE_DIR="" turns both
+off):
+- here, whole blobs in onnx_backend/<digest>/: a folder per hash of exactly the sources a blob can
+  depend on (_source_digest; the newest few folders are kept), keyed by the model bytes and the
+  bound shapes and constants. A hit skips the compiler altogether.
+- beneath it, the compiler's own per-kernel cache (compiler/cache.py: kernels/ and objects/),
+  keyed by each canonical kernel and the codegen sources, and by each kernel's C source and the C
+  compiler. After an edit that misses this layer (any compile path source changes the digest),
+  a node test's compile re-runs the frontend and the scheduler but takes every kernel the edit
+  did not change from there, and only links.
 """
 from __future__ import annotations
 
 import hashlib
 import modulefinder
-import os
 import shutil
 import subprocess
 import tempfile
@@ -28,6 +33,7 @@ import numpy as np
 import onnx
 from onnx.backend.base import Backend, BackendRep, namedtupledict
 
+from compiler import cache
 from compiler.blob import write_blob
 from compiler.pipeline import compile_model
 from compiler.errors import StaticInputError
@@ -42,9 +48,9 @@ def _source_digest() -> str:
     """Hash of every repo module the compile path imports (statically, functions' imports too:
     all of compiler/ and the part of runner/ that defines the blob format) and of the C
     compiler's version. A blob cached by another version is never served, and edits that cannot
-    change a blob (tools/, tests/, the runner's devices) keep the cache warm. Finer keys (per
-    compiler stage, per kernel) would have to prove which stage an edit can reach; compiling
-    is most of the cost and every stage feeds it, so they would rarely hit."""
+    change a blob (tools/, tests/, the runner's devices) keep the cache warm. The finer layer is
+    the compiler's own per-kernel cache (module docstring): an edit that misses here still
+    rebuilds only the kernels it changed."""
     finder = modulefinder.ModuleFinder(path=[str(REPO)])  # repo modules only: no stdlib scan
     for script in COMPILE_PATH:
         finder.run_script(str(script))
@@ -64,13 +70,14 @@ def _cc_version() -> bytes:
 
 
 def _cache_dir() -> Path | None:
-    d = os.environ.get("KEEL_CACHE_DIR", str(Path.home() / ".cache" / "keel" / "onnx_backend"))
-    if not d:
+    root = cache.root()
+    if root is None:
         return None
-    here = Path(d) / _DIGEST
+    d = root / "onnx_backend"
+    here = d / _DIGEST
     if not here.exists():
         here.mkdir(parents=True, exist_ok=True)
-        old = sorted((p for p in Path(d).iterdir() if p.is_dir() and p != here),
+        old = sorted((p for p in d.iterdir() if p.is_dir() and p != here),
                      key=lambda p: p.stat().st_mtime)
         for p in old[:max(len(old) - (KEEP_VERSIONS - 1), 0)]:
             shutil.rmtree(p, ignore_errors=True)

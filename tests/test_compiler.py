@@ -261,6 +261,7 @@ def test_conv_weight_lanes_are_packed_side_by_side(monkeypatch):
 def _built_kernels(monkeypatch, model, **kw):
     import compiler.codegen.build as cb
     built = []
+    monkeypatch.setenv("KEEL_CACHE_DIR", "")  # a cached kernel is not built: build them all
     build = cb.build_kernel
     monkeypatch.setattr(cb, "build_kernel", lambda *a: built.append(build(*a)) or built[-1])
     compile_model(model, **kw)
@@ -627,3 +628,38 @@ def test_a_conv_whose_weight_is_an_input_stays_direct():
              "w": (rng.standard_normal((64, 64, 3, 3)) * 0.1).astype(np.float32)}
     # sums of 576 terms in another order than MLAS, on outputs up to about 10
     assert_close(keel_run(model, feeds)["y"], ort_run(model, feeds)["y"], rtol=1e-5, atol=1e-5)
+
+
+def _chain(acts: list[str]) -> onnx.ModelProto:
+    """MatMul + activation per entry of `acts`, one after another: one kernel each."""
+    rng = np.random.default_rng(0)
+    node, prev, nodes, inits = onnx.helper.make_node, "x", [], []
+    for i, act in enumerate(acts):
+        inits.append(onnx.numpy_helper.from_array(
+            rng.standard_normal((16, 16)).astype(np.float32), f"w{i}"))
+        nodes += [node("MatMul", [prev, f"w{i}"], [f"m{i}"]), node(act, [f"m{i}"], [f"y{i}"])]
+        prev = f"y{i}"
+    return make_model(nodes, [("x", (4, 16), np.float32)], [(prev, (4, 16), np.float32)], inits)
+
+
+def test_a_recompile_builds_only_kernels_it_has_not_built_before(tmp_path, monkeypatch):
+    from compiler.pipeline import Stages
+    monkeypatch.setenv("KEEL_CACHE_DIR", str(tmp_path))
+    runs = []
+    for acts in (["Relu", "Sigmoid"], ["Relu", "Sigmoid"], ["Relu", "Tanh"]):
+        st = Stages()
+        runs.append((compile_model(_chain(acts), stages=st), st.counts))
+    (cold, c0), (warm, c1), (edited, c2) = runs
+    assert c0["kernels"] == {"built": 2, "cached": 0}
+    assert c1["kernels"] == {"built": 0, "cached": 2} and c1["build"]["compiled"] == 0
+    assert warm.programs == cold.programs  # the same objects, linked the same way
+    # the second activation changed (tanh takes more kernels than sigmoid): everything after
+    # the first MatMul + Relu is new, and so are the entry points; that first kernel is not
+    new = c2["schedule"]["programs"] - 1
+    assert c2["kernels"] == {"built": new, "cached": 1}, c2
+    assert c2["build"] == {"compiled": new + 1, "cached": 1}, c2
+    x = np.random.default_rng(1).standard_normal((4, 16)).astype(np.float32)
+    want = ort_run(_chain(["Relu", "Tanh"]), {"x": x})["y1"]
+    # fp32 dot products of 16 terms summed in another order than onnxruntime's, then relu and
+    # tanh, which do not grow a relative error: a few ulps of values of order 1-10
+    assert_close(keel_run(_chain(["Relu", "Tanh"]), {"x": x})["y1"], want, rtol=1e-5, atol=1e-5)

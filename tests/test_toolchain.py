@@ -56,3 +56,51 @@ def test_avx512_target_computes_in_512_bit_registers():
             out = subprocess.run(["objdump", "-d", f.name], capture_output=True, text=True)
         asm = out.stdout
     assert "vfmadd" in asm and "zmm" in asm
+
+
+def _program(a_value: int):
+    """Two kernels and the entry unit that calls them, as renderers/c.py:Program splits a model."""
+    from compiler.renderers.c import Program
+    units = [("keel_a", f"void keel_a(int *p) {{ *p = {a_value}; }}\n"),
+             ("keel_b", "void keel_b(int *p) { p[1] = 2; }\n"),
+             ("keel_graph", "void keel_a(int *); void keel_b(int *);\n"
+                            "void keel_graph(unsigned char *a, const unsigned char *w, void *const *io)"
+                            " { keel_a((int *)a); keel_b((int *)a); }\n")]
+    return Program("".join(src for _, src in units), units)
+
+
+def _run_graph(so: bytes, tmp_path) -> list[int]:
+    import ctypes
+    path = tmp_path / f"g{len(list(tmp_path.iterdir()))}.so"
+    path.write_bytes(so)
+    out = (ctypes.c_int * 2)()
+    ctypes.CDLL(str(path)).keel_graph(out, None, None)
+    return list(out)
+
+
+def test_units_compile_once_and_an_edit_recompiles_only_its_unit(tmp_path, monkeypatch):
+    from compiler import toolchain
+    monkeypatch.setenv("KEEL_CACHE_DIR", str(tmp_path / "cache"))
+    runs, popen = [], subprocess.Popen
+    monkeypatch.setattr(toolchain.subprocess, "Popen", lambda cmd, **kw: runs.append(cmd) or popen(cmd, **kw))
+    assert toolchain.cached_units(_program(1), "cpu") == {"compiled": 3, "cached": 0}
+    first = build_shared(_program(1), "cpu")
+    assert _run_graph(first, tmp_path) == [1, 2]
+    assert toolchain.cached_units(_program(1), "cpu") == {"compiled": 0, "cached": 3}
+    runs.clear()
+    assert build_shared(_program(1), "cpu") == first  # cached objects link to the same bytes
+    assert len(runs) == 1 and "-c" not in runs[0]  # nothing compiled, one link
+    runs.clear()
+    edited = build_shared(_program(3), "cpu")
+    assert [a for cmd in runs if "-c" in cmd for a in cmd if a.endswith(".c")] == ["keel_a.c"]
+    assert _run_graph(edited, tmp_path) == [3, 2]
+    assert not list((tmp_path / "cache" / "objects").glob(".*"))  # no temporaries left behind
+
+
+def test_an_empty_cache_dir_turns_the_object_cache_off(tmp_path, monkeypatch):
+    from compiler import toolchain
+    monkeypatch.setenv("KEEL_CACHE_DIR", "")
+    monkeypatch.chdir(tmp_path)
+    build_shared(_program(1), "cpu")
+    assert toolchain.cached_units(_program(1), "cpu") == {"compiled": 3, "cached": 0}
+    assert list(tmp_path.iterdir()) == []

@@ -56,6 +56,12 @@ class Progress:
         self.last = pct
 
 
+def report(stage: str, secs: float, counts: dict) -> None:
+    """--verbose: one line per stage as it ends."""
+    what = ", ".join(f"{n} {k}" for k, n in counts.items())
+    print(f"  {stage:<10} {secs:8.2f} s" + (f"  ({what})" if what else ""), file=sys.stderr)
+
+
 def main(argv=None) -> int:
     ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("model", help="ONNX model file")
@@ -66,11 +72,12 @@ def main(argv=None) -> int:
     ap.add_argument("--float16", action="store_true", help="store weights and activations as fp16")
     ap.add_argument("--embed-binaries", action="store_true",
                     help="qcom, on the device: embed this GPU's parsed kernel binaries")
-    ap.add_argument("--verbose", action="store_true", help="per-stage timings")
+    ap.add_argument("--verbose", action="store_true",
+                    help="each stage as it ends: its time and what it handled")
     args = ap.parse_args(argv)
     if args.embed_binaries and args.target != "qcom":
         ap.error(f"--embed-binaries needs --target qcom, not {args.target}")
-    stages = Stages(progress=Progress())
+    stages = Stages(progress=Progress(), report=report if args.verbose else None)
     t0 = time.perf_counter()
     try:
         check_output(args.output)  # before the compile, not after it
@@ -89,9 +96,10 @@ def main(argv=None) -> int:
         print(f"error: {e.filename or args.output}: {e.strerror or e}", file=sys.stderr)
         return 2
     total = time.perf_counter() - t0
-    if args.verbose:
-        for name, secs in stages.times.items():
-            print(f"  {name:<10} {secs:8.2f} s")
+    if args.verbose and stages.times.get("lower"):  # the kernel builder's own steps
+        inner = {k: v for k, v in stages.times.items() if k in ("optimize", "lower", "linearize")}
+        print("  in kernels: " + ", ".join(f"{k} {v:.2f} s" for k, v in inner.items())
+              + " (summed over workers)", file=sys.stderr)
     size = os.path.getsize(args.output)
     print(f"wrote {args.output}: {size / 2**20:.1f} MiB, {len(art.launches)} launches, "
           f"arena {art.arena_bytes / 2**20:.2f} MiB (lower bound "

@@ -3,14 +3,16 @@ linearize. Kernels are independent once scheduled, and building them is most of 
 time, so on Linux they build in forked worker processes, one per core."""
 from __future__ import annotations
 
+import hashlib
 import multiprocessing
-import os
+import pickle
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from compiler import cache
 from compiler.codegen.half import demote_half, half_rules, promote_for_half_compute, storage_casts
 from compiler.codegen.linearize import linearize
 from compiler.codegen.lower import lower_kernel
@@ -23,9 +25,10 @@ from compiler.codegen.vectorize import vectorize
 from compiler.ir.dtypes import DType
 from compiler.ir.rewrite import graph_rewrite
 from compiler.ir.symbolic import symbolic
-from compiler.ir.uop import UOp
+from compiler.ir.uop import Ops, UOp
 from compiler.schedule.fusion import Kernel
 from compiler.target import Target
+from compiler.toolchain import compile_jobs
 
 PARALLEL_MIN_KERNELS = 8  # below this, starting worker processes costs more than it saves
 
@@ -49,6 +52,40 @@ class Built:
 
 
 def build_all(jobs: dict[tuple, Job], st) -> dict[tuple, Built]:
+    """Build every job, or take it from the kernel cache (compiler/cache.py)."""
+    digests = {k: job_digest(j) for k, j in jobs.items()}
+    hits = {k: replace(b, name=jobs[k].kernel.name) for k, d in digests.items()
+            if (b := _cached(d)) is not None}
+    st.count("kernels", built=len(jobs) - len(hits), cached=len(hits))
+    todo = {k: j for k, j in jobs.items() if k not in hits}
+    built = _build_all(todo, st) if todo else {}
+    for k, b in built.items():
+        if digests[k]:
+            # permutations index weights of < 2**31 elements (load.py's limit): int32 halves them
+            small = replace(b, perms={j: p.astype(np.int32) for j, p in b.perms.items()})
+            cache.put("kernels", digests[k], pickle.dumps(small, protocol=pickle.HIGHEST_PROTOCOL))
+    return {k: hits[k] if k in hits else built[k] for k in jobs}  # job order: reproducible
+
+
+def _cached(digest: str | None) -> Built | None:
+    data = digest and cache.get("kernels", digest)
+    try:
+        return pickle.loads(data) if data else None
+    except Exception:  # written by another Python or numpy, or damaged: build it again
+        return None
+
+
+def job_digest(job: Job) -> str | None:
+    """The kernel cache's key: everything build_kernel reads (None: not cacheable)."""
+    h = hashlib.sha256(cache.code_digest().encode())
+    if not cache.graph_digest(UOp(Ops.SINK, src=(job.kernel.root, *job.kernel.inputs)), h):
+        return None
+    h.update(repr((job.param_dtypes, job.target, sorted(job.packable.items()),
+                   sorted(job.arena))).encode())
+    return h.hexdigest()
+
+
+def _build_all(jobs: dict[tuple, Job], st) -> dict[tuple, Built]:
     """Build every job, in worker processes when there are enough of them (`st`: Stages)."""
     keys = list(jobs)
     workers = min(compile_jobs(), len(keys))
@@ -84,14 +121,6 @@ def _build_job(i: int):
     jobs, timer = _FORKED
     st = timer()
     return i, build_kernel(jobs[i], st), st.times
-
-
-def compile_jobs() -> int:
-    text = os.environ.get("KEEL_COMPILE_JOBS", "")
-    if text.strip().isdigit() and int(text) > 0:
-        return int(text)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        (os.cpu_count() or 1)
 
 
 def build_kernel(job: Job, st) -> Built:

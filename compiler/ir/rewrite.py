@@ -78,7 +78,13 @@ class PatternMatcher:
 
     def rewrite(self, u: UOp, ctx=None) -> UOp | None:
         for pat, fn in self.by_op[u.op]:
-            for caps in pat.match(u, {}):
+            if pat.src is None and pat.arg is _ANY:  # most rules: one op, maybe a dtype, a name
+                if pat.dtypes is not None and u.dtype not in pat.dtypes:
+                    continue
+                found = [{pat.name: u} if pat.name is not None else {}]
+            else:
+                found = pat.match(u, {})
+            for caps in found:
                 out = fn(ctx, **caps) if ctx is not None else fn(**caps)
                 if out is not None and out is not u:
                     return out
@@ -113,7 +119,7 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, ctx=None) -> UOp:
 def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
     """Replace nodes by identity (no pattern matching); used to bind placeholders."""
     memo: dict[UOp, UOp] = dict(mapping)
-    for node in root.toposort():
+    for node in root.toposort(leaves=mapping):  # what is below a replaced node is not needed
         if node in memo:
             continue
         src = tuple(memo[s] for s in node.src)

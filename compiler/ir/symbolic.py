@@ -5,6 +5,7 @@ rules make it collapse back to plain affine expressions so loads become base + s
 """
 from __future__ import annotations
 
+from functools import cache
 
 from compiler.ir.dtypes import dtypes
 from compiler.ir.rewrite import PatternMatcher, UPat
@@ -49,18 +50,26 @@ def fold_range(x: UOp) -> UOp | None:
     return UOp.const(x.vmin, x.dtype) if x.vmin == x.vmax else None
 
 
-def terms(x: UOp) -> tuple[list[tuple[int, UOp]], int]:
-    """x as sum(coef * term) + const."""
+def terms(x: UOp) -> tuple[tuple[tuple[int, UOp], ...], int]:
+    """x as sum(coef * term) + const. Kept on the node: every ADD of a long index sum asks for
+    the terms of the sum below it, which would make one sum quadratic."""
+    hit = x.__dict__.get("terms")
+    if hit is None:
+        hit = x.__dict__["terms"] = _terms(x)
+    return hit
+
+
+def _terms(x: UOp) -> tuple[tuple[tuple[int, UOp], ...], int]:
     if x.op is Ops.CONST:
-        return [], x.arg
+        return (), x.arg
     if x.op is Ops.ADD:
         (ta, ca), (tb, cb) = terms(x.src[0]), terms(x.src[1])
         return ta + tb, ca + cb
     if x.op is Ops.MUL and x.src[1].op is Ops.CONST:
         t, c = terms(x.src[0])
         k = x.src[1].arg
-        return [(a * k, u) for a, u in t], c * k
-    return [(1, x)], 0
+        return tuple((a * k, u) for a, u in t), c * k
+    return ((1, x),), 0
 
 
 def linear_form(x: UOp) -> tuple[dict[UOp, int], int]:
@@ -103,9 +112,9 @@ def fold_divmod(x: UOp) -> UOp | None:
     qconst = k // c
     if rem.vmax < c:
         return build(quot, qconst, x.dtype) if x.op is Ops.IDIV else rem
-    for d in range(c, 1, -1):
+    for d in _divisors(c):
         # rest = d*m + s with 0 <= s < d and d | c: floor(rest / c) = floor(m / (c/d))
-        if c % d or not all(t.vmin >= 0 for _, t in rest):
+        if not all(t.vmin >= 0 for _, t in rest):
             continue
         big = [(a // d, t) for a, t in rest if a % d == 0]
         small = build([(a, t) for a, t in rest if a % d], (k % c) % d, x.dtype)
@@ -121,6 +130,12 @@ def fold_divmod(x: UOp) -> UOp | None:
     if x.op is Ops.IDIV:
         return build(quot + [(1, UOp(Ops.IDIV, x.dtype, (rem, den)))], qconst, x.dtype)
     return UOp(Ops.MOD, x.dtype, (rem, den))
+
+
+@cache
+def _divisors(c: int) -> tuple[int, ...]:
+    """The divisors of c above 1, largest first."""
+    return tuple(d for d in range(c, 1, -1) if c % d == 0)
 
 
 def fold_minmax(x: UOp) -> UOp | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import weakref
 from enum import IntEnum, auto
-from functools import cached_property
 
 import numpy as np
 
@@ -97,10 +96,44 @@ class Weight:
 _CONSTS: dict = {}
 
 
-def _drop(key) -> None:
-    ref = UOp._cache.get(key)
-    if ref is not None and ref() is None:
-        del UOp._cache[key]
+class cached:
+    """functools.cached_property without its lock (Python 3.11 takes one on every first read,
+    and every node reads its shape or value range once): the value lands in the instance dict,
+    which shadows this non-data descriptor from then on."""
+
+    def __init__(self, fn):
+        self.fn, self.name = fn, fn.__name__
+
+    def __get__(self, u, owner=None):
+        if u is None:
+            return self
+        v = u.__dict__[self.name] = self.fn(u)
+        return v
+
+
+class _ranged:
+    """vmin and vmax: both come from one bounds() call, and both are stored."""
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, u, owner=None):
+        if u is None:
+            return self
+        d = u.__dict__
+        d["vmin"], d["vmax"] = bounds(u)
+        return d[self.name]
+
+
+class _Ref(weakref.ref):
+    """An intern-table entry that knows its key, so one callback (not a closure per node)
+    drops it when its node dies."""
+    __slots__ = ("key",)
+
+
+def _drop(ref: _Ref) -> None:
+    if UOp._cache.get(ref.key) is ref:
+        del UOp._cache[ref.key]
 
 
 def window_out(size: int, k: int, s: int, d: int) -> int:
@@ -121,7 +154,7 @@ class UOp:
     def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple = (), arg=None):
         # -0.0 == 0.0 in Python, but they are different constants (1/x tells them apart); and
         # nan != nan, so every NaN would be a new node and a rewrite would never settle
-        key = (op, dtype, tuple(map(id, src)), _const_key(arg))
+        key = (op, dtype, tuple(map(id, src)), _const_key(arg) if type(arg) is float else arg)
         try:
             ref = UOp._cache.get(key)
         except TypeError as e:
@@ -132,7 +165,8 @@ class UOp:
                 return hit
         self = object.__new__(cls)
         self.op, self.dtype, self.src, self.arg = op, dtype, tuple(src), arg
-        UOp._cache[key] = weakref.ref(self, lambda _, k=key: _drop(k))
+        ref = UOp._cache[key] = _Ref(self, _drop)
+        ref.key = key
         return self
 
     def __reduce__(self):
@@ -183,7 +217,7 @@ class UOp:
     def logical_not(self): return self.alu(Ops.CMPNE, UOp.const(True, dtypes.bool))
 
     # ---- tensor-level shape ---------------------------------------------------------------
-    @cached_property
+    @cached
     def shape(self) -> tuple[int, ...]:
         op, arg = self.op, self.arg
         if op is Ops.CONST:
@@ -212,18 +246,13 @@ class UOp:
             return tuple(1 if i in arg[1] else s for i, s in enumerate(src))
         return src  # elementwise: all sources share one shape
 
-    @cached_property
+    @cached
     def size(self) -> int:
         return math.prod(self.shape)
 
     # ---- kernel-level value ranges (for symbolic simplification) --------------------------
-    @cached_property
-    def vmin(self):
-        return bounds(self)[0]
-
-    @cached_property
-    def vmax(self):
-        return bounds(self)[1]
+    vmin = _ranged()  # inclusive value range, for symbolic simplification
+    vmax = _ranged()
 
     @property
     def parts(self) -> tuple[UOp, ...]:
@@ -234,8 +263,9 @@ class UOp:
     def ranges(self) -> tuple[UOp, ...]:
         return tuple(s for s in self.src if s.op is Ops.RANGE)
 
-    def toposort(self) -> list[UOp]:
-        """Sources before users, iteratively: graphs are deep (thousands of nodes in a chain)."""
+    def toposort(self, leaves=()) -> list[UOp]:
+        """Sources before users, iteratively: graphs are deep (thousands of nodes in a chain).
+        Nodes in `leaves` are listed but not walked into."""
         order, seen, stack = [], set(), [(self, False)]
         while stack:
             node, done = stack.pop()
@@ -246,7 +276,8 @@ class UOp:
                 continue
             seen.add(node)
             stack.append((node, True))
-            stack.extend((s, False) for s in reversed(node.src) if s not in seen)
+            if node not in leaves:
+                stack.extend((s, False) for s in reversed(node.src) if s not in seen)
         return order
 
 

@@ -1,4 +1,5 @@
-"""Freestanding C: every kernel plus the graph entry points in a single translation unit.
+"""Freestanding C: every kernel plus the graph entry points in a single translation unit (and
+the same program split into one unit per kernel, which toolchain.py builds and caches).
 
 The entry points are the CPU "command buffer": one call from the runner executes the whole model.
   keel_graph(arena, weights, io)                     one thread
@@ -14,6 +15,8 @@ Threads come from the runner (created once per model); the barrier is C11-style 
 needs no libc.
 """
 from __future__ import annotations
+
+import hashlib
 
 from compiler.artifact import Buffer, Launch
 from compiler.ir.dtypes import DType, dtypes
@@ -74,15 +77,16 @@ static void keel_barrier(keel_sync *s, int nt, int *sense) {
 """
 
 
-def _threaded(name: str, sig: str, launches: list[Launch], args: list[str], timed: bool) -> str:
+def _threaded(name: str, sig: str, launches: list[Launch], calls: list[str], args: list[str],
+              timed: bool) -> str:
     """The threaded entry point; timed, it also stores the cycle counter before and after each
     launch into ticks[2i] and ticks[2i + 1] (the caller gives each thread its own row), so a
     profile sees every thread's share of every kernel and, between them, its barrier waits."""
     mt = []
-    for i, (ln, a) in enumerate(zip(launches, args)):
+    for i, (ln, c, a) in enumerate(zip(launches, calls, args)):
         if ln.barrier:  # compiler/schedule/hazards.py
             mt.append("  keel_barrier(s, nt, &sense);")
-        call = f"  {ln.kernel}({a}, tid, nt);"
+        call = f"  {c}({a}, tid, nt);"
         mt.append(f"  ticks[{2 * i}] = KEEL_TICKS();\n{call}\n  ticks[{2 * i + 1}] = KEEL_TICKS();"
                   if timed else call)
     mt.append("  keel_barrier(s, nt, &sense);  /* all work done before any thread returns */")
@@ -97,32 +101,33 @@ class CRenderer(CStyle):
     give 0/-1 integer masks), `__builtin_convertvector` for casts, a plain cast for bit casts."""
 
     def render_program(self, kernels: list[tuple[str, list[UOp]]], launches: list[Launch],
-                       buffers: dict[int, Buffer]) -> str:
-        used = {u.dtype for _, lin in kernels for u in lin if u.dtype.count > 1}
-        counts = {d.count for d in used}
-        masks = {_int_of(b).vec(n) for n in counts for b in (1, 2, 4, 8)}  # for select()
-        vectors = {d for d in used if d.scalar is not dtypes.bool} | masks
-        typedefs = "".join(self.typedef(d) for d in sorted(vectors, key=lambda d: d.cname))
+                       buffers: dict[int, Buffer]) -> Program:
         # every parameter is declared, even one whose loads simplified away: the call passes it
         signature = {ln.kernel: [dtypes.from_np(buffers[b].dtype) for b in ln.args]
                      for ln in reversed(launches)}
-        body = [typedefs]
+        texts = {}
         for name, lin in kernels:
             self.param_dtypes = signature[name]
-            body.append(self.render_kernel(name, lin))
-        args = [", ".join(self._arg(buffers[b]) for b in ln.args) for ln in launches]
-        one = [f"  {ln.kernel}({a}, 0, 1);" for ln, a in zip(launches, args)]
-        sig = "unsigned char *arena, const unsigned char *weights, void *const *io"
-        entry = f"void {ENTRY}({sig}) {{\n" + "\n".join(one) + "\n}\n"
-        threaded = _threaded(ENTRY_MT, sig, launches, args, timed=False) + \
-            _threaded(PROFILE, sig, launches, args, timed=True) + \
-            "unsigned long long keel_ticks(void) { return KEEL_TICKS(); }\n"
-        cases = [f"  case {i}: {ln.kernel}(" + ", ".join(
-            f"({dtypes.from_np(buffers[b].dtype).cname} *)args[{j}]" for j, b in enumerate(ln.args))
-            + ", 0, 1); return;" for i, ln in enumerate(launches)]
-        replay = (f"void {LAUNCH}(int launch, void *const *args) {{\n  switch (launch) {{\n"
-                  + "\n".join(cases) + "\n  }\n}\n")
-        return TICKS + "\n".join(body) + "\n" + entry + threaded + replay
+            texts[name] = self.render_kernel(name, lin)
+        lins = [lin for _, lin in kernels]
+        whole = (TICKS + "\n".join([_typedefs(self, lins), *texts.values()]) + "\n"
+                 + _entries(self, launches, buffers, {}))
+        return Program(whole, self._units(kernels, texts, launches, buffers))
+
+    def _units(self, kernels: list[tuple[str, list[UOp]]], texts: dict[str, str],
+               launches: list[Launch], buffers: dict[int, Buffer]) -> list[tuple[str, str]]:
+        """The same kernels as separate units: extern and named by a hash of their own text, so
+        an object built once serves every model (and every position in a model) that has the
+        kernel; the entry points call them by that name."""
+        units, syms, protos = {}, {}, []
+        for name, lin in kernels:
+            rest = texts[name][len(f"{self.kernel_prefix} {name}"):]  # "(params) {body}"
+            unit = _typedefs(self, [lin]) + "void KEEL_KERNEL" + rest
+            syms[name] = "keel_" + hashlib.sha256(unit.encode()).hexdigest()[:20]
+            units[syms[name]] = unit.replace("void KEEL_KERNEL", f"void {syms[name]}", 1)
+            protos.append(f"void {syms[name]}{rest.split(' {', 1)[0]};\n")
+        units["keel_graph"] = TICKS + "".join(protos) + _entries(self, launches, buffers, syms)
+        return list(units.items())
 
     # ---- threads: each kernel takes its share of the outermost loop ---------------------------
     def extra_params(self) -> list[str]:
@@ -252,6 +257,45 @@ class CRenderer(CStyle):
             mask = f"__builtin_convertvector({mask}, {ints})"
         return (f"(({self.dtype(dt)})((({ints})({a}) & {mask}) | "
                 f"(({ints})({b}) & ~{mask})))")
+
+
+class Program(str):
+    """The program as one translation unit (what a reader of the source sees), carrying the same
+    program split into `units` [(name, C source)]: one per distinct kernel and one for the entry
+    points, which toolchain.py builds and caches one object each."""
+    units: list[tuple[str, str]]
+
+    def __new__(cls, text: str, units: list[tuple[str, str]]):
+        self = super().__new__(cls, text)
+        self.units = units
+        return self
+
+
+def _typedefs(r: CRenderer, lins: list[list[UOp]]) -> str:
+    used = {u.dtype for lin in lins for u in lin if u.dtype.count > 1}
+    counts = {d.count for d in used}
+    masks = {_int_of(b).vec(n) for n in counts for b in (1, 2, 4, 8)}  # for select()
+    vectors = {d for d in used if d.scalar is not dtypes.bool} | masks
+    return "".join(r.typedef(d) for d in sorted(vectors, key=lambda d: d.cname))
+
+
+def _entries(r: CRenderer, launches: list[Launch], buffers: dict[int, Buffer],
+             syms: dict[str, str]) -> str:
+    """The entry points (module docstring); `syms` renames kernels (units call them by symbol)."""
+    calls = [syms.get(ln.kernel, ln.kernel) for ln in launches]
+    args = [", ".join(r._arg(buffers[b]) for b in ln.args) for ln in launches]
+    one = [f"  {c}({a}, 0, 1);" for c, a in zip(calls, args)]
+    sig = "unsigned char *arena, const unsigned char *weights, void *const *io"
+    entry = f"void {ENTRY}({sig}) {{\n" + "\n".join(one) + "\n}\n"
+    threaded = _threaded(ENTRY_MT, sig, launches, calls, args, timed=False) + \
+        _threaded(PROFILE, sig, launches, calls, args, timed=True) + \
+        "unsigned long long keel_ticks(void) { return KEEL_TICKS(); }\n"
+    cases = [f"  case {i}: {c}(" + ", ".join(
+        f"({dtypes.from_np(buffers[b].dtype).cname} *)args[{j}]" for j, b in enumerate(ln.args))
+        + ", 0, 1); return;" for i, (ln, c) in enumerate(zip(launches, calls))]
+    replay = (f"void {LAUNCH}(int launch, void *const *args) {{\n  switch (launch) {{\n"
+              + "\n".join(cases) + "\n  }\n}\n")
+    return entry + threaded + replay
 
 
 def _int_of(nbytes: int) -> DType:
