@@ -43,6 +43,10 @@ class CpuTarget:
     link_flags: tuple[str, ...]  # clang only (lld)
     system: str  # platform.system() of a host that can run the object
     machines: tuple[str, ...]  # platform.machine() spellings of that host
+    # one translation unit, never per-kernel units: ld.lld-19 concatenates Hexagon build
+    # attribute sections instead of merging them, and a tool reading the object then finds them
+    # malformed (llvm-objdump decodes no HVX at all)
+    one_unit: bool = False
 
 
 TARGETS: dict[str, CpuTarget] = {
@@ -64,7 +68,8 @@ TARGETS: dict[str, CpuTarget] = {
     # a position-independent object loaded by the DSP's loader cannot use. Never a host: the
     # objects run on the DSP, or under qemu-hexagon through dsp/runtime.c.
     "dsp": CpuTarget("hexagon-unknown-none-elf", ("-mcpu=hexagonv65", "-mhvx", "-mhvx-length=128b",
-                                                  "-G0"), ("-fuse-ld=lld",), "QuRT", ()),
+                                                  "-G0"), ("-fuse-ld=lld",), "QuRT", (),
+                     one_unit=True),
 }
 
 
@@ -85,7 +90,7 @@ def can_run(target: str) -> bool:
 def build_shared(source: str, target: str) -> bytes:
     """Compile `source` (one C translation unit, or a Program with units) into a shared object
     for `target`."""
-    units = getattr(source, "units", None)
+    units = None if _target(target).one_unit else getattr(source, "units", None)
     with tempfile.TemporaryDirectory(prefix="keel-cc-") as tmp:
         # relative names only: a file's name lands in its object's symbol table, keep it stable
         if not units:
@@ -99,7 +104,8 @@ def build_shared(source: str, target: str) -> bytes:
 
 def cached_units(source: str, target: str) -> dict[str, int]:
     """How many of the source's units build_shared will compile, and how many it has cached."""
-    units = getattr(source, "units", None) or [("graph", source)]
+    units = (None if _target(target).one_unit else getattr(source, "units", None)) \
+        or [("graph", source)]
     keys = _unit_keys(units, target)
     hit = sum(disk.has("objects", k) for k in keys.values())
     return {"compiled": len(units) - hit, "cached": hit}
