@@ -10,6 +10,7 @@ version of tests/device/test_soak.py's hours-long run; about 15 s on 2 cores).
 """
 import io
 import json
+import mmap
 import os
 import pty
 import struct
@@ -68,7 +69,11 @@ def test_injected_leak_fails_with_the_reason(blob):
     leak = 64 << 10
 
     def hook(i):
-        kept.append(np.ones(leak, np.uint8))  # touched, so it is resident
+        # fresh pages from mmap, touched so they are resident: a heap allocation could reuse
+        # pages an earlier test in this worker freed but kept resident, and RSS would not move
+        m = mmap.mmap(-1, leak)
+        m.write(b"\1" * leak)
+        kept.append(m)
 
     soak = Soak(Model.load(blob, device="mock"), runs=1500, sample_s=0.01, hook=hook)
     s = soak.run()
