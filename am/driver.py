@@ -2,8 +2,16 @@
 
 Bring-up (`Gpu.__init__`): read where VRAM sits in the GPU's address space, read IP discovery
 near the top of VRAM through BAR0, check every firmware file the discovered IP versions need
-(am/firmware.py), hand the PSP its sOS through the bootloader mailbox, open the AGP aperture onto
-the bridge's DMA window, and start one compute queue whose ring lives in that window.
+(am/firmware.py), hand the PSP its sOS through the bootloader mailbox, enable the GART (VM
+context 0 with a one-level page table in VRAM) with its first page on the bridge's DMA window,
+start one compute queue whose ring lives in that window, clear the rest of the table through the
+queue and open the whole GART range.
+
+GPU virtual memory: everything the queue and the kernels touch (the ring and the window's slots,
+the code object, weights, arena, io buffers, kernargs, the indirect buffer) is at a GART address
+whose PTE names its VRAM page or, for the window, its system bus address. Only the page table
+itself is written through a physical address (the system aperture onto the FB location). Every
+mapping change is followed by a TLB invalidation (engine 17, as amdgpu does for the GART).
 
 Everything the GPU reads from the host goes through the window, 4 KiB at a time: each window
 write carries the ring's next packets (a DMA_DATA from the window's payload to VRAM, or a graph
@@ -12,12 +20,14 @@ signal with one bridge read. So moving data costs a few USB commands per 4 KiB i
 write per dword through BAR0.
 
 Not done here (docs/amd.md): the PSP ring and the microcode loads after sOS (RLC, MEC, SDMA, SMU);
-GPU virtual memory (the queue runs in VMID 0 on physical VRAM addresses and the AGP aperture).
+per-process VM contexts (VMID 1..15, multi-level tables): one GART serves one model.
 """
 from __future__ import annotations
 
 import struct
 import time
+
+import numpy as np
 
 from am import discovery, firmware, pm4, regs
 from runner.device import wait_until
@@ -30,7 +40,10 @@ RING_BYTES, SIGNAL_AT, TIMELINE_AT, PAYLOAD_AT = 256, 256, 264, 272
 RING_DWORDS = RING_BYTES // 4
 DOORBELL = 0  # the queue's doorbell index (dwords into BAR2)
 FIRMWARE_AT = 1 << 20  # VRAM offset of the PSP's sOS image (the mailbox takes address >> 20)
+PT_AT = 8 << 20  # VRAM offset of the GART's page table (8 bytes per page: 1 MiB)
 HEAP_AT = 16 << 20  # first VRAM offset the allocator hands out
+PAGE = 4096
+GART_AT, GART_BYTES = 0x7FFF_0000_0000, 512 << 20  # GPU virtual range (below the FB location)
 BOOT_TIMEOUT_S = 5.0
 
 
@@ -54,15 +67,14 @@ class Gpu:
         self.fb = self.reg(regs.GCMC_VM_FB_LOCATION_BASE) << 24
         self.ips = discover(pci)
         self._boot_psp(firmware.load_all(self.ips, fw_dir))
-        self.agp = 0x7000_0000_0000  # GPU address of bus address 0
-        self.wreg(regs.GCMC_VM_AGP_BASE, 0)
-        self.wreg(regs.GCMC_VM_AGP_BOT, self.agp >> 24)
-        self.wreg(regs.GCMC_VM_AGP_TOP, (self.agp + (1 << 32) - 1) >> 24)
-        self.window = self.agp + self.window_bus
-        self.top = self.fb + HEAP_AT
+        deadline = time.monotonic() + BOOT_TIMEOUT_S
+        self.pt = self.fb + PT_AT  # the page table through the system aperture
+        self.window, self.gart_top, self.top = GART_AT, GART_AT + PAGE, HEAP_AT
+        self._start_vm(deadline)
         self.wptr, self.seq = 0, 0
         self.seen = {SIGNAL_AT: 0, TIMELINE_AT: 0}  # what the window's u64 slots hold
         self._start_queue()
+        self._clear_table(deadline)
 
     # ---- registers and VRAM through BARs --------------------------------------------------------
     def reg(self, r: int) -> int:
@@ -103,6 +115,55 @@ class Gpu:
                 from None
         return box[0]
 
+    def _start_vm(self, deadline: float) -> None:
+        """gfxhub_v3_0's GART setup for VMID 0: AGP closed, the system aperture on VRAM only, a
+        one-level table whose first PTE (written through BAR0) maps the DMA window, and a GART
+        range of that one page until the rest of the table is known to be clear."""
+        if self.window_bus % PAGE or self.window_bytes > PAGE:
+            raise DeviceError(f"DMA window at bus 0x{self.window_bus:x} of {self.window_bytes} "
+                              f"bytes: expected one aligned {PAGE}-byte page")
+        window = self.window_bus | regs.PTE_SYSTEM | regs.PTE_SNOOPED | regs.PTE_RWX
+        self._bar0_write(PT_AT, struct.pack("<Q", window))
+        self.wreg(regs.GCMC_VM_AGP_BOT, 0xFFFFFF)  # BOT above TOP: no AGP aperture
+        self.wreg(regs.GCMC_VM_AGP_TOP, 0)
+        self.wreg(regs.GCMC_VM_SYSTEM_APERTURE_LOW_ADDR, self.fb >> 18)
+        self.wreg(regs.GCMC_VM_SYSTEM_APERTURE_HIGH_ADDR, (self.fb + self.vram_bytes - 1) >> 18)
+        # the table's physical address: its VRAM offset (GCMC_VM_FB_OFFSET is 0 on a discrete
+        # card, an assumption only hardware confirms), with the PDE's valid bit
+        self.wreg(regs.GCVM_CONTEXT0_PT_BASE_LO, PT_AT | regs.PTE_VALID)
+        self.wreg(regs.GCVM_CONTEXT0_PT_BASE_HI, 0)
+        self._gart_pages(1)
+        self.wreg(regs.GCVM_CONTEXT0_CNTL, regs.CONTEXT_ENABLE)  # PAGE_TABLE_DEPTH 0
+        self._flush_tlb(deadline)
+
+    def _gart_pages(self, n: int) -> None:
+        first, last = GART_AT >> 12, (GART_AT >> 12) + n - 1
+        self.wreg(regs.GCVM_CONTEXT0_PT_START_LO, first & 0xFFFFFFFF)
+        self.wreg(regs.GCVM_CONTEXT0_PT_START_HI, first >> 32)
+        self.wreg(regs.GCVM_CONTEXT0_PT_END_LO, last & 0xFFFFFFFF)
+        self.wreg(regs.GCVM_CONTEXT0_PT_END_HI, last >> 32)
+
+    def _flush_tlb(self, deadline: float) -> None:
+        self.wreg(regs.GCVM_INVALIDATE_ENG17_REQ, 1 | regs.INVALIDATE_ALL)  # VMID 0
+        wait_until(lambda: self.reg(regs.GCVM_INVALIDATE_ENG17_ACK) & 1, deadline,
+                   "GART TLB invalidation")
+
+    def _clear_table(self, deadline: float) -> None:
+        """Zero every PTE after the window's (VRAM holds garbage after power-up): one window of
+        zeros, then DMA_DATA copies that double the cleared part; then open the whole range."""
+        n, room = GART_BYTES // PAGE * 8 - 8, (self.window_bytes - PAYLOAD_AT) // 8 * 8
+        done = min(room, n)
+        self.upload(self.pt + 8, bytes(done), deadline)
+        copies = []
+        while done < n:
+            k = min(done, n - done)
+            copies.append(pm4.dma_data(self.pt + 8, self.pt + 8 + done, k))
+            done += k
+        for i in range(0, len(copies), 7):  # 7 DMA_DATA + RELEASE_MEM fit the ring
+            self.post(sum(copies[i:i + 7], []), b"", deadline)
+        self._gart_pages(GART_BYTES // PAGE)
+        self._flush_tlb(deadline)
+
     def _start_queue(self) -> None:
         self.wreg(regs.GRBM_GFX_CNTL, regs.GRBM_ME1_PIPE0_QUEUE0)
         self.wreg(regs.CP_HQD_ACTIVE, 0)
@@ -116,13 +177,23 @@ class Gpu:
         self.wreg(regs.CP_HQD_PQ_DOORBELL_CONTROL, regs.DOORBELL_EN | DOORBELL << 2)
         self.wreg(regs.CP_HQD_ACTIVE, 1)
 
-    # ---- VRAM ------------------------------------------------------------------------------
-    def alloc(self, n: int, align: int = 4096) -> int:
-        va = -(-self.top // align) * align
-        if va + n > self.fb + self.vram_bytes - (1 << 20):  # the discovery table's megabyte
-            raise DeviceError(f"VRAM: {n} bytes do not fit ({self.fb + self.vram_bytes - va} "
-                              f"left)")
-        self.top = va + n
+    # ---- VRAM, mapped through the GART --------------------------------------------------------
+    def alloc(self, n: int, deadline: float) -> int:
+        """`n` bytes of VRAM at a new GART address: its PTEs written through the queue, the TLB
+        invalidated."""
+        pages = max(1, -(-n // PAGE))
+        phys = -(-self.top // PAGE) * PAGE
+        if phys + pages * PAGE > self.vram_bytes - (1 << 20):  # the discovery table's megabyte
+            raise DeviceError(f"VRAM: {n} bytes do not fit "
+                              f"({self.vram_bytes - (1 << 20) - phys} left)")
+        va = self.gart_top
+        if va + pages * PAGE > GART_AT + GART_BYTES:
+            raise DeviceError(f"GART: {n} bytes do not fit in its {GART_BYTES >> 20} MiB "
+                              f"({GART_AT + GART_BYTES - va} bytes left)")
+        ptes = (phys + PAGE * np.arange(pages, dtype=np.uint64)) | np.uint64(regs.PTE_RWX)
+        self.upload(self.pt + 8 * ((va - GART_AT) // PAGE), ptes.astype("<u8").tobytes(), deadline)
+        self._flush_tlb(deadline)
+        self.top, self.gart_top = phys + pages * PAGE, va + pages * PAGE
         return va
 
     # ---- the window: packets + signal + payload, one doorbell, one poll -------------------------
