@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from am import discovery, firmware, pm4, regs
+from am import discovery, firmware, pm4, psp, regs
 from runner.device import wait_until
 from runner.errors import DeviceError
 from usbgpu.pci import PciDevice
@@ -41,7 +41,11 @@ RING_DWORDS = RING_BYTES // 4
 DOORBELL = 0  # the queue's doorbell index (dwords into BAR2)
 FIRMWARE_AT = 1 << 20  # VRAM offset of the PSP's sOS image (the mailbox takes address >> 20)
 PT_AT = 8 << 20  # VRAM offset of the GART's page table (8 bytes per page: 1 MiB)
-HEAP_AT = 16 << 20  # first VRAM offset the allocator hands out
+PSP_AT = 9 << 20  # the PSP's ring (4 KiB), then its command buffer and fence, a page each
+PSP_RING_BYTES = 4096
+TMR_AT = 12 << 20  # the PSP's trusted memory region (psp.TMR_BYTES)
+IP_FW_AT, IP_FW_BYTES = 16 << 20, 8 << 20  # the copy of the image a LOAD_IP_FW names
+HEAP_AT = 24 << 20  # first VRAM offset the allocator hands out
 PAGE = 4096
 GART_AT, GART_BYTES = 0x7FFF_0000_0000, 512 << 20  # GPU virtual range (below the FB location)
 BOOT_TIMEOUT_S = 5.0
@@ -66,11 +70,13 @@ class Gpu:
         self.vram_bytes = pci.bars[0][1]
         self.fb = self.reg(regs.GCMC_VM_FB_LOCATION_BASE) << 24
         self.ips = discover(pci)
-        self._boot_psp(firmware.load_all(self.ips, fw_dir))
+        fws = firmware.load_all(self.ips, fw_dir)
+        self._boot_psp(fws)
         deadline = time.monotonic() + BOOT_TIMEOUT_S
         self.pt = self.fb + PT_AT  # the page table through the system aperture
         self.window, self.gart_top, self.top = GART_AT, GART_AT + PAGE, HEAP_AT
         self._start_vm(deadline)
+        self._load_ip_firmware(fws, deadline)
         self.wptr, self.seq = 0, 0
         self.seen = {SIGNAL_AT: 0, TIMELINE_AT: 0}  # what the window's u64 slots hold
         self._start_queue()
@@ -91,28 +97,79 @@ class Gpu:
     def _boot_psp(self, fws: list) -> None:
         """sOS through the bootloader mailbox: image in VRAM, address >> 20, command, ready."""
         sos = next(f for f in fws if f.name.endswith("_sos.bin"))
-        self._mailbox_ready(sos.name)
+        ready = time.monotonic() + BOOT_TIMEOUT_S
+        self._psp_ready(regs.C2PMSG_35, f"bootloader, {sos.name}", ready)
         self._bar0_write(FIRMWARE_AT, sos.ucode)
         self.wreg(regs.C2PMSG_36, (self.fb + FIRMWARE_AT) >> 20 & 0xFFFFFFFF)
         self.wreg(regs.C2PMSG_35, regs.BL_LOAD_SOSDRV)
-        status = self._mailbox_ready(sos.name) & 0xFFFF
+        status = self._psp_ready(regs.C2PMSG_35, f"bootloader, {sos.name}", ready) & 0xFFFF
         if status or not self.reg(regs.C2PMSG_81):
             raise DeviceError(f"PSP refused firmware {sos.name} (bootloader status 0x{status:04x}, "
                               f"sOS version {self.reg(regs.C2PMSG_81):#x}); is it the file for "
                               f"this GPU?")
 
-    def _mailbox_ready(self, what: str) -> int:
-        deadline = time.monotonic() + BOOT_TIMEOUT_S
+    def _load_ip_firmware(self, fws: list, deadline: float) -> None:
+        """psp_v13_0_ring_create, SETUP_TMR, then one LOAD_IP_FW per image psp.FW_TYPES names.
+        The command processor runs nothing before its microcode, so every byte goes through BAR0
+        (one PCIe write per dword) and every address is VRAM's physical one (FB location)."""
+        self._psp_ready(regs.C2PMSG_64, "sOS ring interface", deadline)
+        ring = self.fb + PSP_AT
+        self.wreg(regs.C2PMSG_69, ring & 0xFFFFFFFF)
+        self.wreg(regs.C2PMSG_70, ring >> 32)
+        self.wreg(regs.C2PMSG_71, PSP_RING_BYTES)
+        self.wreg(regs.C2PMSG_64, regs.INIT_GPCOM_RING)
+        status = self._psp_ready(regs.C2PMSG_64, "GPCOM ring creation", deadline) & 0xFFFF
+        if status:
+            raise DeviceError(f"PSP refused its GPCOM ring at 0x{ring:x} (status 0x{status:04x})")
+        self.psp_wptr = self.psp_fence = 0
+        tmr = self.fb + TMR_AT
+        self._psp_command(psp.SETUP_TMR, psp.SETUP.pack(tmr & 0xFFFFFFFF, tmr >> 32,
+                                                        psp.TMR_BYTES, 0, 0, 0), "TMR", deadline)
+        v = "_".join(map(str, next(ip.version for ip in self.ips.values() if ip.name == "GC")))
+        for stem, kind in psp.FW_TYPES.items():
+            name = f"{stem.format(v=v)}.bin"
+            fw = next(f for f in fws if f.name == name)
+            if len(fw.ucode) > IP_FW_BYTES:
+                raise DeviceError(f"AMD firmware {name}: {len(fw.ucode)} bytes of microcode, "
+                                  f"more than the {IP_FW_BYTES}-byte staging area")
+            self._bar0_write(IP_FW_AT, fw.ucode)
+            at = self.fb + IP_FW_AT
+            self._psp_command(psp.LOAD_IP_FW, psp.LOAD.pack(at & 0xFFFFFFFF, at >> 32,
+                                                            len(fw.ucode), kind),
+                              f"firmware {name}", deadline)
+
+    def _psp_command(self, cmd_id: int, body: bytes, what: str, deadline: float) -> None:
+        """One command buffer and one ring frame (psp_ring_cmd_submit); wait for its fence, then
+        its response's status."""
+        cmd, fence = self.fb + PSP_AT + PSP_RING_BYTES, self.fb + PSP_AT + PSP_RING_BYTES + PAGE
+        self._bar0_write(PSP_AT + PSP_RING_BYTES, psp.command(cmd_id, body))
+        self.psp_fence += 1
+        ring_dw = PSP_RING_BYTES // 4
+        self._bar0_write(PSP_AT + 4 * (self.psp_wptr % ring_dw),
+                         psp.frame(cmd, fence, self.psp_fence))
+        self.psp_wptr = (self.psp_wptr + psp.FRAME_BYTES // 4) % ring_dw
+        self.wreg(regs.C2PMSG_67, self.psp_wptr)
+        fence_at = PSP_AT + PSP_RING_BYTES + PAGE
+        try:
+            wait_until(lambda: self.pci.read32(0, fence_at) == self.psp_fence, deadline,
+                       f"PSP ({what})")
+        except TimeoutError:
+            raise DeviceError(f"PSP did not answer within {BOOT_TIMEOUT_S} s ({what})") from None
+        status = self.pci.read32(0, PSP_AT + PSP_RING_BYTES + psp.RESP_AT)
+        if status:
+            raise DeviceError(f"PSP refused {what} (status 0x{status:08x}); is it the file for "
+                              f"this GPU?")
+
+    def _psp_ready(self, reg: int, what: str, deadline: float) -> int:
         box = [0]
 
         def ready() -> bool:
-            box[0] = self.reg(regs.C2PMSG_35)
+            box[0] = self.reg(reg)
             return bool(box[0] & regs.BL_READY)
         try:
-            wait_until(ready, deadline, f"PSP bootloader ({what})")
+            wait_until(ready, deadline, f"PSP ({what})")
         except TimeoutError:
-            raise DeviceError(f"PSP bootloader not ready within {BOOT_TIMEOUT_S} s ({what})") \
-                from None
+            raise DeviceError(f"PSP not ready within {BOOT_TIMEOUT_S} s ({what})") from None
         return box[0]
 
     def _start_vm(self, deadline: float) -> None:

@@ -1,8 +1,9 @@
 """The mock RX 7900 XTX behind the mock ASM24xx (KEEL_USB=mock): a PCI function whose BARs are
 VRAM (BAR0), doorbells (BAR2) and registers (BAR5), with
   * the IP discovery binary DISCOVERY_TMR_OFFSET below the top of VRAM (am/discovery.py);
-  * the PSP bootloader mailbox: a sOS load names firmware in VRAM; until one succeeded the
-    command processor ignores its doorbell, as a GPU without firmware does nothing;
+  * the PSP bootloader mailbox (a sOS load names firmware in VRAM), then sOS's GPCOM ring
+    (`Psp`: SETUP_TMR, LOAD_IP_FW); until RLC and MEC microcode are loaded the command
+    processor ignores its doorbell, as a GPU without firmware does nothing;
   * the MMU (`Space`): VM context 0's one-level GART page table, walked exactly as the
     GCVM_CONTEXT0_* registers program it, with a TLB the driver must invalidate; the system
     aperture onto VRAM at the FB location and the AGP aperture; any other address, an invalid
@@ -22,7 +23,7 @@ import struct
 
 import numpy as np
 
-from am import discovery, pm4, regs
+from am import discovery, pm4, psp, regs
 from am.mock_gpu import GPU_BASE, PAGE, CommandProcessor, GpuFault, Memory
 from runner.faults import from_env
 from usbgpu.mock import Config, MockBridge, MockLibusb, Port
@@ -146,6 +147,61 @@ class Space:
         return phys, n
 
 
+class Psp:
+    """sOS's GPCOM ring (am/psp.py): created through C2PMSG_64/69/70/71, frames consumed up to
+    each C2PMSG_67 write; SETUP_TMR, then LOAD_IP_FW of an image in GPU memory (VMID 0
+    addresses through the MMU). A load without a TMR, an unaligned or empty image, erased
+    memory or an injected fwerr is refused in the response's status; the fence is written
+    either way. The command processor runs once RLC_G and RS64_MEC are loaded."""
+
+    def __init__(self, gpu: "MockGpu"):
+        self.gpu, self.ring, self.rptr, self.tmr = gpu, None, 0, None
+        self.loaded: set[int] = set()
+
+    def control(self, value: int) -> None:
+        r = self.gpu.regs
+        ok = value == regs.INIT_GPCOM_RING and self.gpu.sos and r.get(regs.C2PMSG_71, 0) and \
+            r.get(regs.C2PMSG_71, 0) % psp.FRAME_BYTES == 0
+        if ok:
+            self.ring = (r.get(regs.C2PMSG_69, 0) | r.get(regs.C2PMSG_70, 0) << 32,
+                         r[regs.C2PMSG_71])
+            self.rptr = 0
+        r[regs.C2PMSG_64] = regs.BL_READY | (0 if ok else psp.UNKNOWN_COMMAND)
+
+    def doorbell(self, wptr: int) -> None:
+        if self.ring is None:
+            return  # no ring: nothing reads the write pointer
+        base, size = self.ring
+        space = self.gpu.space
+        while self.rptr != wptr % (size // 4):
+            f = psp.FRAME.unpack(space.read(base + 4 * self.rptr, psp.FRAME.size))
+            cmd, fence = f[0] | f[1] << 32, f[3] | f[4] << 32
+            buf = space.read(cmd, psp.CMD_BYTES)
+            space.write(cmd + psp.RESP_AT, struct.pack("<I", self._execute(f[2], buf)))
+            space.write(fence, struct.pack("<I", f[5]))
+            self.rptr = (self.rptr + psp.FRAME_BYTES // 4) % (size // 4)
+
+    def _execute(self, size: int, buf: bytes) -> int:
+        head = psp.HEAD.unpack_from(buf)
+        if size != psp.CMD_BYTES or head[0] != psp.CMD_BYTES or head[1] != psp.BUF_VERSION:
+            return psp.UNKNOWN_COMMAND
+        if head[2] == psp.SETUP_TMR:
+            lo, hi, n = psp.SETUP.unpack_from(buf, psp.CMD_AT)[:3]
+            ok = not (lo % PAGE or n % PAGE) and n
+            self.tmr = (lo | hi << 32, n) if ok else None
+            return 0 if ok else 0xFFFF
+        if head[2] != psp.LOAD_IP_FW:
+            return psp.UNKNOWN_COMMAND
+        lo, hi, n, kind = psp.LOAD.unpack_from(buf, psp.CMD_AT)
+        self.gpu.firmware_loads += 1
+        fault = self.gpu.faults.at(self.gpu.firmware_loads)
+        ok = self.tmr is not None and not lo % PAGE and n and \
+            (fault is None or fault.kind != "fwerr") and any(self.gpu.space.read(lo | hi << 32, 16))
+        if ok:
+            self.loaded.add(kind)
+        return 0 if ok else 0xFFFF
+
+
 class MockGpu:
     def __init__(self):
         bars = {0: (VRAM_BYTES, 0xC), 2: (DOORBELL_BYTES, 0xC), 5: (MMIO_BYTES, 0)}
@@ -156,7 +212,7 @@ class MockGpu:
         self.vram.write(GPU_BASE + VRAM_BYTES - discovery.DISCOVERY_TMR_OFFSET, table)
         self.regs = self._initial()
         self.bridge: MockBridge | None = None
-        self.space = Space(self)
+        self.space, self.psp, self.sos = Space(self), Psp(self), False
         self.cp = None  # built at the first doorbell: PoCL is only loaded when something runs
         self.firmware_loads = self.submissions = 0
         self.running, self.rptr = False, 0
@@ -196,7 +252,13 @@ class MockGpu:
                 any(self.vram.read(addr, 16))  # an image there, not erased VRAM
             self.regs[regs.C2PMSG_35] = regs.BL_READY | (0 if ok else 0xFFFF)
             self.regs[regs.C2PMSG_81] = 0x00300000 if ok else 0
-            self.running = self.running or ok
+            self.regs[regs.C2PMSG_64] = regs.BL_READY if ok else 0  # sOS: ready for its ring
+            self.sos = self.sos or ok
+        if reg == regs.C2PMSG_64:
+            self.psp.control(value)
+        if reg == regs.C2PMSG_67:
+            self.psp.doorbell(value)
+            self.running = self.sos and {psp.RLC_G, psp.RS64_MEC} <= self.psp.loaded
 
     # ---- the compute queue ----------------------------------------------------------------------
     def _doorbell(self, index: int, wptr: int) -> None:
@@ -234,7 +296,8 @@ class MockGpu:
         """Power lost (unplug): registers, firmware and queue state are gone; VRAM is kept, as
         nothing on the driver's side may rely on it either."""
         self.regs = self._initial()
-        self.running, self.rptr = False, 0
+        self.running, self.rptr, self.sos = False, 0, False
+        self.psp = Psp(self)
         self.space.invalidate()
 
     def _vm_fault(self, words: list[int]) -> None:

@@ -18,6 +18,14 @@ C2PMSG_35, C2PMSG_36, C2PMSG_81 = MP0_SEG0 + 0x63, MP0_SEG0 + 0x64, MP0_SEG0 + 0
 BL_READY = 1 << 31
 BL_LOAD_SOSDRV = 0x20000  # PSP_BL__LOAD_SOSDRV
 
+# psp_v13_0.c's ring (GPCOM, "KM") once sOS runs: C2PMSG_64 takes GFX_CTRL_CMD_ID_INIT_GPCOM_RING
+# after C2PMSG_69/70 (ring address lo/hi, a VMID 0 GPU address) and 71 (size in bytes) and answers
+# with bit 31 (GFX_FLAG_RESPONSE) and a status in bits 15:0; C2PMSG_67 is the write pointer in
+# dwords, modulo the ring. (MP0 C2PMSG_n is register 0x40 + n, as for 35/36/81 above.)
+C2PMSG_64, C2PMSG_67 = MP0_SEG0 + 0x80, MP0_SEG0 + 0x83
+C2PMSG_69, C2PMSG_70, C2PMSG_71 = MP0_SEG0 + 0x85, MP0_SEG0 + 0x86, MP0_SEG0 + 0x87
+INIT_GPCOM_RING = 0x20000  # psp_gfx_if.h GFX_CTRL_CMD_ID_INIT_GPCOM_RING
+
 # gc_11_0_0_offset.h (torvalds/linux 0e8655b4, addressBlock gc_gcvmsharedvcdec, BASE_IDX 0):
 # where VRAM sits in the GPU's address space (set at POST, in 16 MiB units: base/top >> 24); the
 # AGP aperture, which maps GPU addresses [BOT, TOP] (16 MiB units) to system bus addresses + BASE

@@ -93,6 +93,25 @@ def test_a_refused_firmware_fails_the_load_naming_the_file(enclosure, monkeypatc
         Model.load(compiled_blob(_model(), target="amd"), device="amd")
 
 
+@pytest.mark.parametrize("n, name", [(2, "gc_11_0_0_rlc.bin"), (3, "gc_11_0_0_mec.bin")])
+def test_rlc_and_mec_load_through_the_psp_ring_and_a_refusal_names_the_file(enclosure, monkeypatch,
+                                                                           n, name):
+    """After sOS (firmware load 1): SETUP_TMR, then LOAD_IP_FW of RLC (2) and MEC (3) through the
+    GPCOM ring; the queue runs only once both are in. A refused load names its file."""
+    from am import psp
+    m = Model.load(compiled_blob(_model(), target="amd"), device="amd")
+    gpu = MockLibusb.shared().bridge.function
+    assert gpu.psp.loaded == {psp.RLC_G, psp.RS64_MEC} and gpu.psp.tmr[1] == psp.TMR_BYTES
+    assert gpu.firmware_loads == 3
+    m.close()
+    MockLibusb.forget()
+    monkeypatch.setenv("KEEL_MOCK_FAULTS", f"fwerr@{n}")
+    with pytest.raises(DeviceError, match=f"PSP refused firmware {name}"):
+        Model.load(compiled_blob(_model(), target="amd"), device="amd")
+    gpu = MockLibusb.shared().bridge.function
+    assert not gpu.running  # without its microcode the command processor runs nothing
+
+
 def test_missing_firmware_names_the_files_and_the_setting(enclosure):
     (enclosure / "gc_11_0_0_mec.bin").unlink()
     with pytest.raises(ConfigError, match="gc_11_0_0_mec.bin.*KEEL_AMD_FIRMWARE"):
