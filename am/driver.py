@@ -76,7 +76,7 @@ class Gpu:
         self.pt = self.fb + PT_AT  # the page table through the system aperture
         self.window, self.gart_top, self.top = GART_AT, GART_AT + PAGE, HEAP_AT
         self._start_vm(deadline)
-        self._load_ip_firmware(fws, deadline)
+        self._load_ip_firmware(fws)
         self.wptr, self.seq = 0, 0
         self.seen = {SIGNAL_AT: 0, TIMELINE_AT: 0}  # what the window's u64 slots hold
         self._start_queue()
@@ -102,16 +102,19 @@ class Gpu:
         self._bar0_write(FIRMWARE_AT, sos.ucode)
         self.wreg(regs.C2PMSG_36, (self.fb + FIRMWARE_AT) >> 20 & 0xFFFFFFFF)
         self.wreg(regs.C2PMSG_35, regs.BL_LOAD_SOSDRV)
+        ready = time.monotonic() + BOOT_TIMEOUT_S  # counted after the image's slow staging
         status = self._psp_ready(regs.C2PMSG_35, f"bootloader, {sos.name}", ready) & 0xFFFF
         if status or not self.reg(regs.C2PMSG_81):
             raise DeviceError(f"PSP refused firmware {sos.name} (bootloader status 0x{status:04x}, "
                               f"sOS version {self.reg(regs.C2PMSG_81):#x}); is it the file for "
                               f"this GPU?")
 
-    def _load_ip_firmware(self, fws: list, deadline: float) -> None:
+    def _load_ip_firmware(self, fws: list) -> None:
         """psp_v13_0_ring_create, SETUP_TMR, then one LOAD_IP_FW per image psp.FW_TYPES names.
         The command processor runs nothing before its microcode, so every byte goes through BAR0
-        (one PCIe write per dword) and every address is VRAM's physical one (FB location)."""
+        (one PCIe write per dword) and every address is VRAM's physical one (FB location). Each
+        wait has its own BOOT_TIMEOUT_S, counted after the slow staging before it."""
+        deadline = time.monotonic() + BOOT_TIMEOUT_S
         self._psp_ready(regs.C2PMSG_64, "sOS ring interface", deadline)
         ring = self.fb + PSP_AT
         self.wreg(regs.C2PMSG_69, ring & 0xFFFFFFFF)
@@ -124,7 +127,7 @@ class Gpu:
         self.psp_wptr = self.psp_fence = 0
         tmr = self.fb + TMR_AT
         self._psp_command(psp.SETUP_TMR, psp.SETUP.pack(tmr & 0xFFFFFFFF, tmr >> 32,
-                                                        psp.TMR_BYTES, 0, 0, 0), "TMR", deadline)
+                                                        psp.TMR_BYTES, 0, 0, 0), "TMR")
         v = "_".join(map(str, next(ip.version for ip in self.ips.values() if ip.name == "GC")))
         for stem, kind in psp.FW_TYPES.items():
             name = f"{stem.format(v=v)}.bin"
@@ -136,9 +139,9 @@ class Gpu:
             at = self.fb + IP_FW_AT
             self._psp_command(psp.LOAD_IP_FW, psp.LOAD.pack(at & 0xFFFFFFFF, at >> 32,
                                                             len(fw.ucode), kind),
-                              f"firmware {name}", deadline)
+                              f"firmware {name}")
 
-    def _psp_command(self, cmd_id: int, body: bytes, what: str, deadline: float) -> None:
+    def _psp_command(self, cmd_id: int, body: bytes, what: str) -> None:
         """One command buffer and one ring frame (psp_ring_cmd_submit); wait for its fence, then
         its response's status."""
         cmd, fence = self.fb + PSP_AT + PSP_RING_BYTES, self.fb + PSP_AT + PSP_RING_BYTES + PAGE
@@ -149,6 +152,7 @@ class Gpu:
                          psp.frame(cmd, fence, self.psp_fence))
         self.psp_wptr = (self.psp_wptr + psp.FRAME_BYTES // 4) % ring_dw
         self.wreg(regs.C2PMSG_67, self.psp_wptr)
+        deadline = time.monotonic() + BOOT_TIMEOUT_S
         fence_at = PSP_AT + PSP_RING_BYTES + PAGE
         try:
             wait_until(lambda: self.pci.read32(0, fence_at) == self.psp_fence, deadline,
