@@ -50,16 +50,18 @@ class AmdDevice(HostDevice):
             self.gpu = None
         self.gpu = gpu = Gpu(UsbPci(USB_TIMEOUT_S))
         blob, image = self.blob, bytes(self.blob.programs)
-        code = gpu.alloc(self.co.size)
+        code = gpu.alloc(self.co.size, deadline)
         for va, data in elf.load_image(image):
             gpu.upload(code + va, data, deadline)
-        self.arena, self.weights = gpu.alloc(blob.arena_bytes), gpu.alloc(len(blob.weights))
+        self.arena = gpu.alloc(blob.arena_bytes, deadline)
+        self.weights = gpu.alloc(len(blob.weights), deadline)
         gpu.upload(self.weights, blob.weights, deadline)
-        self.slots = {b.offset: (gpu.alloc(b.nbytes), b) for b in (*blob.inputs, *blob.outputs)}
-        kernargs = gpu.alloc(256 * len(blob.launches) + 4096)
+        self.slots = {b.offset: (gpu.alloc(b.nbytes, deadline), b)
+                      for b in (*blob.inputs, *blob.outputs)}
+        kernargs = gpu.alloc(256 * len(blob.launches) + 4096, deadline)
         rec = graph.record(blob, self.co, code, kernargs, self._address)
         gpu.upload(kernargs, bytes(rec.kernargs), deadline)
-        self.ib, self.ib_dwords = gpu.alloc(4 * len(rec.ib)), len(rec.ib)
+        self.ib, self.ib_dwords = gpu.alloc(4 * len(rec.ib), deadline), len(rec.ib)
         gpu.upload(self.ib, b"".join(w.to_bytes(4, "little") for w in rec.ib), deadline)
         self.submitted = self.done = 0
 

@@ -72,13 +72,14 @@ class Memory:
 
 
 class CommandProcessor:
-    """`space` is every address the CP reaches (VRAM, and system memory through an aperture:
-    am/mock_device.py); `memory` the VRAM that kernels' buffers live in."""
+    """`space` is every address the CP reaches (am/mock_device.py's MMU: the GART, VRAM and
+    system memory through apertures), with `run(va)` for a kernel buffer's VRAM range; `memory`
+    the VRAM that kernels' buffers live in (without a `space`, its own addresses)."""
 
     def __init__(self, memory: Memory, space=None):
         self.mem = space or memory
         self.sh: dict[int, int] = {}
-        self.pocl = Pocl(memory)
+        self.pocl = Pocl(memory, getattr(space, "run", None))
         self.vram = memory
         self.code: dict[int, elf.CodeObject] = {}  # by base address
         self.dispatches = 0
@@ -140,13 +141,17 @@ class CommandProcessor:
     def _code_object(self, entry: int) -> tuple[elf.CodeObject, int]:
         """The code object holding `entry`: the ELF header on a page at or below it."""
         base = entry & ~(PAGE - 1)
-        while base >= GPU_BASE:
-            if base in self.code:
-                return self.code[base], base
-            if self.mem.read(base, 4) == b"\x7fELF":
-                self.code[base] = elf.parse(lambda va, n: self.mem.read(base + va, n))
-                return self.code[base], base
-            base -= PAGE
+        try:
+            while base >= 0:
+                if base in self.code:
+                    return self.code[base], base
+                if self.mem.read(base, 4) == b"\x7fELF":
+                    self.code[base] = elf.parse(lambda va, n: self.mem.read(base + va, n))
+                    return self.code[base], base
+                base -= PAGE
+        except GpuFault as e:  # walked off mapped memory: no ELF header below the entry
+            raise GpuFault(f"COMPUTE_PGM at 0x{entry:x} is in no loaded code object ({e})") \
+                from None
         raise GpuFault(f"COMPUTE_PGM at 0x{entry:x} is in no loaded code object")
 
 
@@ -155,18 +160,21 @@ class Pocl:
     GPU memory itself; each pointer argument a sub-buffer from its address to the end of its
     allocation."""
 
-    def __init__(self, memory: Memory):
+    def __init__(self, memory: Memory, resolve=None):
+        """`resolve(va)`: (offset into `memory`, bytes usable from there) of a kernel's buffer;
+        by default `memory`'s own addresses, to the end of the allocation."""
         self.mem, self.ex = memory, cl.HostExecutor("mock GPU")
+        self.resolve = resolve or (lambda va: (va - GPU_BASE, memory.extent(va)))
         self.host = cl.ffi.from_buffer(memory.map)  # pins the mapping the buffer computes in
         self.whole = self.ex.buffer(self.host, memory.size)
         self.kernels: dict[tuple, object] = {}
         self.subs: dict[tuple[int, int], object] = {}
 
     def _sub(self, va: int):
-        n = self.mem.extent(va)
-        if (va, n) not in self.subs:
-            self.subs[va, n] = self.ex.sub(self.whole, va - GPU_BASE, n)
-        return self.subs[va, n]
+        off, n = self.resolve(va)
+        if (off, n) not in self.subs:
+            self.subs[off, n] = self.ex.sub(self.whole, off, n)
+        return self.subs[off, n]
 
     def run(self, source: str, name: str, pointers: list[int], glob, local) -> None:
         program = self.ex.program(source.encode("latin-1"))

@@ -18,12 +18,49 @@ C2PMSG_35, C2PMSG_36, C2PMSG_81 = MP0_SEG0 + 0x63, MP0_SEG0 + 0x64, MP0_SEG0 + 0
 BL_READY = 1 << 31
 BL_LOAD_SOSDRV = 0x20000  # PSP_BL__LOAD_SOSDRV
 
-# gc_11_0_0_offset.h (UNVERIFIED): where VRAM sits in the GPU's address space (set at POST, in
-# 16 MiB units: base/top >> 24) and the AGP aperture, which maps GPU addresses
-# [BOT, TOP] (in 16 MiB units) to system bus addresses + BASE (in 4 MiB units) with no page table
+# psp_v13_0.c's ring (GPCOM, "KM") once sOS runs: C2PMSG_64 takes GFX_CTRL_CMD_ID_INIT_GPCOM_RING
+# after C2PMSG_69/70 (ring address lo/hi, a VMID 0 GPU address) and 71 (size in bytes) and answers
+# with bit 31 (GFX_FLAG_RESPONSE) and a status in bits 15:0; C2PMSG_67 is the write pointer in
+# dwords, modulo the ring. (MP0 C2PMSG_n is register 0x40 + n, as for 35/36/81 above.)
+C2PMSG_64, C2PMSG_67 = MP0_SEG0 + 0x80, MP0_SEG0 + 0x83
+C2PMSG_69, C2PMSG_70, C2PMSG_71 = MP0_SEG0 + 0x85, MP0_SEG0 + 0x86, MP0_SEG0 + 0x87
+INIT_GPCOM_RING = 0x20000  # psp_gfx_if.h GFX_CTRL_CMD_ID_INIT_GPCOM_RING
+
+# gc_11_0_0_offset.h (torvalds/linux 0e8655b4, addressBlock gc_gcvmsharedvcdec, BASE_IDX 0):
+# where VRAM sits in the GPU's address space (set at POST, in 16 MiB units: base/top >> 24); the
+# AGP aperture, which maps GPU addresses [BOT, TOP] (16 MiB units) to system bus addresses + BASE
+# (4 MiB units) with no page table (BOT > TOP: closed); and the system aperture [LOW, HIGH]
+# (256 KiB units, gfxhub_v3_0_init_system_aperture_regs: addr >> 18) inside which VMID 0 reaches
+# the FB and AGP apertures physically
 GCMC_VM_FB_LOCATION_BASE, GCMC_VM_FB_LOCATION_TOP = GC_SEG0 + 0x1678, GC_SEG0 + 0x1679
 GCMC_VM_AGP_TOP, GCMC_VM_AGP_BOT, GCMC_VM_AGP_BASE = GC_SEG0 + 0x167A, GC_SEG0 + 0x167B, \
     GC_SEG0 + 0x167C
+GCMC_VM_SYSTEM_APERTURE_LOW_ADDR, GCMC_VM_SYSTEM_APERTURE_HIGH_ADDR = GC_SEG0 + 0x167D, \
+    GC_SEG0 + 0x167E
+
+# GART: VM context 0's one-level page table (same header, gc_gcvml2vcdec and the registers after
+# it). gfxhub_v3_0.c: PAGE_TABLE_BASE_ADDR_LO/HI32 = the table's physical VRAM address | PDE valid
+# (amdgpu_gmc_pd_addr; gmc_v11_0_get_vm_pde makes it physical), START/END_ADDR_LO/HI32 = the
+# GART range's first and last page (addr >> 12, low 32 bits then the rest), CONTEXT0_CNTL
+# ENABLE_CONTEXT (bit 0) with PAGE_TABLE_DEPTH (bits 2:1) 0 = one level. The CNTL bit positions
+# are gc_12_0_0_sh_mask.h's as quoted publicly (UNVERIFIED for gc 11).
+GCVM_CONTEXT0_CNTL = GC_SEG0 + 0x1688
+GCVM_CONTEXT0_PT_BASE_LO, GCVM_CONTEXT0_PT_BASE_HI = GC_SEG0 + 0x16F3, GC_SEG0 + 0x16F4
+GCVM_CONTEXT0_PT_START_LO, GCVM_CONTEXT0_PT_START_HI = GC_SEG0 + 0x1713, GC_SEG0 + 0x1714
+GCVM_CONTEXT0_PT_END_LO, GCVM_CONTEXT0_PT_END_HI = GC_SEG0 + 0x1733, GC_SEG0 + 0x1734
+CONTEXT_ENABLE, CONTEXT_DEPTH_SHIFT = 1, 1
+# TLB invalidation through engine 17 (gmc_v11_0.c keeps it for the GART; REQ 0x16bc, ACK 0x16ce
+# in the header): REQ = 1 << vmid | INVALIDATE_L2_PTES, L2_PDE0..2, L1_PTES (bits 19..23,
+# UNVERIFIED); the flush is done when ACK has bit vmid set
+GCVM_INVALIDATE_ENG17_REQ, GCVM_INVALIDATE_ENG17_ACK = GC_SEG0 + 0x16BC, GC_SEG0 + 0x16CE
+INVALIDATE_ALL = 0x1F << 19
+
+# amdgpu_vm.h: a GART PTE (64 bits): VALID 0, SYSTEM 1 (a bus address, not VRAM), SNOOPED 2,
+# EXECUTABLE 4, READABLE 5, WRITEABLE 6; the page's address in bits 47:12
+PTE_VALID, PTE_SYSTEM, PTE_SNOOPED = 1, 1 << 1, 1 << 2
+PTE_EXECUTABLE, PTE_READABLE, PTE_WRITEABLE = 1 << 4, 1 << 5, 1 << 6
+PTE_ADDRESS = ((1 << 48) - 1) & ~0xFFF
+PTE_RWX = PTE_VALID | PTE_EXECUTABLE | PTE_READABLE | PTE_WRITEABLE
 
 # gc_11_0_0_offset.h (as quoted from that header in several public projects): the compute queue
 # the CP_HQD_* registers mean is chosen by GRBM_GFX_CNTL (ME 1, pipe 0, queue 0 here)

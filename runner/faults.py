@@ -7,7 +7,8 @@ what a mock does with each are shared by every mock backend (this one, and the q
 mocks to come): each reads its own variable through `from_env` and asks `Faults.at(value)` per
 submission.
   hang@N      submission N never signals (until recover()).
-  fault@N     submission N ends in a device fault (DeviceError from wait()).
+  fault@N     submission N ends in a device fault (DeviceError from wait(); the amd mock: a GPU
+              VM fault on the submission's indirect buffer, DeviceError from submit()).
   slow@N:MS   submission N signals MS milliseconds later than it would.
   unplug@N    the device disappears during submission N (the amd mock: the USB enclosure is
               unplugged; every later call is DeviceError until it is plugged back).

@@ -8,6 +8,7 @@ real bridge firmware's behaviour and any timing; tests/device/test_usbgpu.py is 
 """
 from __future__ import annotations
 
+import struct
 import time
 
 import numpy as np
@@ -92,6 +93,25 @@ def test_a_refused_firmware_fails_the_load_naming_the_file(enclosure, monkeypatc
         Model.load(compiled_blob(_model(), target="amd"), device="amd")
 
 
+@pytest.mark.parametrize("n, name", [(2, "gc_11_0_0_rlc.bin"), (3, "gc_11_0_0_mec.bin")])
+def test_rlc_and_mec_load_through_the_psp_ring_and_a_refusal_names_the_file(enclosure, monkeypatch,
+                                                                           n, name):
+    """After sOS (firmware load 1): SETUP_TMR, then LOAD_IP_FW of RLC (2) and MEC (3) through the
+    GPCOM ring; the queue runs only once both are in. A refused load names its file."""
+    from am import psp
+    m = Model.load(compiled_blob(_model(), target="amd"), device="amd")
+    gpu = MockLibusb.shared().bridge.function
+    assert gpu.psp.loaded == {psp.RLC_G, psp.RS64_MEC} and gpu.psp.tmr[1] == psp.TMR_BYTES
+    assert gpu.firmware_loads == 3
+    m.close()
+    MockLibusb.forget()
+    monkeypatch.setenv("KEEL_MOCK_FAULTS", f"fwerr@{n}")
+    with pytest.raises(DeviceError, match=f"PSP refused firmware {name}"):
+        Model.load(compiled_blob(_model(), target="amd"), device="amd")
+    gpu = MockLibusb.shared().bridge.function
+    assert not gpu.running  # without its microcode the command processor runs nothing
+
+
 def test_missing_firmware_names_the_files_and_the_setting(enclosure):
     (enclosure / "gc_11_0_0_mec.bin").unlink()
     with pytest.raises(ConfigError, match="gc_11_0_0_mec.bin.*KEEL_AMD_FIRMWARE"):
@@ -118,3 +138,65 @@ def test_openpilot_through_usb_matches_onnxruntime(enclosure):
     feeds = random_feeds(model, seed=0)
     assert_close(m.run(feeds, timeout_ms=600_000)["outputs"], ort_run(model, feeds)["outputs"],
                  1e-3, 1e-4, "openpilot over usb")
+
+
+def _pte_at(gpu, va: int) -> int:
+    """VRAM offset of the PTE that maps `va`, read from the registers the driver programmed."""
+    from am import regs
+    r = gpu.regs
+    start = r[regs.GCVM_CONTEXT0_PT_START_LO] | r[regs.GCVM_CONTEXT0_PT_START_HI] << 32
+    end = r[regs.GCVM_CONTEXT0_PT_END_LO] | r[regs.GCVM_CONTEXT0_PT_END_HI] << 32
+    assert start <= va >> 12 <= end, f"0x{va:x} is outside the GART range"
+    base = (r[regs.GCVM_CONTEXT0_PT_BASE_LO] | r[regs.GCVM_CONTEXT0_PT_BASE_HI] << 32) & ~0xFFF
+    return base + 8 * ((va >> 12) - start)
+
+
+def test_everything_runs_on_gart_addresses_through_the_page_table(enclosure):
+    from am import regs
+    from am.driver import GART_AT, GART_BYTES
+    from am.mock_gpu import GPU_BASE
+    m = Model.load(compiled_blob(_model(), target="amd"), device="amd")
+    gpu = MockLibusb.shared().bridge.function
+    assert gpu.regs[regs.GCVM_CONTEXT0_CNTL] & regs.CONTEXT_ENABLE
+    d = m.device
+    for va in (d.arena, d.weights, d.ib, d.gpu.window, *(va for va, _ in d.slots.values())):
+        assert GART_AT <= va < GART_AT + GART_BYTES  # virtual, not the FB location's physical
+        pte = struct.unpack("<Q", gpu.vram.read(GPU_BASE + _pte_at(gpu, va), 8))[0]
+        assert pte & regs.PTE_VALID and pte & regs.PTE_READABLE
+    # the window is system memory: its PTE names the bridge's bus address
+    pte = struct.unpack("<Q", gpu.vram.read(GPU_BASE + _pte_at(gpu, d.gpu.window), 8))[0]
+    assert pte & regs.PTE_SYSTEM and pte & regs.PTE_ADDRESS == d.gpu.window_bus
+    _check(m, 1)
+    m.close()
+
+
+def test_a_dispatch_reading_an_unmapped_page_faults_and_a_fresh_mapping_runs(enclosure):
+    """The weights' first PTE cleared (and the TLB invalidated, as a driver changing a mapping
+    must): the first dispatch that reads weights faults naming that address. recover() maps
+    everything again and the model matches onnxruntime as before."""
+    from am import regs
+    from am.mock_gpu import GPU_BASE
+    m = Model.load(compiled_blob(_model(), target="amd"), device="amd")
+    _check(m, 1)
+    gpu = MockLibusb.shared().bridge.function
+    weights = m.device.weights
+    gpu.vram.write(GPU_BASE + _pte_at(gpu, weights), bytes(8))
+    gpu.mem_write(5, 4 * regs.GCVM_INVALIDATE_ENG17_REQ, 1 | regs.INVALIDATE_ALL, 0xF)
+    t = time.monotonic()
+    with pytest.raises(DeviceError, match=f"page fault.*0x{weights:x}"):
+        m.run(random_feeds(_model(), seed=2), timeout_ms=TIMEOUT_MS)
+    assert time.monotonic() - t < TIMEOUT_MS / 1000  # reported, not waited out
+    _check(m, 3)  # recover(): a new bring-up wrote the table again
+    m.close()
+
+
+def test_an_injected_vm_fault_is_a_device_error_and_recover_brings_the_model_back(
+        enclosure, monkeypatch):
+    monkeypatch.setenv("KEEL_MOCK_FAULTS", "fault@2")
+    m = Model.load(compiled_blob(_model(), target="amd"), device="amd")
+    _check(m, 1)
+    ib = m.device.ib
+    with pytest.raises(DeviceError, match=f"page fault.*0x{ib:x}"):
+        m.run(random_feeds(_model(), seed=2), timeout_ms=TIMEOUT_MS)
+    _check(m, 3)
+    m.close()

@@ -199,3 +199,43 @@ def test_firmware_names_come_from_discovery_and_all_missing_files_are_named(tmp_
     (tmp_path / names[0]).write_bytes(firmware.image(b"\x02" * 32)[:-1])
     with pytest.raises(ConfigError, match="header says 64 bytes"):
         firmware.load(names[0], tmp_path)
+
+
+def test_the_mmu_walks_the_gart_table_as_the_registers_program_it():
+    """am/mock_device.Space: a GART page through its PTE (VRAM or system memory), the system
+    aperture onto the FB location, faults naming the address for an invalid PTE, a missing
+    permission and an address outside both; a stale TLB until the invalidation request."""
+    from am import regs
+    from am.mock_device import MockGpu
+    from am.mock_gpu import GPU_BASE, GpuFault
+    gpu = MockGpu()
+    gart, pt = 0x7FFF_0000_0000, 8 << 20  # GART range start, table's VRAM offset
+    program = {regs.GCVM_CONTEXT0_PT_BASE_LO: pt | regs.PTE_VALID, regs.GCVM_CONTEXT0_PT_BASE_HI: 0,
+               regs.GCVM_CONTEXT0_PT_START_LO: gart >> 12 & 0xFFFFFFFF,
+               regs.GCVM_CONTEXT0_PT_START_HI: gart >> 44,
+               regs.GCVM_CONTEXT0_PT_END_LO: (gart >> 12) + 3 & 0xFFFFFFFF,
+               regs.GCVM_CONTEXT0_PT_END_HI: gart >> 44,
+               regs.GCMC_VM_SYSTEM_APERTURE_LOW_ADDR: GPU_BASE >> 18,
+               regs.GCMC_VM_SYSTEM_APERTURE_HIGH_ADDR: (GPU_BASE + (512 << 20) - 1) >> 18,
+               regs.GCVM_CONTEXT0_CNTL: regs.CONTEXT_ENABLE}
+    for r, v in program.items():
+        gpu.mem_write(5, 4 * r, v, 0xF)
+    ptes = [(32 << 20) | regs.PTE_RWX, 0, (36 << 20) | regs.PTE_VALID | regs.PTE_READABLE, 0]
+    gpu.vram.write(GPU_BASE + pt, struct.pack("<4Q", *ptes))
+    gpu.vram.write(GPU_BASE + (32 << 20) + 0x10, b"mapped")
+    space = gpu.space
+    assert space.read(gart + 0x10, 6) == b"mapped"  # page 0 -> VRAM offset 32 MiB
+    assert space.read(GPU_BASE + (32 << 20) + 0x10, 6) == b"mapped"  # the FB aperture
+    assert space.run(gart + 0x10) == ((32 << 20) + 0x10, 4096 - 0x10)  # page 1 breaks the run
+    with pytest.raises(GpuFault, match=f"page fault.*0x{gart + 4096:x}.*not valid"):
+        space.read(gart + 4096, 4)
+    with pytest.raises(GpuFault, match=f"protection fault.*0x{gart + 8192:x}.*writing"):
+        space.write(gart + 8192, b"x")
+    with pytest.raises(GpuFault, match=f"page fault.*0x{gart + 4 * 4096:x}.*outside"):
+        space.read(gart + 4 * 4096, 4)  # past END
+    gpu.vram.write(GPU_BASE + pt, bytes(8))  # page 0 unmapped, its translation still cached
+    assert space.read(gart + 0x10, 6) == b"mapped"
+    gpu.mem_write(5, 4 * regs.GCVM_INVALIDATE_ENG17_REQ, 1 | regs.INVALIDATE_ALL, 0xF)
+    assert gpu.regs[regs.GCVM_INVALIDATE_ENG17_ACK] & 1
+    with pytest.raises(GpuFault, match=f"page fault.*0x{gart + 0x10:x}"):
+        space.read(gart + 0x10, 6)
