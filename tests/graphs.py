@@ -170,11 +170,18 @@ def compiled_blob(model: onnx.ModelProto, target: str = "cpu", **compile_kwargs)
     sources), under the hash of the model, the target and the options. Whole models cost tens of
     seconds each, and several test files run the same ones."""
     import hashlib
+    import inspect
+
     from compiler.blob import write_blob
     from compiler.pipeline import compile_model
     from tests.onnx_backend import _cache_dir
 
-    key = hashlib.sha256(model.SerializeToString() + repr((target, sorted(compile_kwargs.items())))
+    # the options as compile_model sees them, defaults filled in: float16=False and no float16
+    # argument are one blob
+    options = inspect.signature(compile_model).bind(model, target=target, **compile_kwargs)
+    options.apply_defaults()
+    del options.arguments["model"]
+    key = hashlib.sha256(model.SerializeToString() + repr(sorted(options.arguments.items()))
                          .encode()).hexdigest()[:24]
     folder = _cache_dir() or pathlib.Path(tempfile.mkdtemp(prefix="keel-test-"))
     path = folder / "models" / f"{key}.blob"
