@@ -155,7 +155,10 @@ def realize(outputs: list[UOp]) -> set[UOp]:
     for r in [u for u in order if u.op is Ops.REDUCE and u not in outputs]:
         _fuse_epilogue(r, users, realized, rank)  # a reduction that is an output stays one
     for u in order:  # shared, expensive subexpressions are computed once
-        if u not in realized and u.op in ALU and len(users[u]) > 1 and _costly(u, realized):
+        # but not inside a fused epilogue (u inlines its reduction): every user of u is in that
+        # kernel, and realizing two such nodes would compute the reduction twice
+        if u not in realized and u.op in ALU and len(users[u]) > 1 and _costly(u, realized) \
+                and not _reduces_in(u, realized):
             realized.add(u)
     changed = True
     while changed:

@@ -200,8 +200,8 @@ def fixed_point(m: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
 
 def integer_requantize(ctx, x: Tensor, scale: Tensor, zp: Tensor | None, out: DType):
     """QuantizeLinear of a recorded accumulator: round(acc * m) + zero point, saturated, with m
-    as a fixed-point multiplier and shift (int64 product, rounding half up); None when the
-    output scale or zero point is not one constant, or m has no fixed-point form."""
+    as a fixed-point multiplier m0 and shift r, rounding half up: (acc * m0 + 2**(r-1)) >> r.
+    None when the output scale or zero point is not one constant, or m has no fixed-point form."""
     acc = ctx.qdq.get(x.uop)
     sy = ctx.constant(scale)
     zy = np.zeros(1) if zp is None else ctx.constant(zp)
@@ -210,12 +210,32 @@ def integer_requantize(ctx, x: Tensor, scale: Tensor, zp: Tensor | None, out: DT
     fp = fixed_point(acc.scale / float(sy.reshape(-1)[0]))
     if fp is None:
         return None
-    shape = [fp[0].size if d == acc.axis else 1 for d in range(acc.acc.ndim)]
-    m0, r = (Tensor.weight(v.reshape(shape)) for v in fp)
-    v = acc.acc.cast(dtypes.int64) * m0
-    v = (v + Tensor.weight((1 << (fp[1] - 1)).reshape(shape))).shr(r)
+    m0, r = fp
+    shape = [m0.size if d == acc.axis else 1 for d in range(acc.acc.ndim)]
+    w = lambda v, dt: Tensor.weight(v.astype(dt).reshape(shape))  # noqa: E731
+    if np.all(r > 32):
+        # r = 32 + s, s >= 1: adding 2**(r-1) and shifting by r drops the product's low word,
+        # (hi + 2**(s-1)) >> s with hi = (acc * m0) >> 32, exactly. All in int32 lanes, which
+        # vectorize where int64 ones do not (HVX has no 64-bit lanes; clang scalarizes them)
+        v = (mulhi(acc.acc, m0, w) + w(1 << (r - 33), np.int32)).shr(w(r - 32, np.int32))
+    else:  # m >= 1/4: the low word rounds too
+        v = acc.acc.cast(dtypes.int64) * w(m0, np.int64)
+        v = (v + w(1 << (r - 1), np.int64)).shr(w(r, np.int64))
     v = v + int(zy.reshape(-1)[0])
     return v.maximum(int(out.min)).minimum(int(out.max)).cast(out)
+
+
+def mulhi(a: Tensor, m: np.ndarray, w) -> Tensor:
+    """(a * m) >> 32 for int32 a and constants m in [2**30, 2**31), from 16-bit halves in
+    int32 lanes (Hacker's Delight's mulhs): no partial product or sum leaves int32, and the
+    one that needs 32 unsigned bits (low x low) is taken in uint32. w(values, numpy dtype)
+    makes the per-channel constants."""
+    a0, a1 = a & 0xFFFF, a.shr(16)
+    m_lo, m_hi = m & 0xFFFF, m >> 16
+    w0 = (a0.cast(dtypes.uint32) * w(m_lo, np.uint32)).shr(16).cast(dtypes.int32)
+    t = a1 * w(m_lo, np.int32) + w0
+    w1 = a0 * w(m_hi, np.int32) + (t & 0xFFFF)
+    return a1 * w(m_hi, np.int32) + t.shr(16) + w1.shr(16)
 
 
 def integer_window(ctx, x: Tensor, fn):
