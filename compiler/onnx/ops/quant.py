@@ -59,6 +59,8 @@ def _quantize(ctx, i, a):
         onnx_dtype(a["output_dtype"], ctx.where()) if a.get("output_dtype") else dtypes.uint8
     if not block and (q := integer_requantize(ctx, x, scale, zp, out)) is not None:
         return q
+    if not block and (q := integer_rescale(ctx, x, scale, zp, out)) is not None:
+        return q
     s = qparam(scale, x, axis, block)
     ct = onnx_dtype(a["precision"], ctx.where()) if a.get("precision") else _widest(x, s)
     v = (x.cast(ct) / s.cast(ct)).round_even()
@@ -137,6 +139,13 @@ class Dq:
     q: Tensor
     zp: np.ndarray
     scale: np.ndarray
+    axis: int
+
+
+@dataclass(frozen=True)
+class Cat:
+    """A Concat of dequantized int8 tensors (each its own scale) along `axis`."""
+    parts: tuple
     axis: int
 
 
@@ -250,3 +259,58 @@ def integer_window(ctx, x: Tensor, fn):
     y = (q.cast(dtypes.float32) - float(d.zp.reshape(-1)[0])) * float(d.scale.reshape(-1)[0])
     ctx.qdq[y.uop] = Dq(q, d.zp, d.scale, d.axis)
     return y
+
+
+def record_concat(ctx, y: Tensor, xs: list[Tensor], axis: int) -> None:
+    """A Concat of DequantizeLinear outputs: a QuantizeLinear after it concatenates the integers
+    (each rescaled to the output's scale) instead of the floats."""
+    parts = tuple(ctx.qdq.get(x.uop) for x in xs)
+    if all(_per_tensor8(d) for d in parts):
+        ctx.qdq[y.uop] = Cat(parts, axis)
+
+
+def _per_tensor8(d) -> bool:
+    return isinstance(d, Dq) and d.q.dtype in (dtypes.int8, dtypes.uint8) \
+        and d.scale.size == 1 and d.zp.size == 1
+
+
+def integer_rescale(ctx, x: Tensor, scale: Tensor, zp: Tensor | None, out: DType):
+    """QuantizeLinear of a dequantized int8 tensor (or a Concat of them) in integers: q itself
+    where scale and zero point are the same, else rescale(). None where some part has no exact
+    integer form, or the output scale or zero point is not one constant."""
+    d = ctx.qdq.get(x.uop)
+    sy = ctx.constant(scale)
+    zy = np.zeros(1, np.int64) if zp is None else ctx.constant(zp)
+    if sy is None or zy is None or sy.size != 1 or zy.size != 1:
+        return None
+    parts = d.parts if isinstance(d, Cat) else (d,) if _per_tensor8(d) else ()
+    qs = [rescale(p, float(sy.reshape(-1)[0]), int(zy.reshape(-1)[0]), out) for p in parts]
+    if not qs or any(q is None for q in qs):
+        return None
+    return Tensor.cat(qs, d.axis) if isinstance(d, Cat) else qs[0]
+
+
+RESCALE_BITS = 22  # multiplier bits: |q - zp| <= 255 times it stays inside int32
+
+
+def rescale(d: Dq, sy: float, zy: int, out: DType) -> Tensor | None:
+    """Q(DQ(q)) to scale sy and zero point zy as int32 arithmetic, ((q - zx) * m + half) >> k,
+    equal for each of the 256 possible q to the float32 computation DequantizeLinear and
+    QuantizeLinear spell (round half to even, checked here at compile time); None if no such
+    m exists for this pair of scales, or the scale ratio is out of range."""
+    zx, sx = int(d.zp.reshape(-1)[0]), np.float32(d.scale.reshape(-1)[0])
+    q = np.arange(d.q.dtype.min, d.q.dtype.max + 1)
+    y = (q - zx).astype(np.float32) * sx
+    want = np.clip(np.round(y / np.float32(sy)) + zy, out.min, out.max).astype(np.int64)
+    if sx == np.float32(sy) and zx == zy and d.q.dtype is out:
+        return d.q
+    ratio = float(sx) / sy
+    if not 2.0 ** -12 < ratio < 2.0 ** 8:
+        return None
+    k = RESCALE_BITS - max(int(np.ceil(np.log2(ratio))), 0)
+    m = int(round(ratio * 2 ** k))
+    got = np.clip(((q - zx) * m + (1 << (k - 1)) >> k) + zy, out.min, out.max)
+    if not np.array_equal(got, want):
+        return None
+    v = ((d.q.cast(dtypes.int32) - zx) * m + (1 << (k - 1))).shr(k) + zy
+    return v.maximum(int(out.min)).minimum(int(out.max)).cast(out)

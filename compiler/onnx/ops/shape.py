@@ -13,6 +13,7 @@ import numpy as np
 from compiler.errors import CompileError
 from compiler.ir.dtypes import dtypes
 from compiler.ir.tensor import Tensor
+from compiler.onnx.ops import quant
 from compiler.onnx.registry import Ctx, onnx_dtype, op
 
 
@@ -85,7 +86,10 @@ def _unsqueeze(ctx, i, a):
 
 @op("Concat")
 def _concat(ctx, i, a):
-    return Tensor.cat([t for t in i if t is not None], a["axis"])
+    xs = [t for t in i if t is not None]
+    y = Tensor.cat(xs, a["axis"])
+    quant.record_concat(ctx, y, xs, a["axis"] % y.ndim)
+    return y
 
 
 @op("Split")
