@@ -9,10 +9,11 @@ DequantizeLinear of int8/uint8 with constant scale and zero point records its in
 (Ctx.qdq); Conv, MatMul and Gemm whose inputs both have one (and whose bias, if any, is the int32
 DequantizeLinear quantizers emit) multiply the integers and accumulate in int32, and record the
 accumulator with its scale; a QuantizeLinear of such a value requantizes the accumulator with a
-fixed-point multiplier and shift instead of going through float; MaxPool takes its max on the
-integers (dequantization is increasing). Everything else (Add, Mul, average pooling, Concat)
-stays the float computation the graph spells, between its DQ and Q: requantized only where the
-graph says so.
+fixed-point multiplier and shift in int32 lanes instead of going through float; MaxPool takes its
+max on the integers (dequantization is increasing); a QuantizeLinear of a dequantized int8
+tensor, or of a Concat of them, with the same scale and zero point keeps the integers. Everything
+else (Add, Mul, average pooling, a Concat or Q that changes scales) stays the float computation
+the graph spells, between its DQ and Q: requantized only where the graph says so.
 """
 from __future__ import annotations
 
@@ -275,42 +276,20 @@ def _per_tensor8(d) -> bool:
 
 
 def integer_rescale(ctx, x: Tensor, scale: Tensor, zp: Tensor | None, out: DType):
-    """QuantizeLinear of a dequantized int8 tensor (or a Concat of them) in integers: q itself
-    where scale and zero point are the same, else rescale(). None where some part has no exact
-    integer form, or the output scale or zero point is not one constant."""
+    """QuantizeLinear of a dequantized int8 tensor (or a Concat of them) back to the same scale,
+    zero point and type: the integers themselves (the float round trip is exact for them).
+    None otherwise: rescaling to another scale stays the float computation (in integers it
+    vectorizes, but lowering it in every conv epilogue before a Concat made quantized
+    squeezenet's compile 8x slower)."""
     d = ctx.qdq.get(x.uop)
     sy = ctx.constant(scale)
     zy = np.zeros(1, np.int64) if zp is None else ctx.constant(zp)
     if sy is None or zy is None or sy.size != 1 or zy.size != 1:
         return None
     parts = d.parts if isinstance(d, Cat) else (d,) if _per_tensor8(d) else ()
-    qs = [rescale(p, float(sy.reshape(-1)[0]), int(zy.reshape(-1)[0]), out) for p in parts]
-    if not qs or any(q is None for q in qs):
+    same = all(np.float32(p.scale.reshape(-1)[0]) == np.float32(sy.reshape(-1)[0])
+               and int(p.zp.reshape(-1)[0]) == int(zy.reshape(-1)[0]) and p.q.dtype is out
+               for p in parts)
+    if not parts or not same:
         return None
-    return Tensor.cat(qs, d.axis) if isinstance(d, Cat) else qs[0]
-
-
-RESCALE_BITS = 22  # multiplier bits: |q - zp| <= 255 times it stays inside int32
-
-
-def rescale(d: Dq, sy: float, zy: int, out: DType) -> Tensor | None:
-    """Q(DQ(q)) to scale sy and zero point zy as int32 arithmetic, ((q - zx) * m + half) >> k,
-    equal for each of the 256 possible q to the float32 computation DequantizeLinear and
-    QuantizeLinear spell (round half to even, checked here at compile time); None if no such
-    m exists for this pair of scales, or the scale ratio is out of range."""
-    zx, sx = int(d.zp.reshape(-1)[0]), np.float32(d.scale.reshape(-1)[0])
-    q = np.arange(d.q.dtype.min, d.q.dtype.max + 1)
-    y = (q - zx).astype(np.float32) * sx
-    want = np.clip(np.round(y / np.float32(sy)) + zy, out.min, out.max).astype(np.int64)
-    if sx == np.float32(sy) and zx == zy and d.q.dtype is out:
-        return d.q
-    ratio = float(sx) / sy
-    if not 2.0 ** -12 < ratio < 2.0 ** 8:
-        return None
-    k = RESCALE_BITS - max(int(np.ceil(np.log2(ratio))), 0)
-    m = int(round(ratio * 2 ** k))
-    got = np.clip(((q - zx) * m + (1 << (k - 1)) >> k) + zy, out.min, out.max)
-    if not np.array_equal(got, want):
-        return None
-    v = ((d.q.cast(dtypes.int32) - zx) * m + (1 << (k - 1))).shr(k) + zy
-    return v.maximum(int(out.min)).minimum(int(out.max)).cast(out)
+    return Tensor.cat([p.q for p in parts], d.axis) if isinstance(d, Cat) else parts[0].q
