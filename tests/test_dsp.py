@@ -346,6 +346,45 @@ def test_fixed_point_multiplier_is_within_half_a_unit_of_q31(m):
     assert np.abs(got - acc * m).max() <= 0.5 + 1e-6 * max(1, np.abs(acc * m).max())
 
 
+@pytest.mark.parametrize("target", ["dsp", "cpu"])
+def test_int32_requantization_equals_the_int64_formula_at_the_extremes(target, tmp_path):
+    """The requantization runs in int32 lanes (quant.py:mulhi, a 32x32 high multiply from
+    16-bit halves); it must equal (acc * m0 + 2**(r-1)) >> r in int64 exactly, for every
+    int32 accumulator. A QDQ Gemm whose int32 biases reach +-2**31 (minus what the products
+    add) and whose per-channel multipliers run from 2**-31 to 0.24 (r from 33 to 62) gives
+    accumulators over the whole int32 range; the output zero point and small scales keep most
+    of them inside int8, so a wrong low bit shows. Exact: compared with assert_array_equal."""
+    from compiler.onnx.ops.quant import fixed_point
+    from compiler.toolchain import host_target
+    rng = np.random.default_rng(7)
+    n, k, rows = 32, 8, 64
+    m = np.geomspace(2.0 ** -31, 0.24, n)  # the multipliers, one per output channel
+    spread = np.minimum(2.0 ** 31 - 1 - 127 * 128 * k, 120 / m)  # |acc * m| stays near int8
+    bias = (rng.uniform(-1, 1, n) * spread).astype(np.int32)
+    w = rng.integers(-127, 128, (n, k), dtype=np.int8)
+    x = rng.integers(-128, 128, (rows, k), dtype=np.int8)
+    sw = m.astype(np.float32)  # sx = sy = 1, so m = sw (as float32 -> float64)
+    inits = {"sx": np.float32(1), "zx": np.int8(0), "w": w, "sw": sw, "zw": np.zeros(n, np.int8),
+             "b": bias, "sb": sw, "zb": np.zeros(n, np.int32), "sy": np.float32(1),
+             "zy": np.int8(3)}
+    nodes = [helper.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]),
+             helper.make_node("DequantizeLinear", ["w", "sw", "zw"], ["wf"], axis=0),
+             helper.make_node("DequantizeLinear", ["b", "sb", "zb"], ["bf"], axis=0),
+             helper.make_node("Gemm", ["xf", "wf", "bf"], ["yf"], transB=1),
+             helper.make_node("QuantizeLinear", ["yf", "sy", "zy"], ["y"])]
+    model = make_model(nodes, [("x", (rows, k), np.int8)], [("y", (rows, n), np.int8)], inits,
+                       opset=13)
+    path = tmp_path / "gemm.blob"
+    write_blob(compile_model(model, target=target if target == "dsp" else host_target()), path)
+    got = (_load(path) if target == "dsp" else Model.load(path)).run({"x": x})["y"]
+    m0, r = fixed_point(sw.astype(np.float64))
+    assert r.min() > 32  # the int32 path (a multiplier of 1/4 or more keeps int64)
+    acc = x.astype(np.int64) @ w.astype(np.int64).T + bias
+    want = np.clip(((acc * m0 + (1 << (r - 1))) >> r) + 3, -128, 127)
+    assert np.abs(acc).max() > 2 ** 30 and (np.abs(want) < 127).mean() > 0.5  # what it covers
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("m", [0.0, -0.5, 1e-12, 2.0 ** 31])
 def test_multipliers_without_a_q31_form_keep_the_float_requantization(m):
     from compiler.onnx.ops.quant import fixed_point
