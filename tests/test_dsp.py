@@ -385,6 +385,30 @@ def test_int32_requantization_equals_the_int64_formula_at_the_extremes(target, t
     np.testing.assert_array_equal(got, want)
 
 
+def test_qdq_concat_and_max_pool_at_one_scale_stay_int8(tmp_path):
+    """Q(Concat(DQ(a), DQ(b))) and Q(MaxPool(DQ(.))) at the inputs' scale and zero point are the
+    integers themselves: the blob has no float buffer, and the output equals onnxruntime's
+    exactly (the float round trip of an int8 value is exact, so there is no rounding to
+    differ in)."""
+    from compiler.toolchain import host_target
+    from runner.blob import read_blob
+    q = {"s": np.float32(0.05), "z": np.int8(-7)}
+    nodes = [helper.make_node("DequantizeLinear", ["a", "s", "z"], ["af"]),
+             helper.make_node("DequantizeLinear", ["b", "s", "z"], ["bf"]),
+             helper.make_node("Concat", ["af", "bf"], ["c"], axis=1),
+             helper.make_node("QuantizeLinear", ["c", "s", "z"], ["cq"]),
+             helper.make_node("DequantizeLinear", ["cq", "s", "z"], ["cf"]),
+             helper.make_node("MaxPool", ["cf"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("QuantizeLinear", ["p", "s", "z"], ["y"])]
+    model = make_model(nodes, [("a", (1, 8, 16, 16), np.int8), ("b", (1, 24, 16, 16), np.int8)],
+                       [("y", (1, 32, 8, 8), np.int8)], q, opset=13)
+    path = tmp_path / "cat.blob"
+    write_blob(compile_model(model, target=host_target()), path)
+    assert all(np.dtype(b.dtype).kind == "i" for b in read_blob(path).buffers.values())
+    feeds = random_feeds(model, seed=4)
+    np.testing.assert_array_equal(Model.load(path).run(feeds)["y"], ort_run(model, feeds)["y"])
+
+
 @pytest.mark.parametrize("m", [0.0, -0.5, 1e-12, 2.0 ** 31])
 def test_multipliers_without_a_q31_form_keep_the_float_requantization(m):
     from compiler.onnx.ops.quant import fixed_point

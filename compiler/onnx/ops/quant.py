@@ -263,8 +263,8 @@ def integer_window(ctx, x: Tensor, fn):
 
 
 def record_concat(ctx, y: Tensor, xs: list[Tensor], axis: int) -> None:
-    """A Concat of DequantizeLinear outputs: a QuantizeLinear after it concatenates the integers
-    (each rescaled to the output's scale) instead of the floats."""
+    """A Concat of DequantizeLinear outputs: a QuantizeLinear after it to the inputs' scale and
+    zero point concatenates the integers instead of the floats (integer_rescale)."""
     parts = tuple(ctx.qdq.get(x.uop) for x in xs)
     if all(_per_tensor8(d) for d in parts):
         ctx.qdq[y.uop] = Cat(parts, axis)
