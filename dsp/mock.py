@@ -32,6 +32,7 @@ from runner.errors import DeviceError, DeviceTimeout
 QEMU, CLANG = "qemu-hexagon", "clang-19"
 PACKAGES = {QEMU: "qemu-user", CLANG: "clang-19", "ld.lld-19": "lld-19"}  # tool -> Debian package
 SOURCE = Path(__file__).with_name("runtime.c")
+LIBC = Path(__file__).parents[1] / "runner" / "freestanding.h"  # included by SOURCE
 # the blob's -mcpu and HVX flags (compiler/toolchain.py "dsp"), for Linux instead of bare metal:
 # the runner never imports the compiler, so they are repeated here
 # KEEL_QEMU: per-kernel costs from qemu's packet and HVX counters instead of the cycle counter
@@ -55,14 +56,15 @@ def runtime_elf() -> Path:
     why = missing()
     if why:
         raise DeviceError(f"KEEL_FASTRPC=mock needs {why}")
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    key = hashlib.sha256(SOURCE.read_bytes() + LIBC.read_bytes() + " ".join(FLAGS).encode()) \
+        .hexdigest()[:16]
     out = Path(tempfile.gettempdir(), f"keel-dsp-{os.getuid()}", f"runtime-{key}")
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".{os.getpid()}")
-    proc = subprocess.run([CLANG, *FLAGS, str(SOURCE), "-o", str(tmp)], capture_output=True,
-                          text=True)
+    proc = subprocess.run([CLANG, *FLAGS, f"-I{LIBC.parent}", str(SOURCE), "-o", str(tmp)],
+                          capture_output=True, text=True)
     if proc.returncode != 0:
         raise DeviceError(f"{CLANG} failed to build {SOURCE.name}:\n{proc.stderr.strip()}")
     os.replace(tmp, out)  # atomic: a concurrent load sees the whole program or none

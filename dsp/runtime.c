@@ -45,26 +45,10 @@ static long sys6(long n, long a, long b, long c, long d, long e, long f) {
   return r0;
 }
 #define SYS(n, a, b, c) sys6(n, (long)(a), (long)(b), (long)(c), 0, 0, 0)
+#define NAME "dsp runtime"
+#include "freestanding.h"  /* memcpy, memmove, memset (kernels may import them), len, same, die */
 
 /* ---- what a kernel object may import (the DSP's C library provides them on the device) ----- */
-void *memcpy(void *d, const void *s, size_t n) {
-  char *o = d;
-  const char *i = s;
-  while (n--) *o++ = *i++;
-  return d;
-}
-void *memmove(void *d, const void *s, size_t n) {
-  char *o = d;
-  const char *i = s;
-  if (o < i) return memcpy(d, s, n);
-  while (n--) o[n] = i[n];
-  return d;
-}
-void *memset(void *d, int c, size_t n) {
-  char *o = d;
-  while (n--) *o++ = (char)c;
-  return d;
-}
 /* Hexagon has no divide instruction: clang calls these (C semantics: truncate toward zero).
    Shift-subtract, so nothing here calls them back. */
 static uint64_t udivmod(uint64_t n, uint64_t d, uint64_t *rem) {
@@ -91,23 +75,6 @@ uint64_t __hexagon_umoddi3(uint64_t n, uint64_t d) { uint64_t r; udivmod(n, d, &
 int64_t __hexagon_divdi3(int64_t n, int64_t d) { int64_t r; return sdivmod(n, d, &r); }
 int64_t __hexagon_moddi3(int64_t n, int64_t d) { int64_t r; sdivmod(n, d, &r); return r; }
 
-static size_t len(const char *s) {
-  size_t n = 0;
-  while (s[n]) n++;
-  return n;
-}
-static int same(const char *a, const char *b) {
-  while (*a && *a == *b) a++, b++;
-  return *a == *b;
-}
-static _Noreturn void die(int code, const char *what, const char *detail) {
-  SYS(SYS_write, 2, "dsp runtime: ", 13);
-  SYS(SYS_write, 2, what, len(what));
-  SYS(SYS_write, 2, detail, len(detail));
-  SYS(SYS_write, 2, "\n", 1);
-  SYS(SYS_exit_group, code, 0, 0);
-  __builtin_unreachable();
-}
 static uint32_t number(const char *s) {
   uint64_t n = 0;
   if (!*s) die(2, "expected a number, got an empty argument", "");

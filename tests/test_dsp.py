@@ -141,16 +141,15 @@ def qdq_squeezenet() -> onnx.ModelProto:
 
 
 @pytest.fixture(scope="module")
-def blobs(tmp_path_factory):
-    """name -> (model, blob path), compiled for `dsp` once per module."""
-    made, d = {}, tmp_path_factory.mktemp("dsp")
+def blobs():
+    """name -> (model, blob path), compiled for `dsp` once across workers (compiled_blob)."""
+    made = {}
 
     def get(name):
         if name not in made:
             model = {"conv": conv_model, "int8": int8_model, "squeezenet": squeezenet64,
                      "qdq": qdq_cnn}[name]()
-            write_blob(compile_model(model, target="dsp"), d / f"{name}.blob")
-            made[name] = model, d / f"{name}.blob"
+            made[name] = model, compiled_blob(model, target="dsp")
         return made[name]
     return get
 

@@ -29,44 +29,10 @@ static long sys6(long n, long a, long b, long c, long d, long e, long f) {
   return x0;
 }
 #define SYS(n, a, b, c) sys6(n, (long)(a), (long)(b), (long)(c), 0, 0, 0)
+#define NAME "harness"
+#include "freestanding.h"  /* memcpy, memmove, memset (the object may import them), len, same, die */
 
-/* ---- what the object may import, and what the harness itself needs ------------------------ */
-void *memcpy(void *d, const void *s, size_t n) {
-  char *o = d;
-  const char *i = s;
-  while (n--) *o++ = *i++;
-  return d;
-}
-void *memmove(void *d, const void *s, size_t n) {
-  char *o = d;
-  const char *i = s;
-  if (o < i) return memcpy(d, s, n);
-  while (n--) o[n] = i[n];
-  return d;
-}
-void *memset(void *d, int c, size_t n) {
-  char *o = d;
-  while (n--) *o++ = (char)c;
-  return d;
-}
-static size_t len(const char *s) {
-  size_t n = 0;
-  while (s[n]) n++;
-  return n;
-}
-static int same(const char *a, const char *b) {
-  while (*a && *a == *b) a++, b++;
-  return *a == *b;
-}
-
-static _Noreturn void die(int code, const char *what, const char *detail) {
-  SYS(SYS_write, 2, "harness: ", 9);
-  SYS(SYS_write, 2, what, len(what));
-  SYS(SYS_write, 2, detail, len(detail));
-  SYS(SYS_write, 2, "\n", 1);
-  SYS(SYS_exit_group, code, 0, 0);
-  __builtin_unreachable();
-}
+/* ---- arguments, files and threads ------------------------------------------------------------ */
 
 static uint64_t number(const char *s) {
   uint64_t n = 0;

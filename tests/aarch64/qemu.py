@@ -24,6 +24,7 @@ PACKAGES = {QEMU: "qemu-user", CLANG: "clang-19", LLD: "lld-19", OBJDUMP: "llvm-
             READELF: "llvm-19"}  # tool -> Debian package
 CPU = "cortex-a76"
 SOURCE = Path(__file__).with_name("harness.c")
+LIBC = Path(__file__).parents[2] / "runner" / "freestanding.h"  # included by SOURCE
 ALIGN = 64  # io slots start on cache lines, as the runner's aligned arrays do
 FLAGS = ["--target=aarch64-linux-gnu", "-mcpu=cortex-a75", "-O2", "-Wall", "-Werror",
          "-ffreestanding", "-fno-stack-protector", "-fno-pic", "-nostdlib", "-static",
@@ -40,7 +41,7 @@ def missing() -> str | None:
 
 def build_harness(out_dir: Path) -> Path:
     exe = Path(out_dir) / "harness"
-    proc = subprocess.run([CLANG, *FLAGS, str(SOURCE), "-o", str(exe)],
+    proc = subprocess.run([CLANG, *FLAGS, f"-I{LIBC.parent}", str(SOURCE), "-o", str(exe)],
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{CLANG} failed to build {SOURCE.name}:\n{proc.stderr}")
