@@ -2,7 +2,7 @@
 runtime on the per-run path (runner/device.py's contract v2).
 
 load():   open KGSL (the kernel, or qcom/mock_kgsl.py with KEEL_KGSL=mock), refuse unvalidated
-          chips, get the programs (qcom/program.py: the blob's embedded ones when they were
+          chips, get the programs (qcom/store.py: the blob's embedded ones when they were
           built for this chip and driver, else built once and cached by chip, driver and source), allocate GPU objects (arena, weights, one per io slot, shaders, a zeroed
           border-colour table, the timeline word, the command ring), create a context and record
           the whole graph into one indirect buffer (qcom/record.py).
@@ -29,7 +29,7 @@ import os
 
 import numpy as np
 
-from qcom import kgsl, program, record
+from qcom import kgsl, record, store
 from qcom.cmdstream import OPCODES, lohi, pkt7
 from qcom.ring import Ring
 from runner.device import Device
@@ -55,9 +55,9 @@ class QcomDevice(Device):
 
     def load(self, blob) -> None:
         self.kgsl, self.objs, self.ctx = kgsl.Kgsl(), [], None
-        self.programs = program.from_blob(blob.manifest["meta"].get(program.EMBED_KEY),
+        self.programs = store.from_blob(blob.manifest["meta"].get(store.EMBED_KEY),
                                           bytes(blob.programs).decode(),
-                                          *program.identity(self.kgsl), self.cache_dir)
+                                          *store.identity(self.kgsl), self.cache_dir)
         missing = sorted({ln.kernel for ln in blob.launches} - set(self.programs))
         if missing:
             raise BlobError(f"launches name kernels {missing} that the program does not define")

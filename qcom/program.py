@@ -1,6 +1,5 @@
-"""Programs for the qcom device: one GPU binary per kernel, what the recorder needs to know about
-it (parameter kinds, instruction length, constant layout), and a cache bound to the chip id, the
-driver version and the source hash.
+"""Programs for the qcom device: one GPU binary per kernel, and what the recorder needs to know
+about it (parameter kinds, instruction length, constant layout).
 
 Where binaries come from depends on the driver behind Kgsl (`driver.compiler`):
 - "mock" (qcom/mock_kgsl.py): there is no Adreno ISA in CI. The mock's "binary" is, honestly,
@@ -18,28 +17,20 @@ GPU address for a buffer, the texture slot for an image); vendor, a buffer sits 
 says and an image takes the next texture slot, in parameter order (`offsets[i]` is None). The
 block is padded to whole units of CONST_ALIGN vec4s (HLSQ_CS_CNTL counts constants in fours).
 
-The cache holds the parsed programs (JSON), keyed by compiler kind, chip id, driver version and
-source, in the blob's `.clcache` folder or, without one, in KEEL_CACHE_DIR/qcom
-(~/.cache/keel/qcom).
+Where a device's programs are built, cached and embedded is qcom/store.py.
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import re
 import struct
-import warnings
-from pathlib import Path
 from typing import NamedTuple
 
 from qcom.errors import DeviceError
-from runner.errors import BlobError
 
 MAGIC = b"KEELMCK1"
 SHADER_UNIT = 128  # CP_LOAD_STATE6 loads shader code in 128-byte units
 MAX_UNITS = 0x3FF  # its NUM_UNIT field is 10 bits
-CACHE_FORMAT = "qcom-programs-2"  # bump when Program's fields change
 CONST_ALIGN = 4  # vec4s: HLSQ_CS_CNTL's CONSTLEN has shr=2 (a6xx.xml)
 _KERNEL = re.compile(r"(?:__attribute__\(\(reqd_work_group_size\([^)]*\)\)\)\s*)?"
                      r"__kernel void (\w+)\(([^)]*)\)")
@@ -118,115 +109,3 @@ def mock_build(source: str) -> dict[str, Program]:
         params = ["image" if "image2d_t" in d else "buffer" for d in decls]
         out[name] = parse(mock_binary(name, preamble + text, params, half))
     return out
-
-
-def build(source: str, compiler: str) -> dict[str, Program]:
-    if compiler == "mock":
-        return mock_build(source)
-    from qcom import vendor  # libOpenCL: on a device, on a cache miss
-    return vendor.build(source)
-
-
-def to_json(p: Program) -> dict:
-    return p._replace(binary=p.binary.hex())._asdict()
-
-
-def from_json(d: dict) -> Program:
-    """A cached Program; ValueError/KeyError/TypeError for an entry of another shape."""
-    p = Program(**d)
-    regs = Regs(*p.regs)
-    offsets = tuple(None if o is None else int(o) for o in p.offsets)
-    if len(offsets) != len(p.params) or not set(p.params) <= {"buffer", "image"}:
-        raise ValueError("cached program's parameters and offsets disagree")
-    return p._replace(binary=bytes.fromhex(p.binary), params=tuple(p.params), offsets=offsets,
-                      regs=regs, imms=tuple(tuple(map(int, x)) for x in p.imms))
-
-
-def cache_path(compiler: str, chip_id: int, driver: str, source: str,
-               cache_dir: str | None) -> Path | None:
-    """Where the parsed programs are cached; None for mock programs without a blob folder."""
-    if not cache_dir and compiler == "mock":
-        return None
-    key = hashlib.sha256("\0".join([CACHE_FORMAT, compiler, f"{chip_id:#x}", driver,
-                                    source]).encode())
-    folder = cache_dir or os.environ.get("KEEL_CACHE_DIR") or \
-        str(Path.home() / ".cache" / "keel")
-    sub = "" if cache_dir else "qcom"
-    return Path(folder) / sub / f"qcom-{key.hexdigest()[:32]}.json"
-
-
-def load(source: str, compiler: str, chip_id: int, driver: str, cache_dir: str | None):
-    """Programs by kernel name, from the cache when its key (chip, driver, source) matches."""
-    path = cache_path(compiler, chip_id, driver, source, cache_dir)
-    if path is not None and path.exists():
-        try:
-            return {name: from_json(d) for name, d in json.loads(path.read_text()).items()}
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # unreadable or stale: rebuilt below
-    progs = build(source, compiler)
-    if path is None:
-        return progs
-    try:  # best effort: a read-only disk costs a rebuild next time
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({n: to_json(p) for n, p in progs.items()}))
-        os.replace(tmp, path)
-    except OSError:
-        pass
-    return progs
-
-
-# ---- binaries embedded in the blob (tools/compile.py --embed-binaries; docs/blob.md, meta) ----
-EMBED_KEY = "qcom_programs"
-
-
-def embedded(source: str, compiler: str, chip_id: int, driver: str) -> dict:
-    """The manifest meta entry holding this device's parsed programs for `source`."""
-    progs = load(source, compiler, chip_id, driver, None)
-    return {"compiler": compiler, "chip_id": chip_id, "driver": driver,
-            "source_sha256": hashlib.sha256(source.encode()).hexdigest(),
-            "programs": {n: to_json(p) for n, p in progs.items()}}
-
-
-def embed_here(source: str) -> dict:
-    """`embedded` for the KGSL device of this machine (KEEL_KGSL selects the mock)."""
-    from qcom import kgsl
-    k = kgsl.Kgsl()
-    try:
-        return embedded(source, *identity(k))
-    finally:
-        k.close()
-
-
-def from_blob(entry: dict | None, source: str, compiler: str, chip_id: int, driver: str,
-              cache_dir: str | None) -> dict[str, Program]:
-    """The blob's own programs when they were built by this compiler, chip and driver from this
-    source; otherwise `load` (built once, then cached), with a warning naming both when the blob
-    carried binaries for another device."""
-    if entry is not None:
-        try:
-            have = (entry["compiler"], entry["chip_id"], entry["driver"])
-            same = have == (compiler, chip_id, driver) and \
-                entry["source_sha256"] == hashlib.sha256(source.encode()).hexdigest()
-            if same:
-                return {n: from_json(d) for n, d in entry["programs"].items()}
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise BlobError(f"manifest meta {EMBED_KEY!r}: unreadable ({type(e).__name__}: "
-                            f"{e}); expected compiler, chip_id, driver, source_sha256 and "
-                            f"programs as tools/compile.py --embed-binaries writes them") from None
-        warnings.warn(f"qcom: the blob's binaries were built by {_who(*have)}, this device is "
-                      f"{_who(compiler, chip_id, driver)} (or the source differs): building "
-                      f"them once here (cached)", stacklevel=3)
-    return load(source, compiler, chip_id, driver, cache_dir)
-
-
-def identity(kgsl) -> tuple[str, int, str]:
-    """(compiler kind, chip id, driver version) of an open Kgsl: what programs are bound to.
-    Refuses unvalidated chips."""
-    info, v = kgsl.check_chip(), kgsl.version()
-    return (getattr(kgsl.driver, "compiler", "vendor"), info.chip_id,
-            f"{v.drv_major}.{v.drv_minor}/{v.dev_major}.{v.dev_minor}")
-
-
-def _who(compiler, chip_id, driver) -> str:
-    return f"{compiler} compiler, chip {chip_id:#010x}, driver {driver}"

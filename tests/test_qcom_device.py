@@ -10,7 +10,7 @@ import pytest
 from onnx import helper
 
 from compiler.pipeline import compile_model
-from qcom import kgsl, program, texture
+from qcom import kgsl, store, texture
 from qcom.cmdstream import split
 from qcom.errors import DeviceError
 from qcom.ring import Ring
@@ -244,14 +244,14 @@ def test_programs_are_cached_by_chip_driver_and_source(case, monkeypatch):
 
     def no_build(source, compiler):
         raise AssertionError("built again despite a cache entry")
-    monkeypatch.setattr(program, "build", no_build)
+    monkeypatch.setattr(store, "build", no_build)
     assert Model.load(path, device="qcom").device.programs == first  # from the cache
     folder = str(path) + ".clcache"
     key = dict(source=bytes(read_blob(path).programs).decode(), compiler="mock",
                chip_id=0x06030001, cache_dir=folder)
-    assert program.load(driver="3.14/3.1", **key) == first
+    assert store.load(driver="3.14/3.1", **key) == first
     with pytest.raises(AssertionError, match="built again"):  # another driver: another entry
-        program.load(driver="3.15/3.1", **key)
+        store.load(driver="3.15/3.1", **key)
 
 
 def test_texture_descriptor_round_trips_and_refuses_bad_pitch():

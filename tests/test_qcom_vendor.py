@@ -16,7 +16,7 @@ import pytest
 from onnx import helper
 
 from qcom import cmdstream as cs
-from qcom import program, record, vendor
+from qcom import program, record, store, vendor
 from qcom.errors import DeviceError
 from qcom.program import Program, Regs
 from runner import Model
@@ -93,19 +93,19 @@ def test_cache_round_trips_and_rebuilds_what_it_cannot_read(tmp_path, monkeypatc
 
     monkeypatch.setattr(vendor, "build", fake_build)
     args = ("__kernel void k() {}", "vendor", 0x06030001, "3.1/1.0", str(tmp_path))
-    first = program.load(*args)
-    assert program.load(*args) == first and len(built) == 1  # second load: from the cache
-    assert program.load(*args[:2], 0x06030002, *args[3:]) == first and len(built) == 2  # chip
-    path = program.cache_path(*args[1:3], args[3], args[0], args[4])
+    first = store.load(*args)
+    assert store.load(*args) == first and len(built) == 1  # second load: from the cache
+    assert store.load(*args[:2], 0x06030002, *args[3:]) == first and len(built) == 2  # chip
+    path = store.cache_path(*args[1:3], args[3], args[0], args[4])
     path.write_text(json.dumps({"k": {"kernel": "k"}}))  # a cache entry of another shape
-    assert program.load(*args) == first and len(built) == 3
+    assert store.load(*args) == first and len(built) == 3
 
 
 def test_without_a_blob_folder_vendor_programs_cache_under_keel_cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("KEEL_CACHE_DIR", str(tmp_path))
-    path = program.cache_path("vendor", 0x06030001, "v", "src", None)
+    path = store.cache_path("vendor", 0x06030001, "v", "src", None)
     assert path.parent == tmp_path / "qcom"
-    assert program.cache_path("mock", 0x06030001, "v", "src", None) is None
+    assert store.cache_path("mock", 0x06030001, "v", "src", None) is None
 
 
 def _regs(words) -> dict:
@@ -137,7 +137,7 @@ def test_recorded_shader_registers_come_from_the_parse():
 def test_mock_programs_keep_their_constant_layout():
     p = program.mock_build("__kernel void k(__global float *a, __global float *b) {}")["k"]
     assert p.offsets == (0, 2) and p.regs == Regs() and p.imms == ()
-    assert program.from_json(json.loads(json.dumps(program.to_json(p)))) == p
+    assert store.from_json(json.loads(json.dumps(store.to_json(p)))) == p
     assert isinstance(p, Program)
 
 
@@ -148,36 +148,36 @@ MOCK = ("mock", 0x06030001, "3.1/1.0")
 
 def counting_build(monkeypatch) -> list:
     built = []
-    real = program.build
+    real = store.build
 
     def build(source, compiler):
         built.append(compiler)
         return real(source, compiler)
-    monkeypatch.setattr(program, "build", build)
+    monkeypatch.setattr(store, "build", build)
     return built
 
 
 def test_binaries_of_another_chip_or_driver_are_rebuilt_once_with_a_warning(monkeypatch,
                                                                             tmp_path):
-    entry = program.embedded(SRC, *MOCK)
+    entry = store.embedded(SRC, *MOCK)
     built = counting_build(monkeypatch)
-    assert program.from_blob(entry, SRC, *MOCK, str(tmp_path))["k"].kernel == "k"
+    assert store.from_blob(entry, SRC, *MOCK, str(tmp_path))["k"].kernel == "k"
     assert built == []  # this device's own: used as they are
     other = dict(entry, chip_id=0x06030002, driver="9.9/1.0")
     with pytest.warns(UserWarning, match=r"built by mock compiler, chip 0x06030002, driver "
                                          r"9\.9/1\.0, this device is mock compiler, chip "
                                          r"0x06030001, driver 3\.1/1\.0"):
-        progs = program.from_blob(other, SRC, *MOCK, str(tmp_path))
-    assert built == ["mock"] and progs == program.from_blob(entry, SRC, *MOCK, None)
+        progs = store.from_blob(other, SRC, *MOCK, str(tmp_path))
+    assert built == ["mock"] and progs == store.from_blob(entry, SRC, *MOCK, None)
     with pytest.warns(UserWarning, match="source differs"):  # same device, another source
-        program.from_blob(entry, SRC.replace("1.0f", "2.0f"), *MOCK, str(tmp_path))
+        store.from_blob(entry, SRC.replace("1.0f", "2.0f"), *MOCK, str(tmp_path))
 
 
 def test_an_unreadable_embedded_entry_is_a_blob_error():
-    entry = program.embedded(SRC, *MOCK)
+    entry = store.embedded(SRC, *MOCK)
     del entry["programs"]
     with pytest.raises(BlobError, match=r"meta 'qcom_programs': unreadable .*'programs'"):
-        program.from_blob(entry, SRC, *MOCK, None)
+        store.from_blob(entry, SRC, *MOCK, None)
 
 
 def test_embed_binaries_needs_target_qcom(tmp_path, capsys):
@@ -201,7 +201,7 @@ def test_a_blob_compiled_with_embedded_binaries_loads_without_building(tmp_path,
     out = tmp_path / "m.blob"
     assert compile_tool.main([str(tmp_path / "m.onnx"), "-o", str(out), "--target", "qcom",
                               "--embed-binaries"]) == 0
-    entry = read_blob(out).manifest["meta"][program.EMBED_KEY]
+    entry = read_blob(out).manifest["meta"][store.EMBED_KEY]
     assert entry["compiler"] == "mock" and entry["programs"]
     built = counting_build(monkeypatch)
     feeds = random_feeds(model)

@@ -16,7 +16,7 @@ from runner.errors import DeviceError
 from tests.deps import needs, needs_tool
 from usbgpu import asm24, libusb
 from usbgpu.mock import Function, MockBridge, MockLibusb, Port
-from usbgpu.pci import UsbPci
+from usbgpu.pci import UsbPci, open_lib
 
 HEADER = "/usr/include/libusb-1.0/libusb.h"
 TIMEOUT_S = 0.5
@@ -124,7 +124,7 @@ def test_no_bridge_present_names_the_ids_tried():
 def test_keel_usb_rejects_an_unknown_mode(monkeypatch):
     monkeypatch.setenv("KEEL_USB", "fake")
     with pytest.raises(DeviceError, match="KEEL_USB='fake'"):
-        libusb.open_lib()
+        open_lib()
 
 
 def test_command_iu_is_the_uas_layout():

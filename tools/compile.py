@@ -24,7 +24,7 @@ from compiler.blob import check_output, write_blob  # noqa: E402
 from compiler.pipeline import Stages, compile_model  # noqa: E402
 from compiler.errors import CompileError  # noqa: E402
 from compiler.target import TARGETS  # noqa: E402
-from qcom import program  # noqa: E402
+from qcom import store  # noqa: E402
 from runner.errors import BlobError, DeviceError  # noqa: E402
 from tools.cli import Parser  # noqa: E402
 
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
         art = compile_model(args.model, target=args.target, input_shapes=dict(args.input_shape),
                             float16=args.float16, stages=stages)
         if args.embed_binaries:
-            art.meta[program.EMBED_KEY] = program.embed_here(bytes(art.programs).decode())
+            art.meta[store.EMBED_KEY] = store.embed_here(bytes(art.programs).decode())
         write_blob(art, args.output)
     except CompileError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -13,7 +13,6 @@ deadline is cancelled and reported, never waited on forever.
 """
 from __future__ import annotations
 
-import os
 import platform
 import time
 
@@ -100,17 +99,6 @@ def load():
     how = "brew install libusb" if platform.system() == "Darwin" else \
         "apt-get install libusb-1.0-0"
     raise DeviceError(f"libusb-1.0 not found (tried {', '.join(tried)}); install it: {how}")
-
-
-def open_lib():
-    """KEEL_USB=mock: the mock bridge and GPU (usbgpu/mock.py); unset: the real library."""
-    mode = os.environ.get("KEEL_USB", "")
-    if mode == "mock":
-        from usbgpu.mock import MockLibusb
-        return MockLibusb.shared()
-    if mode:
-        raise DeviceError(f"KEEL_USB={mode!r}: expected 'mock' or unset (real hardware)")
-    return load()
 
 
 def check(rc: int, what: str) -> int:

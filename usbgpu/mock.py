@@ -25,7 +25,7 @@ import struct
 import time
 
 from runner.errors import DeviceError
-from usbgpu import asm24
+import usbgpu.asm24 as asm24
 from usbgpu.libusb import (CANCELLED, COMPLETED, ERROR_NO_DEVICE, NO_DEVICE, TRANSFER_BULK,
                            TRANSFER_BULK_STREAM, ffi)
 

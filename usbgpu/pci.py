@@ -13,9 +13,11 @@ enable memory decoding and bus mastering.
 """
 from __future__ import annotations
 
+import os
+
 from runner.errors import DeviceError
 from usbgpu import asm24
-from usbgpu.libusb import Usb, open_lib
+from usbgpu.libusb import Usb, load
 
 VENDOR, COMMAND, CLASS, HEADER_TYPE, BAR0 = 0x00, 0x04, 0x08, 0x0E, 0x10
 BUSES, MEM_WINDOW, PREF_WINDOW, PREF_UPPER = 0x18, 0x20, 0x24, 0x28
@@ -23,6 +25,17 @@ CMD_MEMORY, CMD_MASTER = 0x2, 0x4
 DISPLAY_CLASS = 0x03
 MMIO_START = 0x1000_0000  # above the bridge's DMA window at 0x200000
 MAX_DEPTH = 8
+
+
+def open_lib():
+    """KEEL_USB=mock: the mock bridge and GPU (usbgpu/mock.py); unset: the real library."""
+    mode = os.environ.get("KEEL_USB", "")
+    if mode == "mock":
+        from usbgpu.mock import MockLibusb
+        return MockLibusb.shared()
+    if mode:
+        raise DeviceError(f"KEEL_USB={mode!r}: expected 'mock' or unset (real hardware)")
+    return load()
 
 
 class PciDevice:

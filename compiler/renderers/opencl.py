@@ -19,7 +19,7 @@ import math
 from compiler.artifact import Buffer, Image, Launch
 from compiler.ir.dtypes import DType, dtypes
 from compiler.errors import CompileError
-from compiler.renderers import amdgcn
+import compiler.renderers.amdgcn as amdgcn
 from compiler.renderers.cstyle import Body, CStyle
 from compiler.ir.rewrite import graph_rewrite
 from compiler.ir.symbolic import build, symbolic, terms

@@ -101,7 +101,7 @@ def test_vendor_binaries_parse_run_and_embed(dev, tmp_path, monkeypatch):
     """libOpenCL builds each kernel once; the parse (qcom/vendor.py) gives ISA and registers the
     Adreno runs; the parsed programs are cached and embedded, and a load from either never
     touches libOpenCL. Relu then Mul is exact in fp32: equal to numpy."""
-    from qcom import program
+    from qcom import store
     from runner import Model, cl
     from tools import compile as compile_tool
     model, feeds = _small()
@@ -115,8 +115,8 @@ def test_vendor_binaries_parse_run_and_embed(dev, tmp_path, monkeypatch):
     got = Model.load(out, device="qcom").run(feeds)["y"]
     assert np.array_equal(got, np.maximum(x, 0) * x)
     from runner.blob import read_blob
-    for name, d in read_blob(out).manifest["meta"][program.EMBED_KEY]["programs"].items():
-        p = program.from_json(d)
+    for name, d in read_blob(out).manifest["meta"][store.EMBED_KEY]["programs"].items():
+        p = store.from_json(d)
         print(f"{name}: {len(p.binary)} bytes ISA, regs {p.regs}, offsets {p.offsets}")
         assert p.regs.full > 0 and p.units > 0
 

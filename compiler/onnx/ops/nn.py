@@ -13,7 +13,7 @@ from compiler.ir.dtypes import dtypes
 from compiler.ir.tensor import Tensor
 from compiler.ir.uop import Ops
 from compiler.onnx import winograd
-from compiler.onnx.ops import quant
+import compiler.onnx.ops.quant as quant
 from compiler.onnx.ops.shape import arange_at
 from compiler.onnx.registry import op
 

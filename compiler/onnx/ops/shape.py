@@ -13,7 +13,7 @@ import numpy as np
 from compiler.errors import CompileError
 from compiler.ir.dtypes import dtypes
 from compiler.ir.tensor import Tensor
-from compiler.onnx.ops import quant
+import compiler.onnx.ops.quant as quant
 from compiler.onnx.registry import Ctx, onnx_dtype, op
 
 

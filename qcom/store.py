@@ -1,0 +1,133 @@
+"""Where the qcom device's programs come from: built (the mock's source "binaries", or the vendor
+compiler through qcom/vendor.py), cached, or embedded in the blob.
+
+The cache holds the parsed programs (JSON), keyed by compiler kind, chip id, driver version and
+source, in the blob's `.clcache` folder or, without one, in KEEL_CACHE_DIR/qcom
+(~/.cache/keel/qcom). A blob compiled with `tools/compile.py --target qcom --embed-binaries`
+carries them in its manifest meta (EMBED_KEY); programs built for another chip, driver or source
+are rebuilt once, with a warning naming both.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from pathlib import Path
+
+from qcom.program import Program, Regs, mock_build
+from runner.errors import BlobError
+
+CACHE_FORMAT = "qcom-programs-2"  # bump when Program's fields change
+
+
+def build(source: str, compiler: str) -> dict[str, Program]:
+    if compiler == "mock":
+        return mock_build(source)
+    from qcom import vendor  # libOpenCL: on a device, on a cache miss
+    return vendor.build(source)
+
+
+def to_json(p: Program) -> dict:
+    return p._replace(binary=p.binary.hex())._asdict()
+
+
+def from_json(d: dict) -> Program:
+    """A cached Program; ValueError/KeyError/TypeError for an entry of another shape."""
+    p = Program(**d)
+    regs = Regs(*p.regs)
+    offsets = tuple(None if o is None else int(o) for o in p.offsets)
+    if len(offsets) != len(p.params) or not set(p.params) <= {"buffer", "image"}:
+        raise ValueError("cached program's parameters and offsets disagree")
+    return p._replace(binary=bytes.fromhex(p.binary), params=tuple(p.params), offsets=offsets,
+                      regs=regs, imms=tuple(tuple(map(int, x)) for x in p.imms))
+
+
+def cache_path(compiler: str, chip_id: int, driver: str, source: str,
+               cache_dir: str | None) -> Path | None:
+    """Where the parsed programs are cached; None for mock programs without a blob folder."""
+    if not cache_dir and compiler == "mock":
+        return None
+    key = hashlib.sha256("\0".join([CACHE_FORMAT, compiler, f"{chip_id:#x}", driver,
+                                    source]).encode())
+    folder = cache_dir or os.environ.get("KEEL_CACHE_DIR") or \
+        str(Path.home() / ".cache" / "keel")
+    sub = "" if cache_dir else "qcom"
+    return Path(folder) / sub / f"qcom-{key.hexdigest()[:32]}.json"
+
+
+def load(source: str, compiler: str, chip_id: int, driver: str, cache_dir: str | None):
+    """Programs by kernel name, from the cache when its key (chip, driver, source) matches."""
+    path = cache_path(compiler, chip_id, driver, source, cache_dir)
+    if path is not None and path.exists():
+        try:
+            return {name: from_json(d) for name, d in json.loads(path.read_text()).items()}
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # unreadable or stale: rebuilt below
+    progs = build(source, compiler)
+    if path is None:
+        return progs
+    try:  # best effort: a read-only disk costs a rebuild next time
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({n: to_json(p) for n, p in progs.items()}))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return progs
+
+
+# ---- binaries embedded in the blob (tools/compile.py --embed-binaries; docs/blob.md, meta) ----
+EMBED_KEY = "qcom_programs"
+
+
+def embedded(source: str, compiler: str, chip_id: int, driver: str) -> dict:
+    """The manifest meta entry holding this device's parsed programs for `source`."""
+    progs = load(source, compiler, chip_id, driver, None)
+    return {"compiler": compiler, "chip_id": chip_id, "driver": driver,
+            "source_sha256": hashlib.sha256(source.encode()).hexdigest(),
+            "programs": {n: to_json(p) for n, p in progs.items()}}
+
+
+def embed_here(source: str) -> dict:
+    """`embedded` for the KGSL device of this machine (KEEL_KGSL selects the mock)."""
+    from qcom import kgsl
+    k = kgsl.Kgsl()
+    try:
+        return embedded(source, *identity(k))
+    finally:
+        k.close()
+
+
+def from_blob(entry: dict | None, source: str, compiler: str, chip_id: int, driver: str,
+              cache_dir: str | None) -> dict[str, Program]:
+    """The blob's own programs when they were built by this compiler, chip and driver from this
+    source; otherwise `load` (built once, then cached), with a warning naming both when the blob
+    carried binaries for another device."""
+    if entry is not None:
+        try:
+            have = (entry["compiler"], entry["chip_id"], entry["driver"])
+            same = have == (compiler, chip_id, driver) and \
+                entry["source_sha256"] == hashlib.sha256(source.encode()).hexdigest()
+            if same:
+                return {n: from_json(d) for n, d in entry["programs"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise BlobError(f"manifest meta {EMBED_KEY!r}: unreadable ({type(e).__name__}: "
+                            f"{e}); expected compiler, chip_id, driver, source_sha256 and "
+                            f"programs as tools/compile.py --embed-binaries writes them") from None
+        warnings.warn(f"qcom: the blob's binaries were built by {_who(*have)}, this device is "
+                      f"{_who(compiler, chip_id, driver)} (or the source differs): building "
+                      f"them once here (cached)", stacklevel=3)
+    return load(source, compiler, chip_id, driver, cache_dir)
+
+
+def identity(kgsl) -> tuple[str, int, str]:
+    """(compiler kind, chip id, driver version) of an open Kgsl: what programs are bound to.
+    Refuses unvalidated chips."""
+    info, v = kgsl.check_chip(), kgsl.version()
+    return (getattr(kgsl.driver, "compiler", "vendor"), info.chip_id,
+            f"{v.drv_major}.{v.drv_minor}/{v.dev_major}.{v.dev_minor}")
+
+
+def _who(compiler, chip_id, driver) -> str:
+    return f"{compiler} compiler, chip {chip_id:#010x}, driver {driver}"
