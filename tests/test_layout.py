@@ -1,6 +1,6 @@
-"""The tree's shape: no import cycle among the project's modules, the on-device runtime (runner/ and the
-device backends) stands alone, and
-compiler/ keeps files and functions short enough to read in one sitting."""
+"""The tree's shape: no import cycle among the project's modules, the on-device runtime (runner/
+and the device backends) stands alone, and compiler/ keeps files and functions short enough to
+read in one sitting."""
 from __future__ import annotations
 
 import ast
