@@ -60,7 +60,7 @@ def test_hang_at_500_one_timeout_recovered_canaries_match(blob, monkeypatch):
     # decides their p99, so drift is judged on real soaks, not here. Everything else is clean.
     assert not [r for r in s["reasons"] if "drifted" not in r], s["reasons"]
     assert s["rss_growth_bytes"] < 1 << 20 and s["fd_growth"] == 0 and s["thread_growth"] == 0
-    assert "1 timeouts and 0 device errors (--allow-faults 0)" in \
+    assert "1 timeout and 0 device errors (--allow-faults 0)" in \
         reasons(s, 4 << 20, allow_faults=0)
 
 

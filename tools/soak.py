@@ -281,16 +281,20 @@ class Soak:
         return s
 
 
+def _count(n: int, noun: str, plural: str = "s") -> str:
+    return f"{n} {noun}{'' if n == 1 else plural}"
+
+
 def reasons(s: dict, rss_bound: float, allow_faults: int) -> list[str]:
     """Why the soak failed; empty when it did not."""
     why = []
     if s["canary_mismatches"]:
-        why.append(f"{s['canary_mismatches']} canary mismatches, the first at run "
-                   f"{s['first_mismatch_run']}")
+        why.append(f"{_count(s['canary_mismatches'], 'canary mismatch', 'es')}, the first at "
+                   f"run {s['first_mismatch_run']}")
     faults = s["timeouts"] + s["device_errors"]
     if faults > allow_faults:
-        why.append(f"{s['timeouts']} timeouts and {s['device_errors']} device errors "
-                   f"(--allow-faults {allow_faults})")
+        why.append(f"{_count(s['timeouts'], 'timeout')} and "
+                   f"{_count(s['device_errors'], 'device error')} (--allow-faults {allow_faults})")
     if s["rss_growth_bytes"] > rss_bound:
         why.append(f"RSS grew {s['rss_growth_bytes'] / 2**20:.1f} MiB (fitted trend), bound "
                    f"{rss_bound / 2**20:.1f} MiB")
