@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from dsp import fastrpc
+from tests.deps import needs_hardware
 from tests.graphs import assert_close, ort_run, random_feeds
 
-pytestmark = pytest.mark.skipif(not os.path.exists(fastrpc.RPC_NODE),
-                                reason=f"{fastrpc.RPC_NODE} absent: not a Qualcomm device with "
-                                       f"FastRPC")
+pytestmark = needs_hardware("a Qualcomm device with FastRPC", None if os.path.exists(
+    fastrpc.RPC_NODE) else f"{fastrpc.RPC_NODE} absent")
 RUNS = 50
 
 

@@ -20,9 +20,10 @@ import pytest
 
 from qcom import kgsl
 from qcom.cmdstream import OPCODES, decode, lohi, pkt7
+from tests.deps import needs_hardware
 
-pytestmark = pytest.mark.skipif(not os.path.exists(kgsl.DEVICE_PATH),
-                                reason=f"{kgsl.DEVICE_PATH} absent: not a Qualcomm Adreno device")
+pytestmark = needs_hardware("a Qualcomm Adreno device", None if os.path.exists(
+    kgsl.DEVICE_PATH) else f"{kgsl.DEVICE_PATH} absent")
 
 
 @pytest.fixture
