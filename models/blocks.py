@@ -203,23 +203,30 @@ def gelu(g: GraphBuilder, x: str) -> str:
     return g.op("Mul", g.op("Mul", x, g.const(np.float32(0.5), "half")), one_plus)
 
 
-ACTIVATIONS = {"relu": lambda g, x: g.op("Relu", x), "silu": silu, "gelu": gelu}
+def relu6(g: GraphBuilder, x: str) -> str:
+    """min(max(x, 0), 6) as torch exports it: Clip with constant bounds (MobileNetV2)."""
+    return g.op("Clip", x, g.const(np.float32(0.0), "zero"), g.const(np.float32(6.0), "six"))
+
+
+ACTIVATIONS = {"relu": lambda g, x: g.op("Relu", x), "silu": silu, "gelu": gelu, "relu6": relu6}
 
 # E[act(z)^2] for z ~ N(0,1): the gain 1/sqrt(.) keeps the next layer's input variance at 1.
-SECOND_MOMENT = {"relu": 0.5, "silu": 0.357, "gelu": 0.426}
+# relu6 clips only past 6 sigma, so it is relu's.
+SECOND_MOMENT = {"relu": 0.5, "silu": 0.357, "gelu": 0.426, "relu6": 0.5}
 
 
 # ---- convolutional blocks ------------------------------------------------------------------
 
 def conv(g: GraphBuilder, x: str, cin: int, cout: int, k: int, stride: int = 1,
-         groups: int = 1, bias: bool = False, gain: float = math.sqrt(2)) -> str:
+         groups: int = 1, bias: bool = False, gain: float = math.sqrt(2),
+         out: str | None = None) -> str:
     """kxk conv with 'same' padding, He-init (gain sqrt2) unless told otherwise."""
     fan_in = cin // groups * k * k
     w = g.normal((cout, cin // groups, k, k), gain / math.sqrt(fan_in), "conv_w")
     inputs = [x, w] + ([g.normal((cout,), 0.1, "conv_b")] if bias else [])
     pad = k // 2
     return g.op("Conv", *inputs, kernel_shape=[k, k], strides=[stride, stride],
-                pads=[pad, pad, pad, pad], group=groups)
+                pads=[pad, pad, pad, pad], group=groups, out=out)
 
 
 def batch_norm(g: GraphBuilder, x: str, c: int, gamma: float = 1.0) -> str:
@@ -254,12 +261,14 @@ def squeeze_excite(g: GraphBuilder, x: str, c: int, c_reduced: int) -> str:
 
 
 def mbconv(g: GraphBuilder, x: str, cin: int, cout: int, expand: int, k: int, stride: int,
-           se_ratio: float = 0.25) -> str:
-    """EfficientNet's inverted residual: expand 1x1, depthwise kxk, squeeze-excite, project 1x1."""
+           se_ratio: float = 0.25, act: str = "silu") -> str:
+    """EfficientNet's inverted residual: expand 1x1, depthwise kxk, squeeze-excite, project 1x1.
+    MobileNetV2's is the same with se_ratio 0 (no squeeze-excite) and act relu6."""
     mid = cin * expand
-    h = conv_bn_act(g, x, cin, mid, 1) if expand != 1 else x
-    h = conv_bn_act(g, h, mid, mid, k, stride, groups=mid)
-    h = squeeze_excite(g, h, mid, max(1, int(cin * se_ratio)))
+    h = conv_bn_act(g, x, cin, mid, 1, act=act) if expand != 1 else x
+    h = conv_bn_act(g, h, mid, mid, k, stride, groups=mid, act=act)
+    if se_ratio:
+        h = squeeze_excite(g, h, mid, max(1, int(cin * se_ratio)))
     residual = stride == 1 and cin == cout
     h = conv_bn_act(g, h, mid, cout, 1, act=None, gamma=0.5 if residual else 1.0)
     return g.op("Add", x, h) if residual else h
