@@ -663,3 +663,57 @@ def test_a_recompile_builds_only_kernels_it_has_not_built_before(tmp_path, monke
     # fp32 dot products of 16 terms summed in another order than onnxruntime's, then relu and
     # tanh, which do not grow a relative error: a few ulps of values of order 1-10
     assert_close(keel_run(_chain(["Relu", "Tanh"]), {"x": x})["y1"], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["MatMul", "Gemm"])
+def test_a_dense_layer_with_odd_columns_runs_on_a_padded_weight_in_whole_vectors(monkeypatch, op):
+    # 99 output columns (an OCR alphabet's 6625 alike) have no factor of 2: without padding
+    # the matmul's vectors are 1 lane wide. The weight gains zero columns up to 112 (a whole
+    # number of 16-float lines), the kernel stores 8-lane vectors, and the extra columns are
+    # cut off before the bias
+    rng = np.random.default_rng(0)
+    node = onnx.helper.make_node
+    if op == "MatMul":
+        w = rng.standard_normal((64, 99)).astype(np.float32) * 0.1
+        nodes = [node("MatMul", ["x", "w"], ["m"]), node("Add", ["m", "b"], ["y"])]
+    else:
+        w = rng.standard_normal((99, 64)).astype(np.float32) * 0.1
+        nodes = [node("Gemm", ["x", "w", "b"], ["y"], transB=1)]
+    weights = {"w": w, "b": rng.standard_normal(99).astype(np.float32)}
+    model = make_model(nodes, [("x", (24, 64), np.float32)], [("y", (24, 99), np.float32)], weights)
+    built = _built_kernels(monkeypatch, model, target="cpu")
+    dense = [b for b in built if b[2].reduce_dims]
+    assert [b[2].full_shape for b in dense] == [(24, 112, 64)]
+    assert dense[0][2].lanes == 8
+    x = rng.standard_normal((24, 64)).astype(np.float32)
+    # 64-term fp32 dot products in another order than MLAS, outputs up to about 4
+    assert_close(keel_run(model, {"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_a_conv_to_odd_channels_feeding_an_output_pads_them_and_stores_as_the_output(monkeypatch):
+    # a detector head: a 1x1 conv to 3 anchors x 85 = 255 channels (here 3 x 7 = 21) that is a
+    # graph output. Its channels-last input would be gathered into vectors along the pixels;
+    # padded to 32 channels it vectorizes along them, and stores NCHW like the output it feeds,
+    # so cutting off the extra channels is a contiguous copy, not a transpose
+    rng = np.random.default_rng(0)
+    node = onnx.helper.make_node
+    weights = {"w1": rng.standard_normal((16, 8, 3, 3)).astype(np.float32) * 0.2,
+               "w2": rng.standard_normal((21, 16, 1, 1)).astype(np.float32) * 0.3,
+               "b": rng.standard_normal(21).astype(np.float32)}
+    nodes = [node("Conv", ["x", "w1"], ["c"], pads=[1, 1, 1, 1]), node("Relu", ["c"], ["r"]),
+             node("Conv", ["r", "w2", "b"], ["y"])]
+    model = make_model(nodes, [("x", (1, 8, 12, 20), np.float32)],
+                       [("y", (1, 21, 12, 20), np.float32)], weights)  # 20-pixel rows: 4 lanes
+    built = _built_kernels(monkeypatch, model, target="cpu")
+    head = [b for b in built if b[2].reduce_dims and 32 in b[2].full_shape]
+    assert len(head) == 1
+    (copy,) = [b for b in built if not b[2].reduce_dims and 21 in b[2].full_shape]
+    # the head's pixels are read as whole vectors (channels-last they would be gathered, one
+    # scalar load per lane); the bias is one scalar per channel
+    access = [u.dtype if u.op is Ops.LOAD else u.src[2].dtype for u in copy[1]
+              if u.op in (Ops.LOAD, Ops.STORE)]
+    assert sorted(d.count for d in access) == [1, copy[2].lanes, copy[2].lanes]
+    assert copy[2].lanes > 1
+    x = rng.standard_normal((1, 8, 12, 20)).astype(np.float32)
+    # sums of 72 then 16 terms in another order than MLAS, outputs up to about 10
+    assert_close(keel_run(model, {"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)

@@ -149,10 +149,12 @@ def plan_cpu(kernel: Kernel, params: dict[UOp, int], target: Target, packable=()
     out_dims = [d for d in range(len(full)) if d not in rdims and full[d] > 1]
     if red is not None and out_dims:
         tile = _reduce_tile(kernel, params, packable, target, full, rdims, out_dims, lanes)
-    else:  # elementwise, or a reduction to one value: vectors along the innermost dim
+    else:  # elementwise, or a reduction to one value: vectors along the innermost dim, as
+        # wide as divide it (factor alone gave 56-pixel rows 14 = 2 lanes x 7 at 16 lanes)
         inner = out_dims[-1] if out_dims else -1
-        tile = Tile(list(range(len(full))), {inner: factor(full[inner], lanes)} if out_dims
-                    else {}, inner)
+        up = (_width(full[inner], lanes) if full[inner] % 2 == 0 else factor(full[inner], lanes)
+              ) if out_dims else 1
+        tile = Tile(list(range(len(full))), {inner: up} if out_dims else {}, inner)
     order, unroll, lines = _reduce_loops(tile, full, rdims)
     axes = _axes(full, rdims, order, tile, unroll, lines)
     return Plan(tuple(full), tuple(rdims), tuple(_nest(axes, tile.vec)),

@@ -181,7 +181,8 @@ def _all_nodes(graph: onnx.GraphProto):
         yield n
 
 
-def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool = False) -> Graph:
+def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool = False,
+              pad_columns: int = 0) -> Graph:
     proto, data = _load_proto(model)
     _well_formed(proto, model)
     opset = _opset(proto)
@@ -212,7 +213,8 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
         vals[vi.name] = t
         inputs.append((vi.name, t.uop))
     functions = {(f.domain, f.name): f for f in proto.functions}
-    _build(proto.graph.node, vals, Ctx(opset, float16=float16, winograd=winograd), functions)
+    _build(proto.graph.node, vals, Ctx(opset, float16=float16, winograd=winograd,
+                                            pad_columns=pad_columns), functions)
     outputs = []
     for vi in proto.graph.output:
         if vals.get(vi.name) is None:

@@ -100,11 +100,38 @@ def contract(fn, x: Tensor, w: Tensor) -> Tensor:
     return fn(x.cast(dtypes.float32), w.cast(dtypes.float32)).cast(dtypes.float16)
 
 
+def _pad_out(ctx, w: Tensor, axis: int) -> tuple[Tensor, int]:
+    """(w, 0), or on CPU targets (ctx.pad_columns) a constant weight whose output count along
+    `axis` is not a multiple of 8 (no whole AVX2 vector, half an AVX-512 one) zero-padded to a
+    multiple of ctx.pad_columns, and how many it gained. The kernel then vectorizes along its
+    outputs, and the caller cuts the extra ones off. A 6625-character OCR alphabet (no factor of
+    2: 1 lane) ran at 23 GFLOP/s, padded at 115; a detector head's 1x1 conv to 255 channels
+    gathered its channels-last input into vectors along the pixels, at 9 GFLOP/s."""
+    cols, n = ctx.pad_columns, w.shape[axis]
+    if not cols or n % 8 == 0 or n <= cols or (value := ctx.constant(w)) is None:
+        return w, 0
+    pads = [(0, 0)] * w.ndim
+    pads[axis] = (0, -n % cols)
+    return Tensor.weight(np.pad(value, pads)), -n % cols
+
+
+def _cut(y: Tensor, axis: int, n: int) -> Tensor:
+    """y's first n entries along axis: the real outputs of a kernel run on a _pad_out weight."""
+    return y.shrink(tuple((0, n) if d == axis % y.ndim else (0, s) for d, s in enumerate(y.shape)))
+
+
+def _dense(ctx, x: Tensor, w: Tensor) -> Tensor:
+    """x @ w, on a padded weight where that pays (_pad_out)."""
+    wide, extra = _pad_out(ctx, w, 1) if w.ndim == 2 else (w, 0)
+    y = contract(Tensor.matmul, x, wide)
+    return _cut(y, -1, w.shape[1]) if extra else y
+
+
 @op("MatMul")
 def _matmul(ctx, i, a):
     if (y := quant.integer_contract(ctx, i, a, _matmul, -1, -1)) is not None:
         return y  # QDQ: int8 products in int32
-    return contract(Tensor.matmul, i[0], i[1])
+    return _dense(ctx, i[0], i[1])
 
 
 @op("Gemm")
@@ -118,7 +145,7 @@ def _gemm(ctx, i, a):
         x = x.transpose()
     if a.get("transB", 0):
         w = w.transpose()
-    y = contract(Tensor.matmul, x, w)
+    y = _dense(ctx, x, w)
     if a.get("alpha", 1.0) != 1.0:
         y = y * a["alpha"]
     if len(i) > 2 and i[2] is not None:
@@ -159,12 +186,15 @@ def _conv(ctx, i, a):
     ks = tuple(w.shape[2:])
     strides, dil, pads = _window_attrs(a, x, ks)
     group = a.get("group", 1)
+    cout = w.shape[0]
+    w, extra = _pad_out(ctx, w, 0) if group == 1 else (w, 0)
     if ctx.winograd and x.dtype is dtypes.float32 \
             and winograd.eligible(x.shape, w.shape, strides, dil, pads, group) \
             and (value := ctx.constant(w)) is not None:
         y = winograd.conv(x, value, pads)
     else:
         y = contract(lambda x, w: x.conv(w, strides, dil, pads, group), x, w)
+    y = _cut(y, 1, cout) if extra else y
     if len(i) > 2 and i[2] is not None:
         y = y + _bshape(i[2], y)
     return y
