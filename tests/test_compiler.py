@@ -717,3 +717,26 @@ def test_a_conv_to_odd_channels_feeding_an_output_pads_them_and_stores_as_the_ou
     x = rng.standard_normal((1, 8, 12, 20)).astype(np.float32)
     # sums of 72 then 16 terms in another order than MLAS, outputs up to about 10
     assert_close(keel_run(model, {"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_an_expensive_subexpression_is_computed_once_in_the_kernel_of_its_every_use():
+    # exact GELU as torch exports it: erf shares its reciprocal, exp and square among a dozen
+    # uses, all in the one kernel that writes y, which computes each once: no buffers for them
+    # (there were five, each a pass over the tensor). An exp whose uses end in two kernels
+    # (two outputs) still gets its own, so neither kernel recomputes it
+    node = onnx.helper.make_node
+    consts = {"r2": np.array(math.sqrt(2), np.float32), "one": np.array(1, np.float32),
+              "half": np.array(0.5, np.float32)}
+    gelu = [node("Div", ["x", "r2"], ["d"]), node("Erf", ["d"], ["e"]),
+            node("Add", ["e", "one"], ["p"]), node("Mul", ["x", "half"], ["h"]),
+            node("Mul", ["h", "p"], ["y"])]
+    shared = [node("Exp", ["x"], ["ex"]), node("Add", ["ex", "one"], ["y1"]),
+              node("Mul", ["ex", "half"], ["y2"])]
+    x = np.random.default_rng(0).standard_normal((4, 256)).astype(np.float32) * 2
+    for nodes, outs, launches in ((gelu, ["y"], 1), (shared, ["y1", "y2"], 3)):
+        model = make_model(nodes, [("x", (4, 256), np.float32)],
+                           [(o, (4, 256), np.float32) for o in outs], consts)
+        assert len(compile_model(model, target="cpu").launches) == launches
+        got, want = keel_run(model, {"x": x}), ort_run(model, {"x": x})
+        for o in outs:  # erf's fit: 1.2e-7 relative; exp: an ulp or two
+            assert_close(got[o], want[o], rtol=1e-6, atol=1e-6)

@@ -154,12 +154,14 @@ def realize(outputs: list[UOp]) -> set[UOp]:
     rank = {u: i for i, u in enumerate(order)}
     for r in [u for u in order if u.op is Ops.REDUCE and u not in outputs]:
         _fuse_epilogue(r, users, realized, rank)  # a reduction that is an output stays one
+    shared = set()
     for u in order:  # shared, expensive subexpressions are computed once
         # but not inside a fused epilogue (u inlines its reduction): every user of u is in that
         # kernel, and realizing two such nodes would compute the reduction twice
         if u not in realized and u.op in ALU and len(users[u]) > 1 and _costly(u, realized) \
                 and not _reduces_in(u, realized):
             realized.add(u)
+            shared.add(u)
     changed = True
     while changed:
         changed = False
@@ -168,7 +170,23 @@ def realize(outputs: list[UOp]) -> set[UOp]:
             if hits:
                 realized |= hits
                 changed = True
+    _unshare(order, users, realized, shared)
     return realized
+
+
+def _unshare(order: list[UOp], users: dict, realized: set, shared: set) -> None:
+    """Un-realize the shared subexpressions (`shared`) whose every use is in one kernel at its
+    own output index (only elementwise ops between them and that kernel's root): that kernel
+    computes them once anyway, so a buffer only adds a pass over memory. Exact GELU's erf
+    shares its reciprocal, exp and square among a dozen uses: five extra passes over 1.5 MB
+    in a transformer MLP. Outputs first, so each node's users are decided before it."""
+    owner: dict[UOp, UOp | None] = {}  # the one kernel root computing n at its own index
+    for u in reversed(order):
+        roots = {owner.get(s) if s.op in ALU else None for s in users[u]}
+        one = roots.pop() if len(roots) == 1 else None
+        if u in shared and one is not None:
+            realized.discard(u)
+        owner[u] = u if u in realized else one
 
 
 def _fuse_epilogue(r: UOp, users: dict, realized: set, rank: dict) -> None:
