@@ -670,23 +670,23 @@ def test_a_dense_layer_with_odd_columns_runs_on_a_padded_weight_in_whole_vectors
     # 99 output columns (an OCR alphabet's 6625 alike) have no factor of 2: without padding
     # the matmul's vectors are 1 lane wide. The weight gains zero columns up to 112 (a whole
     # number of 16-float lines), the kernel stores 8-lane vectors, and the extra columns are
-    # cut off before the bias
+    # cut off before the bias. (1.6M multiply-adds: smaller products are not padded)
     rng = np.random.default_rng(0)
     node = onnx.helper.make_node
     if op == "MatMul":
-        w = rng.standard_normal((64, 99)).astype(np.float32) * 0.1
+        w = rng.standard_normal((256, 99)).astype(np.float32) * 0.1
         nodes = [node("MatMul", ["x", "w"], ["m"]), node("Add", ["m", "b"], ["y"])]
     else:
-        w = rng.standard_normal((99, 64)).astype(np.float32) * 0.1
+        w = rng.standard_normal((99, 256)).astype(np.float32) * 0.1
         nodes = [node("Gemm", ["x", "w", "b"], ["y"], transB=1)]
     weights = {"w": w, "b": rng.standard_normal(99).astype(np.float32)}
-    model = make_model(nodes, [("x", (24, 64), np.float32)], [("y", (24, 99), np.float32)], weights)
+    model = make_model(nodes, [("x", (64, 256), np.float32)], [("y", (64, 99), np.float32)], weights)
     built = _built_kernels(monkeypatch, model, target="cpu")
     dense = [b for b in built if b[2].reduce_dims]
-    assert [b[2].full_shape for b in dense] == [(24, 112, 64)]
+    assert [b[2].full_shape for b in dense] == [(64, 112, 256)]
     assert dense[0][2].lanes == 8
-    x = rng.standard_normal((24, 64)).astype(np.float32)
-    # 64-term fp32 dot products in another order than MLAS, outputs up to about 4
+    x = rng.standard_normal((64, 256)).astype(np.float32)
+    # 256-term fp32 dot products in another order than MLAS, outputs up to about 8
     assert_close(keel_run(model, {"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)
 
 
@@ -697,13 +697,13 @@ def test_a_conv_to_odd_channels_feeding_an_output_pads_them_and_stores_as_the_ou
     # so cutting off the extra channels is a contiguous copy, not a transpose
     rng = np.random.default_rng(0)
     node = onnx.helper.make_node
-    weights = {"w1": rng.standard_normal((16, 8, 3, 3)).astype(np.float32) * 0.2,
-               "w2": rng.standard_normal((21, 16, 1, 1)).astype(np.float32) * 0.3,
+    weights = {"w1": rng.standard_normal((24, 8, 3, 3)).astype(np.float32) * 0.2,
+               "w2": rng.standard_normal((21, 24, 1, 1)).astype(np.float32) * 0.2,
                "b": rng.standard_normal(21).astype(np.float32)}
     nodes = [node("Conv", ["x", "w1"], ["c"], pads=[1, 1, 1, 1]), node("Relu", ["c"], ["r"]),
              node("Conv", ["r", "w2", "b"], ["y"])]
-    model = make_model(nodes, [("x", (1, 8, 12, 20), np.float32)],
-                       [("y", (1, 21, 12, 20), np.float32)], weights)  # 20-pixel rows: 4 lanes
+    model = make_model(nodes, [("x", (1, 8, 112, 20), np.float32)],  # 20-pixel rows: 4 lanes
+                       [("y", (1, 21, 112, 20), np.float32)], weights)  # 1.1M multiply-adds
     built = _built_kernels(monkeypatch, model, target="cpu")
     head = [b for b in built if b[2].reduce_dims and 32 in b[2].full_shape]
     assert len(head) == 1
@@ -714,8 +714,8 @@ def test_a_conv_to_odd_channels_feeding_an_output_pads_them_and_stores_as_the_ou
               if u.op in (Ops.LOAD, Ops.STORE)]
     assert sorted(d.count for d in access) == [1, copy[2].lanes, copy[2].lanes]
     assert copy[2].lanes > 1
-    x = rng.standard_normal((1, 8, 12, 20)).astype(np.float32)
-    # sums of 72 then 16 terms in another order than MLAS, outputs up to about 10
+    x = rng.standard_normal((1, 8, 112, 20)).astype(np.float32)
+    # sums of 72 then 24 terms in another order than MLAS, outputs up to about 10
     assert_close(keel_run(model, {"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)
 
 

@@ -100,15 +100,21 @@ def contract(fn, x: Tensor, w: Tensor) -> Tensor:
     return fn(x.cast(dtypes.float32), w.cast(dtypes.float32)).cast(dtypes.float16)
 
 
-def _pad_out(ctx, w: Tensor, axis: int) -> tuple[Tensor, int]:
+PAD_MIN_MACS = 1 << 20  # below this a product is cheap either way, and the cut is a launch
+
+
+def _pad_out(ctx, w: Tensor, axis: int, macs: int) -> tuple[Tensor, int]:
     """(w, 0), or on CPU targets (ctx.pad_columns) a constant weight whose output count along
     `axis` is not a multiple of 8 (no whole AVX2 vector, half an AVX-512 one) zero-padded to a
-    multiple of ctx.pad_columns, and how many it gained. The kernel then vectorizes along its
-    outputs, and the caller cuts the extra ones off. A 6625-character OCR alphabet (no factor of
-    2: 1 lane) ran at 23 GFLOP/s, padded at 115; a detector head's 1x1 conv to 255 channels
-    gathered its channels-last input into vectors along the pixels, at 9 GFLOP/s."""
+    multiple of ctx.pad_columns, and how many it gained, when its product (`macs`
+    multiply-adds) is big enough to pay for the extra kernel that cuts the padding off (the
+    cut ends the product's epilogue). The kernel then vectorizes along its outputs. A
+    6625-character OCR alphabet (no factor of 2: 1 lane) ran at 23 GFLOP/s, padded at 115; a
+    detector head's 1x1 conv to 255 channels gathered its channels-last input into vectors
+    along the pixels, at 9 GFLOP/s."""
     cols, n = ctx.pad_columns, w.shape[axis]
-    if not cols or n % 8 == 0 or n <= cols or (value := ctx.constant(w)) is None:
+    if not cols or n % 8 == 0 or n <= cols or macs < PAD_MIN_MACS \
+            or (value := ctx.constant(w)) is None:
         return w, 0
     pads = [(0, 0)] * w.ndim
     pads[axis] = (0, -n % cols)
@@ -122,7 +128,8 @@ def _cut(y: Tensor, axis: int, n: int) -> Tensor:
 
 def _dense(ctx, x: Tensor, w: Tensor) -> Tensor:
     """x @ w, on a padded weight where that pays (_pad_out)."""
-    wide, extra = _pad_out(ctx, w, 1) if w.ndim == 2 else (w, 0)
+    macs = math.prod(x.shape[:-1]) * math.prod(w.shape)
+    wide, extra = _pad_out(ctx, w, 1, macs) if w.ndim == 2 else (w, 0)
     y = contract(Tensor.matmul, x, wide)
     return _cut(y, -1, w.shape[1]) if extra else y
 
@@ -187,7 +194,8 @@ def _conv(ctx, i, a):
     strides, dil, pads = _window_attrs(a, x, ks)
     group = a.get("group", 1)
     cout = w.shape[0]
-    w, extra = _pad_out(ctx, w, 0) if group == 1 else (w, 0)
+    macs = x.shape[0] * math.prod(x.shape[2:]) // math.prod(strides) * math.prod(w.shape)
+    w, extra = _pad_out(ctx, w, 0, macs) if group == 1 else (w, 0)
     if ctx.winograd and x.dtype is dtypes.float32 \
             and winograd.eligible(x.shape, w.shape, strides, dil, pads, group) \
             and (value := ctx.constant(w)) is not None:
