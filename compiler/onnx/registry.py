@@ -56,8 +56,8 @@ class Ctx:
     node: onnx.NodeProto | None = None
     float16: bool = False
     winograd: bool = False  # 3x3 convs may use Winograd's algorithm (CPU targets)
-    # CPU targets: matmuls by a constant weight pad its columns to a multiple of this (ops/nn.py
-    # _dense), so each output row is whole vectors; 0: never
+    # CPU targets: a big MatMul, Gemm or Conv by a constant weight with an odd output count pads
+    # the weight's outputs to a multiple of this (ops/nn.py _pad_out): whole vectors; 0: never
     pad_columns: int = 0
     # quantized origins of float values, for the integer QDQ path (onnx/ops/quant.py): shared by
     # every node's Ctx (dataclasses.replace copies the reference)

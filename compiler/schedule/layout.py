@@ -41,7 +41,7 @@ def channels_last(kernels: list[Kernel], realized: set, keep: set) -> set[UOp]:
             readers.setdefault(u, []).append(i)
 
     def to_outputs(u: UOp) -> bool:
-        return all(kernels[i].root in keep and reds[i] is None for i in readers.get(u, [0]))
+        return all(kernels[i].root in keep and reds[i] is None for i in readers.get(u, ()))
     for k, red in zip(kernels, reds):
         if red is None:
             if any(u in out and u.shape == k.root.shape for u in k.inputs):
