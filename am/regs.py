@@ -3,9 +3,10 @@ offset plus the base of the segment its BASE_IDX names (soc21 IP offsets for gfx
 at 0x1260, segment 1 at 0xA000; MP0 segment 0 at 0x16000).
 
 The mock GPU (am/mock_device.py) answers at these same addresses, so a wrong value here is
-invisible to CI: only tests/device/test_usbgpu.py on a real RX 7900 can catch it. Values marked
-UNVERIFIED were not checked against their header while this was written; docs/amd.md lists what
-must be confirmed before a first hardware run.
+invisible to CI: only tests/device/test_usbgpu.py on a real RX 7900 can catch it. Every offset
+and bit here was checked against gc_11_0_0_offset.h/_sh_mask.h and mp_13_0_0_offset.h as
+tinygrad's autogen/am/regs.py carries them (tinygrad a9069c17); what only hardware can confirm
+is listed in docs/amd.md.
 """
 from __future__ import annotations
 
@@ -38,31 +39,38 @@ GCMC_VM_AGP_TOP, GCMC_VM_AGP_BOT, GCMC_VM_AGP_BASE = GC_SEG0 + 0x167A, GC_SEG0 +
 GCMC_VM_SYSTEM_APERTURE_LOW_ADDR, GCMC_VM_SYSTEM_APERTURE_HIGH_ADDR = GC_SEG0 + 0x167D, \
     GC_SEG0 + 0x167E
 
-# GART: VM context 0's one-level page table (same header, gc_gcvml2vcdec and the registers after
-# it). gfxhub_v3_0.c: PAGE_TABLE_BASE_ADDR_LO/HI32 = the table's physical VRAM address | PDE valid
-# (amdgpu_gmc_pd_addr; gmc_v11_0_get_vm_pde makes it physical), START/END_ADDR_LO/HI32 = the
-# GART range's first and last page (addr >> 12, low 32 bits then the rest), CONTEXT0_CNTL
-# ENABLE_CONTEXT (bit 0) with PAGE_TABLE_DEPTH (bits 2:1) 0 = one level. The CNTL bit positions
-# are gc_12_0_0_sh_mask.h's as quoted publicly (UNVERIFIED for gc 11).
+# VM context 0 (same header, gc_gcvml2vcdec and the registers after it): PAGE_TABLE_BASE_ADDR
+# LO/HI32 = the root table's physical address | PDE valid (amdgpu_gmc_pd_addr;
+# gmc_v11_0_get_vm_pde makes it physical), START/END_ADDR LO/HI32 = the range's first and last
+# page (addr >> 12), CONTEXT0_CNTL ENABLE_CONTEXT (bit 0), PAGE_TABLE_DEPTH (bits 2:1),
+# PAGE_TABLE_BLOCK_SIZE (6:3). Bit positions: gc_11_0_0_sh_mask.h as generated into tinygrad's
+# autogen/am/regs.py (gc_11_0_0), which also confirms every offset in this file.
 GCVM_CONTEXT0_CNTL = GC_SEG0 + 0x1688
 GCVM_CONTEXT0_PT_BASE_LO, GCVM_CONTEXT0_PT_BASE_HI = GC_SEG0 + 0x16F3, GC_SEG0 + 0x16F4
 GCVM_CONTEXT0_PT_START_LO, GCVM_CONTEXT0_PT_START_HI = GC_SEG0 + 0x1713, GC_SEG0 + 0x1714
 GCVM_CONTEXT0_PT_END_LO, GCVM_CONTEXT0_PT_END_HI = GC_SEG0 + 0x1733, GC_SEG0 + 0x1734
 CONTEXT_ENABLE, CONTEXT_DEPTH_SHIFT = 1, 1
-# TLB invalidation through engine 17 (gmc_v11_0.c keeps it for the GART; REQ 0x16bc, ACK 0x16ce
-# in the header): REQ = 1 << vmid | INVALIDATE_L2_PTES, L2_PDE0..2, L1_PTES (bits 19..23,
-# UNVERIFIED); the flush is done when ACK has bit vmid set
+# VRAM's physical base in the GPU's map (16 MiB units): what directory entries and PTEs add to a
+# VRAM offset (gfxhub_v3_0_get_mc_fb_offset, vm_manager.vram_base_offset)
+GCMC_VM_FB_OFFSET = GC_SEG0 + 0x15A7
+# TLB invalidation through engine 17 (gmc_v11_0.c keeps it for the kernel's own mappings):
+# REQ = 1 << vmid | INVALIDATE_L2_PTES, L2_PDE0, L2_PDE1, L2_PDE2, L1_PTES (bits 19..23); the
+# flush is done when ACK has bit vmid set
 GCVM_INVALIDATE_ENG17_REQ, GCVM_INVALIDATE_ENG17_ACK = GC_SEG0 + 0x16BC, GC_SEG0 + 0x16CE
 INVALIDATE_ALL = 0x1F << 19
 
-# amdgpu_vm.h: a GART PTE (64 bits): VALID 0, SYSTEM 1 (a bus address, not VRAM), SNOOPED 2,
-# EXECUTABLE 4, READABLE 5, WRITEABLE 6; the page's address in bits 47:12
-PTE_VALID, PTE_SYSTEM, PTE_SNOOPED = 1, 1 << 1, 1 << 2
-PTE_EXECUTABLE, PTE_READABLE, PTE_WRITEABLE = 1 << 4, 1 << 5, 1 << 6
-PTE_ADDRESS = ((1 << 48) - 1) & ~0xFFF
-PTE_RWX = PTE_VALID | PTE_EXECUTABLE | PTE_READABLE | PTE_WRITEABLE
+# the RLC's autoload (after the PSP's AUTOLOAD_RLC): RLC_RLCS_BOOTLOAD_STATUS.BOOTLOAD_COMPLETE
+RLC_RLCS_BOOTLOAD_STATUS, BOOTLOAD_COMPLETE = GC_SEG1 + 0x4E82, 1 << 31
+# the RS64 MEC (gfx_v11_0_config_mec_cache_rs64 / tinygrad's _config_mec): per pipe (chosen by
+# GRBM_GFX_CNTL), PRGRM_CNTR_START/_HI = the firmware header's ucode_start_addr >> 2; then
+# CP_MEC_RS64_CNTL pulses MEC_PIPE0_RESET (bit 16) and sets MEC_PIPE0_ACTIVE (26), clearing
+# MEC_HALT (30)
+CP_MEC_RS64_PRGRM_CNTR_START, CP_MEC_RS64_PRGRM_CNTR_START_HI = GC_SEG1 + 0x2900, \
+    GC_SEG1 + 0x2938
+CP_MEC_RS64_CNTL = GC_SEG1 + 0x2904
+MEC_PIPE0_RESET, MEC_PIPE0_ACTIVE, MEC_HALT = 1 << 16, 1 << 26, 1 << 30
 
-# gc_11_0_0_offset.h (as quoted from that header in several public projects): the compute queue
+# gc_11_0_0_offset.h: the compute queue
 # the CP_HQD_* registers mean is chosen by GRBM_GFX_CNTL (ME 1, pipe 0, queue 0 here)
 GRBM_GFX_CNTL = GC_SEG1 + 0x0900
 CP_HQD_ACTIVE, CP_HQD_VMID = GC_SEG0 + 0x1FAB, GC_SEG0 + 0x1FAC
@@ -72,3 +80,6 @@ CP_HQD_PQ_DOORBELL_CONTROL, CP_HQD_PQ_CONTROL = GC_SEG0 + 0x1FB8, GC_SEG0 + 0x1F
 CP_HQD_PQ_WPTR_LO, CP_HQD_PQ_WPTR_HI = GC_SEG0 + 0x1FDF, GC_SEG0 + 0x1FE0
 GRBM_ME1_PIPE0_QUEUE0 = 1 << 2  # GRBM_GFX_CNTL: MEID 1 (bits 3:2), pipe 0, queue 0, VMID 0
 DOORBELL_EN = 1 << 30  # CP_HQD_PQ_DOORBELL_CONTROL: DOORBELL_EN; DOORBELL_OFFSET (dwords) 27:2
+# the doorbell range (byte offsets into the doorbell BAR, dword granular in bits 11:2) the MEC
+# answers; outside it a doorbell write reaches no compute queue
+CP_MEC_DOORBELL_RANGE_LOWER, CP_MEC_DOORBELL_RANGE_UPPER = GC_SEG0 + 0x1DFC, GC_SEG0 + 0x1DFD

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from am import firmware
+from am import firmware, standin
 from am.mock_device import IPS
 from runner import Model
 from runner.errors import ConfigError, DeviceError, DeviceTimeout
@@ -36,8 +36,7 @@ def _model():
 def enclosure(tmp_path, monkeypatch):
     """A fresh mock enclosure, and stand-in firmware files (keel ships none) where
     KEEL_AMD_FIRMWARE points."""
-    for name in firmware.required({(ip.hw_id, ip.instance): ip for ip in IPS}):
-        (tmp_path / name).write_bytes(firmware.image(bytes(range(1, 129)) * 2))
+    standin.write_all(tmp_path, {(ip.hw_id, ip.instance): ip for ip in IPS})
     monkeypatch.setenv("KEEL_USB", "mock")
     monkeypatch.setenv(firmware.ENV, str(tmp_path))
     monkeypatch.delenv("KEEL_MOCK_FAULTS", raising=False)

@@ -20,11 +20,10 @@ from pathlib import Path  # noqa: E402
 
 
 def _stand_in_firmware() -> str:
-    from am import firmware
+    from am import standin
     from am.mock_device import IPS
     folder = Path(tempfile.mkdtemp(prefix="keel-fw-"))
-    for name in firmware.required({(ip.hw_id, ip.instance): ip for ip in IPS}):
-        (folder / name).write_bytes(firmware.image(bytes(range(1, 129)) * 2))
+    standin.write_all(folder, {(ip.hw_id, ip.instance): ip for ip in IPS})
     return str(folder)
 
 
