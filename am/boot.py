@@ -45,9 +45,9 @@ class Psp:
 
     def bring_up(self) -> None:
         sos = self.fws["sos"]
-        for kind, cmd in psp.BOOT:
+        for kind, cmd in psp.BOOT if not self.gpu.reg(regs.C2PMSG_81) else ():
             part = next((p for p in sos.parts if p.kinds[0] == kind), None)
-            if part is not None:
+            if part is not None:  # (a running sOS, after recover(), is kept, as amdgpu does)
                 self._bootloader(sos.name, kind, cmd, part.data)
         self._ring()
         toc = next((p.data for p in sos.parts if p.kinds[0] == psp.TOC_BIN), None)
@@ -83,7 +83,10 @@ class Psp:
                               f"file for this GPU?")
 
     def _ring(self) -> None:
-        """psp_v13_0_ring_create: wait for sOS, ring address and size, INIT_GPCOM_RING."""
+        """psp_v13_0_ring_create: wait for sOS, ring address and size, INIT_GPCOM_RING (a ring
+        left from an earlier bring-up destroyed first, as tinygrad's _ring_create does)."""
+        if self.gpu.reg(regs.C2PMSG_71):
+            self.gpu.wreg(regs.C2PMSG_64, regs.DESTROY_RINGS)
         self._ready(regs.C2PMSG_64, "sOS ring interface")
         ring = self.gpu.fb + PSP_AT
         self.gpu.wreg(regs.C2PMSG_69, ring & 0xFFFFFFFF)

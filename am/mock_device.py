@@ -227,6 +227,9 @@ class Psp:
 
     def control(self, value: int) -> None:
         r = self.gpu.regs
+        if value == regs.DESTROY_RINGS and self.gpu.sos:
+            self.ring, r[regs.C2PMSG_71], r[regs.C2PMSG_64] = None, 0, regs.BL_READY
+            return
         size = r.get(regs.C2PMSG_71, 0)
         ok = value == regs.INIT_GPCOM_RING and self.gpu.sos and size and \
             size % psp.FRAME_BYTES == 0

@@ -25,7 +25,7 @@ BL_LOAD_SOSDRV = 0x20000  # PSP_BL__LOAD_SOSDRV
 # dwords, modulo the ring. (MP0 C2PMSG_n is register 0x40 + n, as for 35/36/81 above.)
 C2PMSG_64, C2PMSG_67 = MP0_SEG0 + 0x80, MP0_SEG0 + 0x83
 C2PMSG_69, C2PMSG_70, C2PMSG_71 = MP0_SEG0 + 0x85, MP0_SEG0 + 0x86, MP0_SEG0 + 0x87
-INIT_GPCOM_RING = 0x20000  # psp_gfx_if.h GFX_CTRL_CMD_ID_INIT_GPCOM_RING
+INIT_GPCOM_RING, DESTROY_RINGS = 0x20000, 0x30000  # psp_gfx_if.h GFX_CTRL_CMD_ID_*
 
 # gc_11_0_0_offset.h (torvalds/linux 0e8655b4, addressBlock gc_gcvmsharedvcdec, BASE_IDX 0):
 # where VRAM sits in the GPU's address space (set at POST, in 16 MiB units: base/top >> 24); the
