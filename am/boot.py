@@ -72,9 +72,14 @@ class Psp:
         self.gpu.bar0_write(IMAGE_AT, data)
         self.gpu.wreg(regs.C2PMSG_36, (self.gpu.fb + IMAGE_AT) >> 20 & 0xFFFFFFFF)
         self.gpu.wreg(regs.C2PMSG_35, cmd)
-        if kind == psp.SOS:  # alive once C2PMSG_81 (sOS's version) is set
-            ok = self._wait(lambda: self.gpu.reg(regs.C2PMSG_81), what, fail=False)
+        if kind == psp.SOS:  # alive once C2PMSG_81 (sOS's version) is set; a bootloader
+            # ready again with an error status has refused it: no need to wait any longer
+            def settled() -> bool:
+                bl = self.gpu.reg(regs.C2PMSG_35)
+                return bool(self.gpu.reg(regs.C2PMSG_81) or bl & regs.BL_READY and bl & 0xFFFF)
+            self._wait(settled, what, fail=False)
             status = self.gpu.reg(regs.C2PMSG_35) & 0xFFFF
+            ok = bool(self.gpu.reg(regs.C2PMSG_81))
         else:
             status = self._ready(regs.C2PMSG_35, what) & 0xFFFF
             ok = not status
@@ -125,7 +130,10 @@ class Psp:
         """One command buffer and one ring frame (psp_ring_cmd_submit); wait for its fence; the
         response (psp_gfx_resp) once its status is 0."""
         gpu, cmd_at, fence_at = self.gpu, PSP_AT + RING_BYTES, PSP_AT + RING_BYTES + PAGE
-        gpu.bar0_write(cmd_at, psp.command(cmd_id, body))
+        # the whole buffer once (VRAM holds garbage); then only the head and body, whose bytes
+        # past the longest command stay zero (CMD_HEAD_BYTES dwords instead of 256 per command)
+        gpu.bar0_write(cmd_at, psp.command(cmd_id, body)[:None if not self.fence else
+                                                         psp.CMD_HEAD_BYTES])
         self.fence += 1
         ring_dw = RING_BYTES // 4
         gpu.bar0_write(PSP_AT + 4 * (self.wptr % ring_dw),

@@ -14,6 +14,7 @@ import struct
 
 FRAME = struct.Struct("<6I")  # cmd lo, hi, size, fence lo, hi, value (then 40 zero bytes)
 FRAME_BYTES, CMD_BYTES, CMD_AT, RESP_AT = 64, 1024, 28, 864
+CMD_HEAD_BYTES = 64  # the head (28) and every command's fields this driver sends (<= 24)
 HEAD = struct.Struct("<7I")  # buf_size, buf_version, cmd_id, resp_buf lo, hi, offset, size
 BUF_VERSION = 1
 # psp_gfx_cmd_id

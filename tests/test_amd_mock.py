@@ -286,7 +286,8 @@ def test_the_mmu_walks_four_levels_as_the_registers_program_it():
     program = {regs.GCVM_CONTEXT0_PT_BASE_LO: pt.root | vm.VALID, regs.GCVM_CONTEXT0_PT_BASE_HI: 0,
                regs.GCVM_CONTEXT0_PT_START_LO: base >> 12 & 0xFFFFFFFF,
                regs.GCVM_CONTEXT0_PT_START_HI: base >> 44,
-               regs.GCVM_CONTEXT0_PT_END_LO: end & 0xFFFFFFFF, regs.GCVM_CONTEXT0_PT_END_HI: end >> 32,
+               regs.GCVM_CONTEXT0_PT_END_LO: end & 0xFFFFFFFF,
+               regs.GCVM_CONTEXT0_PT_END_HI: end >> 32,
                regs.GCMC_VM_SYSTEM_APERTURE_LOW_ADDR: GPU_BASE >> 18,
                regs.GCMC_VM_SYSTEM_APERTURE_HIGH_ADDR: (GPU_BASE + (512 << 20) - 1) >> 18,
                regs.GCVM_CONTEXT0_CNTL: regs.CONTEXT_ENABLE | 3 << regs.CONTEXT_DEPTH_SHIFT}
