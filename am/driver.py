@@ -21,15 +21,17 @@ graph submission), a signal slot, and the payload; one doorbell write starts it;
 the signal with one bridge read. So moving data costs a few USB commands per 4 KiB instead of a
 PCIe write per dword through BAR0.
 
-Not done here (docs/amd.md): SH_MEM apertures, NBIO doorbell routing and clock gating as amdgpu
-sets them; per-process VM contexts (VMID 1..15): one context serves one model.
+Beside the firmware (am/gc.py, amdgpu's order): NBIO's doorbell aperture and routing, the GC
+hub's L1 TLB and L2, SH_MEM_CONFIG/BASES per VMID, and the queue mapped from its MQD. Not done
+here (docs/amd.md): clock gating, golden registers; per-process VM contexts (VMID 1..15): one
+context serves one model.
 """
 from __future__ import annotations
 
 import struct
 import time
 
-from am import boot, discovery, firmware, pm4, regs, vm
+from am import boot, discovery, firmware, gc, mqd, pm4, regs, vm
 from runner.device import wait_until
 from runner.errors import DeviceError
 from usbgpu.pci import PciDevice
@@ -41,7 +43,12 @@ RING_DWORDS = RING_BYTES // 4
 MAX_COPIES = 7  # DMA_DATA (7 dwords) per window write: 7 of them + RELEASE_MEM (8) fit the ring
 DOORBELL = 0  # the queue's doorbell index (dwords into BAR2)
 MEC_DOORBELLS = 0xF8  # CP_MEC_DOORBELL_RANGE_UPPER (bytes): doorbells the MEC listens to
-PT_AT, PT_BYTES = 36 << 20, 4 << 20  # VRAM offset of the page-table pool (after am/boot.END)
+# VRAM after am/boot.END: the queue's page (its MQD, then the read pointer report and write
+# pointer poll slots), its EOP buffer, the system aperture's default page and the protection
+# fault's dummy page; then the page-table pool
+MQD_AT, EOP_AT, SCRATCH_AT, DUMMY_AT = boot.END, boot.END + 4096, boot.END + 8192, boot.END + 12288
+RPTR_AT = MQD_AT + 4 * mqd.DWORDS
+PT_AT, PT_BYTES = 36 << 20, 4 << 20
 HEAP_AT = PT_AT + PT_BYTES  # first VRAM offset the allocator hands out
 PAGE = 4096
 VM_AT, VM_BYTES = 0x2000_0000_0000, 1 << 40  # GPU virtual range (below the FB location)
@@ -68,22 +75,33 @@ class Gpu:
         self.fb = self.reg(regs.GCMC_VM_FB_LOCATION_BASE) << 24
         self.phys = self.reg(regs.GCMC_VM_FB_OFFSET) << 24  # VRAM offset 0's physical address
         self.ips = discover(pci)
+        gc.doorbell_aperture(self)
         boot.Psp(self, firmware.load_all(self.ips, fw_dir)).bring_up()
         deadline = time.monotonic() + BOOT_TIMEOUT_S
         self.window, self.va_top, self.top = VM_AT, VM_AT + PAGE, HEAP_AT
         self._start_vm(deadline)
+        gc.sh_mem(self)
+        gc.gc_doorbells(self)
         self.wptr, self.seq = 0, 0
         self.seen = {SIGNAL_AT: 0, TIMELINE_AT: 0}  # what the window's u64 slots hold
-        self._start_queue()
+        self.queue = mqd.Queue(self.fb + MQD_AT, self.window, RING_BYTES, self.fb + RPTR_AT,
+                               self.fb + RPTR_AT + 8, self.fb + EOP_AT, DOORBELL)
+        gc.map_queue(self, self.queue, MEC_DOORBELLS)
         self.put([(self.fb + off, data) for off, data in self.vm.fresh()], deadline)
         self._range(VM_BYTES // PAGE)
         self._flush_tlb(deadline)
 
     # ---- registers and VRAM through BARs --------------------------------------------------------
     def reg(self, r: int) -> int:
+        if r >= regs.MMIO_DWORDS:  # beyond BAR5: through NBIO's index/data pair
+            self.pci.write32(5, 4 * regs.RSMU_INDEX, 4 * r)
+            r = regs.RSMU_DATA
         return self.pci.read32(5, 4 * r)
 
     def wreg(self, r: int, value: int) -> None:
+        if r >= regs.MMIO_DWORDS:
+            self.pci.write32(5, 4 * regs.RSMU_INDEX, 4 * r)
+            r = regs.RSMU_DATA
         self.pci.write32(5, 4 * r, value)
 
     def bar0_write(self, offset: int, data: bytes) -> None:
@@ -92,10 +110,10 @@ class Gpu:
             self.pci.write32(0, offset + i, struct.unpack_from("<I", data, i)[0])
 
     def _start_vm(self, deadline: float) -> None:
-        """gfxhub_v3_0's VMID 0 setup after the RLC's autoload (which resets the GC hub): AGP
-        closed, the system aperture on VRAM only, the four-level table whose only entries (one
-        per level, written through BAR0) map the DMA window, and a range of that one page until
-        the rest of those tables is known to be clear."""
+        """gfxhub_v3_0_gart_enable after the RLC's autoload (which resets the GC hub): the
+        four-level table whose only entries (one per level, written through BAR0) map the DMA
+        window, with a range of that one page until the rest of those tables is known to be
+        clear; AGP closed, the system aperture on VRAM only; the TLB and L2 (am/gc.py)."""
         if self.window_bus % PAGE or self.window_bytes > PAGE:
             raise DeviceError(f"DMA window at bus 0x{self.window_bus:x} of {self.window_bytes} "
                               f"bytes: expected one aligned {PAGE}-byte page")
@@ -111,6 +129,7 @@ class Gpu:
         self.wreg(regs.GCVM_CONTEXT0_PT_BASE_LO, root & 0xFFFFFFFF)
         self.wreg(regs.GCVM_CONTEXT0_PT_BASE_HI, root >> 32)
         self._range(1)
+        gc.hub_caches(self, self.phys + SCRATCH_AT, self.phys + DUMMY_AT)
         depth = vm.DEPTH << regs.CONTEXT_DEPTH_SHIFT  # PAGE_TABLE_BLOCK_SIZE 0
         self.wreg(regs.GCVM_CONTEXT0_CNTL, regs.CONTEXT_ENABLE | depth)
         self._flush_tlb(deadline)
@@ -126,22 +145,6 @@ class Gpu:
         self.wreg(regs.GCVM_INVALIDATE_ENG17_REQ, 1 | regs.INVALIDATE_ALL)  # VMID 0
         wait_until(lambda: self.reg(regs.GCVM_INVALIDATE_ENG17_ACK) & 1, deadline,
                    "GPU TLB invalidation")
-
-    def _start_queue(self) -> None:
-        self.wreg(regs.CP_MEC_DOORBELL_RANGE_LOWER, 0)
-        self.wreg(regs.CP_MEC_DOORBELL_RANGE_UPPER, MEC_DOORBELLS)
-        self.wreg(regs.GRBM_GFX_CNTL, regs.GRBM_ME1_PIPE0_QUEUE0)
-        self.wreg(regs.CP_HQD_ACTIVE, 0)
-        ring = self.window >> 8
-        self.wreg(regs.CP_HQD_PQ_BASE, ring & 0xFFFFFFFF)
-        self.wreg(regs.CP_HQD_PQ_BASE_HI, ring >> 32)
-        self.wreg(regs.CP_HQD_PQ_CONTROL, RING_DWORDS.bit_length() - 2)  # log2(dwords) - 1
-        self.wreg(regs.CP_HQD_PQ_RPTR, 0)
-        self.wreg(regs.CP_HQD_PQ_WPTR_LO, 0)
-        self.wreg(regs.CP_HQD_PQ_WPTR_HI, 0)
-        self.wreg(regs.CP_HQD_PQ_DOORBELL_CONTROL, regs.DOORBELL_EN | DOORBELL << 2)
-        self.wreg(regs.CP_HQD_ACTIVE, 1)
-        self.wreg(regs.GRBM_GFX_CNTL, 0)
 
     # ---- VRAM, mapped through the page table --------------------------------------------------
     def alloc(self, n: int, deadline: float) -> int:
@@ -170,7 +173,8 @@ class Gpu:
         RELEASE_MEM they end with has written the window's signal."""
         self.seq += 1
         self.launch(packets + pm4.release_mem(self.window + SIGNAL_AT, self.seq), payload)
-        wait_until(lambda: self._read(SIGNAL_AT) >= self.seq, deadline, "GPU queue")
+        wait_until(lambda: self._read(SIGNAL_AT) >= self.seq, deadline,
+                   "GPU queue (compute, ME 1 pipe 0 queue 0)")
 
     def launch(self, packets: list[int], payload: bytes = b"") -> None:
         """Write `packets` at the ring's write pointer (wrapping at its end) and ring the

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import struct
 
-from am import discovery, pm4, psp, regs, standin, vm
+from am import discovery, mock_gc, pm4, psp, regs, standin, vm
 from am.mock_gpu import GPU_BASE, PAGE, CommandProcessor, GpuFault, Memory
 from runner.faults import from_env
 from usbgpu.mock import Config, MockBridge, MockLibusb, Port
@@ -301,13 +301,24 @@ class MockGpu:
         self.cp = None  # built at the first doorbell: PoCL is only loaded when something runs
         self.firmware_loads = self.submissions = 0
         self.running, self.rptr, self.mec_pc, self.mec_latched = False, 0, 0, None
+        self.sh_mem: dict[int, dict[int, int]] = {}  # VMID -> SH_MEM_CONFIG/BASES
         self.faults = from_env(FAULTS_VAR, KINDS)
 
     # ---- BARs -----------------------------------------------------------------------------------
     def mem_read(self, bar: int, offset: int) -> int:
         if bar == 0:
             return struct.unpack("<I", self.vram.read(GPU_BASE + offset, 4))[0]
-        return self.regs.get(offset // 4, 0) if bar == 5 else 0
+        if bar != 5:
+            return 0
+        reg = offset // 4
+        if reg == regs.RSMU_DATA:  # the register RSMU_INDEX names (a byte address)
+            reg = self.regs.get(regs.RSMU_INDEX, 0) // 4
+        if reg in (regs.SH_MEM_CONFIG, regs.SH_MEM_BASES):
+            return self.sh_mem.get(self._vmid(), {}).get(reg, 0)
+        return self.regs.get(reg, 0)
+
+    def _vmid(self) -> int:
+        return self.regs.get(regs.GRBM_GFX_CNTL, 0) >> regs.GRBM_VMID_SHIFT & 0xF
 
     def mem_write(self, bar: int, offset: int, value: int, be: int) -> None:
         if be != 0xF:
@@ -321,9 +332,18 @@ class MockGpu:
             self._doorbell(offset // 4, value)
 
     def _register(self, reg: int, value: int) -> None:
-        if regs.CP_HQD_ACTIVE <= reg <= regs.CP_HQD_PQ_WPTR_HI and \
+        if reg == regs.RSMU_DATA:
+            reg = self.regs.get(regs.RSMU_INDEX, 0) // 4
+        if regs.CP_MQD_BASE_ADDR <= reg <= regs.CP_HQD_PQ_WPTR_HI and \
                 self.regs.get(regs.GRBM_GFX_CNTL, 0) != regs.GRBM_ME1_PIPE0_QUEUE0:
             return  # another queue's bank: not the one the mock's doorbell serves
+        if reg in (regs.SH_MEM_CONFIG, regs.SH_MEM_BASES):  # banked per VMID
+            self.sh_mem.setdefault(self._vmid(), {})[reg] = value
+            return
+        if reg == regs.CP_HQD_ACTIVE and value & 1 and not self.regs.get(reg, 0) & 1:
+            mock_gc.check_queue(self.regs, self.space.read)  # the CP reads the MQD to map it
+        if reg == regs.CP_HQD_DEQUEUE_REQUEST and value & 0xF:
+            self.regs[regs.CP_HQD_ACTIVE] = 0
         self.regs[reg] = value
         if reg == regs.CP_HQD_PQ_RPTR:  # the driver (re)starting the queue
             self.rptr = value
@@ -364,13 +384,17 @@ class MockGpu:
         ctl = r.get(regs.CP_HQD_PQ_DOORBELL_CONTROL, 0)
         lower, upper = (r.get(reg, 0) & 0xFFC for reg in (regs.CP_MEC_DOORBELL_RANGE_LOWER,
                                                           regs.CP_MEC_DOORBELL_RANGE_UPPER))
-        if not (self.running and r.get(regs.CP_HQD_ACTIVE) and ctl & regs.DOORBELL_EN and
-                (ctl >> 2) & 0x3FFFFFF == index and lower <= 4 * index <= upper):
-            return  # no firmware, no active queue, or not its doorbell: nothing listens
+        if not (mock_gc.doorbell_routed(r) and self.running and r.get(regs.CP_HQD_ACTIVE) and
+                ctl & regs.DOORBELL_EN and (ctl >> 2) & 0x3FFFFFF == index and
+                lower <= 4 * index <= upper):
+            return  # no aperture or routing, no firmware, no active queue, or not its doorbell
+        mock_gc.check_hub(r)
         size = 4 << ((r.get(regs.CP_HQD_PQ_CONTROL, 0) & 0x3F) + 1)  # bytes
         base = (r.get(regs.CP_HQD_PQ_BASE, 0) | r.get(regs.CP_HQD_PQ_BASE_HI, 0) << 32) << 8
         if self.cp is None:
             self.cp = CommandProcessor(self.vram, self.space)
+            self.cp.check = lambda: mock_gc.check_dispatch(
+                self.sh_mem, self.regs.get(regs.CP_HQD_VMID, 0) & 0xF, self.space._context())
         n = wptr - self.rptr
         if not 0 <= n <= size // 4:
             raise GpuFault(f"doorbell write pointer {wptr} after {self.rptr}: expected at most "
@@ -391,11 +415,14 @@ class MockGpu:
         self.cp.execute(words)
         self.rptr = wptr
         r[regs.CP_HQD_PQ_RPTR] = wptr & 0xFFFFFFFF
+        report = r.get(regs.CP_HQD_PQ_RPTR_REPORT_ADDR, 0) | \
+            r.get(regs.CP_HQD_PQ_RPTR_REPORT_ADDR_HI, 0) << 32
+        self.space.write(report, struct.pack("<I", wptr % (size // 4)))  # the CP reports it
 
     def reset(self) -> None:
         """Power lost (unplug): registers, firmware and queue state are gone; VRAM is kept, as
         nothing on the driver's side may rely on it either."""
-        self.regs = self._initial()
+        self.regs, self.sh_mem = self._initial(), {}
         self.running, self.rptr, self.sos = False, 0, False
         self.mec_pc, self.mec_latched = 0, None
         self.psp = Psp(self)

@@ -219,3 +219,77 @@ def test_an_injected_vm_fault_is_a_device_error_and_recover_brings_the_model_bac
         m.run(random_feeds(_model(), seed=2), timeout_ms=TIMEOUT_MS)
     _check(m, 3)
     m.close()
+
+
+def test_the_mqd_mirrors_the_hqd_registers_where_v11_structs_h_puts_them():
+    """v11_compute_mqd: cp_mqd_base_addr_lo is dword 128, cp_hqd_active 130, cp_hqd_pq_control
+    145, cp_hqd_eop_control 167, cp_hqd_pq_wptr_hi 183 (the struct's field order); the queue is
+    programmed in kiq_init_register's order, activation last."""
+    from am import mqd, regs
+    assert [mqd.at(r) for r in (regs.CP_MQD_BASE_ADDR, regs.CP_HQD_ACTIVE, regs.CP_HQD_PQ_CONTROL,
+                                regs.CP_HQD_EOP_CONTROL, regs.CP_HQD_PQ_WPTR_HI)] == \
+        [128, 130, 145, 167, 183]
+    q = mqd.Queue(0x8000_0230_0000, 0x2000_0000_0000, 256, 0x8000_0230_0800,
+                  0x8000_0230_0808, 0x8000_0230_1000, 0)
+    m = mqd.build(q)
+    assert m[0] == 0xC0310800 and len(mqd.pack(m)) == 2048
+    assert m[mqd.at(regs.CP_HQD_PQ_CONTROL)] & 0x3F == 5  # 64 dwords = 2^(5+1)
+    assert m[mqd.at(regs.CP_HQD_EOP_CONTROL)] == 8  # 2 KiB = 2^(8+1) dwords
+    assert m[mqd.at(regs.CP_HQD_EOP_BASE_ADDR)] == (q.eop >> 8) & 0xFFFFFFFF
+    writes = mqd.registers(m)
+    assert writes[-1] == (regs.CP_HQD_ACTIVE, 1) and writes[0][0] == regs.CP_HQD_EOP_BASE_ADDR
+
+
+def test_a_queue_whose_registers_disagree_with_its_mqd_is_refused(enclosure, monkeypatch):
+    """The MQD in VRAM says another ring size than CP_HQD_PQ_CONTROL: the mock CP, reading the
+    MQD at activation as the hardware does, refuses the queue naming the register."""
+    from am import mqd, regs
+    pack = mqd.pack
+
+    def corrupt(m):
+        m = list(m)
+        m[mqd.at(regs.CP_HQD_PQ_CONTROL)] ^= 1
+        return pack(m)
+    monkeypatch.setattr(mqd, "pack", corrupt)
+    with pytest.raises(DeviceError, match=r"ME 1 pipe 0 queue 0\) refused at activation: "
+                                          rf"register 0x{regs.CP_HQD_PQ_CONTROL:x} holds"):
+        Model.load(compiled_blob(_model(), target="amd"), device="amd")
+
+
+@pytest.mark.parametrize("step", ["doorbell_aperture", "gc_doorbells"])
+def test_a_doorbell_nbio_does_not_route_is_lost_and_the_deadline_names_the_queue(
+        enclosure, monkeypatch, step):
+    """Without NBIO's doorbell aperture (or the S2A entry routing doorbells to GC) the first
+    doorbell never reaches the CP: the wait for its signal ends at the deadline, naming the
+    queue."""
+    import am.driver
+    import am.gc
+    monkeypatch.setattr(am.gc, step, lambda gpu: None)
+    monkeypatch.setattr(am.driver, "BOOT_TIMEOUT_S", 0.3)
+    with pytest.raises(DeviceTimeout, match=r"GPU queue \(compute, ME 1 pipe 0 queue 0\)"):
+        Model.load(compiled_blob(_model(), target="amd"), device="amd")
+
+
+def test_the_cp_refuses_memory_without_the_gc_hubs_tlb_and_l2(enclosure, monkeypatch):
+    import am.gc
+    monkeypatch.setattr(am.gc, "hub_caches", lambda gpu, scratch, dummy: None)
+    with pytest.raises(DeviceError, match="GCMC_VM_MX_L1_TLB_CNTL 0x0: expected the L1 TLB on"):
+        Model.load(compiled_blob(_model(), target="amd"), device="amd")
+
+
+@pytest.mark.parametrize("bases, message", [
+    (None, "SH_MEM_CONFIG/SH_MEM_BASES never programmed"),
+    (0x10001000, "puts the private range 0x1000000000000000 over the shared")],
+    ids=["unset", "overlapping"])
+def test_a_dispatch_without_sh_mem_apertures_is_refused(enclosure, monkeypatch, bases, message):
+    """Loading moves data only (no dispatch), so it succeeds; the first run's first dispatch is
+    refused: SH_MEM never written, or its private and shared apertures on top of each other."""
+    import am.gc
+    from am import regs
+    if bases is None:
+        monkeypatch.setattr(am.gc, "sh_mem", lambda gpu: None)
+    else:
+        monkeypatch.setattr(regs, "SH_MEM_BASES_DEFAULT", bases)
+    m = Model.load(compiled_blob(_model(), target="amd"), device="amd")
+    with pytest.raises(DeviceError, match=re.escape(message)):
+        m.run(random_feeds(_model(), seed=1), timeout_ms=TIMEOUT_MS)
