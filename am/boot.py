@@ -15,8 +15,11 @@ psp_np_fw_load; psp_v13_0.c for the mailboxes; tinygrad's AM_PSP/AM_GFX do the s
     RLC_RLCS_BOOTLOAD_STATUS.BOOTLOAD_COMPLETE;
  7. MEC pipe 0: program counter at the MEC file's ucode_start_addr, a reset pulse, unhalt.
 
-The command processor runs nothing before step 7, so every byte here goes through BAR0 (one PCIe
-write per dword) to VRAM at fixed offsets, and the PSP gets VRAM's MC addresses (FB location).
+The command processor runs nothing before step 7, so the images go where the PSP can read them
+without it: the bridge's SRAM (usbgpu's staging memory, 64 KiB per bulk write), which the MM hub's
+VM context 0 maps at the GPU address the driver calls its window (tinygrad's AM puts its USB
+firmware buffer there too). Only the PSP's ring, command buffer and fence, a few dwords each,
+go through BAR0 to VRAM, at MC addresses (FB location) the MM hub's system aperture reaches.
 Every wait has its own BOOT_TIMEOUT_S, counted after the slow staging before it.
 """
 from __future__ import annotations
@@ -28,10 +31,8 @@ from am import firmware, psp, regs
 from runner.device import wait_until
 from runner.errors import DeviceError
 
-IMAGE_AT = 1 << 20  # the bootloader's 1 MiB image buffer (address >> 20 in C2PMSG_36)
 PSP_AT = 2 << 20  # the GPCOM ring (4 KiB), then its command buffer and fence, a page each
 RING_BYTES, PAGE = 4096, 4096
-IP_FW_AT, IP_FW_BYTES = 8 << 20, 8 << 20  # the copy of the part a LOAD_IP_FW names
 TMR_AT, TMR_MAX = 16 << 20, 0x1300000  # the trusted region (1 MiB aligned; tinygrad's maximum)
 END = TMR_AT + TMR_MAX  # the first VRAM offset bring-up leaves alone
 BOOT_TIMEOUT_S = 5.0
@@ -69,8 +70,8 @@ class Psp:
             raise DeviceError(f"AMD {what}: {len(data)} bytes; the bootloader takes at most "
                               f"{psp.BL_IMAGE_BYTES}")
         self._ready(regs.C2PMSG_35, what)
-        self.gpu.bar0_write(IMAGE_AT, data)
-        self.gpu.wreg(regs.C2PMSG_36, (self.gpu.fb + IMAGE_AT) >> 20 & 0xFFFFFFFF)
+        at = self._stage(data, what)
+        self.gpu.wreg(regs.C2PMSG_36, at >> 20 & 0xFFFFFFFF)
         self.gpu.wreg(regs.C2PMSG_35, cmd)
         if kind == psp.SOS:  # alive once C2PMSG_81 (sOS's version) is set; a bootloader
             # ready again with an error status has refused it: no need to wait any longer
@@ -103,8 +104,7 @@ class Psp:
             raise DeviceError(f"PSP refused its GPCOM ring at 0x{ring:x} (status 0x{status:04x})")
 
     def _toc(self, name: str, toc: bytes) -> int:
-        self.gpu.bar0_write(IP_FW_AT, toc)
-        at = self.gpu.fb + IP_FW_AT
+        at = self._stage(toc, f"the TOC of {name}")
         resp = self.command(psp.LOAD_TOC, psp.TOC.pack(at & 0xFFFFFFFF, at >> 32, len(toc)),
                             f"the TOC of {name}")
         size = struct.unpack_from("<I", resp, 16)[0]  # psp_gfx_resp.tmr_size
@@ -116,15 +116,22 @@ class Psp:
     def _load(self, fw: firmware.Firmware) -> None:
         """One LOAD_IP_FW per type of each part, the part staged once."""
         for part in fw.parts:
-            if len(part.data) > IP_FW_BYTES:
-                raise DeviceError(f"AMD firmware {fw.name}: a {len(part.data)}-byte part, more "
-                                  f"than the {IP_FW_BYTES}-byte staging area")
-            self.gpu.bar0_write(IP_FW_AT, part.data)
-            at = self.gpu.fb + IP_FW_AT
+            at = self._stage(part.data, f"firmware {fw.name}")
             for kind in part.kinds:
                 self.command(psp.LOAD_IP_FW, psp.LOAD.pack(at & 0xFFFFFFFF, at >> 32,
                                                            len(part.data), kind),
                              f"firmware {fw.name} (type {kind})")
+
+    def _stage(self, data: bytes, what: str) -> int:
+        """`data` into the staging memory (the bridge's SRAM, in 64 KiB bulk writes), which the
+        PSP reads through the MM hub at the GPU's VM_AT (1 MiB aligned, as C2PMSG_36 needs);
+        returns that address."""
+        room = self.gpu.pci.staging[1]
+        if len(data) > room:
+            raise DeviceError(f"AMD {what}: a {len(data)}-byte image, more than the {room}-byte "
+                              f"staging memory the PSP reads images from")
+        self.gpu.pci.stage(data)
+        return self.gpu.window
 
     def command(self, cmd_id: int, body: bytes, what: str) -> bytes:
         """One command buffer and one ring frame (psp_ring_cmd_submit); wait for its fence; the

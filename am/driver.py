@@ -76,10 +76,13 @@ class Gpu:
         self.phys = self.reg(regs.GCMC_VM_FB_OFFSET) << 24  # VRAM offset 0's physical address
         self.ips = discover(pci)
         gc.doorbell_aperture(self)
+        self.window, self.va_top, self.top = VM_AT, VM_AT + pci.staging[1], HEAP_AT
+        self._start_mm(time.monotonic() + BOOT_TIMEOUT_S)
         boot.Psp(self, firmware.load_all(self.ips, fw_dir)).bring_up()
         deadline = time.monotonic() + BOOT_TIMEOUT_S
-        self.window, self.va_top, self.top = VM_AT, VM_AT + PAGE, HEAP_AT
-        self._start_vm(deadline)
+        self._context0(regs.GC_HUB, pci.staging[1] // PAGE)
+        gc.hub_caches(self, self.phys + SCRATCH_AT, self.phys + DUMMY_AT)
+        self._flush_tlb(deadline, regs.GC_HUB)
         gc.sh_mem(self)
         gc.gc_doorbells(self)
         self.wptr, self.seq = 0, 0
@@ -88,8 +91,8 @@ class Gpu:
                                self.fb + RPTR_AT + 8, self.fb + EOP_AT, DOORBELL)
         gc.map_queue(self, self.queue, MEC_DOORBELLS)
         self.put([(self.fb + off, data) for off, data in self.vm.fresh()], deadline)
-        self._range(VM_BYTES // PAGE)
-        self._flush_tlb(deadline)
+        self._range(regs.GC_HUB, VM_BYTES // PAGE)
+        self._flush_tlb(deadline, regs.GC_HUB)
 
     # ---- registers and VRAM through BARs --------------------------------------------------------
     def reg(self, r: int) -> int:
@@ -109,42 +112,57 @@ class Gpu:
         for i in range(0, len(data), 4):
             self.pci.write32(0, offset + i, struct.unpack_from("<I", data, i)[0])
 
-    def _start_vm(self, deadline: float) -> None:
-        """gfxhub_v3_0_gart_enable after the RLC's autoload (which resets the GC hub): the
-        four-level table whose only entries (one per level, written through BAR0) map the DMA
-        window, with a range of that one page until the rest of those tables is known to be
-        clear; AGP closed, the system aperture on VRAM only; the TLB and L2 (am/gc.py)."""
-        if self.window_bus % PAGE or self.window_bytes > PAGE:
-            raise DeviceError(f"DMA window at bus 0x{self.window_bus:x} of {self.window_bytes} "
-                              f"bytes: expected one aligned {PAGE}-byte page")
+    def _start_mm(self, deadline: float) -> None:
+        """Before the PSP (amdgpu's gmc hw_init, tinygrad's AM_GMC): the four-level table whose
+        first entries map the staging memory (the bridge's SRAM, the window its first page) at
+        VM_AT, written through BAR0, and VM context 0 of the MM hub on it, with a range of just
+        those pages until the rest of the tables is known to be clear. The PSP reads every
+        firmware image there (am/boot.py); the GC hub gets the same table after the RLC's
+        autoload, which resets the GC hub."""
+        bus, size = self.pci.staging
+        if bus != self.window_bus or bus % PAGE or size % PAGE or self.window_bytes > PAGE:
+            raise DeviceError(f"DMA window 0x{self.window_bus:x}+{self.window_bytes}, staging "
+                              f"0x{bus:x}+{size}: expected one aligned page at the staging "
+                              f"memory's start")
         self.vm = vm.PageTable(VM_AT, PT_AT, PT_BYTES, self.phys)
-        self.vm.map(VM_AT, self.window_bus, PAGE, vm.SYSTEM | vm.SNOOPED | vm.RWX)
+        self.vm.map(VM_AT, bus, size, vm.SYSTEM | vm.SNOOPED | vm.RWX)
         for off, data in self.vm.spans(new_too=True):
             self.bar0_write(off, data)
-        self.wreg(regs.GCMC_VM_AGP_BOT, 0xFFFFFF)  # BOT above TOP: no AGP aperture
-        self.wreg(regs.GCMC_VM_AGP_TOP, 0)
-        self.wreg(regs.GCMC_VM_SYSTEM_APERTURE_LOW_ADDR, self.fb >> 18)
-        self.wreg(regs.GCMC_VM_SYSTEM_APERTURE_HIGH_ADDR, (self.fb + self.vram_bytes - 1) >> 18)
+        self._context0(regs.MM_HUB, size // PAGE)
+        gc.tlb_and_l2(self, regs.MM_HUB)
+        self._flush_tlb(deadline, regs.MM_HUB)
+
+    def _context0(self, hub: regs.Hub, pages: int) -> None:
+        """gfxhub/mmhub_v3_0_gart_enable's apertures and context 0 (init_gart_aperture_regs,
+        init_system_aperture_regs, enable_system_domain), on keel's four-level table: AGP
+        closed, the system aperture on VRAM only, the range `pages` from VM_AT."""
+        self.wreg(hub.agp_bot, 0xFFFFFF)  # BOT above TOP: no AGP aperture
+        self.wreg(hub.agp_top, 0)
+        self.wreg(hub.sys_low, self.fb >> 18)
+        self.wreg(hub.sys_high, (self.fb + self.vram_bytes - 1) >> 18)
         root = self.phys + self.vm.root | vm.VALID
-        self.wreg(regs.GCVM_CONTEXT0_PT_BASE_LO, root & 0xFFFFFFFF)
-        self.wreg(regs.GCVM_CONTEXT0_PT_BASE_HI, root >> 32)
-        self._range(1)
-        gc.hub_caches(self, self.phys + SCRATCH_AT, self.phys + DUMMY_AT)
+        self.wreg(hub.pt_base, root & 0xFFFFFFFF)
+        self.wreg(hub.pt_base + 1, root >> 32)
+        self._range(hub, pages)
         depth = vm.DEPTH << regs.CONTEXT_DEPTH_SHIFT  # PAGE_TABLE_BLOCK_SIZE 0
-        self.wreg(regs.GCVM_CONTEXT0_CNTL, regs.CONTEXT_ENABLE | depth)
-        self._flush_tlb(deadline)
+        self.wreg(hub.cntl, regs.CONTEXT_ENABLE | depth)
 
-    def _range(self, pages: int) -> None:
+    def _range(self, hub: regs.Hub, pages: int) -> None:
         first, last = VM_AT >> 12, (VM_AT >> 12) + pages - 1
-        self.wreg(regs.GCVM_CONTEXT0_PT_START_LO, first & 0xFFFFFFFF)
-        self.wreg(regs.GCVM_CONTEXT0_PT_START_HI, first >> 32)
-        self.wreg(regs.GCVM_CONTEXT0_PT_END_LO, last & 0xFFFFFFFF)
-        self.wreg(regs.GCVM_CONTEXT0_PT_END_HI, last >> 32)
+        self.wreg(hub.pt_start, first & 0xFFFFFFFF)
+        self.wreg(hub.pt_start + 1, first >> 32)
+        self.wreg(hub.pt_end, last & 0xFFFFFFFF)
+        self.wreg(hub.pt_end + 1, last >> 32)
 
-    def _flush_tlb(self, deadline: float) -> None:
-        self.wreg(regs.GCVM_INVALIDATE_ENG17_REQ, 1 | regs.INVALIDATE_ALL)  # VMID 0
-        wait_until(lambda: self.reg(regs.GCVM_INVALIDATE_ENG17_ACK) & 1, deadline,
-                   "GPU TLB invalidation")
+    def _flush_tlb(self, deadline: float, hub: regs.Hub = regs.GC_HUB) -> None:
+        """Engine 17, VMID 0 (gmc_v11_0_flush_vm_hub: the MM hub's semaphore taken around it)."""
+        if hub.inv_sem is not None:
+            wait_until(lambda: self.reg(hub.inv_sem) & 1, deadline, f"{hub.name} hub semaphore")
+        self.wreg(hub.inv_req, 1 | regs.INVALIDATE_ALL)
+        wait_until(lambda: self.reg(hub.inv_ack) & 1, deadline,
+                   f"{hub.name} hub TLB invalidation")
+        if hub.inv_sem is not None:
+            self.wreg(hub.inv_sem, 0)
 
     # ---- VRAM, mapped through the page table --------------------------------------------------
     def alloc(self, n: int, deadline: float) -> int:

@@ -40,18 +40,25 @@ def gc_doorbells(gpu) -> None:
     gpu.wreg(regs.S2A_DOORBELL_ENTRY_3_CTRL, regs.S2A_GC_ENTRY_3)
 
 
+def tlb_and_l2(gpu, hub: regs.Hub) -> None:
+    """init_tlb_regs and init_cache_regs' first register, the same fields on both hubs
+    (gfxhub_v3_0.c, mmhub_v3_0.c). The MM hub's other L2 registers are left as they are: their
+    offsets are not among the facts we can confirm."""
+    rmw(gpu, hub.tlb_cntl, regs.TLB_CLEAR, regs.TLB_SET)
+    rmw(gpu, hub.l2_cntl, regs.L2_CLEAR, regs.L2_SET)
+
+
 def hub_caches(gpu, scratch: int, dummy: int) -> None:
-    """The system aperture's default page (`scratch`, physical) and the protection fault's
-    (`dummy`), then the L1 TLB and L2 as gfxhub_v3_0 sets them, the identity aperture closed and
-    invalidation engine 17's range the whole space."""
+    """The GC hub: the system aperture's default page (`scratch`, physical) and the protection
+    fault's (`dummy`), the L1 TLB and L2 as gfxhub_v3_0 sets them, the identity aperture closed
+    and invalidation engine 17's range the whole space."""
     gpu.wreg(regs.GCMC_VM_AGP_BASE, 0)
     gpu.wreg(regs.GCMC_VM_SYSTEM_APERTURE_DEFAULT_LSB, scratch >> 12 & 0xFFFFFFFF)
     gpu.wreg(regs.GCMC_VM_SYSTEM_APERTURE_DEFAULT_MSB, scratch >> 44)
     gpu.wreg(regs.GCVM_L2_FAULT_DEFAULT_LO, dummy >> 12 & 0xFFFFFFFF)
     gpu.wreg(regs.GCVM_L2_FAULT_DEFAULT_HI, dummy >> 44)
     rmw(gpu, regs.GCVM_L2_PROTECTION_FAULT_CNTL2, 0, regs.FAULT_PTE_READ_RETRY)
-    rmw(gpu, regs.GCMC_VM_MX_L1_TLB_CNTL, regs.TLB_CLEAR, regs.TLB_SET)
-    rmw(gpu, regs.GCVM_L2_CNTL, regs.L2_CLEAR, regs.L2_SET)
+    tlb_and_l2(gpu, regs.GC_HUB)
     rmw(gpu, regs.GCVM_L2_CNTL2, 0, regs.L2_INVALIDATE)
     gpu.wreg(regs.GCVM_L2_CNTL3, regs.L2_CNTL3)
     gpu.wreg(regs.GCVM_L2_CNTL4, regs.L2_CNTL4)

@@ -53,8 +53,8 @@ class Space:
 
     LEVELS = ("PDB2", "PDB1", "PDB0", "PTB")
 
-    def __init__(self, gpu: "MockGpu"):
-        self.gpu = gpu
+    def __init__(self, gpu: "MockGpu", hub: regs.Hub = regs.GC_HUB):
+        self.gpu, self.hub = gpu, hub
         self.tlb: dict[int, int] = {}  # page -> a 4 KiB leaf for it (valid ones only)
         self.runs: dict[int, tuple[int, int]] = {}  # kernel buffer va -> (VRAM offset, bytes)
 
@@ -64,19 +64,18 @@ class Space:
 
     def _context(self) -> tuple[int, int, int, int] | None:
         """(first page, last page, root table's physical address, depth) of context 0."""
-        r = self.gpu.regs
-        cntl = r.get(regs.GCVM_CONTEXT0_CNTL, 0)
+        r, h = self.gpu.regs, self.hub
+        cntl = r.get(h.cntl, 0)
         if not cntl & regs.CONTEXT_ENABLE:
             return None
         depth, block = cntl >> regs.CONTEXT_DEPTH_SHIFT & 3, cntl >> 3 & 0xF
         if depth not in (0, 3) or block:
-            raise GpuFault(f"GCVM_CONTEXT0_CNTL 0x{cntl:x}: PAGE_TABLE_DEPTH {depth}, "
+            raise GpuFault(f"{h.name}VM_CONTEXT0_CNTL 0x{cntl:x}: PAGE_TABLE_DEPTH {depth}, "
                            f"BLOCK_SIZE {block}; the mock walks depth 0 or 3 with block size 0")
-        base = self._pair(regs.GCVM_CONTEXT0_PT_BASE_LO)
+        base = self._pair(h.pt_base)
         if not base & vm.VALID:
-            raise GpuFault(f"GCVM_CONTEXT0_PAGE_TABLE_BASE 0x{base:x} is not a valid PDE")
-        return (self._pair(regs.GCVM_CONTEXT0_PT_START_LO),
-                self._pair(regs.GCVM_CONTEXT0_PT_END_LO), base & vm.ADDRESS, depth)
+            raise GpuFault(f"{h.name}VM_CONTEXT0_PAGE_TABLE_BASE 0x{base:x} is not a valid PDE")
+        return self._pair(h.pt_start), self._pair(h.pt_end), base & vm.ADDRESS, depth
 
     def _pair(self, lo: int) -> int:
         """A 64-bit value from a LO32 register and the HI32 one after it."""
@@ -84,7 +83,7 @@ class Space:
 
     def _vram(self, phys: int) -> int:
         """A physical VRAM address's offset into VRAM (GCMC_VM_FB_OFFSET is VRAM's start)."""
-        return phys - (self.gpu.regs.get(regs.GCMC_VM_FB_OFFSET, 0) << 24)
+        return phys - (self.gpu.regs.get(self.hub.fb_offset, 0) << 24)
 
     def walk(self, va: int) -> tuple[int, int, int]:
         """(VRAM offset of the leaf entry, the leaf, the bytes it maps) for `va` inside the
@@ -120,17 +119,16 @@ class Space:
                                f"not allow {'writing' if write else 'reading'}")
             addr = leaf & vm.ADDRESS | va & 0xFFF
             return bool(leaf & vm.SYSTEM), addr if leaf & vm.SYSTEM else self._vram(addr)
-        r = self.gpu.regs
-        if r.get(regs.GCMC_VM_SYSTEM_APERTURE_LOW_ADDR, 1) <= va >> 18 <= \
-                r.get(regs.GCMC_VM_SYSTEM_APERTURE_HIGH_ADDR, 0):
-            fb = r.get(regs.GCMC_VM_FB_LOCATION_BASE, 0) << 24
-            if fb <= va < (r.get(regs.GCMC_VM_FB_LOCATION_TOP, 0) + 1) << 24:
+        r, h = self.gpu.regs, self.hub
+        if r.get(h.sys_low, 1) <= va >> 18 <= r.get(h.sys_high, 0):
+            fb = r.get(h.fb_base, 0) << 24
+            if fb <= va < (r.get(h.fb_base + 1, 0) + 1) << 24:
                 return False, va - fb
-            bot = r.get(regs.GCMC_VM_AGP_BOT, 1) << 24
-            if bot <= va < (r.get(regs.GCMC_VM_AGP_TOP, 0) + 1) << 24:
-                return True, va - bot + (r.get(regs.GCMC_VM_AGP_BASE, 0) << 22)
-        raise GpuFault(f"GPU page fault (VMID 0) at 0x{va:x}: outside the VM context's range and "
-                       f"the FB and AGP apertures")
+            bot = r.get(h.agp_bot, 1) << 24
+            if bot <= va < (r.get(h.agp_top, 0) + 1) << 24:
+                return True, va - bot + (r.get(h.agp_base, 0) << 22)
+        raise GpuFault(f"GPU page fault ({h.name} hub, VMID 0) at 0x{va:x}: outside the VM "
+                       f"context's range and the FB and AGP apertures")
 
     def _pieces(self, va: int, n: int, write: bool):
         while n > 0:
@@ -199,9 +197,12 @@ class Psp:
         self.loaded: set[int] = set()
 
     def _read(self, addr: int, n: int) -> bytes | None:
-        if not GPU_BASE <= addr <= GPU_BASE + VRAM_BYTES - n:
+        """What the PSP reads at `addr` through the MM hub (None: it cannot reach it)."""
+        mock_gc.check_hub(self.gpu.regs, regs.MM_HUB)
+        try:
+            return self.gpu.mm.read(addr, n)
+        except (GpuFault, ValueError):
             return None
-        return self.gpu.vram.read(addr, n)
 
     def _image(self, addr: int, n: int, kind: int) -> bool:
         """An image of `kind` at `addr` (counted for fwerr@N)."""
@@ -251,9 +252,9 @@ class Psp:
                 raise GpuFault(f"PSP frame names command 0x{cmd:x} and fence 0x{fence:x}; "
                                f"expected MC addresses in VRAM")
             status, tmr_size = self._execute(f[2], buf)
-            self.gpu.vram.write(cmd + psp.RESP_AT, struct.pack("<4xIIII", 0, 0, 0, tmr_size))
-            self.gpu.vram.write(cmd + psp.RESP_AT, struct.pack("<I", status))
-            self.gpu.vram.write(fence, struct.pack("<I", f[5]))
+            self.gpu.mm.write(cmd + psp.RESP_AT, struct.pack("<4xIIII", 0, 0, 0, tmr_size))
+            self.gpu.mm.write(cmd + psp.RESP_AT, struct.pack("<I", status))
+            self.gpu.mm.write(fence, struct.pack("<I", f[5]))
             self.rptr = (self.rptr + psp.FRAME_BYTES // 4) % (size // 4)
 
     def _execute(self, size: int, buf: bytes) -> tuple[int, int]:
@@ -297,7 +298,8 @@ class MockGpu:
         self.vram.write(GPU_BASE + VRAM_BYTES - discovery.DISCOVERY_TMR_OFFSET, table)
         self.regs = self._initial()
         self.bridge: MockBridge | None = None
-        self.space, self.psp, self.sos = Space(self), Psp(self), False
+        self.space, self.mm = Space(self, regs.GC_HUB), Space(self, regs.MM_HUB)
+        self.psp, self.sos = Psp(self), False
         self.cp = None  # built at the first doorbell: PoCL is only loaded when something runs
         self.firmware_loads = self.submissions = 0
         self.running, self.rptr, self.mec_pc, self.mec_latched = False, 0, 0, None
@@ -315,6 +317,8 @@ class MockGpu:
             reg = self.regs.get(regs.RSMU_INDEX, 0) // 4
         if reg in (regs.SH_MEM_CONFIG, regs.SH_MEM_BASES):
             return self.sh_mem.get(self._vmid(), {}).get(reg, 0)
+        if reg == regs.MM_HUB.inv_sem:
+            return 1  # the semaphore is free: one driver, one engine
         return self.regs.get(reg, 0)
 
     def _vmid(self) -> int:
@@ -347,10 +351,11 @@ class MockGpu:
         self.regs[reg] = value
         if reg == regs.CP_HQD_PQ_RPTR:  # the driver (re)starting the queue
             self.rptr = value
-        if reg == regs.GCVM_INVALIDATE_ENG17_REQ:  # done at once: ACK has the VMIDs asked for
-            if value & 1 and value & regs.INVALIDATE_ALL == regs.INVALIDATE_ALL:
-                self.space.invalidate()
-            self.regs[regs.GCVM_INVALIDATE_ENG17_ACK] = value & 0xFFFF
+        for space in (self.space, self.mm):  # done at once: ACK has the VMIDs asked for
+            if reg == space.hub.inv_req:
+                if value & 1 and value & regs.INVALIDATE_ALL == regs.INVALIDATE_ALL:
+                    space.invalidate()
+                self.regs[space.hub.inv_ack] = value & 0xFFFF
         if reg == regs.C2PMSG_35:
             self.psp.bootloader(value)
         if reg == regs.C2PMSG_64:
@@ -388,7 +393,7 @@ class MockGpu:
                 ctl & regs.DOORBELL_EN and (ctl >> 2) & 0x3FFFFFF == index and
                 lower <= 4 * index <= upper):
             return  # no aperture or routing, no firmware, no active queue, or not its doorbell
-        mock_gc.check_hub(r)
+        mock_gc.check_hub(r, regs.GC_HUB)
         size = 4 << ((r.get(regs.CP_HQD_PQ_CONTROL, 0) & 0x3F) + 1)  # bytes
         base = (r.get(regs.CP_HQD_PQ_BASE, 0) | r.get(regs.CP_HQD_PQ_BASE_HI, 0) << 32) << 8
         if self.cp is None:
@@ -427,6 +432,7 @@ class MockGpu:
         self.mec_pc, self.mec_latched = 0, None
         self.psp = Psp(self)
         self.space.invalidate()
+        self.mm.invalidate()
 
     def _vm_fault(self, words: list[int]) -> None:
         """fault@N: the submission's indirect buffer loses its first page's translation (its PTE
@@ -443,8 +449,10 @@ class MockGpu:
     @staticmethod
     def _initial() -> dict[int, int]:
         """What the registers hold after POST: the mailbox ready, VRAM's place in the map."""
-        return {regs.C2PMSG_35: regs.BL_READY, regs.GCMC_VM_FB_LOCATION_BASE: GPU_BASE >> 24,
-                regs.GCMC_VM_FB_LOCATION_TOP: (GPU_BASE + VRAM_BYTES - 1) >> 24}
+        r = {regs.C2PMSG_35: regs.BL_READY}
+        for hub in (regs.GC_HUB, regs.MM_HUB):
+            r[hub.fb_base], r[hub.fb_base + 1] = GPU_BASE >> 24, (GPU_BASE + VRAM_BYTES - 1) >> 24
+        return r
 
 
 def make_enclosure() -> MockLibusb:

@@ -3,7 +3,7 @@
     (RCC_DEV0_EPF0_RCC_DOORBELL_APER_EN) and an S2A entry routing it to GC as
     nbio_v4_3_gc_doorbell_init programs it; otherwise it is dropped, as hardware drops it, and
     the host sees its deadline pass;
-  * the CP touches memory only through an enabled L1 TLB (system access mode 3, advanced driver
+  * the CP (GC hub) and the PSP (MM hub) touch memory only through an enabled L1 TLB (system access mode 3, advanced driver
     model, MTYPE UC) and L2 cache (gfxhub_v3_0's init_tlb_regs / init_cache_regs);
   * a queue is activated only if its MQD (read at CP_MQD_BASE_ADDR, as the CP reads it) is a
     v11 compute MQD naming itself, its EOP buffer is the 2 KiB amdgpu gives it, and every HQD
@@ -28,14 +28,15 @@ def doorbell_routed(r: dict[int, int]) -> bool:
         entry & fields == regs.S2A_GC_ENTRY_0 & fields
 
 
-def check_hub(r: dict[int, int]) -> None:
-    tlb = r.get(regs.GCMC_VM_MX_L1_TLB_CNTL, 0)
+def check_hub(r: dict[int, int], hub: regs.Hub) -> None:
+    tlb = r.get(hub.tlb_cntl, 0)
     if tlb & regs.TLB_CLEAR != regs.TLB_SET:
-        raise GpuFault(f"GCMC_VM_MX_L1_TLB_CNTL 0x{tlb:x}: expected the L1 TLB on, system access "
-                       f"mode 3, the advanced driver model and MTYPE UC (0x{regs.TLB_SET:x})")
-    l2 = r.get(regs.GCVM_L2_CNTL, 0)
+        raise GpuFault(f"{hub.name}MC_VM_MX_L1_TLB_CNTL 0x{tlb:x}: expected the L1 TLB on, system "
+                       f"access mode 3, the advanced driver model and MTYPE UC "
+                       f"(0x{regs.TLB_SET:x})")
+    l2 = r.get(hub.l2_cntl, 0)
     if l2 & (regs.L2_ENABLE | regs.L2_FRAGMENT) != regs.L2_ENABLE:
-        raise GpuFault(f"GCVM_L2_CNTL 0x{l2:x}: expected the L2 cache on and fragment "
+        raise GpuFault(f"{hub.name}VM_L2_CNTL 0x{l2:x}: expected the L2 cache on and fragment "
                        f"processing off")
 
 

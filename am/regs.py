@@ -10,6 +10,8 @@ is listed in docs/amd.md.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 GC_SEG0, GC_SEG1, MP0_SEG0 = 0x1260, 0xA000, 0x16000
 
 # psp_v13_0.c / mp_13_0_0_offset.h: the PSP bootloader's mailbox. C2PMSG_35: command, and bit 31
@@ -161,3 +163,58 @@ S2A_DOORBELL_ENTRY_0_CTRL, S2A_DOORBELL_ENTRY_3_CTRL = NBIO_SEG3 + 0x4F7640, NBI
 S2A_GC_ENTRY_0, S2A_GC_ENTRY_3 = 0x30000007, 0x3000000D
 RSMU_INDEX, RSMU_DATA = NBIO_SEG1 + 0x0, NBIO_SEG1 + 0x1
 MMIO_DWORDS = (1 << 20) // 4  # BAR5's registers; the rest only through RSMU_INDEX/DATA
+
+# ---- the two VM hubs, as the driver and the mock MMU address them. The GC hub serves the
+# command processor and shaders; the MM hub serves the PSP (and SDMA, display, media), which
+# reads the firmware images from the bridge's SRAM through VM context 0 (tinygrad maps its
+# USB firmware buffer the same way; amdgpu programs both hubs' context 0, mmhub_v3_0.c and
+# gfxhub_v3_0.c). mmhub_3_0_0_offset.h (BASE_IDX 0) as tinygrad's autogen carries it; the
+# segment base 0x1A000 (MMHUB_BASE__INST0_SEG0) is fixed like GC's (UNVERIFIED the same way).
+MM_SEG0 = 0x1A000
+
+
+@dataclass(frozen=True)
+class Hub:
+    name: str
+    fb_base: int  # *MC_VM_FB_LOCATION_BASE, TOP right after it
+    agp_top: int  # AGP_TOP, AGP_BOT, AGP_BASE, SYSTEM_APERTURE_LOW_ADDR, _HIGH_ADDR follow
+    fb_offset: int
+    tlb_cntl: int  # *MC_VM_MX_L1_TLB_CNTL
+    l2_cntl: int
+    cntl: int  # *VM_CONTEXT0_CNTL
+    pt_base: int  # PAGE_TABLE_BASE_ADDR_LO32 (HI32 next); START and END at +0x20 and +0x40
+    inv_req: int
+    inv_ack: int
+    inv_sem: int | None  # the MM hub's invalidation semaphore (gmc_v11_0_flush_vm_hub)
+
+    @property
+    def agp_bot(self) -> int:
+        return self.agp_top + 1
+
+    @property
+    def agp_base(self) -> int:
+        return self.agp_top + 2
+
+    @property
+    def sys_low(self) -> int:
+        return self.agp_top + 3
+
+    @property
+    def sys_high(self) -> int:
+        return self.agp_top + 4
+
+    @property
+    def pt_start(self) -> int:
+        return self.pt_base + 0x20
+
+    @property
+    def pt_end(self) -> int:
+        return self.pt_base + 0x40
+
+
+GC_HUB = Hub("GC", GCMC_VM_FB_LOCATION_BASE, GCMC_VM_AGP_TOP, GCMC_VM_FB_OFFSET,
+             GCMC_VM_MX_L1_TLB_CNTL, GCVM_L2_CNTL, GCVM_CONTEXT0_CNTL, GCVM_CONTEXT0_PT_BASE_LO,
+             GCVM_INVALIDATE_ENG17_REQ, GCVM_INVALIDATE_ENG17_ACK, None)
+MM_HUB = Hub("MM", MM_SEG0 + 0x8EC, MM_SEG0 + 0x8EE, MM_SEG0 + 0x8D7, MM_SEG0 + 0x8F3,
+             MM_SEG0 + 0x700, MM_SEG0 + 0x740, MM_SEG0 + 0x7AB, MM_SEG0 + 0x774, MM_SEG0 + 0x786,
+             MM_SEG0 + 0x762)

@@ -40,8 +40,8 @@ def _file(major: int, minor: int, fields: list[int], ucode: bytes, extra: bytes 
     return (head + struct.pack(f"<{len(fields)}I", *fields)).ljust(PAD, b"\0") + ucode + extra
 
 
-def sos(components=(psp.KDB, psp.SYS_DRV, psp.TOC_BIN, psp.SOS)) -> bytes:
-    blobs = [payload((k,)) for k in components]
+def sos(components=(psp.KDB, psp.SYS_DRV, psp.TOC_BIN, psp.SOS), n: int = 64) -> bytes:
+    blobs = [payload((k,), n) for k in components]
     descs, off = [], 0
     for k, b in zip(components, blobs):
         descs += [k, 1, off, len(b)]
@@ -49,21 +49,21 @@ def sos(components=(psp.KDB, psp.SYS_DRV, psp.TOC_BIN, psp.SOS)) -> bytes:
     return _file(2, 0, [len(components), *descs], b"".join(blobs))
 
 
-def rs64(role: str) -> bytes:
-    code, stack = payload(psp.RS64[role][:1]), payload(psp.RS64[role][1:])
+def rs64(role: str, n: int = 64) -> bytes:
+    code, stack = payload(psp.RS64[role][:1], n), payload(psp.RS64[role][1:], n)
     return _file(2, 0, [1, len(code), PAD, len(stack), PAD + len(code), MEC_START, 0],
                  code, stack)
 
 
-def imu() -> bytes:
-    i, d = payload((psp.IMU_I,)), payload((psp.IMU_D,))
+def imu(n: int = 64) -> bytes:
+    i, d = payload((psp.IMU_I,), n), payload((psp.IMU_D,), n)
     return _file(1, 0, [len(i), PAD, len(d), PAD + len(i)], i, d)
 
 
-def rlc() -> bytes:
+def rlc(n: int = 64) -> bytes:
     """rlc_firmware_header_v2_3: RLC_G plus restore lists, IRAM/DRAM boot and RLC_P/V."""
-    g = payload((psp.RLC_G,))
-    parts = [payload((kind,)) for _, kind in firmware.RLC_PARTS[:7]]
+    g = payload((psp.RLC_G,), n)
+    parts = [payload((kind,), n) for _, kind in firmware.RLC_PARTS[:7]]
     h = dict.fromkeys(firmware.RLC_FIELDS[:43], 0)
     at = PAD + len(g)
     for (name, _), p in zip(firmware.RLC_PARTS, parts):
@@ -72,18 +72,19 @@ def rlc() -> bytes:
     return _file(2, 3, list(h.values()), g, b"".join(parts))
 
 
-def image(name: str) -> bytes:
+def image(name: str, n: int = 64) -> bytes:
+    """The stand-in for `name`, each part's payload `n` bytes."""
     kind = firmware.kind_of(name)
     if kind == "gfx":
-        return rs64(name.removesuffix(".bin").rsplit("_", 1)[-1])
+        return rs64(name.removesuffix(".bin").rsplit("_", 1)[-1], n)
     if kind == "smu":
-        return _file(2, 0, [0, 0, 0], payload((psp.SMU,)))
-    return {"sos": sos, "imu": imu, "rlc": rlc}[kind]()
+        return _file(2, 0, [0, 0, 0], payload((psp.SMU,), n))
+    return {"sos": sos, "imu": imu, "rlc": rlc}[kind](n=n)
 
 
-def write_all(folder: Path, ips) -> list[str]:
+def write_all(folder: Path, ips, n: int = 64) -> list[str]:
     """A stand-in for every file `ips` need, in `folder`; returns their names."""
     names = firmware.required(ips)
     for name in names:
-        (folder / name).write_bytes(image(name))
+        (folder / name).write_bytes(image(name, n))
     return names

@@ -293,3 +293,27 @@ def test_a_dispatch_without_sh_mem_apertures_is_refused(enclosure, monkeypatch, 
     m = Model.load(compiled_blob(_model(), target="amd"), device="amd")
     with pytest.raises(DeviceError, match=re.escape(message)):
         m.run(random_feeds(_model(), seed=1), timeout_ms=TIMEOUT_MS)
+
+
+def test_firmware_reaches_the_psp_through_the_bridges_sram_not_bar0(tmp_path, monkeypatch):
+    """Stand-ins whose 26 parts are 48 KiB each (1.2 MB): the PSP reads each from the bridge's
+    SRAM through the MM hub, so bring-up sends far fewer bridge commands than the 7 or more a
+    BAR0 dword costs (one per image dword would be 320k commands)."""
+    standin.write_all(tmp_path, {(ip.hw_id, ip.instance): ip for ip in IPS}, n=48 << 10)
+    monkeypatch.setenv("KEEL_USB", "mock")
+    monkeypatch.setenv(firmware.ENV, str(tmp_path))
+    monkeypatch.delenv("KEEL_MOCK_FAULTS", raising=False)
+    MockLibusb.forget()
+    try:
+        m = Model.load(compiled_blob(_model(), target="amd"), device="amd")
+        _check(m, 1)
+        assert m.device.gpu.pci.bridge.commands_sent < 40_000
+    finally:
+        MockLibusb.forget()
+
+
+def test_the_psp_reads_nothing_through_an_mm_hub_without_its_tlb(enclosure, monkeypatch):
+    import am.gc
+    monkeypatch.setattr(am.gc, "tlb_and_l2", lambda gpu, hub: None)
+    with pytest.raises(DeviceError, match="MMMC_VM_MX_L1_TLB_CNTL 0x0: expected the L1 TLB on"):
+        Model.load(compiled_blob(_model(), target="amd"), device="amd")
