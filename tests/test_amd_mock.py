@@ -246,11 +246,16 @@ def test_a_file_whose_header_does_not_describe_it_is_refused_naming_it(what):
 
 def test_the_mock_bootloader_takes_components_only_in_order():
     """sOS before the system driver is refused; then system driver and sOS in order succeed;
-    a component after sOS is refused. (am/boot.py drives the same mailbox.)"""
+    a component after sOS is refused. (am/boot.py drives the same mailbox.) The PSP reads
+    through the MM hub: its system aperture onto VRAM, TLB and L2 on, as the driver sets them."""
     from am import psp, regs, standin
     from am.mock_device import MockGpu
     from am.mock_gpu import GPU_BASE
     gpu = MockGpu()
+    hub = regs.MM_HUB
+    for reg, value in ((hub.sys_low, GPU_BASE >> 18), (hub.sys_high, (GPU_BASE + (64 << 20)) >> 18),
+                       (hub.tlb_cntl, regs.TLB_SET), (hub.l2_cntl, regs.L2_SET)):
+        gpu.mem_write(5, 4 * reg, value, 0xF)
 
     def give(kind: int, cmd: int) -> int:
         gpu.vram.write(GPU_BASE + (1 << 20), standin.payload((kind,)))
