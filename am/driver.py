@@ -204,9 +204,13 @@ class Gpu:
             ring[(self.wptr + i) % RING_DWORDS] = w
         slots = struct.pack("<QQ", self.seen[SIGNAL_AT], self.seen[TIMELINE_AT])
         self.wptr += len(packets)
-        self.pci.dma_put(struct.pack(f"<{RING_DWORDS}I", *ring) +
-                         slots.ljust(PAYLOAD_AT - SIGNAL_AT, b"\0") + payload,
-                         then=(2, 4 * DOORBELL, self.wptr))
+        data = struct.pack(f"<{RING_DWORDS}I", *ring) + slots.ljust(PAYLOAD_AT - SIGNAL_AT, b"\0") \
+            + payload
+        if len(data) <= self.window_bytes:  # one window write, the doorbell in the same batch
+            self.pci.dma_put(data, then=(2, 4 * DOORBELL, self.wptr))
+        else:  # the staging memory from the window on: 64 KiB bulk writes, then the doorbell
+            self.pci.stage(data)
+            self.pci.write32(2, 4 * DOORBELL, self.wptr)
 
     def _read(self, at: int) -> int:
         self.seen[at] = struct.unpack("<Q", self.pci.dma_get(at, 8))[0]
@@ -220,9 +224,10 @@ class Gpu:
         self.put([(va, memoryview(data).cast("B"))], deadline)
 
     def put(self, pieces, deadline: float) -> None:
-        """Copy each (GPU address, bytes) piece into GPU memory: the pieces packed into window
-        writes of up to MAX_COPIES DMA_DATA each (8-byte aligned in the payload)."""
-        room = self.window_bytes - PAYLOAD_AT
+        """Copy each (GPU address, bytes) piece into GPU memory: the pieces packed into writes
+        of the staging memory (the window and the SRAM after it, mapped from VM_AT) of up to
+        MAX_COPIES DMA_DATA each (8-byte aligned in the payload)."""
+        room = self.pci.staging[1] - PAYLOAD_AT
         packets, payload = [], bytearray()
         for va, data in pieces:
             view = memoryview(data).cast("B")

@@ -3,7 +3,9 @@
 File names follow amdgpu's: the IP block's name and the version IP discovery reports
 (`amdgpu/psp_13_0_0_sos.bin` for MP0 13.0.0, `amdgpu/gc_11_0_0_mec.bin` for GC 11.0.0, ...).
 The folder is KEEL_AMD_FIRMWARE, else /lib/firmware/amdgpu (Debian's firmware-amd-graphics; on
-macOS copy the folder from a linux-firmware checkout and point KEEL_AMD_FIRMWARE at it).
+macOS copy the folder from a linux-firmware checkout and point KEEL_AMD_FIRMWARE at it). A file
+may be `name.bin.xz` (read with the standard library's lzma); `.bin.zst` files (Arch, newer
+Fedora) must be unpacked first: Python has no zstd module before 3.14, and the error says how.
 
 Every file starts with amdgpu_ucode.h's common_firmware_header (32 bytes, little-endian):
 u32 size_bytes, u32 header_size_bytes, u16 header_version_major, minor, u16 ip_version_major,
@@ -26,6 +28,7 @@ and what was expected.
 """
 from __future__ import annotations
 
+import lzma
 import os
 import struct
 from dataclasses import dataclass
@@ -104,13 +107,22 @@ def kind_of(name: str) -> str:
     return "gfx" if role in ("pfp", "me", "mec") else role
 
 
+def find(base: Path, name: str) -> Path | None:
+    """`name`, else `name`.xz (how Debian and Fedora ship linux-firmware), in `base`."""
+    return next((p for p in (base / name, base / f"{name}.xz") if p.is_file()), None)
+
+
 def load(name: str, where: Path | None = None) -> Firmware:
-    path = (where or folder()) / name
+    path = find(where or folder(), name) or (where or folder()) / name
     try:
         data = path.read_bytes()
+        if path.suffix == ".xz":
+            data = lzma.decompress(data, lzma.FORMAT_XZ)
     except OSError as e:
         raise ConfigError(f"AMD firmware {name}: cannot read {path} ({e.strerror}); install "
                           f"linux-firmware's amdgpu/ folder or set {ENV} to where it is") from None
+    except lzma.LZMAError as e:
+        raise ConfigError(f"AMD firmware {name}: {path} is not a valid .xz file ({e})") from None
     return parse(name, data, str(path))
 
 
@@ -191,7 +203,13 @@ def load_all(ips: dict[tuple[int, int], Ip], where: Path | None = None) -> list[
     """Every file the GPU needs, checked up front: all missing names in one error."""
     names = required(ips)
     base = where or folder()
-    missing = [n for n in names if not (base / n).is_file()]
+    missing = [n for n in names if not find(base, n)]
+    zst = [n for n in missing if (base / f"{n}.zst").is_file()]
+    if zst:
+        raise ConfigError(f"AMD firmware in {base} is zstd-compressed ({zst[0]}.zst, ...): Python "
+                          f"has no zstd module before 3.14; unpack them once with "
+                          f"'zstd -d --rm {base}/*.bin.zst' (or copy the folder elsewhere and set "
+                          f"{ENV})")
     if missing:
         raise ConfigError(f"AMD firmware missing in {base}: {', '.join(missing)}; install "
                           f"linux-firmware's amdgpu/ folder or set {ENV} to where it is")

@@ -322,3 +322,27 @@ def test_the_mmu_walks_four_levels_as_the_registers_program_it():
     assert gpu.regs[regs.GCVM_INVALIDATE_ENG17_ACK] & 1
     with pytest.raises(GpuFault, match=f"page fault.*0x{base + 0x10:x}"):
         space.read(base + 0x10, 6)
+
+
+def test_xz_firmware_is_read_and_zstd_firmware_is_refused_with_the_unpack_command(tmp_path):
+    """Debian/Fedora ship linux-firmware as .bin.xz: read through lzma, the same parts as the
+    plain file. .bin.zst has no stdlib reader before Python 3.14: a ConfigError with the
+    command that unpacks it; a corrupt .xz names the file."""
+    import lzma
+    from am import standin
+    from am.mock_device import IPS
+    ips = {(ip.hw_id, ip.instance): ip for ip in IPS}
+    names = standin.write_all(tmp_path, ips)
+    plain = firmware.load_all(ips, tmp_path)
+    for name in names:
+        path = tmp_path / name
+        (tmp_path / f"{name}.xz").write_bytes(lzma.compress(path.read_bytes(), lzma.FORMAT_XZ))
+        path.unlink()
+    packed = firmware.load_all(ips, tmp_path)
+    assert [[p.data for p in f.parts] for f in packed] == [[p.data for p in f.parts] for f in plain]
+    (tmp_path / f"{names[0]}.xz").write_bytes(b"not xz")
+    with pytest.raises(ConfigError, match=f"{names[0]}.*not a valid .xz file"):
+        firmware.load_all(ips, tmp_path)
+    (tmp_path / f"{names[0]}.xz").rename(tmp_path / f"{names[0]}.zst")
+    with pytest.raises(ConfigError, match=r"no zstd module before 3.14.*zstd -d --rm"):
+        firmware.load_all(ips, tmp_path)
