@@ -6,12 +6,15 @@ VRAM (BAR0), doorbells (BAR2) and registers (BAR5), with
     the type it is loaded as; MEC pipe 0 (`_mec`) starts only after the RLC's autoload, at the
     MEC firmware's start address; until then the command processor ignores its doorbell, as a
     GPU without firmware does nothing;
-  * the MMU (`Space`): VM context 0's page table (four levels, or one), walked exactly as the
-    GCVM_CONTEXT0_* registers program it, with a TLB the driver must invalidate; the system
-    aperture onto VRAM at the FB location and the AGP aperture; any other address, an invalid
-    entry or a missing permission is a GpuFault naming the address;
-  * one compute queue (CP_HQD_* registers): a doorbell write with the new write pointer runs the
-    ring's packets up to it on am/mock_gpu.py's command processor (kernels on PoCL).
+  * the MMU (`Space`, one per hub: GC for the CP, MM for the PSP): VM context 0's page table
+    (four levels, or one), walked exactly as the *VM_CONTEXT0_* registers program it, with a TLB
+    the driver must invalidate; the system aperture onto VRAM at the FB location and the AGP
+    aperture; any other address, an invalid entry or a missing permission is a GpuFault naming
+    the address;
+  * one compute queue (CP_HQD_* registers, mapped from its MQD: am/mock_gc.py checks them
+    against each other at activation): a doorbell write with the new write pointer, routed by
+    NBIO, runs the ring's packets up to it on am/mock_gpu.py's command processor (kernels on
+    PoCL, each dispatch only with SH_MEM apertures for its VMID).
 Faults (KEEL_MOCK_FAULTS, runner/faults.py) by submission, counted in doorbells that carry a
 RELEASE_MEM: hang@N (the queue stops), unplug@N (the enclosure disappears from the USB bus),
 fault@N (the submission's indirect buffer loses its mapping: a VM fault), fwerr@N (the Nth
@@ -186,8 +189,9 @@ class Psp:
     the TOC's size, after the SMU firmware), LOAD_IP_FW (after the TMR, except the SMU's),
     AUTOLOAD_RLC (once RLC_G, IMU and RS64 MEC with its stack are in; then
     RLC_RLCS_BOOTLOAD_STATUS says complete). Every image must carry the type it is loaded as
-    (am/standin.py's tag: the real PSP checks a signature); the PSP reads MC addresses in VRAM
-    directly, not through GCVM. A refusal is a non-zero status; an injected fwerr@N refuses
+    (am/standin.py's tag: the real PSP checks a signature); the PSP reads and writes through
+    the MM hub's VM context 0 (its system aperture onto VRAM, its page table onto the bridge's
+    SRAM, where the images are staged), with that hub's TLB and L2 on. A refusal is a non-zero status; an injected fwerr@N refuses
     the Nth firmware image (bootloader components and LOAD_IP_FW alike)."""
 
     def __init__(self, gpu: "MockGpu"):
@@ -250,7 +254,7 @@ class Psp:
             buf = self._read(cmd, psp.CMD_BYTES)
             if buf is None or self._read(fence, 4) is None:
                 raise GpuFault(f"PSP frame names command 0x{cmd:x} and fence 0x{fence:x}; "
-                               f"expected MC addresses in VRAM")
+                               f"expected addresses the MM hub maps")
             status, tmr_size = self._execute(f[2], buf)
             self.gpu.mm.write(cmd + psp.RESP_AT, struct.pack("<4xIIII", 0, 0, 0, tmr_size))
             self.gpu.mm.write(cmd + psp.RESP_AT, struct.pack("<I", status))
