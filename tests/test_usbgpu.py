@@ -82,13 +82,13 @@ def test_dma_window_is_what_the_device_reads_at_its_bus_address(dev):
 
 def test_staging_fills_the_sram_in_64k_writes_and_the_window_still_lands_at_its_start(dev):
     """A 200 KiB firmware image goes as four WRITE(16)s of 64 KiB (each with the window's re-arm
-    writes) and the fill reset: the device reads it whole from the bus address; the next window
+    writes) between fill resets: the device reads it whole from the bus address; the next window
     write lands at the start again; a buffer beyond the SRAM is refused."""
     pci, lib, _ = dev
     image = bytes(range(251)) * (200 * 1024 // 251)
     before = pci.bridge.commands_sent
     pci.stage(image)
-    assert pci.bridge.commands_sent - before == 4 * (1 + 5) + 4  # chunk + re-arm, fill reset
+    assert pci.bridge.commands_sent - before == 4 * (1 + 5) + 2 * 4  # chunks + re-arm, 2 resets
     assert lib.bridge.host_read(pci.staging[0], len(image)) == image
     pci.dma_put(b"ring")
     assert lib.bridge.host_read(pci.window[0], 4) == b"ring"

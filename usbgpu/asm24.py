@@ -44,7 +44,8 @@ WINDOW_XDATA, WINDOW_BUS, WINDOW_BYTES = 0xF000, 0x200000, 4096
 # ops_amd.py's dma region 0x200000 + 0x80000) puts the PSP's firmware buffer there. A WRITE(16)
 # of at most SMALL_WRITE bytes lands at the region's start (the window writes); a longer buffer
 # goes as CHUNK-byte WRITE(16)s (the buffer zero-padded to whole chunks) that land one after
-# another, followed by zeroing FILL_RESET..+3, which returns the fill to the start.
+# another, followed by zeroing FILL_RESET..+3, which returns the fill to the start (keel zeroes
+# it before the chunks too, so a write cut short cannot shift the next one).
 # UNVERIFIED beyond tinygrad's use of it: what those XDATA bytes mean, and the region's size.
 SRAM_BYTES, CHUNK, SMALL_WRITE, FILL_RESET = 0x80000, 0x10000, 0x4000, 0xCE40
 # TLP registers in XDATA
@@ -130,7 +131,7 @@ class Bridge:
 
     def sram_write(self, data: bytes) -> None:
         """Put up to SRAM_BYTES where PCIe devices read bus address WINDOW_BUS onwards: CHUNK
-        bytes per WRITE(16), each followed by the window's re-arm writes, then the fill reset."""
+        bytes per WRITE(16), each followed by the window's re-arm writes, between fill resets."""
         if len(data) > SRAM_BYTES:
             raise ValueError(f"SRAM write of {len(data)} bytes; the region is {SRAM_BYTES}")
         if len(data) <= SMALL_WRITE:
@@ -140,7 +141,9 @@ class Bridge:
             return
         data = data.ljust(-(-len(data) // CHUNK) * CHUNK, b"\0")
         cdb = struct.pack(">BBQIBB", WRITE16, 0, 0, CHUNK // 512, 0, 0)
-        ops = []
+        # the fill reset before as well: a write cut short (an unplug, a timeout) must not leave
+        # the next one starting where it stopped
+        ops = self._writes([(FILL_RESET, bytes(4))], cached=False)
         for at in range(0, len(data), CHUNK):
             ops += [(cdb, 0, data[at:at + CHUNK])] + self._writes(WINDOW_REARM, cached=False)
         self.commands(ops + self._writes([(FILL_RESET, bytes(4))], cached=False))
