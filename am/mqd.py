@@ -18,7 +18,9 @@ from am import regs
 DWORDS = 512
 HEADER = 0xC0310800  # mqd->header
 HPD_BYTES = 2048  # GFX11_MEC_HPD_SIZE: the EOP buffer
-PIPELINESTAT, STATIC_SE0_3, MISC_RESERVED = 11, (23, 24, 26, 27), 32  # dwords of the struct
+# v11_structs.h dwords: compute_pipelinestat_enable, compute_static_thread_mgmt_se0..3,
+# compute_misc_reserved
+PIPELINESTAT, STATIC_SE0_3, MISC_RESERVED = 11, (23, 24, 26, 27), 32
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ def build(q: Queue) -> list[int]:
         regs.CP_MQD_CONTROL: 0,  # VMID 0
         regs.CP_HQD_PQ_BASE: q.ring >> 8 & 0xFFFFFFFF,
         regs.CP_HQD_PQ_BASE_HI: q.ring >> 40,
+        # QUEUE_SIZE: 2^(n+1) dwords; RPTR_BLOCK_SIZE from AMDGPU_GPU_PAGE_SIZE (4096) / 4
         regs.CP_HQD_PQ_CONTROL: ((q.ring_bytes // 4).bit_length() - 2 |
                                  ((4096 // 4).bit_length() - 2) << regs.PQ_RPTR_BLOCK_SHIFT |
                                  regs.PQ_UNORD_DISPATCH | regs.PQ_PRIV_STATE |
