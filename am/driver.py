@@ -2,24 +2,26 @@
 
 Bring-up (`Gpu.__init__`): read where VRAM sits in the GPU's address space, read IP discovery
 near the top of VRAM through BAR0, check every firmware file the discovered IP versions need
-(am/firmware.py), bring the firmware up through the PSP (am/boot.py: bootloader components,
-sOS, its ring, the TOC, SMU, TMR, PFP/ME/MEC/IMU/RLC, the RLC's autoload, MEC pipe 0's start),
-then GPU virtual memory (VM context 0 with a four-level page table, am/vm.py) whose first page
-is the bridge's DMA window, one compute queue whose ring lives in that window, the new tables
-cleared through the queue, and the whole virtual range opened.
+(am/firmware.py), open NBIO's doorbell aperture, give the MM hub VM context 0 on a four-level
+page table (am/vm.py) mapping the bridge's staging memory (its first page is the DMA window),
+bring the firmware up through the PSP, which reads each image staged there (am/boot.py:
+bootloader components, sOS, its ring, the TOC, SMU, TMR, PFP/ME/MEC/IMU/RLC, the RLC's autoload,
+MEC pipe 0's start), then the GC hub on the same table, one compute queue whose ring lives in the
+window, the new tables cleared through the queue, and the GC hub's whole virtual range opened.
 
 GPU virtual memory: everything the queue and the kernels touch (the ring and the window's slots,
 the code object, weights, arena, io buffers, kernargs, the indirect buffer) is at a virtual
 address whose leaf names its VRAM page (2 MiB pages where an allocation allows, 4 KiB
-elsewhere) or, for the window, its system bus address. Only the tables themselves are written
-through physical addresses (the system aperture onto the FB location). Every mapping change is
-followed by a TLB invalidation (engine 17, as amdgpu does for its own mappings).
+elsewhere) or, for the staging memory, its system bus address. Only the tables themselves are
+written through physical addresses (the system aperture onto the FB location). Every mapping
+change is followed by a TLB invalidation (engine 17, as amdgpu does for its own mappings).
 
-Everything the GPU reads from the host goes through the window, 4 KiB at a time: each window
-write carries the ring's next packets (up to 7 DMA_DATA from the window's payload to VRAM, or a
-graph submission), a signal slot, and the payload; one doorbell write starts it; the host polls
-the signal with one bridge read. So moving data costs a few USB commands per 4 KiB instead of a
-PCIe write per dword through BAR0.
+Everything the GPU reads from the host goes through the staging memory: each upload writes
+the ring's next packets (up to 7 DMA_DATA from the payload to VRAM, or a graph submission), the
+signal slots and up to 512 KiB - 272 bytes of payload from the window's start (one window
+write when it fits 4 KiB, else 64 KiB bulk writes); one doorbell write starts it; the host polls
+the signal with one bridge read. So moving data costs a few USB commands per 64 KiB instead of
+a PCIe write per dword through BAR0.
 
 Beside the firmware (am/gc.py, amdgpu's order): NBIO's doorbell aperture and routing, the GC
 hub's L1 TLB and L2, SH_MEM_CONFIG/BASES per VMID, and the queue mapped from its MQD. Not done
