@@ -23,7 +23,7 @@ from compiler.codegen.plan_gpu import plan_gpu
 from compiler.codegen.transcendental import transcendental_rules
 from compiler.codegen.vectorize import vectorize
 from compiler.ir.dtypes import DType
-from compiler.ir.rewrite import graph_rewrite
+from compiler.ir.rewrite import Rewriter, graph_rewrite
 from compiler.ir.symbolic import symbolic
 from compiler.ir.uop import Ops, UOp
 from compiler.schedule.fusion import Kernel
@@ -133,7 +133,8 @@ def build_kernel(job: Job, st) -> Built:
             k = merge_dims(k, params)
             plan = plan_cpu(k, params, tgt, job.packable)
     with st("lower"):
-        sink = simplify(lower_kernel(k, params, job.param_dtypes, plan), tgt)
+        rw = Rewriter(HALF_FIRST_RULES if tgt.half_compute else KERNEL_RULES)
+        sink = simplify(lower_kernel(k, params, job.param_dtypes, plan, rw), rw, tgt)
         sink, perms = pack_weights(sink, job.packable)
         sink = vectorize(sink, job.arena)
         if tgt.prefetch:
@@ -143,12 +144,12 @@ def build_kernel(job: Job, st) -> Built:
 
 
 KERNEL_RULES = storage_casts + half_rules + transcendental_rules + symbolic
+# fp16 arithmetic: demote before transcendental lowering, so its polynomials stay fp32
+HALF_FIRST_RULES = storage_casts + demote_half + symbolic
 HALF_COMPUTE_RULES = promote_for_half_compute + transcendental_rules + symbolic
 
 
-def simplify(sink: UOp, tgt: Target) -> UOp:
-    if not tgt.half_compute:
-        return graph_rewrite(sink, KERNEL_RULES)
-    # fp16 arithmetic: demote before transcendental lowering, so its polynomials stay fp32
-    sink = graph_rewrite(sink, storage_casts + demote_half + symbolic)
-    return graph_rewrite(sink, HALF_COMPUTE_RULES)
+def simplify(sink: UOp, rw: Rewriter, tgt: Target) -> UOp:
+    """`rw`: the first pass's Rewriter, which lowering already used on the pieces it built."""
+    sink = rw(sink)
+    return graph_rewrite(sink, HALF_COMPUTE_RULES) if tgt.half_compute else sink

@@ -3,6 +3,9 @@
 Movement ops become index arithmetic (symbolic.py simplifies it), PAD becomes a validity mask
 that gates loads, and upcast/unroll axes are expanded into one copy of the scalar graph per value,
 so hash-consing shares every load and index that the copies have in common (register tiling).
+The copies share them while they are built, not only after simplification: a kernel's builder
+passes a Rewriter (rewrite.py) that simplifies each index as it is made, so two copies whose
+indices simplify to the same node (a 3x3 window's neighbouring taps) lower that load once.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from itertools import product
 from compiler.codegen.half import accumulator
 from compiler.codegen.plan import LOOP_KINDS, Plan
 from compiler.ir.dtypes import dtypes
+from compiler.ir.rewrite import Rewriter
 from compiler.ir.uop import ALU, Ops, UOp
 from compiler.schedule.fusion import Kernel, find_reduce
 
@@ -46,14 +50,25 @@ def all_true(*conds):
     return fold(lambda a, b: a.logical_and(b), conds) if conds else None
 
 
+def _same(u: UOp) -> UOp:
+    return u
+
+
 class Lowerer:
-    def __init__(self, kernel: Kernel, params: dict[UOp, int], param_dtypes: list):
+    def __init__(self, kernel: Kernel, params: dict[UOp, int], param_dtypes: list,
+                 simp: Rewriter | None = None):
         self.kernel, self.root = kernel, kernel.root
         self.params = params
         self.param_uops = [UOp.param(i, dt) for i, dt in enumerate(param_dtypes)]
         self.memo: dict = {}
         self.acc: UOp | None = None
         self.red = find_reduce(kernel.root, set(params))
+        self.simp = simp or _same
+        # what the reduction's value flows into: its lowering depends on the copy's accumulator
+        self.above: set[UOp] = set()
+        for n in kernel.root.toposort(leaves=set(params) - {kernel.root}):
+            if n is self.red or any(s in self.above for s in n.src):
+                self.above.add(n)
 
     def load(self, node: UOp, idx, valid) -> UOp:
         p = self.param_uops[self.params[node]]
@@ -61,9 +76,12 @@ class Lowerer:
         return UOp(Ops.LOAD, node.dtype, src)
 
     def __call__(self, node: UOp, idx: tuple, valid=None) -> UOp:
-        key = (node, idx, valid)
+        simp = self.simp
+        idx = tuple(map(simp, idx))
+        valid = None if valid is None else simp(valid)
+        key = (node, idx, valid, self.acc if node in self.above else None)
         if key not in self.memo:
-            self.memo[key] = self._lower(node, idx, valid)
+            self.memo[key] = simp(self._lower(node, idx, valid))
         return self.memo[key]
 
     def _lower(self, n: UOp, idx: tuple, valid) -> UOp:
@@ -219,8 +237,10 @@ def _accumulate(lw: Lowerer, plan: Plan, ranges: dict, values: dict, upcast: boo
     return _combine(red.arg[0], parts)
 
 
-def lower_kernel(kernel: Kernel, params: dict[UOp, int], param_dtypes: list, plan: Plan) -> UOp:
-    lw = Lowerer(kernel, params, param_dtypes)
+def lower_kernel(kernel: Kernel, params: dict[UOp, int], param_dtypes: list, plan: Plan,
+                 simp: Rewriter | None = None) -> UOp:
+    """`simp`: simplifies as lowering builds (the caller rewrites the result with it after)."""
+    lw = Lowerer(kernel, params, param_dtypes, simp)
     ranges = _ranges(plan)
     upcast = any(a.kind == "upcast" for a in plan.axes)
     views = views_between(kernel.root, lw.red) if lw.red is not None else []

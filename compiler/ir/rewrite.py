@@ -91,29 +91,49 @@ class PatternMatcher:
         return None
 
 
-def graph_rewrite(root: UOp, pm: PatternMatcher, ctx=None) -> UOp:
-    """Rewrite every node bottom-up until no rule applies. Iterative: graphs can be very deep."""
-    memo: dict[UOp, UOp] = {}
-    stack: list[tuple[UOp, int, UOp | None]] = [(root, 0, None)]
-    while stack:
-        node, stage, pending = stack.pop()
-        if stage == 0:
-            if node in memo:
-                continue
-            stack.append((node, 1, None))
-            stack.extend((s, 0, None) for s in node.src if s not in memo)
-        elif stage == 1:
-            src = tuple(memo[s] for s in node.src)
-            built = node if src == node.src else UOp(node.op, node.dtype, src, node.arg)
-            out = pm.rewrite(built, ctx)
-            if out is None:
-                memo[node] = memo[built] = built
+class Rewriter:
+    """Rewrites nodes bottom-up until no rule applies, remembering every answer across calls.
+
+    The answer for a node depends only on the node (rules see nothing else), and rewriting a node
+    gives the same answer as rewriting it after its sources were rewritten. So a builder may hand
+    each piece to the same Rewriter as it builds (lower.py does): copies that become equal once
+    simplified are then one node, and nothing is simplified twice, with the same result as
+    rewriting the whole graph at the end."""
+
+    def __init__(self, pm: PatternMatcher, ctx=None):
+        self.pm, self.ctx = pm, ctx
+        self.memo: dict[UOp, UOp] = {}
+
+    def __call__(self, root: UOp) -> UOp:
+        """Iterative: graphs can be very deep."""
+        memo, pm, ctx = self.memo, self.pm, self.ctx
+        if root in memo:
+            return memo[root]
+        stack: list[tuple[UOp, int, UOp | None]] = [(root, 0, None)]
+        while stack:
+            node, stage, pending = stack.pop()
+            if stage == 0:
+                if node in memo:
+                    continue
+                stack.append((node, 1, None))
+                stack.extend((s, 0, None) for s in node.src if s not in memo)
+            elif stage == 1:
+                src = tuple(memo[s] for s in node.src)
+                built = node if src == node.src else UOp(node.op, node.dtype, src, node.arg)
+                out = pm.rewrite(built, ctx)
+                if out is None:
+                    memo[node] = memo[built] = built
+                else:
+                    stack.append((node, 2, out))
+                    stack.append((out, 0, None))
             else:
-                stack.append((node, 2, out))
-                stack.append((out, 0, None))
-        else:
-            memo[node] = memo[pending]
-    return memo[root]
+                memo[node] = memo[pending]
+        return memo[root]
+
+
+def graph_rewrite(root: UOp, pm: PatternMatcher, ctx=None) -> UOp:
+    """Rewrite every node bottom-up until no rule applies."""
+    return Rewriter(pm, ctx)(root)
 
 
 def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
