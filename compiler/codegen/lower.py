@@ -38,6 +38,10 @@ def linear(idx, shape) -> UOp:
 
 
 def reshape_index(idx, from_shape, to_shape) -> tuple[UOp, ...]:
+    if [s for s in from_shape if s != 1] == [s for s in to_shape if s != 1]:
+        # only size-1 dims come or go (most reshapes): each other dim keeps its index
+        kept = iter([i for i, s in zip(idx, from_shape) if s != 1])
+        return tuple(iconst(0) if s == 1 else next(kept) for s in to_shape)
     lin, out, stride = linear(idx, from_shape), [], 1
     for s in reversed(to_shape):
         out.append(iconst(0) if s == 1 else (lin // stride) % s)
