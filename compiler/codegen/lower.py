@@ -38,15 +38,32 @@ def linear(idx, shape) -> UOp:
 
 
 def reshape_index(idx, from_shape, to_shape) -> tuple[UOp, ...]:
-    if [s for s in from_shape if s != 1] == [s for s in to_shape if s != 1]:
-        # only size-1 dims come or go (most reshapes): each other dim keeps its index
-        kept = iter([i for i, s in zip(idx, from_shape) if s != 1])
-        return tuple(iconst(0) if s == 1 else next(kept) for s in to_shape)
-    lin, out, stride = linear(idx, from_shape), [], 1
-    for s in reversed(to_shape):
-        out.append(iconst(0) if s == 1 else (lin // stride) % s)
-        stride *= s
-    return tuple(reversed(out))
+    """Non-1 dims group into runs whose sizes have equal products on both sides; each run is
+    flattened and split on its own (most reshapes only add or drop size-1 dims, or merge or split
+    one run), and a run of one dim on both sides keeps its index."""
+    if 0 in from_shape:  # no elements, nothing is ever read: any index will do
+        return tuple(iconst(0) for _ in to_shape)
+    src = [(i, s) for i, s in zip(idx, from_shape) if s != 1]
+    dst = [n for n, s in enumerate(to_shape) if s != 1]
+    out = [iconst(0)] * len(to_shape)
+    a = b = 0
+    while a < len(src):
+        a2, b2, pa, pb = a + 1, b + 1, src[a][1], to_shape[dst[b]]
+        while pa != pb:  # grow the side with the smaller product until they meet
+            if pa < pb:
+                pa, a2 = pa * src[a2][1], a2 + 1
+            else:
+                pb, b2 = pb * to_shape[dst[b2]], b2 + 1
+        run, outs = src[a:a2], dst[b:b2]
+        if len(run) == 1 and len(outs) == 1:
+            out[outs[0]] = run[0][0]
+        else:
+            lin, stride = linear([i for i, _ in run], [s for _, s in run]), 1
+            for n in reversed(outs):
+                out[n] = (lin // stride) % to_shape[n]
+                stride *= to_shape[n]
+        a, b = a2, b2
+    return tuple(out)
 
 
 def all_true(*conds):
