@@ -10,7 +10,7 @@ indices simplify to the same node (a 3x3 window's neighbouring taps) lower that 
 from __future__ import annotations
 
 import math
-from functools import reduce as fold
+from functools import cache, reduce as fold
 from itertools import product
 
 from compiler.codegen.half import accumulator
@@ -85,6 +85,8 @@ class Lowerer:
         self.acc: UOp | None = None
         self.red = find_reduce(kernel.root, set(params))
         self.simp = simp or _same
+        self.done = simp.memo if simp else {}  # simp's answers, read without a call
+        self.dims: dict = {}  # for _dim_index
         # what the reduction's value flows into: its lowering depends on the copy's accumulator
         self.above: set[UOp] = set()
         for n in kernel.root.toposort(leaves=set(params) - {kernel.root}):
@@ -97,9 +99,9 @@ class Lowerer:
         return UOp(Ops.LOAD, node.dtype, src)
 
     def __call__(self, node: UOp, idx: tuple, valid=None) -> UOp:
-        simp = self.simp
-        idx = tuple(map(simp, idx))
-        valid = None if valid is None else simp(valid)
+        simp, done = self.simp, self.done
+        idx = tuple([done[i] if i in done else simp(i) for i in idx])
+        valid = None if valid is None else done[valid] if valid in done else simp(valid)
         key = (node, idx, valid, self.acc if node in self.above else None)
         if key not in self.memo:
             self.memo[key] = simp(self._lower(node, idx, valid))
@@ -220,18 +222,29 @@ def _ranges(plan: Plan) -> dict[int, UOp]:
     return ranges
 
 
-def _dim_index(plan: Plan, values: dict, reduce_too: bool) -> tuple:
-    """The full-shape index that axis values address (reduce dims 0 unless `reduce_too`)."""
+@cache
+def _dim_axes(plan: Plan) -> tuple[tuple[int, ...], ...]:
+    """Per full-shape dim, the positions of the axes that iterate it, inner to outer."""
+    return tuple(tuple(reversed([n for n, a in enumerate(plan.axes) if a.dim == d]))
+                 for d in range(len(plan.full_shape)))
+
+
+def _dim_index(plan: Plan, values: dict, reduce_too: bool, memo: dict) -> tuple:
+    """The full-shape index that axis values address (reduce dims 0 unless `reduce_too`).
+    `memo`: each dim's index by its axis values, which most copies share."""
     out = []
-    for d in range(len(plan.full_shape)):
+    for d, ns in enumerate(_dim_axes(plan)):
         if d in plan.reduce_dims and not reduce_too:
             out.append(iconst(0))
             continue
-        idx, stride = iconst(0), 1
-        for n in reversed([n for n, a in enumerate(plan.axes) if a.dim == d]):
-            idx = idx + values[n] * stride
-            stride *= plan.axes[n].size
-        out.append(idx)
+        key = (d, *[values[n] for n in ns])
+        if key not in memo:
+            idx, stride = iconst(0), 1
+            for n in ns:
+                idx = idx + values[n] * stride
+                stride *= plan.axes[n].size
+            memo[key] = idx
+        out.append(memo[key])
     return tuple(out)
 
 
@@ -246,7 +259,7 @@ def _accumulate(lw: Lowerer, plan: Plan, ranges: dict, values: dict, upcast: boo
     """The reduction's value for one output: its unrolled parts, accumulated over the reduce
     loops."""
     red = lw.red
-    parts = [lw(red.src[0], _dim_index(plan, v, True)) for v in _expanded(plan, "unroll", values)]
+    parts = [lw(red.src[0], _dim_index(plan, v, True, lw.dims)) for v in _expanded(plan, "unroll", values)]
     rr = [r for n, r in ranges.items() if plan.axes[n].kind in ("reduce", "group")]
     if rr and not upcast and accumulator(red.dtype) is red.dtype:
         # a lone accumulator would wait on its own latency every step: each unrolled part gets
@@ -269,7 +282,7 @@ def lower_kernel(kernel: Kernel, params: dict[UOp, int], param_dtypes: list, pla
     for values in _expanded(plan, "upcast", ranges):
         if lw.red is not None:
             lw.acc = _accumulate(lw, plan, ranges, values, upcast)
-        out_idx = root_index(views, _dim_index(plan, values, False))
+        out_idx = root_index(views, _dim_index(plan, values, False, lw.dims))
         value = lw(kernel.root, out_idx)
         stores.append(UOp(Ops.STORE, dtypes.void,
                           (lw.param_uops[0], linear(out_idx, kernel.root.shape), value)))

@@ -12,7 +12,7 @@ _ANY = object()
 
 
 class UPat:
-    __slots__ = ("ops", "dtypes", "src", "arg", "name")
+    __slots__ = ("ops", "dtypes", "src", "arg", "name", "flat")
 
     def __init__(self, op=None, dtype=None, src: tuple | None = None, arg=_ANY,
                  name: str | None = None):
@@ -21,6 +21,7 @@ class UPat:
         self.dtypes = None if dtype is None else frozenset(
             dtype if isinstance(dtype, (set, frozenset, tuple)) else (dtype,))
         self.src, self.arg, self.name = src, arg, name
+        self.flat = src is not None and all(p.src is None for p in src)
 
     @staticmethod
     def var(name: str | None = None, dtype=None) -> UPat:
@@ -29,6 +30,32 @@ class UPat:
     @staticmethod
     def cvar(name: str | None = None, dtype=None) -> UPat:
         return UPat(Ops.CONST, dtype, name=name)
+
+    def match_flat(self, u: UOp) -> list[dict]:
+        """match(u, {}) for a pattern whose sources have no sources of their own (most rules:
+        "x + c", "where(c, a, b)"): the same matches in the same order, without recursion."""
+        if self.ops is not None and u.op not in self.ops or len(self.src) != len(u.src) or \
+                self.dtypes is not None and u.dtype not in self.dtypes or \
+                self.arg is not _ANY and self.arg != u.arg:
+            return []
+        orders = (u.src, u.src[::-1]) if u.op in COMMUTATIVE and len(u.src) == 2 and \
+            u.src[0] is not u.src[1] else (u.src,)
+        out = []
+        for srcs in orders:
+            caps = {} if self.name is None else {self.name: u}
+            for p, s in zip(self.src, srcs):
+                if p.ops is not None and s.op not in p.ops or \
+                        p.dtypes is not None and s.dtype not in p.dtypes or \
+                        p.arg is not _ANY and p.arg != s.arg:
+                    break
+                if p.name is not None:
+                    bound = caps.get(p.name)
+                    if bound is not None and bound is not s:
+                        break
+                    caps[p.name] = s
+            else:
+                out.append(caps)
+        return out
 
     def match(self, u: UOp, caps: dict) -> list[dict]:
         """Every way `u` matches (commutative ops try both source orders)."""
@@ -82,6 +109,8 @@ class PatternMatcher:
                 if pat.dtypes is not None and u.dtype not in pat.dtypes:
                     continue
                 found = [{pat.name: u} if pat.name is not None else {}]
+            elif pat.flat:
+                found = pat.match_flat(u)
             else:
                 found = pat.match(u, {})
             for caps in found:
