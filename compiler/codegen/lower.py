@@ -116,7 +116,7 @@ class Lowerer:
         if op is Ops.CONST:
             return n
         if op in ALU:
-            return UOp(op, n.dtype, tuple(self(s, idx, valid) for s in n.src), arg)
+            return UOp(op, n.dtype, tuple([self(s, idx, valid) for s in n.src]), arg)
         src = n.src[0].shape if n.src else ()
         if op is Ops.RESHAPE:
             return self(n.src[0], reshape_index(idx, n.shape, src), valid)

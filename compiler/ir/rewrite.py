@@ -166,12 +166,19 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, ctx=None) -> UOp:
 
 
 def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
-    """Replace nodes by identity (no pattern matching); used to bind placeholders."""
+    """Replace nodes by identity (no pattern matching); used to bind placeholders. One
+    post-order walk that rebuilds as it goes, and stops at the nodes it replaces (what is below
+    them is not needed)."""
     memo: dict[UOp, UOp] = dict(mapping)
-    for node in root.toposort(leaves=mapping):  # what is below a replaced node is not needed
+    stack = [(root, False)]
+    while stack:
+        node, done = stack.pop()
         if node in memo:
             continue
-        src = tuple(memo[s] for s in node.src)
-        memo[node] = node if src == node.src else UOp(node.op, node.dtype, src, node.arg)
+        if done:
+            src = tuple([memo[s] for s in node.src])
+            memo[node] = node if src == node.src else UOp(node.op, node.dtype, src, node.arg)
+        else:
+            stack.append((node, True))
+            stack.extend([(s, False) for s in node.src if s not in memo])
     return memo[root]
-

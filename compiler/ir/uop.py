@@ -178,7 +178,8 @@ class UOp:
     # ---- construction helpers -------------------------------------------------------------
     @staticmethod
     def const(value, dtype: DType) -> UOp:
-        key = (_const_key(value), dtype, type(value))
+        t = type(value)
+        key = (value if t is not float else _const_key(value), dtype, t)
         hit = _CONSTS.get(key)
         if hit is None:
             hit = _CONSTS[key] = UOp(Ops.CONST, dtype, (), normalize_const(value, dtype))
