@@ -22,8 +22,8 @@ from compiler.codegen.plan_cpu import merge_dims, plan_cpu
 from compiler.codegen.plan_gpu import plan_gpu
 from compiler.codegen.transcendental import transcendental_rules
 from compiler.codegen.vectorize import vectorize
-from compiler.ir.dtypes import DType
-from compiler.ir.rewrite import Rewriter, graph_rewrite
+from compiler.ir.dtypes import DType, dtypes
+from compiler.ir.rewrite import PatternMatcher, Rewriter, graph_rewrite
 from compiler.ir.symbolic import symbolic
 from compiler.ir.uop import Ops, UOp
 from compiler.schedule.fusion import Kernel
@@ -133,7 +133,7 @@ def build_kernel(job: Job, st) -> Built:
             k = merge_dims(k, params)
             plan = plan_cpu(k, params, tgt, job.packable)
     with st("lower"):
-        rw = Rewriter(HALF_FIRST_RULES if tgt.half_compute else KERNEL_RULES)
+        rw = Rewriter(first_rules(k, job.param_dtypes, tgt))
         sink = simplify(lower_kernel(k, params, job.param_dtypes, plan, rw), rw, tgt)
         sink, perms = pack_weights(sink, job.packable)
         sink = vectorize(sink, job.arena)
@@ -144,9 +144,20 @@ def build_kernel(job: Job, st) -> Built:
 
 
 KERNEL_RULES = storage_casts + half_rules + transcendental_rules + symbolic
+FLOAT32_RULES = storage_casts + transcendental_rules + symbolic  # half_rules: nothing to do
 # fp16 arithmetic: demote before transcendental lowering, so its polynomials stay fp32
 HALF_FIRST_RULES = storage_casts + demote_half + symbolic
 HALF_COMPUTE_RULES = promote_for_half_compute + transcendental_rules + symbolic
+
+
+def first_rules(k: Kernel, param_dtypes: list[DType], tgt: Target) -> PatternMatcher:
+    """The rules lowering simplifies with. Without a float16 buffer or value, half_rules never
+    apply, and asking them at every node costs time."""
+    if tgt.half_compute:
+        return HALF_FIRST_RULES
+    half = dtypes.float16 in param_dtypes or any(u.dtype is dtypes.float16 for u in
+                                                 k.root.toposort(leaves=set(k.inputs)))
+    return KERNEL_RULES if half else FLOAT32_RULES
 
 
 def simplify(sink: UOp, rw: Rewriter, tgt: Target) -> UOp:
