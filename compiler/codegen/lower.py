@@ -17,6 +17,7 @@ from compiler.codegen.half import accumulator
 from compiler.codegen.plan import LOOP_KINDS, Plan
 from compiler.ir.dtypes import dtypes
 from compiler.ir.rewrite import Rewriter
+from compiler.ir.symbolic import build, terms
 from compiler.ir.uop import ALU, Ops, UOp
 from compiler.schedule.fusion import Kernel, find_reduce
 
@@ -56,7 +57,7 @@ def reshape_index(idx, from_shape, to_shape) -> tuple[UOp, ...]:
                 pb, b2 = pb * to_shape[dst[b2]], b2 + 1
         run, outs = src[a:a2], dst[b:b2]
         if len(run) == 1 and len(outs) == 1:
-            out[outs[0]] = run[0][0]
+            out[outs[0]] = _as_sum(run[0][0])
         else:
             lin, stride = linear([i for i, _ in run], [s for _, s in run]), 1
             for n in reversed(outs):
@@ -64,6 +65,13 @@ def reshape_index(idx, from_shape, to_shape) -> tuple[UOp, ...]:
                 stride *= to_shape[n]
         a, b = a2, b2
     return tuple(out)
+
+
+def _as_sum(i: UOp) -> UOp:
+    """i rebuilt as sum(coef * term) + const: the form that flattening the index and splitting
+    it again gave it (symbolic.fold_divmod rebuilds what it keeps), so the code is the same."""
+    ts, c = terms(i)
+    return build(list(ts), c, i.dtype) if ts else i
 
 
 def all_true(*conds):
