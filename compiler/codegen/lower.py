@@ -39,39 +39,52 @@ def linear(idx, shape) -> UOp:
 
 
 def reshape_index(idx, from_shape, to_shape) -> tuple[UOp, ...]:
-    """Non-1 dims group into runs whose sizes have equal products on both sides; each run is
-    flattened and split on its own (most reshapes only add or drop size-1 dims, or merge or split
-    one run), and a run of one dim on both sides keeps its index."""
-    if 0 in from_shape:  # no elements, nothing is ever read: any index will do
-        return tuple(iconst(0) for _ in to_shape)
-    src = [(i, s) for i, s in zip(idx, from_shape) if s != 1]
-    dst = [n for n, s in enumerate(to_shape) if s != 1]
+    """Each run (_runs) is flattened and split on its own, and a run of one dim on both sides
+    keeps its index."""
     out = [iconst(0)] * len(to_shape)
-    a = b = 0
+    for ins, outs in _runs(tuple(from_shape), tuple(to_shape)):
+        if len(ins) == 1 and len(outs) == 1:
+            out[outs[0]] = _as_sum(idx[ins[0]])
+            continue
+        lin, stride = linear([idx[d] for d in ins], [from_shape[d] for d in ins]), 1
+        for n in reversed(outs):
+            out[n] = (lin // stride) % to_shape[n]
+            stride *= to_shape[n]
+    return tuple(out)
+
+
+@cache
+def _runs(from_shape: tuple, to_shape: tuple) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+    """The dims a reshape maps onto each other: non-1 dims group into runs whose sizes have equal
+    products on both sides (most reshapes only add or drop size-1 dims, or merge or split one
+    run). Size-1 dims index 0; a shape without elements has no runs (nothing is read)."""
+    if 0 in from_shape:
+        return ()
+    src = [d for d, s in enumerate(from_shape) if s != 1]
+    dst = [d for d, s in enumerate(to_shape) if s != 1]
+    runs, a, b = [], 0, 0
     while a < len(src):
-        a2, b2, pa, pb = a + 1, b + 1, src[a][1], to_shape[dst[b]]
+        a2, b2, pa, pb = a + 1, b + 1, from_shape[src[a]], to_shape[dst[b]]
         while pa != pb:  # grow the side with the smaller product until they meet
             if pa < pb:
-                pa, a2 = pa * src[a2][1], a2 + 1
+                pa, a2 = pa * from_shape[src[a2]], a2 + 1
             else:
                 pb, b2 = pb * to_shape[dst[b2]], b2 + 1
-        run, outs = src[a:a2], dst[b:b2]
-        if len(run) == 1 and len(outs) == 1:
-            out[outs[0]] = _as_sum(run[0][0])
-        else:
-            lin, stride = linear([i for i, _ in run], [s for _, s in run]), 1
-            for n in reversed(outs):
-                out[n] = (lin // stride) % to_shape[n]
-                stride *= to_shape[n]
+        runs.append((tuple(src[a:a2]), tuple(dst[b:b2])))
         a, b = a2, b2
-    return tuple(out)
+    return tuple(runs)
 
 
 def _as_sum(i: UOp) -> UOp:
     """i rebuilt as sum(coef * term) + const: the form that flattening the index and splitting
     it again gave it (symbolic.fold_divmod rebuilds what it keeps), so the code is the same."""
-    ts, c = terms(i)
-    return build(list(ts), c, i.dtype) if ts else i
+    if i.op is not Ops.ADD and i.op is not Ops.MUL:
+        return i  # one term: already that form
+    hit = i.__dict__.get("as_sum")  # kept on the node, as symbolic.terms is
+    if hit is None:
+        ts, c = terms(i)
+        hit = i.__dict__["as_sum"] = build(list(ts), c, i.dtype)
+    return hit
 
 
 def all_true(*conds):
