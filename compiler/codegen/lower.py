@@ -54,7 +54,7 @@ def reshape_index(idx, from_shape, to_shape) -> tuple[UOp, ...]:
 
 
 @cache
-def _runs(from_shape: tuple, to_shape: tuple) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+def _runs(from_shape: tuple, to_shape: tuple) -> tuple[tuple[tuple[int, ...], ...], ...]:
     """The dims a reshape maps onto each other: non-1 dims group into runs whose sizes have equal
     products on both sides (most reshapes only add or drop size-1 dims, or merge or split one
     run). Size-1 dims index 0; a shape without elements has no runs (nothing is read)."""
@@ -280,7 +280,8 @@ def _accumulate(lw: Lowerer, plan: Plan, ranges: dict, values: dict, upcast: boo
     """The reduction's value for one output: its unrolled parts, accumulated over the reduce
     loops."""
     red = lw.red
-    parts = [lw(red.src[0], _dim_index(plan, v, True, lw.dims)) for v in _expanded(plan, "unroll", values)]
+    parts = [lw(red.src[0], _dim_index(plan, v, True, lw.dims))
+             for v in _expanded(plan, "unroll", values)]
     rr = [r for n, r in ranges.items() if plan.axes[n].kind in ("reduce", "group")]
     if rr and not upcast and accumulator(red.dtype) is red.dtype:
         # a lone accumulator would wait on its own latency every step: each unrolled part gets
