@@ -123,9 +123,13 @@ class Lowerer:
         simp, done = self.simp, self.done
         idx = tuple([done[i] if i in done else simp(i) for i in idx])
         valid = None if valid is None else done[valid] if valid in done else simp(valid)
+        return self._at(node, idx, valid)
+
+    def _at(self, node: UOp, idx: tuple, valid) -> UOp:
+        """__call__ for an index and gate that are simplified already."""
         key = (node, idx, valid, self.acc if node in self.above else None)
         if key not in self.memo:
-            self.memo[key] = simp(self._lower(node, idx, valid))
+            self.memo[key] = self.simp(self._lower(node, idx, valid))
         return self.memo[key]
 
     def _lower(self, n: UOp, idx: tuple, valid) -> UOp:
@@ -137,7 +141,7 @@ class Lowerer:
         if op is Ops.CONST:
             return n
         if op in ALU:
-            return UOp(op, n.dtype, tuple([self(s, idx, valid) for s in n.src]), arg)
+            return UOp(op, n.dtype, tuple([self._at(s, idx, valid) for s in n.src]), arg)
         src = n.src[0].shape if n.src else ()
         if op is Ops.RESHAPE:
             return self(n.src[0], reshape_index(idx, n.shape, src), valid)

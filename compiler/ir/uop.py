@@ -278,7 +278,7 @@ class UOp:
             seen.add(node)
             stack.append((node, True))
             if node not in leaves:
-                stack.extend((s, False) for s in reversed(node.src) if s not in seen)
+                stack.extend([(s, False) for s in reversed(node.src) if s not in seen])
         return order
 
 
