@@ -24,8 +24,14 @@ from compiler.schedule.fusion import Kernel, find_reduce
 IDX = dtypes.index
 
 
+_ICONSTS: dict[int, UOp] = {}  # index constants, the most asked-for nodes of lowering
+
+
 def iconst(v: int) -> UOp:
-    return UOp.const(v, IDX)
+    hit = _ICONSTS.get(v)
+    if hit is None:
+        hit = _ICONSTS[v] = UOp.const(int(v), IDX)
+    return hit
 
 
 def linear(idx, shape) -> UOp:
