@@ -61,9 +61,8 @@ def build_all(jobs: dict[tuple, Job], st) -> dict[tuple, Built]:
     built = _build_all(todo, st) if todo else {}
     for k, b in built.items():
         if digests[k]:
-            # permutations index weights of < 2**31 elements (load.py's limit): int32 halves them
-            small = replace(b, perms={j: p.astype(np.int32) for j, p in b.perms.items()})
-            cache.put("kernels", digests[k], pickle.dumps(small, protocol=pickle.HIGHEST_PROTOCOL))
+            cache.put("kernels", digests[k], pickle.dumps(_compact(b),
+                                                          protocol=pickle.HIGHEST_PROTOCOL))
     return {k: hits[k] if k in hits else built[k] for k in jobs}  # job order: reproducible
 
 
@@ -120,7 +119,13 @@ _FORKED: tuple[list[Job], type] = ([], type(None))
 def _build_job(i: int):
     jobs, timer = _FORKED
     st = timer()
-    return i, build_kernel(jobs[i], st), st.times
+    return i, _compact(build_kernel(jobs[i], st)), st.times  # pickled back to the parent
+
+
+def _compact(b: Built) -> Built:
+    """Permutations index weights of < 2**31 elements (load.py's limit): int32 halves them (the
+    openpilot-shaped model's are 54 MB as int64)."""
+    return replace(b, perms={j: p.astype(np.int32, copy=False) for j, p in b.perms.items()})
 
 
 def build_kernel(job: Job, st) -> Built:
