@@ -33,7 +33,6 @@ GCC = "gcc"
 CODE_FLAGS = ("-O2", "-ffreestanding", "-fno-math-errno", "-ffp-contract=fast", "-fPIC")
 LINK_FLAGS = ("-shared", "-nostdlib")
 TIMEOUT = 1800  # seconds for one compiler process: the largest model's kernels take ~30 s
-UNIT_BYTES = 200_000  # source a compiler process is given before another one pays for its start
 
 
 @dataclass(frozen=True)
@@ -133,7 +132,9 @@ def _objects(units: list[tuple[str, str]], target: str, tmp: str) -> list[str]:
             missing.append((len(src), name))
         else:
             Path(tmp, f"{name}.o").write_bytes(data)
-    n = max(1, min(compile_jobs(), len(missing), sum(b for b, _ in missing) // UNIT_BYTES + 1))
+    # clang runs a compiler process per file it is given (~30 ms of start-up each, measured), so
+    # a second process pays for itself as soon as it takes one file off the first
+    n = max(1, min(compile_jobs(), len(missing)))
     groups: list[tuple[int, list[str]]] = [(0, []) for _ in range(n)]
     for size, name in sorted(missing, reverse=True):  # largest first, onto the lightest group
         load, names = min(groups, key=lambda g: g[0])

@@ -16,9 +16,9 @@ import pytest
 from compiler.pipeline import compile_model
 from compiler.ir.dtypes import dtypes
 from compiler.errors import CompileError
-from compiler.codegen.lower import iconst
+from compiler.codegen.lower import iconst, reshape_index
 from compiler.codegen.plan import Axis
-from compiler.ir.rewrite import PatternMatcher, UPat, graph_rewrite
+from compiler.ir.rewrite import PatternMatcher, Rewriter, UPat, graph_rewrite
 from compiler.ir.symbolic import symbolic
 from compiler.ir.uop import Ops, UOp
 from tests.graphs import (assert_close, keel_load, keel_run, make_model, ort_run,
@@ -55,6 +55,29 @@ def test_patterns_match_commutative_sources():
                           lambda x, c: x if c.arg == 1 else None)])
     r = rng_var(0, 4)
     assert graph_rewrite(UOp(Ops.MUL, IDX, (iconst(1), r)), pm) is r
+
+
+def test_a_rewriter_that_simplified_the_pieces_gives_what_rewriting_the_whole_gives():
+    # lowering hands each piece to the kernel's Rewriter as it builds (codegen/lower.py): the
+    # kernel must come out as if it had been simplified once, at the end
+    i, j = rng_var(0, 6), rng_var(1, 10)
+    flat = (i * 10 + j + 0) * 1
+    rw = Rewriter(symbolic)
+    early = rw((rw(flat) // 10) % 6 + rw(flat % 10) * 3)
+    assert early is simplify((flat // 10) % 6 + (flat % 10) * 3)
+    assert early is simplify(i + j * 3)
+
+
+@pytest.mark.parametrize("src, dst", [((2, 3, 4), (6, 4)), ((1, 6, 1, 4), (2, 3, 4, 1)),
+                                      ((24,), (2, 3, 4)), ((4, 6), (2, 12)), ((6, 4), (4, 6)),
+                                      ((2, 1, 3), (6,)), ((1,), (1, 1))])
+def test_reshape_index_addresses_the_element_numpy_reshape_does(src, dst):
+    # lower.py splits a reshape into runs of dims and maps each run on its own
+    a = np.arange(math.prod(src)).reshape(src)
+    b = a.reshape(dst)
+    for ix in np.ndindex(*src):
+        out = tuple(simplify(u).arg for u in reshape_index(tuple(map(iconst, ix)), src, dst))
+        assert b[out] == a[ix], (src, dst, ix, out)
 
 
 # ---- symbolic index math ----------------------------------------------------------------------
