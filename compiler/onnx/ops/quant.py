@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from compiler.ir.dtypes import DType, dtypes
+from compiler.ir.uop import Ops
 from compiler.onnx.registry import OPS, onnx_dtype, op
 from compiler.ir.tensor import Tensor
 
@@ -167,10 +168,25 @@ def record_dq(ctx, y: Tensor, x: Tensor, scale: Tensor, zp: Tensor | None, axis:
         ctx.qdq[y.uop] = Dq(x, z.astype(np.int64), s.astype(np.float64), axis % max(x.ndim, 1))
 
 
+def origin(ctx, t: Tensor | None):
+    """t's quantized origin (Dq, Cat or Acc) or None. A reshape (Flatten, Reshape, Squeeze,
+    Unsqueeze) of a per-tensor dequantized tensor is the dequantized reshape of its integers,
+    so a Q after a Flatten keeps them, and the max pool before it stays integer."""
+    if t is None:
+        return None
+    u = t.uop
+    while u not in ctx.qdq and u.op is Ops.RESHAPE:
+        u = u.src[0]
+    d = ctx.qdq.get(u)
+    if u is t.uop:
+        return d
+    return Dq(d.q.reshape(t.shape), d.zp, d.scale, d.axis) if _per_tensor8(d) else None
+
+
 def integer_contract(ctx, i: list, a: dict, float_op, w_axis: int, out_axis: int):
     """Conv / MatMul / Gemm on dequantized integers, in integers; None when the inputs are not
     all quantized per tensor (activations) and per tensor or per output channel (weights)."""
-    x, w = (ctx.qdq.get(t.uop) if t is not None else None for t in i[:2])
+    x, w = (origin(ctx, t) for t in i[:2])
     if not (isinstance(x, Dq) and isinstance(w, Dq)) or x.q.dtype is dtypes.int32 \
             or x.scale.size != 1 or x.zp.size != 1 or np.any(w.zp):
         return None
@@ -183,15 +199,61 @@ def integer_contract(ctx, i: list, a: dict, float_op, w_axis: int, out_axis: int
             and np.allclose(np.broadcast_to(bias.scale.reshape(-1), scale.shape), scale,
                             rtol=1e-6, atol=0)):
         return None  # a float bias, or one quantized with another scale
-    xi = x.q.cast(dtypes.int32)
-    if x.zp.reshape(-1)[0]:
-        xi = xi - int(x.zp.reshape(-1)[0])
-    acc = float_op(ctx, [xi, w.q.cast(dtypes.int32)] + ([bias.q] if bias else []), a)
+    acc = float_op(ctx, [_int32(x), w.q.cast(dtypes.int32)] + ([bias.q] if bias else []), a)
     out_axis %= acc.ndim
     shape = [scale.size if d == out_axis else 1 for d in range(acc.ndim)]
     y = acc.cast(dtypes.float32) * Tensor.weight(scale.astype(np.float32).reshape(shape))
     ctx.qdq[y.uop] = Acc(acc, scale, out_axis)
     return y
+
+
+def _int32(d: Dq) -> Tensor:
+    """A per-tensor quantized value's integers minus its zero point, in int32."""
+    zp = int(d.zp.reshape(-1)[0])
+    return d.q.cast(dtypes.int32) - zp if zp else d.q.cast(dtypes.int32)
+
+
+def _record(ctx, acc: Tensor, scale: float, bound: int, y: Tensor | None = None) -> Tensor:
+    """y (by default acc's float value), recorded as the int32 accumulator `acc` of one scale
+    for a QuantizeLinear after it. |acc| <= bound: the accumulator is scaled up by a power of
+    two while it stays below 2**30, which leaves the value unchanged and keeps the
+    requantization's multiplier below 1/4, where it runs in int32 lanes (a 2x2 average pool
+    requantized to its input's scale has a multiplier of exactly 1/4)."""
+    k = max(0, min(16, 30 - int(bound).bit_length()))
+    acc, scale = (acc * (1 << k), scale / (1 << k)) if k else (acc, scale)
+    y = acc.cast(dtypes.float32) * float(scale) if y is None else y
+    ctx.qdq[y.uop] = Acc(acc, np.array([scale]), 1)
+    return y
+
+
+def _scale(d) -> float:
+    return float(d.scale.reshape(-1)[0]) if _per_tensor8(d) and d.scale.reshape(-1)[0] > 0 else 0
+
+
+def integer_sum(ctx, x: Tensor, fn, count: int):
+    """An average (pool or global) of a dequantized int8 tensor: fn sums windows of the int32
+    values minus the zero point (an explicit pad adds 0, the zero point's own value), and the
+    division by `count` joins the scale, so the QuantizeLinear after it requantizes the exact
+    sum once. None when x has no per-tensor int8 origin."""
+    d = origin(ctx, x)
+    if not _scale(d):
+        return None
+    return _record(ctx, fn(_int32(d)), _scale(d) / count, 255 * count)
+
+
+def integer_add(ctx, a: Tensor, b: Tensor, y: Tensor) -> None:
+    """Add of two dequantized int8 tensors with their own scales: both rescaled to the larger
+    scale s in Q20 fixed point, (a - za) * round(sa / s * 2**20) + (b - zb) * round(sb / s *
+    2**20), an int32 accumulator of scale s / 2**20 (|acc| < 2**29) that the QuantizeLinear
+    after it requantizes once, as QLinearAdd defines the result: round((sa (a - za) + sb (b -
+    zb)) / sy) + zy. The rounded ratio adds at most 255 * 2**-21 of s to the value."""
+    da, db = origin(ctx, a), origin(ctx, b)
+    sa, sb = _scale(da), _scale(db)
+    if not (sa and sb):
+        return
+    s = max(sa, sb)
+    acc = _int32(da) * round(sa / s * 2 ** 20) + _int32(db) * round(sb / s * 2 ** 20)
+    _record(ctx, acc, s / 2 ** 20, 255 << 21, y)
 
 
 def fixed_point(m: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -210,8 +272,8 @@ def fixed_point(m: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
 
 def integer_requantize(ctx, x: Tensor, scale: Tensor, zp: Tensor | None, out: DType):
     """QuantizeLinear of a recorded accumulator: round(acc * m) + zero point, saturated, with m
-    as a fixed-point multiplier m0 and shift r, rounding half up: (acc * m0 + 2**(r-1)) >> r.
-    None when the output scale or zero point is not one constant, or m has no fixed-point form."""
+    as a fixed-point multiplier m0 and shift r, rounding half up: (acc * m0 + 2**(r-1)) >> r
+    (half to even when m is a power of two). None when the output scale or zero point is not one constant, or m has no fixed-point form."""
     acc = ctx.qdq.get(x.uop)
     sy = ctx.constant(scale)
     zy = np.zeros(1) if zp is None else ctx.constant(zp)
@@ -223,7 +285,13 @@ def integer_requantize(ctx, x: Tensor, scale: Tensor, zp: Tensor | None, out: DT
     m0, r = fp
     shape = [m0.size if d == acc.axis else 1 for d in range(acc.acc.ndim)]
     w = lambda v, dt: Tensor.weight(v.astype(dt).reshape(shape))  # noqa: E731
-    if np.all(r > 32):
+    j = int(r.reshape(-1)[0]) - 30  # m = 2**-j when m0 = 2**30
+    if m0.size == 1 and m0.reshape(-1)[0] == 1 << 30 and 1 <= j <= 30:
+        # an average pool requantized to its input's scale: exact halves are common (one sum
+        # in two for a 2x2 pool), so they round to even, as onnxruntime's QuantizeLinear does
+        a = acc.acc
+        v = (a + ((1 << (j - 1)) - 1) + (a.shr(j) & 1)).shr(j)
+    elif np.all(r > 32):
         # r = 32 + s, s >= 1: adding 2**(r-1) and shifting by r drops the product's low word,
         # (hi + 2**(s-1)) >> s with hi = (acc * m0) >> 32, exactly. All in int32 lanes, which
         # vectorize where int64 ones do not (HVX has no 64-bit lanes; clang scalarizes them)
@@ -252,7 +320,7 @@ def integer_window(ctx, x: Tensor, fn):
     """A max over windows of a dequantized int8 tensor, taken on the integers: dequantization
     with a positive scale is increasing, so max(DQ(q)) = DQ(max(q)). None when x has no
     per-tensor integer origin."""
-    d = ctx.qdq.get(x.uop)
+    d = origin(ctx, x)
     if not isinstance(d, Dq) or d.q.dtype is dtypes.int32 or d.scale.size != 1 \
             or d.zp.size != 1 or not d.scale.reshape(-1)[0] > 0:
         return None
@@ -265,7 +333,7 @@ def integer_window(ctx, x: Tensor, fn):
 def record_concat(ctx, y: Tensor, xs: list[Tensor], axis: int) -> None:
     """A Concat of DequantizeLinear outputs: a QuantizeLinear after it to the inputs' scale and
     zero point concatenates the integers instead of the floats (integer_rescale)."""
-    parts = tuple(ctx.qdq.get(x.uop) for x in xs)
+    parts = tuple(origin(ctx, x) for x in xs)
     if all(_per_tensor8(d) for d in parts):
         ctx.qdq[y.uop] = Cat(parts, axis)
 
@@ -281,7 +349,7 @@ def integer_rescale(ctx, x: Tensor, scale: Tensor, zp: Tensor | None, out: DType
     None otherwise: rescaling to another scale stays the float computation (in integers it
     vectorizes, but lowering it in every conv epilogue before a Concat made quantized
     squeezenet's compile 8x slower)."""
-    d = ctx.qdq.get(x.uop)
+    d = origin(ctx, x)
     sy = ctx.constant(scale)
     zy = np.zeros(1, np.int64) if zp is None else ctx.constant(zp)
     if sy is None or zy is None or sy.size != 1 or zy.size != 1:
