@@ -134,6 +134,12 @@ def _qlinear_conv(ctx, i, a):
 
 # ---- the integer QDQ path ---------------------------------------------------------------------
 
+# int32 lanes of a 128-byte HVX vector: a conv whose output channels are a few short of a
+# multiple (squeezenet's 1000) is computed with zero channels up to it, at most 1/16 more work,
+# so its kernel takes whole vectors instead of the widest power of two dividing the count (8)
+LANES = 32
+
+
 @dataclass(frozen=True)
 class Dq:
     """A DequantizeLinear's integer origin: q (int8/uint8/int32), its constant zero point and
@@ -157,6 +163,7 @@ class Acc:
     acc: Tensor
     scale: np.ndarray
     axis: int
+    keep: int = 0  # the value is the first `keep` entries of `axis` (0: all)
 
 
 def record_dq(ctx, y: Tensor, x: Tensor, scale: Tensor, zp: Tensor | None, axis: int) -> None:
@@ -199,11 +206,24 @@ def integer_contract(ctx, i: list, a: dict, float_op, w_axis: int, out_axis: int
             and np.allclose(np.broadcast_to(bias.scale.reshape(-1), scale.shape), scale,
                             rtol=1e-6, atol=0)):
         return None  # a float bias, or one quantized with another scale
-    acc = float_op(ctx, [_int32(x), w.q.cast(dtypes.int32)] + ([bias.q] if bias else []), a)
+    wq, bq, n = w.q, bias.q if bias else None, w.q.shape[0]
+    pad = -n % LANES if w_axis == 0 and -n % LANES * 16 <= n else 0
+    wc, bc = ctx.constant(wq), ctx.constant(bq) if bq is not None else None
+    if pad and wc is not None and (bq is None or bc is not None):
+        # zero output channels up to whole 128-byte vectors of int32 (see LANES)
+        wq = Tensor.weight(np.pad(wc, ((0, pad),) + ((0, 0),) * (wc.ndim - 1)))
+        bq = Tensor.weight(np.pad(bc, (0, pad))) if bq is not None else None
+        scale = np.pad(np.broadcast_to(scale, n), (0, pad), mode="edge")
+    else:
+        pad = 0
+    acc = float_op(ctx, [_int32(x), wq.cast(dtypes.int32)] + ([bq] if bq is not None else []), a)
     out_axis %= acc.ndim
     shape = [scale.size if d == out_axis else 1 for d in range(acc.ndim)]
     y = acc.cast(dtypes.float32) * Tensor.weight(scale.astype(np.float32).reshape(shape))
-    ctx.qdq[y.uop] = Acc(acc, scale, out_axis)
+    if pad:
+        keep = [(0, n) if d == out_axis else (0, s) for d, s in enumerate(acc.shape)]
+        y = y.shrink(keep)
+    ctx.qdq[y.uop] = Acc(acc, scale, out_axis, n if pad else 0)
     return y
 
 
@@ -300,7 +320,10 @@ def integer_requantize(ctx, x: Tensor, scale: Tensor, zp: Tensor | None, out: DT
         v = acc.acc.cast(dtypes.int64) * w(m0, np.int64)
         v = (v + w(1 << (r - 1), np.int64)).shr(w(r, np.int64))
     v = v + int(zy.reshape(-1)[0])
-    return v.maximum(int(out.min)).minimum(int(out.max)).cast(out)
+    v = v.maximum(int(out.min)).minimum(int(out.max)).cast(out)
+    if acc.keep:
+        v = v.shrink([(0, acc.keep) if d == acc.axis else (0, s) for d, s in enumerate(v.shape)])
+    return v
 
 
 def mulhi(a: Tensor, m: np.ndarray, w) -> Tensor:
