@@ -209,6 +209,10 @@ def integer_contract(ctx, i: list, a: dict, float_op, w_axis: int, out_axis: int
     wq, bq, n = w.q, bias.q if bias else None, w.q.shape[0]
     pad = -n % LANES if w_axis == 0 and -n % LANES * 16 <= n else 0
     wc, bc = ctx.constant(wq), ctx.constant(bq) if bq is not None else None
+    xi = _int32(x)
+    if wc is not None and wc.ndim == 2 and (xw := _pixels_first(x, wc, 1 - w_axis % 2)):
+        xi, wc = xw
+        wq = Tensor.weight(wc)
     if pad and wc is not None and (bq is None or bc is not None):
         # zero output channels up to whole 128-byte vectors of int32 (see LANES)
         wq = Tensor.weight(np.pad(wc, ((0, pad),) + ((0, 0),) * (wc.ndim - 1)))
@@ -216,7 +220,7 @@ def integer_contract(ctx, i: list, a: dict, float_op, w_axis: int, out_axis: int
         scale = np.pad(np.broadcast_to(scale, n), (0, pad), mode="edge")
     else:
         pad = 0
-    acc = float_op(ctx, [_int32(x), wq.cast(dtypes.int32)] + ([bq] if bq is not None else []), a)
+    acc = float_op(ctx, [xi, wq.cast(dtypes.int32)] + ([bq] if bq is not None else []), a)
     out_axis %= acc.ndim
     shape = [scale.size if d == out_axis else 1 for d in range(acc.ndim)]
     y = acc.cast(dtypes.float32) * Tensor.weight(scale.astype(np.float32).reshape(shape))
@@ -225,6 +229,24 @@ def integer_contract(ctx, i: list, a: dict, float_op, w_axis: int, out_axis: int
         y = y.shrink(keep)
     ctx.qdq[y.uop] = Acc(acc, scale, out_axis, n if pad else 0)
     return y
+
+
+def _pixels_first(x: Dq, w: np.ndarray, k_axis: int) -> tuple[Tensor, np.ndarray] | None:
+    """A matrix product whose input is a flattened (1, C, H, W) image reads it (widened to
+    int32, minus its zero point) pixel by pixel, channels innermost, with the weight's K axis
+    reordered to match: the same sums. The image is a channels-last conv or pool result
+    (schedule/layout.py), so the kernel that computes and widens it stores whole vectors of
+    channels, where the NCHW order scattered each lane 64 bytes apart (the QDQ CNN's max pool
+    + flatten: 10,501 packets on HVX against 6,593 as scalar code)."""
+    u = x.q.uop
+    if u.op is not Ops.RESHAPE or len(u.src[0].shape) != 4 or len(x.q.shape) != 2:
+        return None
+    n, c, h, wd = u.src[0].shape
+    if n != 1 or h * wd == 1 or w.shape[k_axis] != c * h * wd:
+        return None
+    order = np.arange(c * h * wd).reshape(c, h, wd).transpose(1, 2, 0).reshape(-1)
+    xi = _int32(Dq(Tensor(u.src[0]), x.zp, x.scale, x.axis))
+    return xi.permute((0, 2, 3, 1)).reshape(x.q.shape), np.take(w, order, axis=k_axis)
 
 
 def _int32(d: Dq) -> Tensor:
