@@ -502,6 +502,29 @@ def test_qdq_add_and_average_pools_run_in_integers_and_round_as_onnxruntime(tmp_
             assert np.abs(got[k] - ort[k].astype(int)).max() <= 1, k
 
 
+@pytest.mark.parametrize("target", ["dsp", "cpu"])
+def test_quantize_linear_rounds_halves_to_even_and_saturates_exactly(target, tmp_path):
+    """QuantizeLinear of float32 to int8 / uint8 (quant.py:_round_to: clamp, then the 1.5 *
+    2**23 add and subtract) equals onnxruntime exactly: exact halves both ways (scale 0.5
+    makes x / scale exact), values a float32 ulp either side of a half, -0.0, out-of-range
+    values and infinities saturating, a zero point moving the clamp."""
+    from compiler.toolchain import host_target
+    halves = np.arange(-140, 140) + 0.5
+    near = np.concatenate([np.nextafter(halves, np.inf), np.nextafter(halves, -np.inf)])
+    x = np.concatenate([halves, near, [-0.0, 0.0, 1e6, -1e6, np.inf, -np.inf, 254.5, 255.5]])
+    x = (x * 0.5).astype(np.float32)
+    inits = {"s": np.float32(0.5), "zi": np.int8(-3), "zu": np.uint8(130)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "zi"], ["yi"]),
+             helper.make_node("QuantizeLinear", ["x", "s", "zu"], ["yu"])]
+    model = make_model(nodes, [("x", x.shape, np.float32)],
+                       [("yi", x.shape, np.int8), ("yu", x.shape, np.uint8)], inits, opset=13)
+    path = tmp_path / "q.blob"
+    write_blob(compile_model(model, target=target if target == "dsp" else host_target()), path)
+    got = (_load(path) if target == "dsp" else Model.load(path)).run({"x": x})
+    for k, want in ort_run(model, {"x": x}).items():
+        np.testing.assert_array_equal(got[k], want, k)
+
+
 @pytest.mark.parametrize("m", [0.0, -0.5, 1e-12, 2.0 ** 31])
 def test_multipliers_without_a_q31_form_keep_the_float_requantization(m):
     from compiler.onnx.ops.quant import fixed_point
