@@ -6,13 +6,14 @@ multiplies by the scale ratio in float64, rounds half to even and saturates to t
 QDQ models (what quantizers such as onnxruntime's quantize_static emit) spell integer layers as
 float ops between DequantizeLinear and QuantizeLinear. Here they run in integers: a
 DequantizeLinear of int8/uint8 with constant scale and zero point records its integer origin
-(Ctx.qdq); Conv, MatMul and Gemm whose inputs both have one (and whose bias, if any, is the int32
-DequantizeLinear quantizers emit) multiply the integers and accumulate in int32, and record the
-accumulator with its scale; a QuantizeLinear of such a value requantizes the accumulator with a
-fixed-point multiplier and shift in int32 lanes instead of going through float; MaxPool takes its
-max on the integers (dequantization is increasing); a QuantizeLinear of a dequantized int8
-tensor, or of a Concat of them, with the same scale and zero point keeps the integers. Everything
-else (Add, Mul, average pooling, a Concat or Q that changes scales) stays the float computation
+(Ctx.qdq; a reshape of it keeps it, `origin`); Conv, MatMul and Gemm whose inputs both have one
+(and whose bias, if any, is the int32 DequantizeLinear quantizers emit) multiply the integers and
+accumulate in int32, Add of two sums them at a common Q20 scale, average pools sum them, and each
+records the int32 accumulator with its scale; a QuantizeLinear of such a value requantizes the
+accumulator with a fixed-point multiplier and shift in int32 lanes instead of going through
+float; MaxPool takes its max on the integers (dequantization is increasing); a QuantizeLinear of
+a dequantized int8 tensor, or of a Concat of them, with the same scale and zero point keeps the
+integers. Everything else (Mul, a Concat or Q that changes scales) stays the float computation
 the graph spells, between its DQ and Q: requantized only where the graph says so.
 """
 from __future__ import annotations
