@@ -90,7 +90,9 @@ def resblock() -> onnx.ModelProto:
     residual Adds join tensors of different scales (quantize_static folds each Relu into the
     QuantizeLinear after it)."""
     rng = np.random.default_rng(0)
-    conv = lambda x, w, y, **k: helper.make_node("Conv", [x, w, "b" + w[1:]], [y], **k)  # noqa: E731
+
+    def conv(x, w, y, **attrs):  # weight wN, bias bN
+        return helper.make_node("Conv", [x, w, "b" + w[1:]], [y], **attrs)
     nodes = [conv("x", "w1", "c1", pads=[1, 1, 1, 1], strides=[2, 2]),
              helper.make_node("Relu", ["c1"], ["r1"]),
              helper.make_node("AveragePool", ["r1"], ["a1"], kernel_shape=[2, 2], strides=[2, 2]),

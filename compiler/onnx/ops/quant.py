@@ -225,29 +225,34 @@ def integer_contract(ctx, i: list, a: dict, float_op, w_axis: int, out_axis: int
             and np.allclose(np.broadcast_to(bias.scale.reshape(-1), scale.shape), scale,
                             rtol=1e-6, atol=0)):
         return None  # a float bias, or one quantized with another scale
-    wq, bq, n = w.q, bias.q if bias else None, w.q.shape[0]
-    pad = -n % LANES if w_axis == 0 and -n % LANES * 16 <= n else 0
-    wc, bc = ctx.constant(wq), ctx.constant(bq) if bq is not None else None
-    xi = _int32(x)
-    if wc is not None and wc.ndim == 2 and (xw := _pixels_first(x, wc, 1 - w_axis % 2)):
+    xi, wq, bq, n = _int32(x), w.q, bias.q if bias else None, w.q.shape[w_axis]
+    wc = ctx.constant(wq)
+    if wc is not None and wc.ndim == 2 and (xw := _pixels_first(x, wc, 1 if w_axis == 0 else 0)):
         xi, wc = xw
         wq = Tensor.weight(wc)
-    if pad and wc is not None and (bq is None or bc is not None):
-        # zero output channels up to whole 128-byte vectors of int32 (see LANES)
-        wq = Tensor.weight(np.pad(wc, ((0, pad),) + ((0, 0),) * (wc.ndim - 1)))
-        bq = Tensor.weight(np.pad(bc, (0, pad))) if bq is not None else None
-        scale = np.pad(np.broadcast_to(scale, n), (0, pad), mode="edge")
-    else:
-        pad = 0
+    if w_axis == 0 and wc is not None:  # the weight's first axis is the output channel's
+        wq, bq, scale = _whole_vectors(ctx, wq, wc, bq, scale)
     acc = float_op(ctx, [xi, wq.cast(dtypes.int32)] + ([bq] if bq is not None else []), a)
     out_axis %= acc.ndim
     shape = [scale.size if d == out_axis else 1 for d in range(acc.ndim)]
     y = acc.cast(dtypes.float32) * Tensor.weight(scale.astype(np.float32).reshape(shape))
-    if pad:
-        keep = [(0, n) if d == out_axis else (0, s) for d, s in enumerate(acc.shape)]
-        y = y.shrink(keep)
-    ctx.qdq[y.uop] = Acc(acc, scale, out_axis, n if pad else 0)
+    keep = n if wq.shape[w_axis] != n else 0  # padded: the first n channels are the value
+    if keep:
+        y = y.shrink([(0, n) if d == out_axis else (0, s) for d, s in enumerate(acc.shape)])
+    ctx.qdq[y.uop] = Acc(acc, scale, out_axis, keep)
     return y
+
+
+def _whole_vectors(ctx, wq: Tensor, wc: np.ndarray, bq: Tensor | None, scale: np.ndarray):
+    """(weight, bias, scale) with zero output channels up to a multiple of LANES when that adds
+    at most 1/16 of the work and the bias is constant too; else as they are."""
+    n = wc.shape[0]
+    pad, bc = -n % LANES, ctx.constant(bq) if bq is not None else None
+    if not pad or pad * 16 > n or (bq is not None and bc is None):
+        return wq, bq, scale
+    wq = Tensor.weight(np.pad(wc, ((0, pad),) + ((0, 0),) * (wc.ndim - 1)))
+    bq = Tensor.weight(np.pad(bc, (0, pad))) if bq is not None else None
+    return wq, bq, np.pad(np.broadcast_to(scale, n), (0, pad), mode="edge")
 
 
 def _pixels_first(x: Dq, w: np.ndarray, k_axis: int) -> tuple[Tensor, np.ndarray] | None:
@@ -334,7 +339,8 @@ def fixed_point(m: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
 def integer_requantize(ctx, x: Tensor, scale: Tensor, zp: Tensor | None, out: DType):
     """QuantizeLinear of a recorded accumulator: round(acc * m) + zero point, saturated, with m
     as a fixed-point multiplier m0 and shift r, rounding half up: (acc * m0 + 2**(r-1)) >> r
-    (half to even when m is a power of two). None when the output scale or zero point is not one constant, or m has no fixed-point form."""
+    (half to even when m is a power of two). None when the output scale or zero point is not
+    one constant, or m has no fixed-point form."""
     acc = ctx.qdq.get(x.uop)
     sy = ctx.constant(scale)
     zy = np.zeros(1) if zp is None else ctx.constant(zp)
