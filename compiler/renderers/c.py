@@ -102,6 +102,13 @@ class CRenderer(CStyle):
     """Vectors use the GCC/clang `vector_size` extension: lane-wise arithmetic and compares (which
     give 0/-1 integer masks), `__builtin_convertvector` for casts, a plain cast for bit casts."""
 
+    def __init__(self, target=None):
+        if target is not None and target.device == "dsp":
+            # each kernel its own function, never inlined into the entry points: the DSP's
+            # profile counts and tests/test_dsp.py's disassembly are per kernel symbol (a call
+            # per launch costs nothing against a kernel)
+            self.kernel_prefix = "static __attribute__((noinline)) void"
+
     def render_program(self, kernels: list[tuple[str, list[UOp]]], launches: list[Launch],
                        buffers: dict[int, Buffer]) -> Program:
         # every parameter is declared, even one whose loads simplified away: the call passes it

@@ -9,6 +9,7 @@ import math
 
 from compiler.ir.dtypes import dtypes
 from compiler.ir.tensor import Tensor
+import compiler.onnx.ops.quant as quant
 from compiler.onnx.registry import OPS, onnx_dtype, op
 
 
@@ -57,8 +58,15 @@ def _binary(fn):
     return lambda ctx, i, a: fn(i[0], i[1])
 
 
+@op("Add")
+def _add(ctx, i, a):
+    y = i[0] + i[1]
+    quant.integer_add(ctx, i[0], i[1], y)  # QDQ: the sum's integers, for a Q after it
+    return y
+
+
 for _name, _fn in {
-    "Add": Tensor.__add__, "Sub": Tensor.__sub__, "Mul": Tensor.__mul__,
+    "Sub": Tensor.__sub__, "Mul": Tensor.__mul__,
     "Div": Tensor.__truediv__, "Equal": Tensor.eq, "Less": Tensor.__lt__,
     "Greater": Tensor.__gt__, "LessOrEqual": Tensor.__le__, "GreaterOrEqual": Tensor.__ge__,
     "And": Tensor.__and__, "Or": Tensor.__or__, "Xor": Tensor.__xor__,
