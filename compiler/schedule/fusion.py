@@ -248,10 +248,13 @@ def _rejoin(start: UOp, users: dict, realized: set, rank: dict, r: UOp) -> UOp |
 
 
 def _one_full_read(u: UOp, realized: set) -> bool:
-    """u reads exactly one tensor (realized, input or weight) as large as itself (x * s[c])."""
+    """u is one ALU op reading exactly one tensor (realized, input or weight) as large as itself
+    (x * s[c], relu(x)): recomputed per multiply-add of a reduction, it adds half the ALU work
+    at most, where a LayerNorm's normalization (4 ops) would triple it."""
     body = inlined(u, realized)
     leaves = [n for n in body[1:] if n in realized or n.op in (Ops.INPUT, Ops.WEIGHT)]
-    return sum(n.size >= u.size for n in leaves) == 1
+    ops = [n for n in body if n.op in ALU and (n is u or n not in realized)]
+    return len(ops) == 1 and sum(n.size >= u.size for n in leaves) == 1
 
 
 def _costly(u: UOp, realized: set) -> bool:
