@@ -125,9 +125,10 @@ def _duplicated_work(root: UOp, realized: set, recompute: bool = False) -> set[U
     input). Inside reductions any such node is realized; in elementwise kernels only costly ones.
     The padded input of a deep windowed reduction (a conv over many channels) is realized too:
     one copy with zero borders beats a bounds check on every one of its Cin*K*K reads.
-    `recompute` (target.recompute_cheap): a cheap node inside a reduction stays inlined when it
-    reads one tensor of its own size (the rest broadcast): the reduction reads that tensor in
-    place of the node's, so no bytes are added and one write and read are saved."""
+    `recompute` (target.recompute_cheap): a node inside a reduction stays inlined when it is one
+    ALU op reading one tensor of its own size (the rest broadcast, _one_full_read): the
+    reduction reads that tensor in place of the node's, so no bytes are added and one write and
+    one read are saved."""
     reds = _reduces_in(root, realized)
     depth = reds[0].src[0].size // max(reds[0].size, 1) if reds else 0
     hits, stack, seen = set(), [(root, False)], set()
