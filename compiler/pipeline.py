@@ -60,7 +60,7 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         graph = load_onnx(model, input_shapes or {}, float16=float16, winograd=tgt.winograd)
     with st("schedule"):
         outs, kernels, realized, tracked = schedule([u for _, u in graph.outputs],
-                                                    tuple(graph.origins))
+                                                    tuple(graph.origins), tgt.recompute_cheap)
         origins: dict[UOp, int] = {}
         for u, i in zip(tracked, graph.origins.values()):
             origins.setdefault(u, i)

@@ -52,6 +52,11 @@ class Target:
     # residual tensors written in place, merged dims. Targets without it keep every buffer as
     # the graph has it (images already make GPU reads 2D).
     cpu_layouts: bool = False
+    # Cheap elementwise work under a broadcast inside a reduction (the squeeze-excite scale
+    # before a 1x1 conv, an input's normalization and zero border before the stem conv) is
+    # recomputed on every read instead of stored and read back: memory, not ALUs, bounds a GPU
+    # on these models (docs/perf.md, the Adreno 630 cost model). CPUs realize it once.
+    recompute_cheap: bool = False
     # Winograd F(2x2,3x3) for eligible 3x3 convs (onnx/ops/winograd.py): fewer multiplies for more
     # adds and a larger weight, a trade a wide-SIMD CPU wins.
     winograd: bool = False
@@ -79,7 +84,7 @@ CPU = dict(renderer="c", device="cpu", prefetch=True, cpu_layouts=True, winograd
            pack_weights=True, shared_object=True)
 # every OpenCL target: one work item per output tile, half activations under --float16
 GPU = dict(renderer="opencl", device="opencl", vector_bytes=16, buffer_align=128,
-           half_activations=True, output_dims="global")
+           half_activations=True, output_dims="global", recompute_cheap=True)
 
 TARGETS = {t.name: t for t in (
     Target("cpu", vector_bytes=32, registers=16, **CPU),  # x86-64-v3: AVX2+FMA
