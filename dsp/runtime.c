@@ -32,8 +32,8 @@
 enum { SYS_close = 57, SYS_read = 63, SYS_write = 64, SYS_exit_group = 94,
        SYS_mmap2 = 222 };
 enum { PROT_RWX = 7, MAP_SHARED = 1, MAP_PRIVATE_ANON = 0x02 | 0x20 };
-enum { FLAG_PROFILE = 1, FLAG_HANG = 2, FLAG_FAULT = 4 };  /* the last two: injected faults */
-enum { MAX_SLOTS = 256, MAX_LAUNCHES = 65536, MAX_ARGS = 64, FIRST_SLOT = 9 };
+enum { FLAG_HANG = 2, FLAG_FAULT = 4 };  /* injected faults; FLAG_PROFILE is graph_runner.h's */
+enum { MAX_SLOTS = 256, FIRST_SLOT = 9 };
 
 /* Linux on Hexagon: trap0(#1), number in r6, arguments in r0-r5, result in r0 */
 static long sys6(long n, long a, long b, long c, long d, long e, long f) {
@@ -202,50 +202,7 @@ static char *map_fd(const char *fd, uint32_t size, long prot, long flags) {
   return p;
 }
 
-/* ---- the invoke loop ------------------------------------------------------------------------ */
-typedef void graph_fn(unsigned char *arena, const unsigned char *weights, void *const *io);
-typedef void launch_fn(int launch, void *const *args);
-typedef struct { uint32_t seq, status, nticks, pad; } Reply;
-
-#ifdef KEEL_QEMU  /* qemu's counters: c20 packets, c22 HVX instructions ("r0 = c20", "r0 = c22") */
-#define READ_R0(word) ({ uint32_t r; __asm__ volatile(word "\n%0 = r0" : "=r"(r) :: "r0"); r; })
-#define COST() READ_R0(".word 0x6a14c000")
-#define HVX_OPS() READ_R0(".word 0x6a16c000")
-#else
-#define COST() __builtin_readcyclecounter()
-#define HVX_OPS() 0u
-#endif
-
-typedef struct { launch_fn *launch; const uint32_t *table; uint32_t words, launches; } Table;
-
-/* every launch alone, its cost and HVX count measured around it; the answer is 2 * launches */
-static uint32_t profile(const Table *t, unsigned char *shm, unsigned long long *ticks) {
-  static void *args[MAX_ARGS];
-  const uint32_t *w = t->table, *end = t->table + t->words;
-  for (uint32_t i = 0; i < t->launches; i++) {
-    uint32_t n = *w++;
-    for (uint32_t j = 0; j < n; j++) args[j] = shm + w[j];
-    w += n;
-    unsigned long long c0 = COST(), h0 = HVX_OPS();
-    t->launch((int)i, args);
-    ticks[i] = (unsigned long long)COST() - c0;
-    ticks[t->launches + i] = (unsigned long long)HVX_OPS() - h0;
-  }
-  return w == end ? 2 * t->launches : 0;
-}
-
-/* the launch table checked once: argument counts and offsets inside the shared buffer */
-static Table read_table(launch_fn *launch, const char *fd, const char *bytes, uint32_t shm_size) {
-  Table t = {launch, (const uint32_t *)map_fd(fd, number(bytes), 1, 2), number(bytes) / 4, 0};
-  for (uint32_t k = 0; k < t.words; t.launches++) {
-    uint32_t n = t.table[k++];
-    if (n > MAX_ARGS || k + n > t.words) die(2, "launch table: bad argument count", "");
-    for (uint32_t j = 0; j < n; j++)
-      if (t.table[k++] >= shm_size) die(2, "launch table: argument past the shared buffer", "");
-  }
-  if (t.launches > MAX_LAUNCHES) die(2, "launch table: too many launches", "");
-  return t;
-}
+#include "graph_runner.h"  /* Table, check_table, run_graph: shared with dsp/skel.c */
 
 static int serve(int argc, char **argv) {
   static void *io[MAX_SLOTS];
@@ -253,14 +210,17 @@ static int serve(int argc, char **argv) {
   if (argc < FIRST_SLOT || argc - FIRST_SLOT > MAX_SLOTS)
     die(2, "usage: runtime PROGRAMS_FD PROGRAMS_BYTES SHM_FD SHM_BYTES TABLE_FD TABLE_BYTES "
         "WEIGHTS_OFF ARENA_OFF IO_OFF...", "");
-  uint32_t shm_size = number(argv[4]);
+  uint32_t shm_size = number(argv[4]), words = number(argv[6]) / 4;
   char *file = map_fd(argv[1], number(argv[2]), 1, 2);  /* PROT_READ, MAP_PRIVATE */
   Image im = load(file, number(argv[2]));
-  graph_fn *graph = symbol(&im, "keel_graph");
-  Table table = read_table(symbol(&im, "keel_launch"), argv[5], argv[6], shm_size);
   unsigned char *shm = (unsigned char *)map_fd(argv[3], shm_size, 3, MAP_SHARED);
-  uint32_t weights = number(argv[7]), arena = number(argv[8]);
-  if (weights > shm_size || arena > shm_size) die(2, "weights or arena past the shared buffer", "");
+  Graph g = {symbol(&im, "keel_graph"), symbol(&im, "keel_launch"),
+             (const uint32_t *)map_fd(argv[5], number(argv[6]), 1, 2), words, 0, shm,
+             shm + number(argv[8]), shm + number(argv[7]), io};
+  const char *bad = check_table(&g, shm_size);
+  if (bad) die(2, bad, "");
+  if (number(argv[7]) > shm_size || number(argv[8]) > shm_size)
+    die(2, "weights or arena past the shared buffer", "");
   for (int i = FIRST_SLOT; i < argc; i++) {
     uint32_t off = number(argv[i]);
     if (off > shm_size) die(2, "io slot past the shared buffer: ", argv[i]);
@@ -271,11 +231,8 @@ static int serve(int argc, char **argv) {
   for (;;) {
     uint32_t req[2];
     io_all(SYS_read, 0, (char *)req, sizeof req);
-    reply = (Reply){req[0], 0, 0, 0};
     if (req[1] & FLAG_HANG) for (;;) __asm__ volatile("" ::: "memory");  /* never answers */
-    if (req[1] & FLAG_FAULT) reply.status = 1;
-    else if (req[1] & FLAG_PROFILE) reply.status = !(reply.nticks = profile(&table, shm, ticks));
-    else graph(shm + arena, shm + weights, io);
+    reply = req[1] & FLAG_FAULT ? (Reply){req[0], 1, 0, 0} : run_graph(&g, req[0], req[1], ticks);
     io_all(SYS_write, 1, (char *)&reply, sizeof reply);
     io_all(SYS_write, 1, (char *)ticks, reply.nticks * sizeof *ticks);
   }
