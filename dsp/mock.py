@@ -23,9 +23,8 @@ import subprocess
 import tempfile
 import time
 import weakref
-from pathlib import Path
 
-from dsp.build import missing, runtime_elf  # noqa: F401 (tests ask mock.missing)
+from dsp.build import runtime_elf
 from runner.errors import DeviceError, DeviceTimeout
 
 QEMU = "qemu-hexagon"

@@ -23,14 +23,14 @@ from onnx import helper, numpy_helper
 from compiler.blob import write_blob
 from compiler.pipeline import compile_model
 from compiler.target import get_target
-from dsp import mock
+from dsp import build, mock
 from runner import DeviceError, DeviceTimeout, Model
 from runner.errors import ConfigError
 from tests.deps import needs
 from tests.graphs import assert_close, compiled_blob, make_model, ort_run, random_feeds
 from tests.test_aarch64 import LIGHT_DIR, randomized
 
-pytestmark = [needs("qemu-user, clang-19, lld-19", mock.missing()),
+pytestmark = [needs("qemu-user, clang-19, lld-19", build.missing()),
               pytest.mark.xdist_group("dsp")]
 OBJDUMP = "llvm-objdump-19"
 SLOW_MS = 120_000  # qemu on a shared 2-core machine: a deadline no healthy run comes near
