@@ -74,7 +74,7 @@ def skel_so() -> Path:
 
 
 def _build(name: str, source: Path, flags: tuple, *extra: str, script: str = "") -> Path:
-    text = b"".join(p.read_bytes() for p in (source, HERE / "graph_runner.h", LIBC))
+    text = b"".join(p.read_bytes() for p in (source, HERE / "skel.c", HERE / "graph_runner.h", LIBC))
     key = hashlib.sha256(text + " ".join((*flags, *extra, script)).encode()).hexdigest()[:16]
     out = Path(tempfile.gettempdir(), f"keel-dsp-{os.getuid()}", f"{name}-{key}")
     if out.exists():

@@ -12,7 +12,9 @@
      2     LOAD, 3 in 1 out: {shm, shm bytes, weights off, arena off, slots, slot off...},
            the programs' library name, the launch table (u32 words); out: i32 status
      3     RUN, 1 in 1 out: {seq, flags}; out: {seq, status, nticks, 0}, nticks u64
-   The graph runs as in the emulated DSP (dsp/runtime.c): graph_runner.h is shared.
+   The emulated DSP (dsp/runtime.c, under qemu-hexagon) includes this file and calls this entry
+   for its load and every invoke, with remote_args built as FastRPC builds them: the same code
+   path, with its own loader standing in for the PD's dlopen.
 
    No Hexagon SDK header: what the library imports from the PD, declared here by hand, and why:
      dlopen, dlsym, dlclose  the programs (the blob's kernels) are a second library, loaded by
@@ -46,20 +48,20 @@ static Graph g;
 static void *io[MAX_SLOTS];
 static void *lib;
 
-static void unload(void) {
+static void unload_graph(void) {
   if (lib) dlclose(lib);
   free((void *)g.table);
   lib = 0, g = (Graph){0};
 }
 
-static int load(remote_arg *pra) {
+static int load_graph(remote_arg *pra) {
   const uint32_t *h = pra[0].buf.pv;
   const char *name = pra[1].buf.pv;
   uint32_t heads = pra[0].buf.len / 4, words = pra[2].buf.len / 4;
   if (heads < HEAD_WORDS || h[4] > MAX_SLOTS || heads != HEAD_WORDS + h[4] ||
       !pra[1].buf.len || name[pra[1].buf.len - 1] || h[2] > h[1] || h[3] > h[1])
     return BAD_ARGS;
-  unload();
+  unload_graph();
   unsigned char *shm = (unsigned char *)(uintptr_t)h[0];
   for (uint32_t i = 0; i < h[4]; i++) {
     if (h[HEAD_WORDS + i] > h[1]) return BAD_ARGS;
@@ -69,15 +71,15 @@ static int load(remote_arg *pra) {
   if (!table) return NO_MEMORY;
   for (uint32_t i = 0; i < words; i++) table[i] = ((const uint32_t *)pra[2].buf.pv)[i];
   g = (Graph){0, 0, table, words, 0, shm, shm + h[3], shm + h[2], io};
-  if (!(lib = dlopen(name, RTLD_NOW))) return unload(), NO_LIBRARY;
+  if (!(lib = dlopen(name, RTLD_NOW))) return unload_graph(), NO_LIBRARY;
   g.graph = (graph_fn *)dlsym(lib, "keel_graph");
   g.launch = (launch_fn *)dlsym(lib, "keel_launch");
-  if (!g.graph || !g.launch) return unload(), NO_SYMBOL;
-  if (check_table(&g, h[1])) return unload(), BAD_TABLE;
+  if (!g.graph || !g.launch) return unload_graph(), NO_SYMBOL;
+  if (check_table(&g, h[1])) return unload_graph(), BAD_TABLE;
   return OK;
 }
 
-static int run(remote_arg *pra) {
+static int run_invoke(remote_arg *pra) {
   const uint32_t *req = pra[0].buf.pv;
   if (pra[0].buf.len < 8 || pra[1].buf.len < sizeof(Reply) + 16ull * g.launches) return BAD_ARGS;
   Reply *reply = pra[1].buf.pv;
@@ -93,9 +95,9 @@ int keel_dsp_skel_handle_invoke(remote_handle64 handle, uint32_t sc, remote_arg 
   if (m <= 1) return OK;
   if (HANDLES(sc)) return BAD_ARGS;
   if (m == LOAD && INS(sc) == 3 && OUTS(sc) == 1 && pra[3].buf.len >= 4) {
-    *(int32_t *)pra[3].buf.pv = load(pra);
+    *(int32_t *)pra[3].buf.pv = load_graph(pra);
     return OK;
   }
-  if (m == RUN && INS(sc) == 1 && OUTS(sc) == 1) return run(pra);
+  if (m == RUN && INS(sc) == 1 && OUTS(sc) == 1) return run_invoke(pra);
   return BAD_ARGS;
 }

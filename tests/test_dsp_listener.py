@@ -257,14 +257,15 @@ class FakeShm:
 
 @pytest.fixture
 def device_files(tmp_path, monkeypatch):
-    node, shell, skel = tmp_path / "adsprpc-smd", tmp_path / "fastrpc_shell_3", tmp_path / "skel"
+    """A FastRPC node and a DSP shell where the transport looks for them; the skel is the one
+    dsp/build.py builds, which the transport builds too (KEEL_DSP_SKEL unset)."""
+    node, shell = tmp_path / "adsprpc-smd", tmp_path / "fastrpc_shell_3"
     node.write_bytes(b"")
     shell.write_bytes(b"\x7fELF" + bytes(60))
-    skel.write_bytes(b"\x7fELF skel stand-in\0" + ENTRY.encode() + b"\0" + bytes(9000))
     monkeypatch.setattr(fastrpc, "RPC_NODE", str(node))
     monkeypatch.setattr(fastrpc, "SHELLS", (str(shell),))
-    monkeypatch.setenv("KEEL_DSP_SKEL", str(skel))
-    return skel.read_bytes()
+    monkeypatch.delenv("KEEL_DSP_SKEL", raising=False)
+    return build.skel_so().read_bytes()
 
 
 def transport(kernel, monkeypatch):
@@ -274,12 +275,14 @@ def transport(kernel, monkeypatch):
     return t
 
 
+@TOOLS
 def test_opening_serves_the_skel_and_the_programs_through_the_listener(device_files,
                                                                         monkeypatch):
     kernel = MockDsp(device_files)
     t = transport(kernel, monkeypatch)
     t.open(PROGRAMS, 0, 128, [256], struct.pack("<2I", 1, 0), time.monotonic() + WAIT_S)
     assert kernel.served == {fastrpc.SKEL: device_files, fastrpc.PROGRAMS: PROGRAMS}
+    assert len(device_files) > 4 * CHUNK  # served in several reads
     assert kernel.heap == [1 << 20]  # the apps_mem request became a heap MMAP (fd -1)
     invokes = [c[1:] for c in kernel.calls if c[0] == fastrpc.INVOKE]
     assert invokes[0] == (3, 0x03000000)  # init2 before anything reaches the DSP
@@ -300,6 +303,7 @@ def test_opening_serves_the_skel_and_the_programs_through_the_listener(device_fi
     assert kernel.exited and not thread.is_alive()  # the PD's exit ended the listener's wait
 
 
+@TOOLS
 def test_a_request_the_listener_cannot_serve_is_a_device_error(device_files, monkeypatch):
     rogue = listener.scalars(30, 0, 0)
     t = transport(MockDsp(device_files, rogue=rogue), monkeypatch)
@@ -309,6 +313,7 @@ def test_a_request_the_listener_cannot_serve_is_a_device_error(device_files, mon
     t.close()
 
 
+@TOOLS
 def test_a_library_keel_does_not_hold_is_answered_missing_and_named(device_files, monkeypatch):
     t = transport(MockDsp(device_files, ask="libother.so"), monkeypatch)
     with pytest.raises(fastrpc.DeviceError, match=r"could not open libkeel_dsp_skel.so .*no such "
@@ -318,6 +323,7 @@ def test_a_library_keel_does_not_hold_is_answered_missing_and_named(device_files
     t.close()
 
 
+@TOOLS
 def test_served_bytes_must_be_the_skel_or_the_load_fails(device_files, monkeypatch):
     kernel = MockDsp(device_files + b"x")  # the PD expected other bytes: they must match
     t = transport(kernel, monkeypatch)
@@ -327,6 +333,7 @@ def test_served_bytes_must_be_the_skel_or_the_load_fails(device_files, monkeypat
     t.close()
 
 
+@TOOLS
 def test_a_device_refusing_unsigned_pds_gets_a_test_signature_error(device_files, monkeypatch):
     kernel = MockDsp(device_files, refuse_unsigned=True)
     t = transport(kernel, monkeypatch)
