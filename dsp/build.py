@@ -74,7 +74,8 @@ def skel_so() -> Path:
 
 
 def _build(name: str, source: Path, flags: tuple, *extra: str, script: str = "") -> Path:
-    text = b"".join(p.read_bytes() for p in (source, HERE / "skel.c", HERE / "graph_runner.h", LIBC))
+    parts = (source, HERE / "skel.c", HERE / "graph_runner.h", LIBC)  # runtime.c includes all
+    text = b"".join(p.read_bytes() for p in parts)
     key = hashlib.sha256(text + " ".join((*flags, *extra, script)).encode()).hexdigest()[:16]
     out = Path(tempfile.gettempdir(), f"keel-dsp-{os.getuid()}", f"{name}-{key}")
     if out.exists():

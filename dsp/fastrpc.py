@@ -33,7 +33,7 @@ import threading
 import time
 
 from dsp.build import SKEL_NAME as SKEL, skel_so
-from dsp.listener import CURRENT_PROCESS, EXIT, Listener, buffers, scalars
+from dsp.listener import CURRENT_PROCESS, EXIT, Listener, scalars
 from runner.errors import DeviceError, DeviceTimeout
 
 RPC_NODE, ION_NODE = "/dev/adsprpc-smd", "/dev/ion"
@@ -119,10 +119,16 @@ def _ioctl(fd: int, number: int, arg, what: str) -> None:
 
 def _call(rpc: int, handle: int, sc: int, ins: list[bytes], outs: list[int], what: str) \
         -> list[bytes]:
-    """One FASTRPC_IOCTL_INVOKE: in buffers (bytes), out buffers (sizes); the out buffers' bytes."""
-    pra, keep, out = buffers(ins, outs, RemoteArg)
+    """One FASTRPC_IOCTL_INVOKE: in buffers (bytes), out buffers (sizes); the out buffers' bytes.
+    Every buffer is 8-byte aligned (the listener's payloads pad relative to their start)."""
+    bufs = [(ctypes.c_uint64 * max(-(-n // 8), 1))() for n in [len(b) for b in ins] + outs]
+    for buf, b in zip(bufs, ins):
+        ctypes.memmove(buf, b, len(b))
+    pra = (RemoteArg * len(bufs))()
+    for a, buf, n in zip(pra, bufs, [len(b) for b in ins] + outs):
+        a.buf.pv, a.buf.len = ctypes.addressof(buf) if n else None, n
     _ioctl(rpc, INVOKE, Invoke(handle=handle, sc=sc, pra=pra), what)
-    return [bytes(b)[:n] for b, n in zip(out, outs)]
+    return [bytes(b)[:n] for b, n in zip(bufs[len(ins):], outs)]
 
 
 class Ion:

@@ -31,7 +31,6 @@ named in the error if the load then fails.
 """
 from __future__ import annotations
 
-import ctypes
 import struct
 import threading
 
@@ -174,16 +173,13 @@ class Listener:
         self.open_files[fd] = [name, 0]
         return [struct.pack("<I", fd)]
 
-    def _file(self, fd: int):
-        return self.open_files.get(fd)
-
     def _fclose(self, ins, lens):
         (fd,) = struct.unpack_from("<I", ins[0])
         return [] if self.open_files.pop(fd, None) else None
 
     def _fread(self, ins, lens):
         fd, want = struct.unpack_from("<2I", ins[0])
-        f = self._file(fd)
+        f = self.open_files.get(fd)
         if f is None:
             return None
         data = self.files[f[0]][f[1]:f[1] + min(want, lens[1])]
@@ -192,7 +188,7 @@ class Listener:
 
     def _fseek(self, ins, lens):
         fd, offset, whence = struct.unpack_from("<Iii", ins[0])
-        f = self._file(fd)
+        f = self.open_files.get(fd)
         if f is None or whence not in (SEEK_SET, SEEK_CUR, SEEK_END):
             return None
         base = {SEEK_SET: 0, SEEK_CUR: f[1], SEEK_END: len(self.files[f[0]])}[whence]
@@ -216,18 +212,3 @@ class Listener:
 
     def stop(self) -> None:
         self.stopped = True
-
-
-def buffers(ins: list[bytes], outs: list[int], arg_type):
-    """A remote_arg array over 8-byte-aligned copies of `ins` and zeroed out buffers of sizes
-    `outs` (the payloads' padding is relative to their start); the buffers are returned to be
-    kept alive for the call."""
-    keep = [(ctypes.c_uint64 * max(_up8(len(b)) // 8, 1))() for b in ins]
-    out = [(ctypes.c_uint64 * max(_up8(n) // 8, 1))() for n in outs]
-    for k, b in zip(keep, ins):
-        ctypes.memmove(k, b, len(b))
-    pra = (arg_type * (len(ins) + len(outs)))()
-    for a, b, n in zip(pra, keep + out, [len(b) for b in ins] + list(outs)):
-        a.buf.pv, a.buf.len = ctypes.addressof(b) if n else None, n
-    return pra, keep, out
-

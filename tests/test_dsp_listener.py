@@ -106,129 +106,138 @@ def _arg(pra, i: int) -> bytes:
     return ctypes.string_at(b.pv, b.len) if b.len else b""
 
 
+class Pd:
+    """One user PD's side of a session: the listener's state and the reverse requests queued."""
+
+    def __init__(self):
+        self.queue, self.answers, self.listening, self.exited = [], {}, False, False
+
+
 class MockDsp:
-    """fcntl.ioctl for the FastRPC node. `ask` overrides the library name the loader fopens;
-    `rogue` is a reverse sc the loader sends first (one keel does not serve)."""
+    """fcntl.ioctl for the FastRPC node, a PD per session fd (INIT_ATTRS). `ask` overrides the
+    library name the loader fopens; `rogue` is a reverse sc the loader sends first (one keel does
+    not serve)."""
 
     def __init__(self, skel: bytes, refuse_unsigned=False, ask=None, rogue=None):
         self.skel, self.refuse, self.ask, self.rogue = skel, refuse_unsigned, ask, rogue
         self.calls, self.reverse_scs, self.served, self.heap = [], [], {}, []
         self.cond = threading.Condition()
-        self.queue, self.answers, self.ctx = [], {}, 0
-        self.pd = self.listening = self.exited = False
+        self.pds: dict[int, Pd] = {}
+        self.ctx = self.sessions = 0
 
     def __call__(self, fd, number, arg):
         if number == fastrpc.INVOKE:
             self.calls.append((number, arg.handle, arg.sc))
-            return self._invoke(arg)
+            return self._invoke(self.pds[fd], arg)
         self.calls.append((number, arg))
         if number == fastrpc.INIT_ATTRS:
             if self.refuse:
                 raise OSError(errno.EPERM, "Operation not permitted")
             assert arg.init.flags == fastrpc.FASTRPC_INIT_CREATE
-            self.pd = True
+            self.pds[fd], self.sessions = Pd(), self.sessions + 1
         elif number == fastrpc.MMAP:
-            assert self.pd, "MMAP before the PD exists"
+            assert fd in self.pds, "MMAP before the PD exists"
             if arg.fd == -1:
                 self.heap.append(arg.size)
             arg.vaddrout = HEAP if arg.fd == -1 else VADDR
 
-    def _invoke(self, arg):
+    def _invoke(self, pd: Pd, arg):
         key = (arg.handle, arg.sc)
         if key == (listener.LISTENER, listener.INIT2):
-            assert self.pd and not self.listening
-            self.listening = True
+            assert not pd.listening
+            pd.listening = True
         elif key == (listener.LISTENER, listener.NEXT2):
-            self._next2(arg.pra)
+            self._next2(pd, arg.pra)
         elif key == (listener.CURRENT_PROCESS, listener.EXIT):
             with self.cond:
-                self.exited = True
+                pd.exited = True
                 self.cond.notify_all()
         elif key == (0, fastrpc.scalars(0, 2, 2)):
-            self._open_skel(arg.pra)
+            self._open_skel(pd, arg.pra)
         elif key == (SKEL_HANDLE, fastrpc.scalars(fastrpc.LOAD, 3, 1)):
-            self._load(arg.pra)
+            self._load(pd, arg.pra)
         elif key == (SKEL_HANDLE, fastrpc.scalars(fastrpc.RUN, 1, 1)):
             seq, _ = struct.unpack("<2I", _arg(arg.pra, 0))
             ctypes.memmove(arg.pra[1].buf.pv, struct.pack("<4I", seq, 0, 0, 0), 16)
         else:
             raise OSError(errno.EINVAL, f"no such handle/method {key}")
 
-    def _next2(self, pra):
+    def _next2(self, pd: Pd, pra):
         """The listener's turn: take its answer to the last request, hand it the next one."""
-        assert self.listening, "next2 before init2"
+        assert pd.listening, "next2 before init2"
         ctx, result, n, cap = struct.unpack("<4I", _arg(pra, 0))
         assert pra[1].buf.len == n and pra[3].buf.len == cap and pra[2].buf.len == 16
         with self.cond:
             if ctx:
-                self.answers[ctx] = (result, _arg(pra, 1))
+                pd.answers[ctx] = (result, _arg(pra, 1))
                 self.cond.notify_all()
-            if not self.cond.wait_for(lambda: self.queue or self.exited, WAIT_S):
+            if not self.cond.wait_for(lambda: pd.queue or pd.exited, WAIT_S):
                 raise OSError(errno.ETIMEDOUT, "mock: no request")
-            if self.exited:
+            if pd.exited:
                 raise OSError(errno.ECONNRESET, "mock: the PD exited")
-            ctx, handle, sc, payload = self.queue.pop(0)
+            ctx, handle, sc, payload = pd.queue.pop(0)
         ctypes.memmove(pra[2].buf.pv, struct.pack("<4I", ctx, handle, sc, len(payload)), 16)
         if len(payload) <= cap:
             ctypes.memmove(pra[3].buf.pv, payload, len(payload))
 
-    def reverse(self, handle: int, sc: int, ins: list[bytes], outs: list[int]):
+    def reverse(self, pd: Pd, handle: int, sc: int, ins: list[bytes], outs: list[int]):
         """One request to the host, as the PD makes it: (result, out buffers or None)."""
         assert (sc >> 16 & 0xff, sc >> 8 & 0xff) == (len(ins), len(outs))
         self.reverse_scs.append(sc)
         with self.cond:
             self.ctx += 1
             ctx = self.ctx
-            self.queue.append((ctx, handle, sc, _pack(ins, outs)))
+            pd.queue.append((ctx, handle, sc, _pack(ins, outs)))
             self.cond.notify_all()
-            if not self.cond.wait_for(lambda: ctx in self.answers, WAIT_S):
+            if not self.cond.wait_for(lambda: ctx in pd.answers, WAIT_S):
                 raise OSError(errno.ETIMEDOUT, f"mock: the host never answered sc {sc:#x}")
-            result, data = self.answers.pop(ctx)
+            result, data = pd.answers.pop(ctx)
         return result, (None if result else _unpack(data, outs))
 
-    def _interface(self, name: str) -> int:
-        _, (out, _) = self.reverse(0, listener.OPEN, [struct.pack("<2I", len(name) + 1, 64),
-                                                      name.encode() + b"\0"], [8, 64])
+    def _interface(self, pd: Pd, name: str) -> int:
+        ins = [struct.pack("<2I", len(name) + 1, 64), name.encode() + b"\0"]
+        _, (out, _) = self.reverse(pd, 0, listener.OPEN, ins, [8, 64])
         handle, err = struct.unpack("<Ii", out)
         assert not err and handle, name
         return handle
 
-    def read_library(self, name: str) -> bytes | None:
+    def read_library(self, pd: Pd, name: str) -> bytes | None:
         """The loader's reads: stat, fopen through ADSP_LIBRARY_PATH, chunks, seek, close."""
-        std = self._interface("apps_std")
+        std = self._interface(pd, "apps_std")
         strings = [b"ADSP_LIBRARY_PATH\0", b";\0", name.encode() + b"\0", b"r\0"]
-        res, outs = self.reverse(std, listener.FOPEN, [struct.pack("<4I", *map(len, strings)),
-                                                       *strings], [4])
+        res, outs = self.reverse(pd, std, listener.FOPEN,
+                                 [struct.pack("<4I", *map(len, strings)), *strings], [4])
         if res:
             return None
         (fd,) = struct.unpack("<I", outs[0])
-        _, (st,) = self.reverse(std, listener.STAT, [struct.pack("<I", len(name) + 1),
-                                                     name.encode() + b"\0"], [0x60])
+        _, (st,) = self.reverse(pd, std, listener.STAT,
+                                [struct.pack("<I", len(name) + 1), name.encode() + b"\0"], [0x60])
         size = struct.unpack_from("<Q", st, 40)[0]
         data, eof = b"", 0
         while not eof:
-            _, (head, chunk) = self.reverse(std, listener.FREAD, [struct.pack("<2I", fd, CHUNK)],
-                                            [8, CHUNK])
+            _, (head, chunk) = self.reverse(pd, std, listener.FREAD,
+                                            [struct.pack("<2I", fd, CHUNK)], [8, CHUNK])
             n, eof = struct.unpack("<2I", head)
             data += chunk[:n]
         assert len(data) == size
-        assert self.reverse(std, listener.FSEEK, [struct.pack("<Iii", fd, 0, 0)], [])[0] == 0
-        _, (head, again) = self.reverse(std, listener.FREAD, [struct.pack("<2I", fd, 52)], [8, 52])
+        assert self.reverse(pd, std, listener.FSEEK, [struct.pack("<Iii", fd, 0, 0)], [])[0] == 0
+        _, (head, again) = self.reverse(pd, std, listener.FREAD, [struct.pack("<2I", fd, 52)],
+                                        [8, 52])
         assert again == data[:52]  # the ELF header, read again after the seek
-        assert self.reverse(std, listener.FCLOSE, [struct.pack("<I", fd)], [])[0] == 0
+        assert self.reverse(pd, std, listener.FCLOSE, [struct.pack("<I", fd)], [])[0] == 0
         return data
 
-    def _open_skel(self, pra):
+    def _open_skel(self, pd: Pd, pra):
         n, errlen = struct.unpack("<2I", _arg(pra, 0))
         uri = _arg(pra, 1)
         assert len(uri) == n and uri.endswith(b"\0")
         name, symbol = re.fullmatch(rb"file:///([^?]+)\?([^&]+)&.*\0", uri).groups()
         if self.rogue is not None:
-            self.reverse(self._interface("apps_std"), self.rogue, [], [])
-        data = self.read_library(self.ask or name.decode())
-        mem = self._interface("apps_mem")  # the PD grows its heap for the library
-        _, (vaddr,) = self.reverse(mem, listener.MEM_MAP, [struct.pack("<iIIIqq", -1, 0, 0, 0,
-                                                                       0, 1 << 20)], [16])
+            self.reverse(pd, self._interface(pd, "apps_std"), self.rogue, [], [])
+        data = self.read_library(pd, self.ask or name.decode())
+        mem = self._interface(pd, "apps_mem")  # the PD grows its heap for the library
+        _, (vaddr,) = self.reverse(pd, mem, listener.MEM_MAP,
+                                   [struct.pack("<iIIIqq", -1, 0, 0, 0, 0, 1 << 20)], [16])
         assert struct.unpack("<2Q", vaddr)[1] == HEAP
         ok = data == self.skel and b"\0" + symbol + b"\0" in data
         if ok:
@@ -237,11 +246,11 @@ class MockDsp:
         ctypes.memmove(pra[2].buf.pv, out, 8)
         ctypes.memmove(pra[3].buf.pv, b"no such library\0" if not ok else b"\0", 16)
 
-    def _load(self, pra):
+    def _load(self, pd: Pd, pra):
         head, name, table = _arg(pra, 0), _arg(pra, 1), _arg(pra, 2)
         vaddr, size, weights, arena, nslots = struct.unpack_from("<5I", head)
         assert vaddr == VADDR and len(head) == 4 * (5 + nslots) and len(table) % 4 == 0
-        data = self.read_library(name.rstrip(b"\0").decode())
+        data = self.read_library(pd, name.rstrip(b"\0").decode())
         self.served[name.rstrip(b"\0").decode()] = data
         status = 0 if data == PROGRAMS else 2  # dsp/skel.c NO_LIBRARY
         ctypes.memmove(pra[3].buf.pv, struct.pack("<i", status), 4)
@@ -297,10 +306,17 @@ def test_opening_serves_the_skel_and_the_programs_through_the_listener(device_fi
         t.block(0.05)
         got = t.replies()
     assert got == [(1, 0, [])]
-    thread = t.listener.thread
+    first, pd = t.listener.thread, kernel.pds[t.rpc]
+    kernel.served.clear()
+    t.restart(time.monotonic() + WAIT_S)  # recover(): the PD exits, a new one loads again
+    first.join(WAIT_S)
+    assert pd.exited and not first.is_alive()  # the PD's exit ended the listener's wait
+    assert kernel.sessions == 2 and kernel.served == {fastrpc.SKEL: device_files,
+                                                      fastrpc.PROGRAMS: PROGRAMS}
+    second, pd = t.listener.thread, kernel.pds[t.rpc]
     t.close()
-    thread.join(WAIT_S)
-    assert kernel.exited and not thread.is_alive()  # the PD's exit ended the listener's wait
+    second.join(WAIT_S)
+    assert pd.exited and not second.is_alive()
 
 
 @TOOLS
