@@ -78,6 +78,27 @@ def test_requests_are_unpacked_and_answers_packed_as_listener_buf_h_does():
         listener.unpack_request(req[:10], listener.scalars(9, 1, 0))
 
 
+def test_the_listener_seeks_reads_to_eof_and_refuses_what_it_cannot_serve():
+    served = listener.Listener(None, None, {"lib.so": b"0123456789"})
+
+    def ask(sc, ins, outs):
+        result, answer = served._answer(sc, _pack(ins, outs), len(_pack(ins, outs)))
+        return result, (None if result else _unpack(answer, outs))
+
+    strings = [b"ADSP_LIBRARY_PATH\0", b";\0", b"/some/dir/lib.so\0", b"r\0"]
+    _, (fd,) = ask(listener.FOPEN, [struct.pack("<4I", *map(len, strings)), *strings], [4])
+    fd = struct.unpack("<I", fd)[0]
+    assert ask(listener.FSEEK, [struct.pack("<Iii", fd, -3, listener.SEEK_END)], []) == (0, [])
+    _, (head, data) = ask(listener.FREAD, [struct.pack("<2I", fd, 8)], [8, 8])
+    assert struct.unpack("<2I", head) == (3, 1) and data[:3] == b"789"  # short read: EOF
+    assert ask(listener.FSEEK, [struct.pack("<Iii", fd, -1, listener.SEEK_SET)], [])[0]
+    assert ask(listener.FCLOSE, [struct.pack("<I", fd)], []) == (0, [])
+    assert ask(listener.FCLOSE, [struct.pack("<I", fd)], [])[0]  # closed twice: refused
+    assert served.error is None
+    assert served._answer(listener.FREAD, b"", listener.CAPACITY + 1) == (listener.FAIL, b"")
+    assert "more than the listener's 65536" in str(served.error)
+
+
 # ---- the mock driver and PD ---------------------------------------------------------------------
 
 def _pack(ins: list[bytes], outs: list[int]) -> bytes:
