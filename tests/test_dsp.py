@@ -645,6 +645,21 @@ def test_runtime_refuses_an_object_that_is_not_hexagon(tmp_path):
         link.close()
 
 
+def test_the_skel_refuses_a_launch_table_past_the_shared_buffer(blobs):
+    # the emulated DSP calls dsp/skel.c's entry with LOAD's remote_args: its check, not the mock's
+    import struct
+    from runner.blob import read_blob
+    link = mock.QemuTransport()
+    try:
+        link.alloc(4096)
+        table = struct.pack("<2I", 1, 4096)  # one launch, its one argument at the buffer's end
+        with pytest.raises(DeviceError, match="the skel refused the programs: a bad launch table"):
+            link.open(bytes(read_blob(blobs("int8")[1]).programs), 0, 0, [], table,
+                      time.monotonic() + 30)
+    finally:
+        link.close()
+
+
 def test_without_fastrpc_and_without_the_mock_load_says_what_to_do(blobs, monkeypatch):
     import os
     from dsp import fastrpc
