@@ -53,7 +53,7 @@ INTERFACES = {"apps_std": 0x5354_4400, "apps_mem": 0x4d45_4d00}  # host handles 
 CAPACITY = 1 << 16  # request bytes per next2 (tinygrad's; the loader's requests are small)
 FAIL = 1  # a non-zero AEE result
 SEEK_SET, SEEK_CUR, SEEK_END = 0, 1, 2
-STAT_BYTES, S_IFREG = 0x60, 0o100444
+S_IFREG = 0o100444  # a regular file, read-only
 FIRST_FD = 0x100
 
 
