@@ -23,14 +23,14 @@ from onnx import helper, numpy_helper
 from compiler.blob import write_blob
 from compiler.pipeline import compile_model
 from compiler.target import get_target
-from dsp import mock
+from dsp import build, mock
 from runner import DeviceError, DeviceTimeout, Model
 from runner.errors import ConfigError
 from tests.deps import needs
 from tests.graphs import assert_close, compiled_blob, make_model, ort_run, random_feeds
 from tests.test_aarch64 import LIGHT_DIR, randomized
 
-pytestmark = [needs("qemu-user, clang-19, lld-19", mock.missing()),
+pytestmark = [needs("qemu-user, clang-19, lld-19", build.missing()),
               pytest.mark.xdist_group("dsp")]
 OBJDUMP = "llvm-objdump-19"
 SLOW_MS = 120_000  # qemu on a shared 2-core machine: a deadline no healthy run comes near
@@ -641,6 +641,21 @@ def test_runtime_refuses_an_object_that_is_not_hexagon(tmp_path):
         x86 = build_shared("void keel_graph(void) {}\n", "cpu")
         with pytest.raises(DeviceError, match="not an ELF32 Hexagon shared object"):
             link.open(x86, 0, 0, [], b"", time.monotonic() + 30)
+    finally:
+        link.close()
+
+
+def test_the_skel_refuses_a_launch_table_past_the_shared_buffer(blobs):
+    # the emulated DSP calls dsp/skel.c's entry with LOAD's remote_args: its check, not the mock's
+    import struct
+    from runner.blob import read_blob
+    link = mock.QemuTransport()
+    try:
+        link.alloc(4096)
+        table = struct.pack("<2I", 1, 4096)  # one launch, its one argument at the buffer's end
+        with pytest.raises(DeviceError, match="the skel refused the programs: a bad launch table"):
+            link.open(bytes(read_blob(blobs("int8")[1]).programs), 0, 0, [], table,
+                      time.monotonic() + 30)
     finally:
         link.close()
 
