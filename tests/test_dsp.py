@@ -504,6 +504,37 @@ def test_qdq_add_and_average_pools_run_in_integers_and_round_as_onnxruntime(tmp_
             assert np.abs(got[k] - ort[k].astype(int)).max() <= 1, k
 
 
+def test_qdq_mul_runs_in_integers_and_rounds_the_exact_product(tmp_path):
+    """Q(DQ a * DQ b) with b broadcast per channel, the way QLinearMul defines it: no float
+    buffer in the blob, the exact product's rounding except within 1e-3 of a half (the Q31
+    multiplier's error is below 2**-31 of the value, so only near-halves can turn), and within
+    1 step of onnxruntime everywhere (its float product rounds near-halves either way)."""
+    from compiler.toolchain import host_target
+    from runner.blob import read_blob
+    q = {"sa": np.float32(0.023), "za": np.int8(4), "sb": np.float32(0.0191),
+         "zb": np.int8(-7), "sy": np.float32(0.0377), "zy": np.int8(2)}
+    nodes = [helper.make_node("DequantizeLinear", [x, "s" + x, "z" + x], [x + "f"]) for x in "ab"]
+    nodes += [helper.make_node("Mul", ["af", "bf"], ["p"]),
+              helper.make_node("QuantizeLinear", ["p", "sy", "zy"], ["y"])]
+    model = make_model(nodes, [("a", (1, 16, 8, 8), np.int8), ("b", (1, 16, 1, 1), np.int8)],
+                       [("y", (1, 16, 8, 8), np.int8)], q, opset=13)
+    path = tmp_path / "mul.blob"
+    write_blob(compile_model(model, target=host_target()), path)
+    assert all(np.dtype(b.dtype).kind in "iu" for b in read_blob(path).buffers.values())
+    # DQ -> Mul -> Q is one elementwise kernel either way: its source says which arithmetic
+    assert "float" not in compile_model(model, target="opencl").programs.decode()
+    m = Model.load(path)
+    for seed in (1, 2):
+        feeds = random_feeds(model, seed=seed)
+        got, ort = m.run(feeds)["y"], ort_run(model, feeds)["y"]
+        a, b = (feeds[k].astype(np.int64) - int(q["z" + k]) for k in "ab")
+        v = float(np.float32(q["sa"])) * float(np.float32(q["sb"])) * a * b / float(q["sy"])
+        sure = np.abs(v - np.floor(v) - 0.5) > 1e-3
+        want = np.clip(np.round(v) + 2, -128, 127)
+        np.testing.assert_array_equal(got[sure], want[sure])
+        assert np.abs(got.astype(int) - ort.astype(int)).max() <= 1
+
+
 @pytest.mark.parametrize("target", ["dsp", "cpu"])
 def test_quantize_linear_rounds_halves_to_even_and_saturates_exactly(target, tmp_path):
     """QuantizeLinear of float32 to int8 / uint8 (quant.py:_round_to: clamp, then the 1.5 *

@@ -8,13 +8,13 @@ float ops between DequantizeLinear and QuantizeLinear. Here they run in integers
 DequantizeLinear of int8/uint8 with constant scale and zero point records its integer origin
 (Ctx.qdq; a reshape of it keeps it, `origin`); Conv, MatMul and Gemm whose inputs both have one
 (and whose bias, if any, is the int32 DequantizeLinear quantizers emit) multiply the integers and
-accumulate in int32, Add of two sums them at a common Q20 scale, average pools sum them, and each
-records the int32 accumulator with its scale; a QuantizeLinear of such a value requantizes the
-accumulator with a fixed-point multiplier and shift in int32 lanes instead of going through
-float; MaxPool takes its max on the integers (dequantization is increasing); a QuantizeLinear of
-a dequantized int8 tensor, or of a Concat of them, with the same scale and zero point keeps the
-integers. Everything else (Mul, a Concat or Q that changes scales) stays the float computation
-the graph spells, between its DQ and Q: requantized only where the graph says so.
+accumulate in int32, Add of two sums them at a common Q20 scale, Mul multiplies them, average pools
+sum them, and each records the int32 accumulator with its scale; a QuantizeLinear of such a value
+requantizes the accumulator with a fixed-point multiplier and shift in int32 lanes instead of going
+through float; MaxPool takes its max on the integers (dequantization is increasing); a
+QuantizeLinear of a dequantized int8 tensor, or of a Concat of them, with the same scale and zero
+point keeps the integers. Everything else (a Concat or Q that changes scales) stays the float
+computation the graph spells, between its DQ and Q: requantized only where the graph says so.
 """
 from __future__ import annotations
 
@@ -320,6 +320,16 @@ def integer_add(ctx, a: Tensor, b: Tensor, y: Tensor) -> None:
     s = max(sa, sb)
     acc = _int32(da) * round(sa / s * 2 ** 20) + _int32(db) * round(sb / s * 2 ** 20)
     _record(ctx, acc, s / 2 ** 20, 255 << 21, y)
+
+
+def integer_mul(ctx, a: Tensor, b: Tensor, y: Tensor) -> None:
+    """Mul of two dequantized int8 tensors (either may broadcast): (a - za) * (b - zb) exactly
+    in int32 (|product| <= 255**2), of scale sa * sb, which the QuantizeLinear after it
+    requantizes once, as QLinearMul defines the result: round(sa sb (a - za)(b - zb) / sy) + zy."""
+    da, db = origin(ctx, a), origin(ctx, b)
+    sa, sb = _scale(da), _scale(db)
+    if sa and sb:
+        _record(ctx, _int32(da) * _int32(db), sa * sb, 255 * 255, y)
 
 
 def fixed_point(m: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
