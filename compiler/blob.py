@@ -1,4 +1,4 @@
-"""Artifact -> one .blob file (format v2, docs/blob.md). Same artifact, same bytes.
+"""Artifact -> one .blob file (format v3, docs/blob.md). Same artifact, same bytes.
 
 The format's definition (constants, the replay table's record, the layout and digests) is
 runner/format.py, which the reader uses too, so the writer cannot disagree with the reader.
@@ -12,8 +12,8 @@ import os
 import stat
 
 from compiler.artifact import Artifact, Buffer
-from runner.format import (FILE_SHA256_AT, HEADER, MAGIC, SECTIONS, VERSION, canonical_json,
-                           chunk_sha256, file_sha256, pack_graph, section_offsets)
+from runner.format import (FILE_SHA256_AT, HEADER, MAGIC, VERSION, WEIGHTS, canonical_json,
+                           chunk_sha256, file_sha256, pack_graph, section_names, section_offsets)
 
 PRODUCER = "keel-compiler 0.1"
 
@@ -51,34 +51,52 @@ _KINDS = [(stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"), (stat.S_IS
 
 
 def blob_bytes(artifact: Artifact) -> bytes:
-    programs = list(dict.fromkeys(l.kernel for l in artifact.launches))  # first-use order
-    index = {name: i for i, name in enumerate(programs)}
+    """The artifact and the variants attached to it (artifact.variants), which share its
+    weights region: one record, programs and graph section per variant, the weights once."""
+    variants = [artifact, *artifact.variants]
+    names = [a.variant or a.target for a in variants]
+    if len(set(names)) != len(names) or any(a.weights is not artifact.weights and
+                                            a.weights != artifact.weights for a in variants):
+        raise ValueError(f"blob variants {names}: expected distinct targets sharing one weights "
+                         f"region")
+    payloads = {WEIGHTS: bytes(artifact.weights)}
+    records = []
+    for a, name in zip(variants, names):
+        record, payloads[f"programs.{name}"], payloads[f"graph.{name}"] = _variant(a, name)
+        records.append(record)
+    return assemble(artifact.target, {"meta": artifact.meta, "variants": records}, payloads)
+
+
+def _variant(a: Artifact, name: str) -> tuple[dict, bytes, bytes]:
+    """A variant's manifest record, programs and graph section."""
+    programs = list(dict.fromkeys(l.kernel for l in a.launches))  # first-use order
+    index = {p: i for i, p in enumerate(programs)}
     graph = pack_graph([(index[l.kernel], l.barrier, list(l.args), l.global_size, l.local_size)
-                        for l in artifact.launches])
-    manifest = {
-        "arena_bytes": artifact.arena_bytes,
-        "arena_lower_bound_bytes": artifact.arena_lower_bound_bytes,
-        "buffers": [_buffer_record(b) for b in artifact.buffers],
-        "inputs": [b.id for b in artifact.inputs],
-        "outputs": [b.id for b in artifact.outputs],
+                        for l in a.launches])
+    record = {
+        "target": name,
+        "arena_bytes": a.arena_bytes,
+        "arena_lower_bound_bytes": a.arena_lower_bound_bytes,
+        "buffers": [_buffer_record(b) for b in a.buffers],
+        "inputs": [b.id for b in a.inputs],
+        "outputs": [b.id for b in a.outputs],
         "programs": programs,
-        "meta": artifact.meta,
     }
-    if artifact.provenance is not None:
-        manifest["provenance"] = artifact.provenance
-    payloads = {"weights": bytes(artifact.weights), "programs": bytes(artifact.programs),
-                "graph": graph}
-    return assemble(artifact.target, manifest, payloads)
+    if a.provenance is not None:
+        record["provenance"] = a.provenance
+    return record, bytes(a.programs), graph
 
 
 def assemble(target: str, manifest: dict, payloads: dict[str, bytes]) -> bytes:
-    """Lay out the sections, add their table to `manifest`, write the header and the hashes.
-    Takes the manifest as data so tests can build blobs that are well-formed but wrong."""
-    sizes = [len(payloads[name]) for name in SECTIONS]
+    """Lay out the sections (in the order the manifest's variants give), add their table to
+    `manifest`, write the header and the hashes. Takes the manifest as data so tests can build
+    blobs that are well-formed but wrong."""
+    names = section_names([v.get("target") for v in manifest.get("variants", [])])
+    sizes = [len(payloads[name]) for name in names]
     offsets = section_offsets(sizes)
     table = [{"name": name, "offset": offset, "size": size,
               "chunk_sha256": chunk_sha256(payloads[name])}
-             for name, offset, size in zip(SECTIONS, offsets, sizes)]
+             for name, offset, size in zip(names, offsets, sizes)]
     manifest_offset = offsets[-1] + sizes[-1]
     manifest_json = canonical_json({**manifest, "sections": table})
     out = bytearray(manifest_offset + len(manifest_json))

@@ -1,8 +1,9 @@
 """The compile pipeline as a list of passes in one function:
-frontend -> schedule -> layout -> kernels (plan, lower, simplify, linearize) -> memory plan ->
-render -> build."""
+frontend -> schedule -> layout -> per variant: kernels (plan, lower, simplify, linearize) ->
+memory plan -> shared weights -> per variant: render -> build."""
 from __future__ import annotations
 
+import hashlib
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from compiler.schedule.fusion import Kernel, schedule
 from compiler.schedule.layout import canonical, channels_last, in_place, pad_in_place
 from compiler.schedule.hazards import mark_barriers
 from compiler.schedule.storage import device_storage
-from compiler.target import Target, get_target
+from compiler.target import Target, get_target, variant_targets
 
 VERSION = "0.1.0"
 
@@ -44,7 +45,10 @@ class Stages:
             self.report(name, secs, self.counts.get(name, {}))
 
     def count(self, stage: str, **counts: int) -> None:
-        self.counts.setdefault(stage, {}).update(counts)
+        """Add to a stage's counts (a stage run once per variant adds up)."""
+        mine = self.counts.setdefault(stage, {})
+        for kind, n in counts.items():
+            mine[kind] = mine.get(kind, 0) + n
 
     def tick(self, stage: str, done: int, total: int):
         if self.progress:
@@ -54,10 +58,14 @@ class Stages:
 def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None = None,
                   float16: bool = False, stages: Stages | None = None,
                   images: bool | None = None) -> Artifact:
-    """images: GPU targets only, read eligible buffers as 2D images (None: the target's default)."""
+    """images: GPU targets only, read eligible buffers as 2D images (None: the target's default).
+    A target with variants (`cpu`) is built once per variant from one frontend and schedule:
+    the first variant's Artifact is returned, the others in its `variants` (one blob)."""
     st, tgt = stages or Stages(), get_target(target)
+    targets = variant_targets(tgt)
     with st("frontend"):
-        graph = load_onnx(model, input_shapes or {}, float16=float16, winograd=tgt.winograd)
+        graph = load_onnx(model, input_shapes or {}, float16=float16,
+                          winograd=targets[0].winograd)
     with st("schedule"):
         outs, kernels, realized, tracked = schedule([u for _, u in graph.outputs],
                                                     tuple(graph.origins))
@@ -65,11 +73,30 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         for u, i in zip(tracked, graph.origins.values()):
             origins.setdefault(u, i)
         kernels = _copies_for_shared_outputs(outs, kernels)
-        kernels, last = _layouts(kernels, realized, set(outs), tgt)
+        kernels, last = _layouts(kernels, realized, set(outs), targets[0])
+        st.count("schedule", kernels=len(kernels))
+    builds = []  # per variant: (target, buffers, built programs, launches' uses)
+    for t in targets:
         bufs = Buffers(graph.inputs, list(zip([n for n, _ in graph.outputs], outs)),
-                       device_storage(tgt, float16, images), tgt.buffer_align)
-        jobs, uses = _jobs(kernels, bufs, last, tgt)
-        st.count("schedule", kernels=len(kernels), programs=len(jobs))
+                       device_storage(t, float16, images), t.buffer_align)
+        builds.append((t, bufs, *_kernels(kernels, bufs, last, t, st)))
+    weights = share_weights([bufs for _, bufs, _, _ in builds])
+    arts = [_artifact(tgt, t, bufs, built, weights, st) for t, bufs, built, _ in builds]
+    meta = {"producer": f"keel {VERSION}", "float16": float16, **graph.meta,
+            "flops": builds[0][1].flops,
+            "stage_seconds": {k: round(v, 4) for k, v in st.times.items()}}
+    for a, (_, _, _, uses) in zip(arts, builds):
+        a.meta, a.provenance = meta, provenance(uses, graph.nodes, origins)
+    arts[0].variants = arts[1:]
+    return arts[0]
+
+
+def _kernels(kernels: list[Kernel], bufs: Buffers, last: set, tgt: Target,
+             st: Stages) -> tuple[dict, list["Use"]]:
+    """Build every distinct kernel for one target, record the launches and plan the arena:
+    (built programs, launches' uses)."""
+    jobs, uses = _jobs(kernels, bufs, last, tgt)
+    st.count("kernels", programs=len(jobs))
     with st("kernels"):
         built = build_all(jobs, st)
     for use in uses:
@@ -79,6 +106,12 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
     with st("plan"):
         bufs.plan_arena()
         bufs.launches = mark_barriers(bufs.launches, bufs.by_id())
+    return built, uses
+
+
+def _artifact(blob_tgt: Target, tgt: Target, bufs: Buffers, built: dict, weights: bytes,
+              st: Stages) -> Artifact:
+    """Render and build one target's programs (meta and provenance are the caller's)."""
     with st("render"):
         source = get_renderer(tgt).render_program([(b.name, b.lin) for b in built.values()],
                                                   bufs.launches, bufs.by_id())
@@ -91,13 +124,35 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         else:
             code = source.encode()
     return Artifact(
-        target=tgt.name, inputs=bufs.inputs, outputs=bufs.outputs, buffers=list(bufs.by_id().values()),
-        weights=bufs.weight_bytes(), arena_bytes=bufs.arena_bytes,
+        target=blob_tgt.name, inputs=bufs.inputs, outputs=bufs.outputs,
+        buffers=list(bufs.by_id().values()), weights=weights, arena_bytes=bufs.arena_bytes,
         arena_lower_bound_bytes=bufs.lower_bound, launches=bufs.launches, programs=code,
-        provenance=provenance(uses, graph.nodes, origins),
-        meta={"producer": f"keel {VERSION}", "float16": float16, **graph.meta,
-              "flops": bufs.flops,
-              "stage_seconds": {k: round(v, 4) for k, v in st.times.items()}})
+        variant=tgt.name if tgt.name != blob_tgt.name else "")
+
+
+def share_weights(builds: list[Buffers]) -> bytes:
+    """One weights region for every build (variant) of a model, which each build's buffers now
+    index: a weight stored with the same bytes in each build, or twice in one, is stored once
+    (content-addressed). Weights every build holds come first, then each build's own, so a
+    runner reading one build touches the shared part and its own part only."""
+    align = builds[0].align
+    key = [{bid: hashlib.sha256(data).digest() for bid, data in b.weights} for b in builds]
+    common = set.intersection(*(set(k.values()) for k in key))
+    data = {k[bid]: d for b, k in zip(builds, key) for bid, d in b.weights}
+    order = [h for k in key[:1] for h in k.values() if h in common] + \
+        [h for k in key for h in k.values() if h not in common]
+    place, size = {}, 0
+    for h in order:
+        if h not in place:
+            size = -(-size // align) * align
+            place[h] = size
+            size += len(data[h])
+    out = bytearray(size)
+    for h, off in place.items():
+        out[off:off + len(data[h])] = data[h]
+    for b, k in zip(builds, key):
+        b.move_weights({bid: place[h] for bid, h in k.items()}, size)
+    return bytes(out)
 
 
 def provenance(uses: list["Use"], nodes: list[tuple[str, str]], origins: dict[UOp, int]) -> dict:
