@@ -64,3 +64,6 @@ class Artifact:
     variant: str = ""
     # the target's other variants, written into the same blob; they share `weights`
     variants: list["Artifact"] = field(default_factory=list)
+    # `weights` as the blob's weights sections (docs/blob.md): the sizes of the one every
+    # variant reads, then of each variant's own, laid out as in the file. () means all shared
+    weight_sections: tuple[int, ...] = ()

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import stat
 
 from compiler.artifact import Artifact, Buffer
-from runner.format import (FILE_SHA256_AT, HEADER, MAGIC, VERSION, WEIGHTS, canonical_json,
-                           chunk_sha256, file_sha256, pack_graph, section_names, section_offsets)
+import hashlib
+
+from runner.format import (FILE_SHA256_AT, HEADER, MAGIC, VERSION, canonical_json, chunk_sha256,
+                           file_sha256, pack_graph, section_names, section_offsets)
 
 PRODUCER = "keel-compiler 0.1"
 
@@ -52,19 +53,65 @@ _KINDS = [(stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"), (stat.S_IS
 
 def blob_bytes(artifact: Artifact) -> bytes:
     """The artifact and the variants attached to it (artifact.variants), which share its
-    weights region: one record, programs and graph section per variant, the weights once."""
+    weights region: one record, weights, programs and graph section per variant, and the
+    weights they all read once."""
     variants = [artifact, *artifact.variants]
     names = [a.variant or a.target for a in variants]
-    if len(set(names)) != len(names) or any(a.weights is not artifact.weights and
-                                            a.weights != artifact.weights for a in variants):
+    sizes = artifact.weight_sections or (len(artifact.weights),) + (0,) * len(names)
+    starts = _weight_starts(sizes)
+    if len(set(names)) != len(names) or len(sizes) != 1 + len(names) or \
+            len(artifact.weights) != max(s + n for s, n in zip(starts, sizes)) or \
+            any(a.weights is not artifact.weights and a.weights != artifact.weights
+                for a in variants):
         raise ValueError(f"blob variants {names}: expected distinct targets sharing one weights "
-                         f"region")
-    payloads = {WEIGHTS: bytes(artifact.weights)}
+                         f"region of sections {sizes}")
+    region = memoryview(artifact.weights)
+    payloads = {name: bytes(region[s:s + n])
+                for name, s, n in zip(section_names(names), starts, sizes)}
     records = []
     for a, name in zip(variants, names):
         record, payloads[f"programs.{name}"], payloads[f"graph.{name}"] = _variant(a, name)
         records.append(record)
     return assemble(artifact.target, {"meta": artifact.meta, "variants": records}, payloads)
+
+
+def _weight_starts(sizes) -> list[int]:
+    """Where weights sections of these sizes start, relative to the first: kernels address the
+    shared section and their own as one region (runner/format.py)."""
+    offsets = section_offsets(list(sizes))
+    return [o - offsets[0] for o in offsets]
+
+
+def share_weights(builds: list) -> tuple[bytes, tuple[int, ...]]:
+    """One weights region for every build (variant) of a model (compiler/schedule/buffers.py
+    Buffers: their weights are moved into it): (the region, its sections' sizes). A weight
+    stored with the same bytes in every build is stored once, in the shared section (content
+    addressed: also a weight stored twice in one build); the rest goes to its build's own
+    section, so a runner reading one build touches the shared section and its own only."""
+    key = [{bid: hashlib.sha256(data).digest() for bid, data in b.weights} for b in builds]
+    data = {k[bid]: d for b, k in zip(builds, key) for bid, d in b.weights}
+    common = set.intersection(*(set(k.values()) for k in key))
+    parts = [[h for h in key[0].values() if h in common]] + \
+        [[h for h in k.values() if h not in common] for k in key]
+    places, sizes = [], []
+    for part in parts:
+        place, size = {}, 0
+        for h in part:
+            if h not in place:
+                place[h] = size = -(-size // builds[0].align) * builds[0].align
+                size += len(data[h])
+        places.append(place)
+        sizes.append(size)
+    starts = _weight_starts(sizes)
+    region = bytearray(max(s + n for s, n in zip(starts, sizes)))
+    shared = {h: starts[0] + off for h, off in places[0].items()}
+    for i, b in enumerate(builds):
+        own = {h: starts[i + 1] + off for h, off in places[i + 1].items()}
+        at = {**shared, **own}
+        for h, off in (own if i else at).items():  # the shared section once
+            region[off:off + len(data[h])] = data[h]
+        b.move_weights({bid: at[h] for bid, h in key[i].items()}, len(region))
+    return bytes(region), tuple(sizes)
 
 
 def _variant(a: Artifact, name: str) -> tuple[dict, bytes, bytes]:

@@ -3,13 +3,13 @@ frontend -> schedule -> layout -> per variant: kernels (plan, lower, simplify, l
 memory plan -> shared weights -> per variant: render -> build."""
 from __future__ import annotations
 
-import hashlib
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from compiler import toolchain
 from compiler.artifact import Artifact
+from compiler.blob import share_weights
 from compiler.codegen.build import Job, build_all
 from compiler.ir.dtypes import dtypes
 from compiler.ir.uop import UOp
@@ -109,8 +109,8 @@ def _kernels(kernels: list[Kernel], bufs: Buffers, last: set, tgt: Target,
     return built, uses
 
 
-def _artifact(blob_tgt: Target, tgt: Target, bufs: Buffers, built: dict, weights: bytes,
-              st: Stages) -> Artifact:
+def _artifact(blob_tgt: Target, tgt: Target, bufs: Buffers, built: dict,
+              weights: tuple[bytes, tuple[int, ...]], st: Stages) -> Artifact:
     """Render and build one target's programs (meta and provenance are the caller's)."""
     with st("render"):
         source = get_renderer(tgt).render_program([(b.name, b.lin) for b in built.values()],
@@ -125,34 +125,10 @@ def _artifact(blob_tgt: Target, tgt: Target, bufs: Buffers, built: dict, weights
             code = source.encode()
     return Artifact(
         target=blob_tgt.name, inputs=bufs.inputs, outputs=bufs.outputs,
-        buffers=list(bufs.by_id().values()), weights=weights, arena_bytes=bufs.arena_bytes,
-        arena_lower_bound_bytes=bufs.lower_bound, launches=bufs.launches, programs=code,
+        buffers=list(bufs.by_id().values()), weights=weights[0], weight_sections=weights[1],
+        arena_bytes=bufs.arena_bytes, arena_lower_bound_bytes=bufs.lower_bound,
+        launches=bufs.launches, programs=code,
         variant=tgt.name if tgt.name != blob_tgt.name else "")
-
-
-def share_weights(builds: list[Buffers]) -> bytes:
-    """One weights region for every build (variant) of a model, which each build's buffers now
-    index: a weight stored with the same bytes in each build, or twice in one, is stored once
-    (content-addressed). Weights every build holds come first, then each build's own, so a
-    runner reading one build touches the shared part and its own part only."""
-    align = builds[0].align
-    key = [{bid: hashlib.sha256(data).digest() for bid, data in b.weights} for b in builds]
-    common = set.intersection(*(set(k.values()) for k in key))
-    data = {k[bid]: d for b, k in zip(builds, key) for bid, d in b.weights}
-    order = [h for k in key[:1] for h in k.values() if h in common] + \
-        [h for k in key for h in k.values() if h not in common]
-    place, size = {}, 0
-    for h in order:
-        if h not in place:
-            size = -(-size // align) * align
-            place[h] = size
-            size += len(data[h])
-    out = bytearray(size)
-    for h, off in place.items():
-        out[off:off + len(data[h])] = data[h]
-    for b, k in zip(builds, key):
-        b.move_weights({bid: place[h] for bid, h in k.items()}, size)
-    return bytes(out)
 
 
 def provenance(uses: list["Use"], nodes: list[tuple[str, str]], origins: dict[UOp, int]) -> dict:

@@ -27,8 +27,8 @@ import numpy as np
 from runner.device import TARGETS
 from runner.errors import BlobError, ConfigError
 from runner.format import (CHUNK_BYTES, DTYPES, FILE_SHA256_AT, FLAGS, GRAPH_HEAD, HEADER, LAUNCH,
-                           MAGIC, MAX_DIMS, MAX_INT, REGIONS, SECTION_ALIGN, VERSION, WEIGHTS,
-                           BARRIER, file_sha256, section_names, section_offsets)
+                           MAGIC, MAX_DIMS, MAX_INT, REGIONS, SECTION_ALIGN, VERSION, BARRIER,
+                           file_sha256, section_names, section_offsets, variant_sections)
 from runner.host import choose
 
 MAX_HASH_THREADS = 8
@@ -103,12 +103,17 @@ def parse_blob(data: memoryview, variant: str | None = None) -> Blob:
     if name not in names:
         raise ConfigError(f"variant {name!r}: expected one of this blob's variants {names}")
     record = manifest["variants"][names.index(name)]
-    sections = {s["name"]: data[s["offset"]:s["offset"] + s["size"]] for s in table}
-    weights, programs, graph = (sections[n] for n in section_names([name]))
+    sections = {s["name"]: s for s in table}
+    shared, own, programs, graph = (sections[n] for n in variant_sections(name))
+    # its kernels see the shared weights and its own as one region from the shared section on
+    weights = data[shared["offset"]:max(shared["offset"] + shared["size"],
+                                        own["offset"] + own["size"] if own["size"] else 0)]
+    spans = [(0, shared["size"]), (own["offset"] - shared["offset"], own["size"])]
     # the manifest is now known intact: check its meaning while other threads hash the sections
-    with _ChunkCheck(_chunks(table, sections, name, record)) as chunks:
+    with _ChunkCheck(data, [shared, own, programs, graph]) as chunks:
         buffers = _buffers(record["buffers"])
-        _check_regions(buffers, record, len(weights))
+        _check_regions(buffers, record, spans)
+        graph = _view(data, graph)
         launches = _launches(graph, record["programs"], buffers)
         inputs = _io(record["inputs"], buffers, "input", first_slot=0)
         outputs = _io(record["outputs"], buffers, "output", first_slot=len(record["inputs"]))
@@ -117,25 +122,12 @@ def parse_blob(data: memoryview, variant: str | None = None) -> Blob:
     return Blob(target=target, producer=producer, manifest=manifest, variant=name,
                 variants=tuple(names), record=record, buffers=buffers, inputs=inputs,
                 outputs=outputs, launches=launches, arena_bytes=record["arena_bytes"],
-                program_names=record["programs"], weights=weights, programs=programs,
-                graph=graph)
+                program_names=record["programs"], weights=weights,
+                programs=_view(data, programs), graph=graph)
 
 
-def _chunks(table: list[dict], sections: dict[str, memoryview], name: str,
-            record: dict) -> list[tuple]:
-    """(section, index, digest, bytes) of every chunk variant `name` reads: all of its programs
-    and graph sections, and the chunks of the shared weights its weights buffers touch (those
-    out of bounds fail _check_regions)."""
-    n = -(-len(sections[WEIGHTS]) // CHUNK_BYTES)
-    used = set()
-    for b in record["buffers"]:
-        if b["region"] == "weights" and b["nbytes"]:
-            first, last = b["offset"] // CHUNK_BYTES, (b["offset"] + b["nbytes"] - 1) // CHUNK_BYTES
-            used.update(range(min(first, n), min(last + 1, n)))
-    mine = set(section_names([name])[1:])
-    return [(s["name"], i, want, sections[s["name"]][i * CHUNK_BYTES:][:CHUNK_BYTES])
-            for s in table for i, want in enumerate(s["chunk_sha256"])
-            if s["name"] in mine or s["name"] == WEIGHTS and i in used]
+def _view(data: memoryview, section: dict) -> memoryview:
+    return data[section["offset"]:section["offset"] + section["size"]]
 
 
 def _header(data: memoryview) -> tuple[str, str, int, int]:
@@ -350,14 +342,15 @@ class _ChunkCheck:
     the calling thread to the remaining chunks, joins the workers and raises on a mismatch.
     Leaving the `with` block early stops the workers after their current chunk."""
 
-    def __init__(self, jobs: list[tuple]):
-        """jobs: (section name, chunk index, expected digest, the chunk's bytes)."""
-        self._jobs = jobs
+    def __init__(self, data: memoryview, table: list[dict]):
+        """Checks the chunks of the sections in `table` (entries of the manifest's table)."""
+        self._jobs = [(s["name"], i, want, _view(data, s)[i * CHUNK_BYTES:][:CHUNK_BYTES])
+                      for s in table for i, want in enumerate(s["chunk_sha256"])]
         self._got: list[str | None] = [None] * len(self._jobs)
         self._todo = iter(range(len(self._jobs)))  # shared: next() on it is atomic under the GIL
         self._stop = False
         self._errors: list[BaseException] = []
-        big = sum(len(j[3]) for j in jobs) > CHUNK_BYTES  # below that a thread costs more
+        big = sum(s["size"] for s in table) > CHUNK_BYTES  # below that a thread costs more
         n = min(_cpus(), len(self._jobs), MAX_HASH_THREADS) - 1 if big else 0
         self._threads = []
         for _ in range(n):
@@ -436,14 +429,21 @@ def _buffers(records: list[dict]) -> dict[int, BufferSpec]:
     return buffers
 
 
-def _check_regions(buffers: dict[int, BufferSpec], record: dict, weights_bytes: int) -> None:
-    limits = {"arena": record["arena_bytes"], "weights": weights_bytes}
+def _check_regions(buffers: dict[int, BufferSpec], record: dict,
+                   weights: list[tuple[int, int]]) -> None:
+    """weights: (start, size) of the shared weights section and the variant's own, relative to
+    the region the kernels see: a weights buffer lies within one of them, so every byte a kernel
+    reads has been hashed."""
     for b in buffers.values():
         if b.image is not None:
             _image(b)
-        if b.region in limits and b.offset + b.nbytes > limits[b.region]:
-            raise BlobError(f"buffer {b.id}: [{b.offset}, {b.offset + b.nbytes}) exceeds the "
-                            f"{limits[b.region]}-byte {b.region} region")
+        end = b.offset + b.nbytes
+        if b.region == "arena" and end > record["arena_bytes"]:
+            raise BlobError(f"buffer {b.id}: [{b.offset}, {end}) exceeds the "
+                            f"{record['arena_bytes']}-byte arena region")
+        if b.region == "weights" and not any(s <= b.offset and end <= s + n for s, n in weights):
+            raise BlobError(f"buffer {b.id}: [{b.offset}, {end}) lies outside the weights "
+                            f"sections {[(s, s + n) for s, n in weights]} of its variant")
         if b.region in ("input", "output"):
             want = math.prod(b.shape) * b.dtype.itemsize  # exact: int64 could wrap
             if b.nbytes != want:

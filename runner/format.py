@@ -17,11 +17,13 @@ VERSION = 3
 HEADER = struct.Struct("<8sIIQQQQ32s32s32s32s")
 FILE_SHA256_AT = 80  # the file hash reads these 32 bytes (the field itself) as zeros
 SECTION_ALIGN = 4096
-# Sections, in file order: the weights every variant shares, then each variant's programs and
-# graph, named after the variant's target ("programs.cpu-avx512"). A variant is one build of the
-# model for one target; a `cpu` blob holds cpu-avx2 and cpu-avx512, other blobs hold one.
+# Sections, in file order: the weights every variant reads, each variant's own weights, then each
+# variant's programs and graph; a variant's are named after its target ("programs.cpu-avx512").
+# A variant is one build of the model for one target: a `cpu` blob holds cpu-avx2 and
+# cpu-avx512, other blobs one. A variant's kernels see its weights as one region starting at
+# section "weights": its own section lies further on in the file, at the offset layout gives it.
 WEIGHTS = "weights"
-PER_VARIANT = ("programs", "graph")
+PER_VARIANT = ("weights", "programs", "graph")
 CHUNK_BYTES = 4 << 20  # sections are hashed in chunks of this size, in parallel
 MAX_INT = 2**63 - 1  # manifest integers must fit an int64 / uint64 on the C side
 REGIONS = ("arena", "weights", "input", "output")
@@ -43,7 +45,13 @@ U32 = 2**32 - 1
 
 def section_names(variants: list[str]) -> list[str]:
     """The section names of a blob holding these variants (their targets), in file order."""
-    return [WEIGHTS] + [f"{kind}.{v}" for v in variants for kind in PER_VARIANT]
+    return [WEIGHTS] + [f"{WEIGHTS}.{v}" for v in variants] + \
+        [f"{kind}.{v}" for v in variants for kind in PER_VARIANT[1:]]
+
+
+def variant_sections(variant: str) -> list[str]:
+    """The sections one variant reads: shared weights, its own weights, programs, graph."""
+    return [WEIGHTS] + [f"{kind}.{variant}" for kind in PER_VARIANT]
 
 
 def canonical_json(obj) -> bytes:
