@@ -58,9 +58,9 @@ def blob_bytes(artifact: Artifact) -> bytes:
     variants = [artifact, *artifact.variants]
     names = [a.variant or a.target for a in variants]
     sizes = artifact.weight_sections or (len(artifact.weights),) + (0,) * len(names)
-    starts = _weight_starts(sizes)
+    starts, end = _weight_starts(sizes)
     if len(set(names)) != len(names) or len(sizes) != 1 + len(names) or \
-            len(artifact.weights) != max(s + n for s, n in zip(starts, sizes)) or \
+            len(artifact.weights) != end or \
             any(a.weights is not artifact.weights and a.weights != artifact.weights
                 for a in variants):
         raise ValueError(f"blob variants {names}: expected distinct targets sharing one weights "
@@ -75,11 +75,13 @@ def blob_bytes(artifact: Artifact) -> bytes:
     return assemble(artifact.target, {"meta": artifact.meta, "variants": records}, payloads)
 
 
-def _weight_starts(sizes) -> list[int]:
-    """Where weights sections of these sizes start, relative to the first: kernels address the
-    shared section and their own as one region (runner/format.py)."""
+def _weight_starts(sizes) -> tuple[list[int], int]:
+    """Where weights sections of these sizes start, relative to the first, and where the last
+    non-empty one ends: kernels address the shared section and their own as one region
+    (runner/format.py)."""
     offsets = section_offsets(list(sizes))
-    return [o - offsets[0] for o in offsets]
+    starts = [o - offsets[0] for o in offsets]
+    return starts, max((s + n for s, n in zip(starts, sizes) if n), default=0)
 
 
 def share_weights(builds: list) -> tuple[bytes, tuple[int, ...]]:
@@ -102,8 +104,8 @@ def share_weights(builds: list) -> tuple[bytes, tuple[int, ...]]:
                 size += len(data[h])
         places.append(place)
         sizes.append(size)
-    starts = _weight_starts(sizes)
-    region = bytearray(max(s + n for s, n in zip(starts, sizes)))
+    starts, end = _weight_starts(sizes)
+    region = bytearray(end)
     shared = {h: starts[0] + off for h, off in places[0].items()}
     for i, b in enumerate(builds):
         own = {h: starts[i + 1] + off for h, off in places[i + 1].items()}

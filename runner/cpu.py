@@ -30,7 +30,7 @@ import cffi
 
 from runner.device import HostDevice, Span, aligned_empty
 from runner.errors import BlobError, ConfigError, DeviceError
-from runner.host import HOSTS, best_host_target, cpu_flags, machine_targets, missing_flags  # noqa: F401
+from runner.host import HOSTS, cpu_flags, machine_targets, missing_flags
 
 ffi = cffi.FFI()
 ffi.cdef("""
