@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from compiler import toolchain
 from compiler.artifact import Artifact
 from compiler.blob import share_weights
-from compiler.codegen.build import Job, build_all
+from compiler.codegen.build import Built, Job, build_all
 from compiler.ir.dtypes import dtypes
 from compiler.ir.uop import UOp
 from compiler.onnx.load import load_onnx
@@ -74,12 +74,16 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
             origins.setdefault(u, i)
         kernels = _copies_for_shared_outputs(outs, kernels)
         kernels, last = _layouts(kernels, realized, set(outs), targets[0])
-        st.count("schedule", kernels=len(kernels))
-    builds = []  # per variant: (target, buffers, built programs, launches' uses)
-    for t in targets:
-        bufs = Buffers(graph.inputs, list(zip([n for n, _ in graph.outputs], outs)),
-                       device_storage(t, float16, images), t.buffer_align)
-        builds.append((t, bufs, *_kernels(kernels, bufs, last, t, st)))
+        plans = []  # per variant: (target, its buffers, one job per distinct kernel, launches)
+        for t in targets:
+            bufs = Buffers(graph.inputs, list(zip([n for n, _ in graph.outputs], outs)),
+                           device_storage(t, float16, images), t.buffer_align)
+            plans.append((t, bufs, *_jobs(kernels, bufs, last, t)))
+        st.count("schedule", kernels=len(kernels), programs=sum(len(p[2]) for p in plans))
+    with st("kernels"):  # every variant's jobs at once: one pool of workers, kept busy
+        done = build_all({(i, k): j for i, p in enumerate(plans) for k, j in p[2].items()}, st)
+    builds = [(t, bufs, _launch(bufs, {k: done[i, k] for k in jobs}, uses, st), uses)
+              for i, (t, bufs, jobs, uses) in enumerate(plans)]
     weights = share_weights([bufs for _, bufs, _, _ in builds])
     arts = [_artifact(tgt, t, bufs, built, weights, st) for t, bufs, built, _ in builds]
     meta = {"producer": f"keel {VERSION}", "float16": float16, **graph.meta,
@@ -91,14 +95,8 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
     return arts[0]
 
 
-def _kernels(kernels: list[Kernel], bufs: Buffers, last: set, tgt: Target,
-             st: Stages) -> tuple[dict, list["Use"]]:
-    """Build every distinct kernel for one target, record the launches and plan the arena:
-    (built programs, launches' uses)."""
-    jobs, uses = _jobs(kernels, bufs, last, tgt)
-    st.count("kernels", programs=len(jobs))
-    with st("kernels"):
-        built = build_all(jobs, st)
+def _launch(bufs: Buffers, built: dict[tuple, Built], uses: list["Use"], st: Stages) -> dict:
+    """Record one variant's launches of its built programs and plan its arena; -> `built`."""
     for use in uses:
         b = built[use.key]
         args = [use.out] + [bufs.of(u, b.perms.get(j)) for j, u in enumerate(use.kernel.inputs, 1)]
@@ -106,7 +104,7 @@ def _kernels(kernels: list[Kernel], bufs: Buffers, last: set, tgt: Target,
     with st("plan"):
         bufs.plan_arena()
         bufs.launches = mark_barriers(bufs.launches, bufs.by_id())
-    return built, uses
+    return built
 
 
 def _artifact(blob_tgt: Target, tgt: Target, bufs: Buffers, built: dict,
