@@ -102,7 +102,7 @@ def parse_blob(data: memoryview, variant: str | None = None) -> Blob:
     name = choose(names) if variant is None else variant
     if name not in names:
         raise ConfigError(f"variant {name!r}: expected one of this blob's variants {names}")
-    record = manifest["variants"][names.index(name)]
+    record = _record(manifest["variants"], names.index(name))
     sections = {s["name"]: s for s in table}
     shared, own, programs, graph = (sections[n] for n in variant_sections(name))
     # its kernels see the shared weights and its own as one region from the shared section on
@@ -251,24 +251,39 @@ def _obj(fields, optional=None):
 _BUFFER = _obj({"id": _int, "region": _one_of(REGIONS), "offset": _int, "nbytes": _int,
                 "dtype": _one_of(DTYPES), "shape": _list(_int), "name": _str,
                 "image": _nullable(_obj({"width": _int, "height": _int, "pitch": _int}))})
+_RECORD = _obj({
+    "target": _one_of(TARGETS),
+    "arena_bytes": _int,
+    "arena_lower_bound_bytes": _int,
+    "buffers": _list(_BUFFER),
+    "inputs": _list(_int),
+    "outputs": _list(_int),
+    "programs": _list(_str),
+}, optional={
+    # which ONNX nodes each launch computes (tools: profile, bisect, blobinfo); checked against
+    # the replay table in _provenance
+    "provenance": _obj({"nodes": _list(_list(_str)), "launches": _list(_list(_int))}),
+})
+
+
+def _variant_target(v):
+    """What the manifest check reads of a variant: its target. The rest of its record is checked
+    when it is the one loaded (_record): a reader pays for the variant it runs."""
+    if type(v) is not dict or "target" not in v:
+        raise _Invalid("an object with a target", v)
+    try:
+        _one_of(TARGETS)(v["target"])
+    except _Invalid as e:
+        e.path.append("target")
+        raise
+
+
 _MANIFEST = _obj({
     "meta": _dict,
     "sections": _list(_obj({"name": _str, "offset": _int, "size": _int,
                             "chunk_sha256": _list(_sha256)})),
     # one per build of the model (a `cpu` blob: cpu-avx2 and cpu-avx512); the weights they share
-    "variants": _list(_obj({
-        "target": _one_of(TARGETS),
-        "arena_bytes": _int,
-        "arena_lower_bound_bytes": _int,
-        "buffers": _list(_BUFFER),
-        "inputs": _list(_int),
-        "outputs": _list(_int),
-        "programs": _list(_str),
-    }, optional={
-        # which ONNX nodes each launch computes (tools: profile, bisect, blobinfo); checked
-        # against the replay table in _provenance
-        "provenance": _obj({"nodes": _list(_list(_str)), "launches": _list(_list(_int))}),
-    })),
+    "variants": _list(_variant_target),
 })
 
 
@@ -305,10 +320,20 @@ def _variants(variants: list[dict], target: str) -> None:
         raise BlobError(f"manifest variants: expected distinct targets run by the "
                         f"{TARGETS[target]!r} device (the header target is {target!r}), got "
                         f"{names}")
-    for i, v in enumerate(variants):
-        if v["arena_lower_bound_bytes"] > v["arena_bytes"]:
-            raise BlobError(f"manifest variants[{i}].arena_lower_bound_bytes: expected <= "
-                            f"arena_bytes {v['arena_bytes']}, got {v['arena_lower_bound_bytes']}")
+
+
+def _record(variants: list[dict], i: int) -> dict:
+    """Variant i's record, checked against the schema (docs/blob.md)."""
+    r = variants[i]
+    try:
+        _RECORD(r)
+    except _Invalid as e:
+        e.path += [i, "variants"]
+        raise e.error() from None
+    if r["arena_lower_bound_bytes"] > r["arena_bytes"]:
+        raise BlobError(f"manifest variants[{i}].arena_lower_bound_bytes: expected <= "
+                        f"arena_bytes {r['arena_bytes']}, got {r['arena_lower_bound_bytes']}")
+    return r
 
 
 def _check_layout(table: list[dict], m_start: int, names: list[str]) -> None:
