@@ -37,12 +37,13 @@ class Stages:
 
     @contextmanager
     def __call__(self, name: str):
-        t = time.perf_counter()
+        t, before = time.perf_counter(), dict(self.counts.get(name, {}))
         yield
         secs = time.perf_counter() - t
         self.times[name] = self.times.get(name, 0.0) + secs
-        if self.report:
-            self.report(name, secs, self.counts.get(name, {}))
+        if self.report:  # what this run of the stage handled (a variant's build, say)
+            now = self.counts.get(name, {})
+            self.report(name, secs, {k: n - before.get(k, 0) for k, n in now.items()})
 
     def count(self, stage: str, **counts: int) -> None:
         """Add to a stage's counts (a stage run once per variant adds up)."""
