@@ -112,7 +112,7 @@ def share_weights(builds: list) -> tuple[bytes, tuple[int, ...]]:
         at = {**shared, **own}
         for h, off in (own if i else at).items():  # the shared section once
             region[off:off + len(data[h])] = data[h]
-        b.move_weights({bid: at[h] for bid, h in key[i].items()}, len(region))
+        b.move_weights({bid: at[h] for bid, h in key[i].items()})
     return bytes(region), tuple(sizes)
 
 

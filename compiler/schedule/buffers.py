@@ -126,16 +126,8 @@ class Buffers:
     def by_id(self) -> dict[int, Buffer]:
         return dict(sorted(self.table.items()))
 
-    def weight_bytes(self) -> bytes:
-        out = bytearray(self.weight_size)
-        for bid, data in self.weights:
-            off = self.table[bid].offset
-            out[off:off + len(data)] = data
-        return bytes(out)
-
-    def move_weights(self, offsets: dict[int, int], size: int) -> None:
-        """Place each weight buffer at offsets[id] of a `size`-byte weights region (a region
-        shared with other builds of the model: compiler/pipeline.py:share_weights)."""
+    def move_weights(self, offsets: dict[int, int]) -> None:
+        """Place each weight buffer at offsets[id] of a weights region shared with other builds
+        of the model (compiler/blob.py:share_weights lays it out and holds its bytes)."""
         for bid, off in offsets.items():
             self.table[bid] = replace(self.table[bid], offset=off)
-        self.weight_size = size
