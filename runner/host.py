@@ -6,6 +6,7 @@ Standard library only: runner/blob.py asks before it loads anything.
 """
 from __future__ import annotations
 
+import functools
 import os
 import platform
 from dataclasses import dataclass
@@ -42,13 +43,19 @@ def parse_flags(cpuinfo: str) -> set[str] | None:
     return None
 
 
+@functools.cache
 def cpu_flags() -> set[str] | None:
-    """This host's CPU flags, or None where /proc/cpuinfo cannot tell (another OS)."""
+    """This host's CPU flags, or None where /proc/cpuinfo cannot tell (another OS). Read once
+    per process, and only up to the first CPU's flags: the kernel formats the file a CPU at a
+    time, and on many-core hosts each one costs (it samples the core's clock)."""
     try:
         with open("/proc/cpuinfo") as f:
-            return parse_flags(f.read())
+            for line in f:
+                if line.startswith("flags"):
+                    return parse_flags(line)
     except OSError:
-        return None
+        pass
+    return None
 
 
 def machine_targets() -> list[str]:
