@@ -48,9 +48,13 @@ class CpuTarget:
     one_unit: bool = False
 
 
+X86_64_V3 = CpuTarget("x86_64-linux-gnu", ("-march=x86-64-v3",), ("-fuse-ld=lld",), "Linux",
+                      ("x86_64", "AMD64"))
+# a `cpu` blob's code is built per variant (compiler/target.py: cpu-avx2 and cpu-avx512); as a
+# toolchain target, "cpu" is the baseline, x86-64-v3, for C that must run on every x86-64 host
 TARGETS: dict[str, CpuTarget] = {
-    "cpu": CpuTarget("x86_64-linux-gnu", ("-march=x86-64-v3",), ("-fuse-ld=lld",),
-                     "Linux", ("x86_64", "AMD64")),
+    "cpu-avx2": X86_64_V3,
+    "cpu": X86_64_V3,
     # clang's x86-64-v4 prefers 256-bit vectors (it splits a 64-byte vector type into two ymm
     # halves) unless told otherwise; gcc understands the flag too
     "cpu-avx512": CpuTarget("x86_64-linux-gnu", ("-march=x86-64-v4", "-mprefer-vector-width=512"),

@@ -7,7 +7,7 @@ from compiler.errors import CompileError
 from compiler.toolchain import TARGETS, build_shared, can_run, host_target
 
 SOURCE = "void keel_graph(unsigned char *a, const unsigned char *w, void *const *io) { *a = *w; }"
-MAGICS = {"cpu": (b"\x7fELF", 62), "cpu-avx512": (b"\x7fELF", 62),
+MAGICS = {"cpu": (b"\x7fELF", 62), "cpu-avx2": (b"\x7fELF", 62), "cpu-avx512": (b"\x7fELF", 62),
           "cpu-aarch64": (b"\x7fELF", 183),
           "cpu-arm64-apple": (b"\xcf\xfa\xed\xfe", None),
           "dsp": (b"\x7fELF", 164)}  # ELF e_machine: 62 x86-64, 183 aarch64, 164 Hexagon
