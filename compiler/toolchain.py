@@ -154,18 +154,22 @@ def _objects(units: list[tuple[str, str]], target: str, tmp: str) -> list[str]:
             have[name] = obj
     missing = [(name, src) for name, src in units if name not in have]
     kernels = [u for u in missing if u[0] != ENTRY_UNIT]
-    shares: list[list[tuple[str, str]]] = [[] for _ in range(max(1, min(compile_jobs(), len(kernels))))]
+    # the entry points stay a unit of their own (a kernel beside them would be inlined into
+    # them), compiled by the last process: it starts with their size
+    entry = [(src, [(name, src)]) for name, src in missing if name == ENTRY_UNIT]
+    shares = [[0, []] for _ in range(max(1, min(compile_jobs(), len(kernels))))]
+    shares[-1][0] = sum(len(src) for src, _ in entry)
     for unit in sorted(kernels, key=lambda u: -len(u[1])):  # largest first, onto the lightest
-        min(shares, key=lambda s: sum(len(src) for _, src in s)).append(unit)
-    # the entry points stay a unit of their own: a kernel beside them would be inlined into them
-    batches = [(_batch_source(s), s) for s in shares if s] + \
-        [(src, [(name, src)]) for name, src in missing if name == ENTRY_UNIT]
+        share = min(shares, key=lambda s: s[0])
+        share[0] += len(unit[1])
+        share[1].append(unit)
+    batches = [(_batch_source(held), held) for _, held in shares if held] + entry
     tag = _tag(target)
     objs = [(hashlib.sha256(tag + text.encode()).hexdigest()[:40], text, held)
             for text, held in batches]
     for obj, text, _ in objs:
         Path(tmp, f"{obj}.c").write_text(text)
-    # a compiler process per kernel batch; the entry unit rides with the last one
+    # a compiler process per kernel batch, the entry unit with the last one
     files = [[f"{obj}.c"] for obj, _, held in objs if held[0][0] != ENTRY_UNIT] or [[]]
     files[-1] += [f"{obj}.c" for obj, _, held in objs if held[0][0] == ENTRY_UNIT]
     _compile_all([[*_compile_command(target), *f] for f in files if f], tmp, target)
