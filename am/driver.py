@@ -2,52 +2,58 @@
 
 Bring-up (`Gpu.__init__`): read where VRAM sits in the GPU's address space, read IP discovery
 near the top of VRAM through BAR0, check every firmware file the discovered IP versions need
-(am/firmware.py), hand the PSP its sOS through the bootloader mailbox, enable the GART (VM
-context 0 with a one-level page table in VRAM) with its first page on the bridge's DMA window,
-start one compute queue whose ring lives in that window, clear the rest of the table through the
-queue and open the whole GART range.
+(am/firmware.py), open NBIO's doorbell aperture, give the MM hub VM context 0 on a four-level
+page table (am/vm.py) mapping the bridge's staging memory (its first page is the DMA window),
+bring the firmware up through the PSP, which reads each image staged there (am/boot.py:
+bootloader components, sOS, its ring, the TOC, SMU, TMR, PFP/ME/MEC/IMU/RLC, the RLC's autoload,
+MEC pipe 0's start), then the GC hub on the same table, one compute queue whose ring lives in the
+window, the new tables cleared through the queue, and the GC hub's whole virtual range opened.
 
 GPU virtual memory: everything the queue and the kernels touch (the ring and the window's slots,
-the code object, weights, arena, io buffers, kernargs, the indirect buffer) is at a GART address
-whose PTE names its VRAM page or, for the window, its system bus address. Only the page table
-itself is written through a physical address (the system aperture onto the FB location). Every
-mapping change is followed by a TLB invalidation (engine 17, as amdgpu does for the GART).
+the code object, weights, arena, io buffers, kernargs, the indirect buffer) is at a virtual
+address whose leaf names its VRAM page (2 MiB pages where an allocation allows, 4 KiB
+elsewhere) or, for the staging memory, its system bus address. Only the tables themselves are
+written through physical addresses (the system aperture onto the FB location). Every mapping
+change is followed by a TLB invalidation (engine 17, as amdgpu does for its own mappings).
 
-Everything the GPU reads from the host goes through the window, 4 KiB at a time: each window
-write carries the ring's next packets (a DMA_DATA from the window's payload to VRAM, or a graph
-submission), a signal slot, and the payload; one doorbell write starts it; the host polls the
-signal with one bridge read. So moving data costs a few USB commands per 4 KiB instead of a PCIe
-write per dword through BAR0.
+Everything the GPU reads from the host goes through the staging memory: each upload writes
+the ring's next packets (up to 7 DMA_DATA from the payload to VRAM, or a graph submission), the
+signal slots and up to 512 KiB - 272 bytes of payload from the window's start (one window
+write when it fits 4 KiB, else 64 KiB bulk writes); one doorbell write starts it; the host polls
+the signal with one bridge read. So moving data costs a few USB commands per 64 KiB instead of
+a PCIe write per dword through BAR0.
 
-Not done here (docs/amd.md): the PSP ring and the microcode loads after sOS (RLC, MEC, SDMA, SMU);
-per-process VM contexts (VMID 1..15, multi-level tables): one GART serves one model.
+Beside the firmware (am/gc.py, amdgpu's order): NBIO's doorbell aperture and routing, the GC
+hub's L1 TLB and L2, SH_MEM_CONFIG/BASES per VMID, and the queue mapped from its MQD. Not done
+here (docs/amd.md): clock gating, golden registers; per-process VM contexts (VMID 1..15): one
+context serves one model.
 """
 from __future__ import annotations
 
 import struct
 import time
 
-import numpy as np
-
-from am import discovery, firmware, pm4, psp, regs
+from am import boot, discovery, firmware, gc, mqd, pm4, regs, vm
 from runner.device import wait_until
 from runner.errors import DeviceError
 from usbgpu.pci import PciDevice
 
-# window layout: a 64-dword ring (a batch is at most 15 dwords), the signal and timeline slots,
+# window layout: a 64-dword ring (a batch is at most 57 dwords), the signal and timeline slots,
 # then 3824 bytes of payload (93% of each 4 KiB window write)
 RING_BYTES, SIGNAL_AT, TIMELINE_AT, PAYLOAD_AT = 256, 256, 264, 272
 RING_DWORDS = RING_BYTES // 4
+MAX_COPIES = 7  # DMA_DATA (7 dwords) per window write: 7 of them + RELEASE_MEM (8) fit the ring
 DOORBELL = 0  # the queue's doorbell index (dwords into BAR2)
-FIRMWARE_AT = 1 << 20  # VRAM offset of the PSP's sOS image (the mailbox takes address >> 20)
-PT_AT = 8 << 20  # VRAM offset of the GART's page table (8 bytes per page: 1 MiB)
-PSP_AT = 9 << 20  # the PSP's ring (4 KiB), then its command buffer and fence, a page each
-PSP_RING_BYTES = 4096
-TMR_AT = 12 << 20  # the PSP's trusted memory region (psp.TMR_BYTES)
-IP_FW_AT, IP_FW_BYTES = 16 << 20, 8 << 20  # the copy of the image a LOAD_IP_FW names
-HEAP_AT = 24 << 20  # first VRAM offset the allocator hands out
+MEC_DOORBELLS = 0xF8  # CP_MEC_DOORBELL_RANGE_UPPER (bytes): doorbells the MEC listens to
+# VRAM after am/boot.END: the queue's page (its MQD, then the read pointer report and write
+# pointer poll slots), its EOP buffer, the system aperture's default page and the protection
+# fault's dummy page; then the page-table pool
+MQD_AT, EOP_AT, SCRATCH_AT, DUMMY_AT = boot.END, boot.END + 4096, boot.END + 8192, boot.END + 12288
+RPTR_AT = MQD_AT + 4 * mqd.DWORDS
+PT_AT, PT_BYTES = 36 << 20, 4 << 20
+HEAP_AT = PT_AT + PT_BYTES  # first VRAM offset the allocator hands out
 PAGE = 4096
-GART_AT, GART_BYTES = 0x7FFF_0000_0000, 512 << 20  # GPU virtual range (below the FB location)
+VM_AT, VM_BYTES = 0x2000_0000_0000, 1 << 40  # GPU virtual range (below the FB location)
 BOOT_TIMEOUT_S = 5.0
 
 
@@ -69,192 +75,116 @@ class Gpu:
         self.window_bus, self.window_bytes = pci.window
         self.vram_bytes = pci.bars[0][1]
         self.fb = self.reg(regs.GCMC_VM_FB_LOCATION_BASE) << 24
+        self.phys = self.reg(regs.GCMC_VM_FB_OFFSET) << 24  # VRAM offset 0's physical address
         self.ips = discover(pci)
-        fws = firmware.load_all(self.ips, fw_dir)
-        self._boot_psp(fws)
+        gc.doorbell_aperture(self)
+        self.window, self.va_top, self.top = VM_AT, VM_AT + pci.staging[1], HEAP_AT
+        self._start_mm(time.monotonic() + BOOT_TIMEOUT_S)
+        boot.Psp(self, firmware.load_all(self.ips, fw_dir)).bring_up()
         deadline = time.monotonic() + BOOT_TIMEOUT_S
-        self.pt = self.fb + PT_AT  # the page table through the system aperture
-        self.window, self.gart_top, self.top = GART_AT, GART_AT + PAGE, HEAP_AT
-        self._start_vm(deadline)
-        self._load_ip_firmware(fws)
+        self._context0(regs.GC_HUB, pci.staging[1] // PAGE)
+        gc.hub_caches(self, self.phys + SCRATCH_AT, self.phys + DUMMY_AT)
+        self._flush_tlb(deadline, regs.GC_HUB)
+        gc.sh_mem(self)
+        gc.gc_doorbells(self)
         self.wptr, self.seq = 0, 0
         self.seen = {SIGNAL_AT: 0, TIMELINE_AT: 0}  # what the window's u64 slots hold
-        self._start_queue()
-        self._clear_table(deadline)
+        self.queue = mqd.Queue(self.fb + MQD_AT, self.window, RING_BYTES, self.fb + RPTR_AT,
+                               self.fb + RPTR_AT + 8, self.fb + EOP_AT, DOORBELL)
+        gc.map_queue(self, self.queue, MEC_DOORBELLS)
+        self.put([(self.fb + off, data) for off, data in self.vm.fresh()], deadline)
+        self._range(regs.GC_HUB, VM_BYTES // PAGE)
+        self._flush_tlb(deadline, regs.GC_HUB)
 
     # ---- registers and VRAM through BARs --------------------------------------------------------
     def reg(self, r: int) -> int:
+        if r >= regs.MMIO_DWORDS:  # beyond BAR5: through NBIO's index/data pair
+            self.pci.write32(5, 4 * regs.RSMU_INDEX, 4 * r)
+            r = regs.RSMU_DATA
         return self.pci.read32(5, 4 * r)
 
     def wreg(self, r: int, value: int) -> None:
+        if r >= regs.MMIO_DWORDS:
+            self.pci.write32(5, 4 * regs.RSMU_INDEX, 4 * r)
+            r = regs.RSMU_DATA
         self.pci.write32(5, 4 * r, value)
 
-    def _bar0_write(self, offset: int, data: bytes) -> None:
+    def bar0_write(self, offset: int, data: bytes) -> None:
         data = data.ljust(-(-len(data) // 4) * 4, b"\0")
         for i in range(0, len(data), 4):
             self.pci.write32(0, offset + i, struct.unpack_from("<I", data, i)[0])
 
-    def _boot_psp(self, fws: list) -> None:
-        """sOS through the bootloader mailbox: image in VRAM, address >> 20, command, ready."""
-        sos = next(f for f in fws if f.name.endswith("_sos.bin"))
-        ready = time.monotonic() + BOOT_TIMEOUT_S
-        self._psp_ready(regs.C2PMSG_35, f"bootloader, {sos.name}", ready)
-        self._bar0_write(FIRMWARE_AT, sos.ucode)
-        self.wreg(regs.C2PMSG_36, (self.fb + FIRMWARE_AT) >> 20 & 0xFFFFFFFF)
-        self.wreg(regs.C2PMSG_35, regs.BL_LOAD_SOSDRV)
-        ready = time.monotonic() + BOOT_TIMEOUT_S  # counted after the image's slow staging
-        status = self._psp_ready(regs.C2PMSG_35, f"bootloader, {sos.name}", ready) & 0xFFFF
-        if status or not self.reg(regs.C2PMSG_81):
-            raise DeviceError(f"PSP refused firmware {sos.name} (bootloader status 0x{status:04x}, "
-                              f"sOS version {self.reg(regs.C2PMSG_81):#x}); is it the file for "
-                              f"this GPU?")
+    def _start_mm(self, deadline: float) -> None:
+        """Before the PSP (amdgpu's gmc hw_init, tinygrad's AM_GMC): the four-level table whose
+        first entries map the staging memory (the bridge's SRAM, the window its first page) at
+        VM_AT, written through BAR0, and VM context 0 of the MM hub on it, with a range of just
+        those pages until the rest of the tables is known to be clear. The PSP reads every
+        firmware image there (am/boot.py); the GC hub gets the same table after the RLC's
+        autoload, which resets the GC hub."""
+        bus, size = self.pci.staging
+        if bus != self.window_bus or bus % PAGE or size % PAGE or self.window_bytes > PAGE:
+            raise DeviceError(f"DMA window 0x{self.window_bus:x}+{self.window_bytes}, staging "
+                              f"0x{bus:x}+{size}: expected one aligned page at the staging "
+                              f"memory's start")
+        self.vm = vm.PageTable(VM_AT, PT_AT, PT_BYTES, self.phys)
+        self.vm.map(VM_AT, bus, size, vm.SYSTEM | vm.SNOOPED | vm.RWX)
+        for off, data in self.vm.spans(new_too=True):
+            self.bar0_write(off, data)
+        self._context0(regs.MM_HUB, size // PAGE)
+        gc.tlb_and_l2(self, regs.MM_HUB)
+        self._flush_tlb(deadline, regs.MM_HUB)
 
-    def _load_ip_firmware(self, fws: list) -> None:
-        """psp_v13_0_ring_create, SETUP_TMR, then one LOAD_IP_FW per image psp.FW_TYPES names.
-        The command processor runs nothing before its microcode, so every byte goes through BAR0
-        (one PCIe write per dword) and every address is VRAM's physical one (FB location). Each
-        wait has its own BOOT_TIMEOUT_S, counted after the slow staging before it."""
-        deadline = time.monotonic() + BOOT_TIMEOUT_S
-        self._psp_ready(regs.C2PMSG_64, "sOS ring interface", deadline)
-        ring = self.fb + PSP_AT
-        self.wreg(regs.C2PMSG_69, ring & 0xFFFFFFFF)
-        self.wreg(regs.C2PMSG_70, ring >> 32)
-        self.wreg(regs.C2PMSG_71, PSP_RING_BYTES)
-        self.wreg(regs.C2PMSG_64, regs.INIT_GPCOM_RING)
-        status = self._psp_ready(regs.C2PMSG_64, "GPCOM ring creation", deadline) & 0xFFFF
-        if status:
-            raise DeviceError(f"PSP refused its GPCOM ring at 0x{ring:x} (status 0x{status:04x})")
-        self.psp_wptr = self.psp_fence = 0
-        tmr = self.fb + TMR_AT
-        self._psp_command(psp.SETUP_TMR, psp.SETUP.pack(tmr & 0xFFFFFFFF, tmr >> 32,
-                                                        psp.TMR_BYTES, 0, 0, 0), "TMR")
-        v = "_".join(map(str, next(ip.version for ip in self.ips.values() if ip.name == "GC")))
-        for stem, kind in psp.FW_TYPES.items():
-            name = f"{stem.format(v=v)}.bin"
-            fw = next(f for f in fws if f.name == name)
-            if len(fw.ucode) > IP_FW_BYTES:
-                raise DeviceError(f"AMD firmware {name}: {len(fw.ucode)} bytes of microcode, "
-                                  f"more than the {IP_FW_BYTES}-byte staging area")
-            self._bar0_write(IP_FW_AT, fw.ucode)
-            at = self.fb + IP_FW_AT
-            self._psp_command(psp.LOAD_IP_FW, psp.LOAD.pack(at & 0xFFFFFFFF, at >> 32,
-                                                            len(fw.ucode), kind),
-                              f"firmware {name}")
+    def _context0(self, hub: regs.Hub, pages: int) -> None:
+        """gfxhub/mmhub_v3_0_gart_enable's apertures and context 0 (init_gart_aperture_regs,
+        init_system_aperture_regs, enable_system_domain), on keel's four-level table: AGP
+        closed, the system aperture on VRAM only, the range `pages` from VM_AT."""
+        self.wreg(hub.agp_bot, 0xFFFFFF)  # BOT above TOP: no AGP aperture
+        self.wreg(hub.agp_top, 0)
+        self.wreg(hub.sys_low, self.fb >> 18)
+        self.wreg(hub.sys_high, (self.fb + self.vram_bytes - 1) >> 18)
+        root = self.phys + self.vm.root | vm.VALID
+        self.wreg(hub.pt_base, root & 0xFFFFFFFF)
+        self.wreg(hub.pt_base + 1, root >> 32)
+        self._range(hub, pages)
+        depth = vm.DEPTH << regs.CONTEXT_DEPTH_SHIFT  # PAGE_TABLE_BLOCK_SIZE 0
+        self.wreg(hub.cntl, regs.CONTEXT_ENABLE | depth)
 
-    def _psp_command(self, cmd_id: int, body: bytes, what: str) -> None:
-        """One command buffer and one ring frame (psp_ring_cmd_submit); wait for its fence, then
-        its response's status."""
-        cmd, fence = self.fb + PSP_AT + PSP_RING_BYTES, self.fb + PSP_AT + PSP_RING_BYTES + PAGE
-        self._bar0_write(PSP_AT + PSP_RING_BYTES, psp.command(cmd_id, body))
-        self.psp_fence += 1
-        ring_dw = PSP_RING_BYTES // 4
-        self._bar0_write(PSP_AT + 4 * (self.psp_wptr % ring_dw),
-                         psp.frame(cmd, fence, self.psp_fence))
-        self.psp_wptr = (self.psp_wptr + psp.FRAME_BYTES // 4) % ring_dw
-        self.wreg(regs.C2PMSG_67, self.psp_wptr)
-        deadline = time.monotonic() + BOOT_TIMEOUT_S
-        fence_at = PSP_AT + PSP_RING_BYTES + PAGE
-        try:
-            wait_until(lambda: self.pci.read32(0, fence_at) == self.psp_fence, deadline,
-                       f"PSP ({what})")
-        except TimeoutError:
-            raise DeviceError(f"PSP did not answer within {BOOT_TIMEOUT_S} s ({what})") from None
-        status = self.pci.read32(0, PSP_AT + PSP_RING_BYTES + psp.RESP_AT)
-        if status:
-            raise DeviceError(f"PSP refused {what} (status 0x{status:08x}); is it the file for "
-                              f"this GPU?")
+    def _range(self, hub: regs.Hub, pages: int) -> None:
+        first, last = VM_AT >> 12, (VM_AT >> 12) + pages - 1
+        self.wreg(hub.pt_start, first & 0xFFFFFFFF)
+        self.wreg(hub.pt_start + 1, first >> 32)
+        self.wreg(hub.pt_end, last & 0xFFFFFFFF)
+        self.wreg(hub.pt_end + 1, last >> 32)
 
-    def _psp_ready(self, reg: int, what: str, deadline: float) -> int:
-        box = [0]
+    def _flush_tlb(self, deadline: float, hub: regs.Hub = regs.GC_HUB) -> None:
+        """Engine 17, VMID 0 (gmc_v11_0_flush_vm_hub: the MM hub's semaphore taken around it)."""
+        if hub.inv_sem is not None:
+            wait_until(lambda: self.reg(hub.inv_sem) & 1, deadline, f"{hub.name} hub semaphore")
+        self.wreg(hub.inv_req, 1 | regs.INVALIDATE_ALL)
+        wait_until(lambda: self.reg(hub.inv_ack) & 1, deadline,
+                   f"{hub.name} hub TLB invalidation")
+        if hub.inv_sem is not None:
+            self.wreg(hub.inv_sem, 0)
 
-        def ready() -> bool:
-            box[0] = self.reg(reg)
-            return bool(box[0] & regs.BL_READY)
-        try:
-            wait_until(ready, deadline, f"PSP ({what})")
-        except TimeoutError:
-            raise DeviceError(f"PSP not ready within {BOOT_TIMEOUT_S} s ({what})") from None
-        return box[0]
-
-    def _start_vm(self, deadline: float) -> None:
-        """gfxhub_v3_0's GART setup for VMID 0: AGP closed, the system aperture on VRAM only, a
-        one-level table whose first PTE (written through BAR0) maps the DMA window, and a GART
-        range of that one page until the rest of the table is known to be clear."""
-        if self.window_bus % PAGE or self.window_bytes > PAGE:
-            raise DeviceError(f"DMA window at bus 0x{self.window_bus:x} of {self.window_bytes} "
-                              f"bytes: expected one aligned {PAGE}-byte page")
-        window = self.window_bus | regs.PTE_SYSTEM | regs.PTE_SNOOPED | regs.PTE_RWX
-        self._bar0_write(PT_AT, struct.pack("<Q", window))
-        self.wreg(regs.GCMC_VM_AGP_BOT, 0xFFFFFF)  # BOT above TOP: no AGP aperture
-        self.wreg(regs.GCMC_VM_AGP_TOP, 0)
-        self.wreg(regs.GCMC_VM_SYSTEM_APERTURE_LOW_ADDR, self.fb >> 18)
-        self.wreg(regs.GCMC_VM_SYSTEM_APERTURE_HIGH_ADDR, (self.fb + self.vram_bytes - 1) >> 18)
-        # the table's physical address: its VRAM offset (GCMC_VM_FB_OFFSET is 0 on a discrete
-        # card, an assumption only hardware confirms), with the PDE's valid bit
-        self.wreg(regs.GCVM_CONTEXT0_PT_BASE_LO, PT_AT | regs.PTE_VALID)
-        self.wreg(regs.GCVM_CONTEXT0_PT_BASE_HI, 0)
-        self._gart_pages(1)
-        self.wreg(regs.GCVM_CONTEXT0_CNTL, regs.CONTEXT_ENABLE)  # PAGE_TABLE_DEPTH 0
-        self._flush_tlb(deadline)
-
-    def _gart_pages(self, n: int) -> None:
-        first, last = GART_AT >> 12, (GART_AT >> 12) + n - 1
-        self.wreg(regs.GCVM_CONTEXT0_PT_START_LO, first & 0xFFFFFFFF)
-        self.wreg(regs.GCVM_CONTEXT0_PT_START_HI, first >> 32)
-        self.wreg(regs.GCVM_CONTEXT0_PT_END_LO, last & 0xFFFFFFFF)
-        self.wreg(regs.GCVM_CONTEXT0_PT_END_HI, last >> 32)
-
-    def _flush_tlb(self, deadline: float) -> None:
-        self.wreg(regs.GCVM_INVALIDATE_ENG17_REQ, 1 | regs.INVALIDATE_ALL)  # VMID 0
-        wait_until(lambda: self.reg(regs.GCVM_INVALIDATE_ENG17_ACK) & 1, deadline,
-                   "GART TLB invalidation")
-
-    def _clear_table(self, deadline: float) -> None:
-        """Zero every PTE after the window's (VRAM holds garbage after power-up): one window of
-        zeros, then DMA_DATA copies that double the cleared part; then open the whole range."""
-        n, room = GART_BYTES // PAGE * 8 - 8, (self.window_bytes - PAYLOAD_AT) // 8 * 8
-        done = min(room, n)
-        self.upload(self.pt + 8, bytes(done), deadline)
-        copies = []
-        while done < n:
-            k = min(done, n - done)
-            copies.append(pm4.dma_data(self.pt + 8, self.pt + 8 + done, k))
-            done += k
-        for i in range(0, len(copies), 7):  # 7 DMA_DATA + RELEASE_MEM fit the ring
-            self.post(sum(copies[i:i + 7], []), b"", deadline)
-        self._gart_pages(GART_BYTES // PAGE)
-        self._flush_tlb(deadline)
-
-    def _start_queue(self) -> None:
-        self.wreg(regs.GRBM_GFX_CNTL, regs.GRBM_ME1_PIPE0_QUEUE0)
-        self.wreg(regs.CP_HQD_ACTIVE, 0)
-        ring = self.window >> 8
-        self.wreg(regs.CP_HQD_PQ_BASE, ring & 0xFFFFFFFF)
-        self.wreg(regs.CP_HQD_PQ_BASE_HI, ring >> 32)
-        self.wreg(regs.CP_HQD_PQ_CONTROL, RING_DWORDS.bit_length() - 2)  # log2(dwords) - 1
-        self.wreg(regs.CP_HQD_PQ_RPTR, 0)
-        self.wreg(regs.CP_HQD_PQ_WPTR_LO, 0)
-        self.wreg(regs.CP_HQD_PQ_WPTR_HI, 0)
-        self.wreg(regs.CP_HQD_PQ_DOORBELL_CONTROL, regs.DOORBELL_EN | DOORBELL << 2)
-        self.wreg(regs.CP_HQD_ACTIVE, 1)
-
-    # ---- VRAM, mapped through the GART --------------------------------------------------------
+    # ---- VRAM, mapped through the page table --------------------------------------------------
     def alloc(self, n: int, deadline: float) -> int:
-        """`n` bytes of VRAM at a new GART address: its PTEs written through the queue, the TLB
-        invalidated."""
-        pages = max(1, -(-n // PAGE))
-        phys = -(-self.top // PAGE) * PAGE
-        if phys + pages * PAGE > self.vram_bytes - (1 << 20):  # the discovery table's megabyte
+        """`n` bytes of VRAM at a new virtual address (both 2 MiB aligned from 2 MiB up, so whole
+        2 MiB pages map through PDB0 leaves): the table changes written through the queue, the
+        TLB invalidated."""
+        align = vm.HUGE if n >= vm.HUGE else PAGE
+        size = max(1, -(-n // PAGE)) * PAGE
+        phys, va = -(-self.top // align) * align, -(-self.va_top // align) * align
+        if phys + size > self.vram_bytes - (1 << 20):  # the discovery table's megabyte
             raise DeviceError(f"VRAM: {n} bytes do not fit "
                               f"({self.vram_bytes - (1 << 20) - phys} left)")
-        va = self.gart_top
-        if va + pages * PAGE > GART_AT + GART_BYTES:
-            raise DeviceError(f"GART: {n} bytes do not fit in its {GART_BYTES >> 20} MiB "
-                              f"({GART_AT + GART_BYTES - va} bytes left)")
-        ptes = (phys + PAGE * np.arange(pages, dtype=np.uint64)) | np.uint64(regs.PTE_RWX)
-        self.upload(self.pt + 8 * ((va - GART_AT) // PAGE), ptes.astype("<u8").tobytes(), deadline)
+        if va + size > VM_AT + VM_BYTES:
+            raise DeviceError(f"GPU virtual memory: {n} bytes do not fit in its "
+                              f"{VM_BYTES >> 30} GiB ({VM_AT + VM_BYTES - va} bytes left)")
+        self.vm.map(va, self.phys + phys, size, vm.RWX)
+        self.put([(self.fb + off, data) for off, data in self.vm.fresh() + self.vm.spans()],
+                 deadline)
         self._flush_tlb(deadline)
-        self.top, self.gart_top = phys + pages * PAGE, va + pages * PAGE
+        self.top, self.va_top = phys + size, va + size
         return va
 
     # ---- the window: packets + signal + payload, one doorbell, one poll -------------------------
@@ -263,7 +193,8 @@ class Gpu:
         RELEASE_MEM they end with has written the window's signal."""
         self.seq += 1
         self.launch(packets + pm4.release_mem(self.window + SIGNAL_AT, self.seq), payload)
-        wait_until(lambda: self._read(SIGNAL_AT) >= self.seq, deadline, "GPU queue")
+        wait_until(lambda: self._read(SIGNAL_AT) >= self.seq, deadline,
+                   "GPU queue (compute, ME 1 pipe 0 queue 0)")
 
     def launch(self, packets: list[int], payload: bytes = b"") -> None:
         """Write `packets` at the ring's write pointer (wrapping at its end) and ring the
@@ -275,9 +206,13 @@ class Gpu:
             ring[(self.wptr + i) % RING_DWORDS] = w
         slots = struct.pack("<QQ", self.seen[SIGNAL_AT], self.seen[TIMELINE_AT])
         self.wptr += len(packets)
-        self.pci.dma_put(struct.pack(f"<{RING_DWORDS}I", *ring) +
-                         slots.ljust(PAYLOAD_AT - SIGNAL_AT, b"\0") + payload,
-                         then=(2, 4 * DOORBELL, self.wptr))
+        data = struct.pack(f"<{RING_DWORDS}I", *ring) + slots.ljust(PAYLOAD_AT - SIGNAL_AT, b"\0") \
+            + payload
+        if len(data) <= self.window_bytes:  # one window write, the doorbell in the same batch
+            self.pci.dma_put(data, then=(2, 4 * DOORBELL, self.wptr))
+        else:  # the staging memory from the window on: 64 KiB bulk writes, then the doorbell
+            self.pci.stage(data)
+            self.pci.write32(2, 4 * DOORBELL, self.wptr)
 
     def _read(self, at: int) -> int:
         self.seen[at] = struct.unpack("<Q", self.pci.dma_get(at, 8))[0]
@@ -288,11 +223,28 @@ class Gpu:
         return self._read(TIMELINE_AT)
 
     def upload(self, va: int, data, deadline: float) -> None:
-        room = self.window_bytes - PAYLOAD_AT
-        view = memoryview(data).cast("B")
-        for off in range(0, len(view), room):
-            part = bytes(view[off:off + room])
-            self.post(pm4.dma_data(self.window + PAYLOAD_AT, va + off, len(part)), part, deadline)
+        self.put([(va, memoryview(data).cast("B"))], deadline)
+
+    def put(self, pieces, deadline: float) -> None:
+        """Copy each (GPU address, bytes) piece into GPU memory: the pieces packed into writes
+        of the staging memory (the window and the SRAM after it, mapped from VM_AT) of up to
+        MAX_COPIES DMA_DATA each (8-byte aligned in the payload)."""
+        room = self.pci.staging[1] - PAYLOAD_AT
+        packets, payload = [], bytearray()
+        for va, data in pieces:
+            view = memoryview(data).cast("B")
+            while len(view):
+                at = -(-len(payload) // 8) * 8
+                k = min(len(view), room - at)
+                if k <= 0 or len(packets) >= MAX_COPIES * 7:
+                    self.post(packets, bytes(payload), deadline)
+                    packets, payload = [], bytearray()
+                    continue
+                payload += bytes(at - len(payload)) + bytes(view[:k])
+                packets += pm4.dma_data(self.window + PAYLOAD_AT + at, va, k)
+                view, va = view[k:], va + k
+        if packets:
+            self.post(packets, bytes(payload), deadline)
 
     def download(self, va: int, out: memoryview, deadline: float) -> None:
         room = self.window_bytes - PAYLOAD_AT

@@ -1,19 +1,24 @@
 """The mock RX 7900 XTX behind the mock ASM24xx (KEEL_USB=mock): a PCI function whose BARs are
 VRAM (BAR0), doorbells (BAR2) and registers (BAR5), with
   * the IP discovery binary DISCOVERY_TMR_OFFSET below the top of VRAM (am/discovery.py);
-  * the PSP bootloader mailbox (a sOS load names firmware in VRAM), then sOS's GPCOM ring
-    (`Psp`: SETUP_TMR, LOAD_IP_FW); until RLC and MEC microcode are loaded the command
-    processor ignores its doorbell, as a GPU without firmware does nothing;
-  * the MMU (`Space`): VM context 0's one-level GART page table, walked exactly as the
-    GCVM_CONTEXT0_* registers program it, with a TLB the driver must invalidate; the system
-    aperture onto VRAM at the FB location and the AGP aperture; any other address, an invalid
-    PTE or a missing permission is a GpuFault naming the address;
-  * one compute queue (CP_HQD_* registers): a doorbell write with the new write pointer runs the
-    ring's packets up to it on am/mock_gpu.py's command processor (kernels on PoCL).
+  * the PSP (`Psp`): its bootloader mailbox taking the sOS file's components in order, then
+    sOS's GPCOM ring (LOAD_TOC, SETUP_TMR, LOAD_IP_FW, AUTOLOAD_RLC), each image checked for
+    the type it is loaded as; MEC pipe 0 (`_mec`) starts only after the RLC's autoload, at the
+    MEC firmware's start address; until then the command processor ignores its doorbell, as a
+    GPU without firmware does nothing;
+  * the MMU (`Space`, one per hub: GC for the CP, MM for the PSP): VM context 0's page table
+    (four levels, or one), walked exactly as the *VM_CONTEXT0_* registers program it, with a TLB
+    the driver must invalidate; the system aperture onto VRAM at the FB location and the AGP
+    aperture; any other address, an invalid entry or a missing permission is a GpuFault naming
+    the address;
+  * one compute queue (CP_HQD_* registers, mapped from its MQD: am/mock_gc.py checks them
+    against each other at activation): a doorbell write with the new write pointer, routed by
+    NBIO, runs the ring's packets up to it on am/mock_gpu.py's command processor (kernels on
+    PoCL, each dispatch only with SH_MEM apertures for its VMID).
 Faults (KEEL_MOCK_FAULTS, runner/faults.py) by submission, counted in doorbells that carry a
 RELEASE_MEM: hang@N (the queue stops), unplug@N (the enclosure disappears from the USB bus),
-fault@N (the submission's indirect buffer loses its GART mapping: a VM fault), fwerr@N (the Nth
-firmware load is refused by the PSP). A fault inside the mock (a malformed
+fault@N (the submission's indirect buffer loses its mapping: a VM fault), fwerr@N (the Nth
+firmware image is refused by the PSP). A fault inside the mock (a malformed
 packet, an unmapped address) surfaces as GpuFault, a DeviceError, from the
 USB call that rang the doorbell; hardware would stop the queue and the host would time out.
 """
@@ -21,9 +26,7 @@ from __future__ import annotations
 
 import struct
 
-import numpy as np
-
-from am import discovery, pm4, psp, regs
+from am import discovery, mock_gc, pm4, psp, regs, standin, vm
 from am.mock_gpu import GPU_BASE, PAGE, CommandProcessor, GpuFault, Memory
 from runner.faults import from_env
 from usbgpu.mock import Config, MockBridge, MockLibusb, Port
@@ -40,68 +43,95 @@ KINDS = ("hang", "unplug", "fwerr", "fault")  # read when the enclosure is made
 
 
 class Space:
-    """The GPU's addresses as VMID 0 sees them (gfxhub_v3_0.c's setup): a page inside VM context
-    0's GART range [START, END] through its PTE in the one-level table at PAGE_TABLE_BASE; other
-    addresses inside the system aperture [LOW, HIGH] reach VRAM at the FB location or system
-    memory through the AGP aperture physically; anything else, an invalid PTE or one without the
-    access's permission is a GpuFault naming the address. Translations are cached per page (a
-    TLB) until the driver invalidates through GCVM_INVALIDATE_ENG17_REQ, as on hardware."""
+    """The GPU's addresses as VMID 0 sees them (gfxhub_v3_0.c's setup): an address inside VM
+    context 0's range [START, END] through the tables at PAGE_TABLE_BASE, walked as
+    GCVM_CONTEXT0_CNTL's PAGE_TABLE_DEPTH says (am/vm.py: 0 = one flat table, 3 = PDB2 -> PDB1
+    -> PDB0 -> PTB, a PDE_PTE leaf at PDB1/PDB0 mapping 1 GiB/2 MiB); other addresses inside the
+    system aperture [LOW, HIGH] reach VRAM at the FB location or system memory through the AGP
+    aperture physically; anything else, an invalid entry on the way or a leaf without the
+    access's permission is a GpuFault naming the address (and the level). Translations are
+    cached per 4 KiB page (a TLB) until the driver invalidates through
+    GCVM_INVALIDATE_ENG17_REQ, as on hardware. Stricter than hardware: a leaf whose address is
+    not aligned to its page size, or a PDE_PTE leaf at the root, is a fault too."""
 
-    def __init__(self, gpu: "MockGpu"):
-        self.gpu = gpu
-        self.tlb: dict[int, int] = {}  # GART page -> its PTE (valid ones only)
+    LEVELS = ("PDB2", "PDB1", "PDB0", "PTB")
+
+    def __init__(self, gpu: "MockGpu", hub: regs.Hub = regs.GC_HUB):
+        self.gpu, self.hub = gpu, hub
+        self.tlb: dict[int, int] = {}  # page -> a 4 KiB leaf for it (valid ones only)
         self.runs: dict[int, tuple[int, int]] = {}  # kernel buffer va -> (VRAM offset, bytes)
 
     def invalidate(self) -> None:
         self.tlb.clear()
         self.runs.clear()
 
-    def _context(self) -> tuple[int, int, int] | None:
-        """(first page, last page, table's VRAM offset) of an enabled context 0."""
-        r = self.gpu.regs
-        cntl = r.get(regs.GCVM_CONTEXT0_CNTL, 0)
+    def _context(self) -> tuple[int, int, int, int] | None:
+        """(first page, last page, root table's physical address, depth) of context 0."""
+        r, h = self.gpu.regs, self.hub
+        cntl = r.get(h.cntl, 0)
         if not cntl & regs.CONTEXT_ENABLE:
             return None
-        if cntl >> regs.CONTEXT_DEPTH_SHIFT & 3:
-            raise GpuFault(f"GCVM_CONTEXT0_CNTL 0x{cntl:x}: a multi-level table; the mock walks "
-                           f"PAGE_TABLE_DEPTH 0 (one level) only")
-        base = self._pair(regs.GCVM_CONTEXT0_PT_BASE_LO)
-        if not base & regs.PTE_VALID:
-            raise GpuFault(f"GCVM_CONTEXT0_PAGE_TABLE_BASE 0x{base:x} is not a valid PDE")
-        return (self._pair(regs.GCVM_CONTEXT0_PT_START_LO),
-                self._pair(regs.GCVM_CONTEXT0_PT_END_LO), base & regs.PTE_ADDRESS)
+        depth, block = cntl >> regs.CONTEXT_DEPTH_SHIFT & 3, cntl >> 3 & 0xF
+        if depth not in (0, 3) or block:
+            raise GpuFault(f"{h.name}VM_CONTEXT0_CNTL 0x{cntl:x}: PAGE_TABLE_DEPTH {depth}, "
+                           f"BLOCK_SIZE {block}; the mock walks depth 0 or 3 with block size 0")
+        base = self._pair(h.pt_base)
+        if not base & vm.VALID:
+            raise GpuFault(f"{h.name}VM_CONTEXT0_PAGE_TABLE_BASE 0x{base:x} is not a valid PDE")
+        return self._pair(h.pt_start), self._pair(h.pt_end), base & vm.ADDRESS, depth
 
     def _pair(self, lo: int) -> int:
         """A 64-bit value from a LO32 register and the HI32 one after it."""
         return self.gpu.regs.get(lo, 0) | self.gpu.regs.get(lo + 1, 0) << 32
 
+    def _vram(self, phys: int) -> int:
+        """A physical VRAM address's offset into VRAM (GCMC_VM_FB_OFFSET is VRAM's start)."""
+        return phys - (self.gpu.regs.get(self.hub.fb_offset, 0) << 24)
+
+    def walk(self, va: int) -> tuple[int, int, int]:
+        """(VRAM offset of the leaf entry, the leaf, the bytes it maps) for `va` inside the
+        context's range; a GpuFault at the first invalid entry."""
+        start, _, table, depth = self._context()
+        rel = va - (start << 12)
+        for lv in range(depth + 1):
+            at = self._vram(table) + 8 * vm.index(rel, lv, depth)
+            e = struct.unpack("<Q", self.gpu.vram.read(GPU_BASE + at, 8))[0]
+            name = self.LEVELS[lv + 3 - depth]
+            if not e & vm.VALID:
+                raise GpuFault(f"GPU page fault (VMID 0) at 0x{va:x}: the {name} entry 0x{e:x} "
+                               f"is not valid")
+            size = 1 << 12 + 9 * (depth - lv)
+            if lv == depth or e & vm.PDE_PTE:
+                if lv < depth and (lv == 0 or e & vm.ADDRESS & size - 1):
+                    raise GpuFault(f"GPU page fault (VMID 0) at 0x{va:x}: {name} leaf 0x{e:x} "
+                                   f"is at the root or not aligned to its {size >> 10} KiB")
+                return at, e, size
+            table = e & vm.ADDRESS
+
     def translate(self, va: int, write: bool) -> tuple[bool, int]:
         """(system memory?, bus address or VRAM offset) of one byte's address."""
         ctx, page = self._context(), va >> 12
         if ctx is not None and ctx[0] <= page <= ctx[1]:
-            pte = self.tlb.get(page)
-            if pte is None:
-                at = GPU_BASE + ctx[2] + 8 * (page - ctx[0])
-                pte = struct.unpack("<Q", self.gpu.vram.read(at, 8))[0]
-                if not pte & regs.PTE_VALID:
-                    raise GpuFault(f"GPU page fault (VMID 0) at 0x{va:x}: GART page "
-                                   f"{page - ctx[0]}'s PTE 0x{pte:x} is not valid")
-                self.tlb[page] = pte
-            if not pte & (regs.PTE_WRITEABLE if write else regs.PTE_READABLE):
-                raise GpuFault(f"GPU protection fault (VMID 0) at 0x{va:x}: PTE 0x{pte:x} does not "
-                               f"allow {'writing' if write else 'reading'}")
-            return bool(pte & regs.PTE_SYSTEM), pte & regs.PTE_ADDRESS | va & 0xFFF
-        r = self.gpu.regs
-        if r.get(regs.GCMC_VM_SYSTEM_APERTURE_LOW_ADDR, 1) <= va >> 18 <= \
-                r.get(regs.GCMC_VM_SYSTEM_APERTURE_HIGH_ADDR, 0):
-            fb = r.get(regs.GCMC_VM_FB_LOCATION_BASE, 0) << 24
-            if fb <= va < (r.get(regs.GCMC_VM_FB_LOCATION_TOP, 0) + 1) << 24:
+            leaf = self.tlb.get(page)
+            if leaf is None:
+                _, e, size = self.walk(va)
+                leaf = e & ~vm.ADDRESS | (e & vm.ADDRESS) + (va & size - 1 & ~0xFFF)
+                self.tlb[page] = leaf
+            if not leaf & (vm.WRITEABLE if write else vm.READABLE):
+                raise GpuFault(f"GPU protection fault (VMID 0) at 0x{va:x}: leaf 0x{leaf:x} does "
+                               f"not allow {'writing' if write else 'reading'}")
+            addr = leaf & vm.ADDRESS | va & 0xFFF
+            return bool(leaf & vm.SYSTEM), addr if leaf & vm.SYSTEM else self._vram(addr)
+        r, h = self.gpu.regs, self.hub
+        if r.get(h.sys_low, 1) <= va >> 18 <= r.get(h.sys_high, 0):
+            fb = r.get(h.fb_base, 0) << 24
+            if fb <= va < (r.get(h.fb_base + 1, 0) + 1) << 24:
                 return False, va - fb
-            bot = r.get(regs.GCMC_VM_AGP_BOT, 1) << 24
-            if bot <= va < (r.get(regs.GCMC_VM_AGP_TOP, 0) + 1) << 24:
-                return True, va - bot + (r.get(regs.GCMC_VM_AGP_BASE, 0) << 22)
-        raise GpuFault(f"GPU page fault (VMID 0) at 0x{va:x}: outside the GART range and the FB "
-                       f"and AGP apertures")
+            bot = r.get(h.agp_bot, 1) << 24
+            if bot <= va < (r.get(h.agp_top, 0) + 1) << 24:
+                return True, va - bot + (r.get(h.agp_base, 0) << 22)
+        raise GpuFault(f"GPU page fault ({h.name} hub, VMID 0) at 0x{va:x}: outside the VM "
+                       f"context's range and the FB and AGP apertures")
 
     def _pieces(self, va: int, n: int, write: bool):
         while n > 0:
@@ -125,81 +155,141 @@ class Space:
 
     def run(self, va: int) -> tuple[int, int]:
         """A kernel's buffer at `va`: (VRAM offset, bytes) of the physically contiguous, readable
-        and writeable VRAM pages from there (PoCL computes in one host range; hardware would
-        translate each access, and fault at the first page outside the run)."""
+        and writeable VRAM from there, leaf by leaf to the first that breaks the run (PoCL
+        computes in one host range; hardware would translate each access, and fault at the
+        first page outside the run)."""
         if va in self.runs:
             return self.runs[va]
         system, phys = self.translate(va, True)
         if system:
             raise GpuFault(f"kernel buffer at 0x{va:x} is system memory; the mock runs kernels on "
                            f"VRAM only")
-        ctx, page = self._context(), va >> 12
-        n = VRAM_BYTES - phys
-        if ctx is not None and ctx[0] <= page <= ctx[1]:
-            count = ctx[1] - page + 1
-            ptes = np.frombuffer(self.gpu.vram.map, "<u8", count, ctx[2] + 8 * (page - ctx[0]))
-            want = (phys & ~0xFFF) + PAGE * np.arange(count, dtype=np.uint64)
-            flags = regs.PTE_VALID | regs.PTE_READABLE | regs.PTE_WRITEABLE | regs.PTE_SYSTEM
-            ok = ((ptes & regs.PTE_ADDRESS) == want) & (ptes & flags == flags ^ regs.PTE_SYSTEM)
-            pages = int(np.argmin(ok)) if not ok.all() else count
-            n = min(n, pages * PAGE - va % PAGE)
+        ctx, n = self._context(), VRAM_BYTES - phys
+        if ctx is not None and ctx[0] <= va >> 12 <= ctx[1]:
+            at, want, need = va, phys, vm.VALID | vm.READABLE | vm.WRITEABLE
+            while at >> 12 <= ctx[1] and want < VRAM_BYTES:
+                try:
+                    _, e, size = self.walk(at)
+                except GpuFault:
+                    break
+                if e & need != need or e & vm.SYSTEM or \
+                        self._vram(e & vm.ADDRESS) + at % size != want:
+                    break
+                at, want = at + size - at % size, want + size - at % size
+            n = min(n, at - va)
         self.runs[va] = phys, n
         return phys, n
 
 
 class Psp:
-    """sOS's GPCOM ring (am/psp.py): created through C2PMSG_64/69/70/71, frames consumed up to
-    each C2PMSG_67 write; SETUP_TMR, then LOAD_IP_FW of an image in GPU memory (VMID 0
-    addresses through the MMU). A load without a TMR, an unaligned or empty image, erased
-    memory or an injected fwerr is refused in the response's status; the fence is written
-    either way. The command processor runs once RLC_G and RS64_MEC are loaded."""
+    """The PSP as a driver meets it. The bootloader (C2PMSG_35/36) takes the sOS file's
+    components in psp.BOOT's order, each once, the system driver before sOS; sOS sets C2PMSG_81
+    and opens C2PMSG_64 for its GPCOM ring (C2PMSG_64/69/70/71), whose frames are consumed up to
+    each C2PMSG_67 write: LOAD_TOC (answers the TMR size), SETUP_TMR (1 MiB aligned, at least
+    the TOC's size, after the SMU firmware), LOAD_IP_FW (after the TMR, except the SMU's),
+    AUTOLOAD_RLC (once RLC_G, IMU and RS64 MEC with its stack are in; then
+    RLC_RLCS_BOOTLOAD_STATUS says complete). Every image must carry the type it is loaded as
+    (am/standin.py's tag: the real PSP checks a signature); the PSP reads and writes through
+    the MM hub's VM context 0 (its system aperture onto VRAM, its page table onto the bridge's
+    SRAM, where the images are staged), with that hub's TLB and L2 on. A refusal is a non-zero status; an injected fwerr@N refuses
+    the Nth firmware image (bootloader components and LOAD_IP_FW alike)."""
 
     def __init__(self, gpu: "MockGpu"):
-        self.gpu, self.ring, self.rptr, self.tmr = gpu, None, 0, None
+        self.gpu, self.ring, self.rptr = gpu, None, 0
+        self.booted: list[int] = []
+        self.toc = self.tmr = None
         self.loaded: set[int] = set()
+
+    def _read(self, addr: int, n: int) -> bytes | None:
+        """What the PSP reads at `addr` through the MM hub (None: it cannot reach it)."""
+        mock_gc.check_hub(self.gpu.regs, regs.MM_HUB)
+        try:
+            return self.gpu.mm.read(addr, n)
+        except (GpuFault, ValueError):
+            return None
+
+    def _image(self, addr: int, n: int, kind: int) -> bool:
+        """An image of `kind` at `addr` (counted for fwerr@N)."""
+        self.gpu.firmware_loads += 1
+        fault = self.gpu.faults.at(self.gpu.firmware_loads)
+        data = self._read(addr, max(n, 32))
+        return (fault is None or fault.kind != "fwerr") and data is not None and \
+            kind in standin.tagged(data)
+
+    def bootloader(self, cmd: int) -> None:
+        r, order = self.gpu.regs, [k for k, _ in psp.BOOT]
+        kind = {c: k for k, c in psp.BOOT}.get(cmd)
+        ok = kind is not None and not self.gpu.sos and kind not in self.booted and \
+            all(order.index(b) < order.index(kind) for b in self.booted) and \
+            (kind != psp.SOS or psp.SYS_DRV in self.booted) and \
+            self._image(r.get(regs.C2PMSG_36, 0) << 20, 32, kind)
+        if ok:
+            self.booted.append(kind)
+        r[regs.C2PMSG_35] = regs.BL_READY | (0 if ok else 0xFFFF)
+        if ok and kind == psp.SOS:
+            r[regs.C2PMSG_81], r[regs.C2PMSG_64] = 0x00300000, regs.BL_READY
+            self.gpu.sos = True
 
     def control(self, value: int) -> None:
         r = self.gpu.regs
-        ok = value == regs.INIT_GPCOM_RING and self.gpu.sos and r.get(regs.C2PMSG_71, 0) and \
-            r.get(regs.C2PMSG_71, 0) % psp.FRAME_BYTES == 0
+        if value == regs.DESTROY_RINGS and self.gpu.sos:
+            self.ring, r[regs.C2PMSG_71], r[regs.C2PMSG_64] = None, 0, regs.BL_READY
+            return
+        size = r.get(regs.C2PMSG_71, 0)
+        ok = value == regs.INIT_GPCOM_RING and self.gpu.sos and size and \
+            size % psp.FRAME_BYTES == 0
         if ok:
-            self.ring = (r.get(regs.C2PMSG_69, 0) | r.get(regs.C2PMSG_70, 0) << 32,
-                         r[regs.C2PMSG_71])
-            self.rptr = 0
+            self.ring, self.rptr = (r.get(regs.C2PMSG_69, 0) | r.get(regs.C2PMSG_70, 0) << 32,
+                                    size), 0
         r[regs.C2PMSG_64] = regs.BL_READY | (0 if ok else psp.UNKNOWN_COMMAND)
 
     def doorbell(self, wptr: int) -> None:
         if self.ring is None:
             return  # no ring: nothing reads the write pointer
         base, size = self.ring
-        space = self.gpu.space
         while self.rptr != wptr % (size // 4):
-            f = psp.FRAME.unpack(space.read(base + 4 * self.rptr, psp.FRAME.size))
+            f = psp.FRAME.unpack(self._read(base + 4 * self.rptr, psp.FRAME.size) or
+                                 bytes(psp.FRAME.size))
             cmd, fence = f[0] | f[1] << 32, f[3] | f[4] << 32
-            buf = space.read(cmd, psp.CMD_BYTES)
-            space.write(cmd + psp.RESP_AT, struct.pack("<I", self._execute(f[2], buf)))
-            space.write(fence, struct.pack("<I", f[5]))
+            buf = self._read(cmd, psp.CMD_BYTES)
+            if buf is None or self._read(fence, 4) is None:
+                raise GpuFault(f"PSP frame names command 0x{cmd:x} and fence 0x{fence:x}; "
+                               f"expected addresses the MM hub maps")
+            status, tmr_size = self._execute(f[2], buf)
+            self.gpu.mm.write(cmd + psp.RESP_AT, struct.pack("<4xIIII", 0, 0, 0, tmr_size))
+            self.gpu.mm.write(cmd + psp.RESP_AT, struct.pack("<I", status))
+            self.gpu.mm.write(fence, struct.pack("<I", f[5]))
             self.rptr = (self.rptr + psp.FRAME_BYTES // 4) % (size // 4)
 
-    def _execute(self, size: int, buf: bytes) -> int:
+    def _execute(self, size: int, buf: bytes) -> tuple[int, int]:
+        """(status, tmr_size) of one command buffer."""
         head = psp.HEAD.unpack_from(buf)
         if size != psp.CMD_BYTES or head[0] != psp.CMD_BYTES or head[1] != psp.BUF_VERSION:
-            return psp.UNKNOWN_COMMAND
+            return psp.UNKNOWN_COMMAND, 0
+        if head[2] == psp.LOAD_TOC:
+            lo, hi, n = psp.TOC.unpack_from(buf, psp.CMD_AT)
+            ok = self._image(lo | hi << 32, n, psp.TOC_BIN)
+            self.toc = standin.TOC_TMR_BYTES if ok else None
+            return (0, self.toc) if ok else (0xFFFF, 0)
         if head[2] == psp.SETUP_TMR:
             lo, hi, n = psp.SETUP.unpack_from(buf, psp.CMD_AT)[:3]
-            ok = not (lo % PAGE or n % PAGE) and n
+            ok = not (lo % psp.TMR_ALIGN or n % PAGE) and n >= (self.toc or 1) and \
+                psp.SMU in self.loaded
             self.tmr = (lo | hi << 32, n) if ok else None
-            return 0 if ok else 0xFFFF
+            return (0 if ok else 0xFFFF), 0
+        if head[2] == psp.AUTOLOAD_RLC:
+            ok = self.tmr is not None and psp.AUTOLOAD_NEEDS <= self.loaded
+            if ok:
+                self.gpu.regs[regs.RLC_RLCS_BOOTLOAD_STATUS] = regs.BOOTLOAD_COMPLETE
+            return (0 if ok else 0xFFFF), 0
         if head[2] != psp.LOAD_IP_FW:
-            return psp.UNKNOWN_COMMAND
+            return psp.UNKNOWN_COMMAND, 0
         lo, hi, n, kind = psp.LOAD.unpack_from(buf, psp.CMD_AT)
-        self.gpu.firmware_loads += 1
-        fault = self.gpu.faults.at(self.gpu.firmware_loads)
-        ok = self.tmr is not None and not lo % PAGE and n and \
-            (fault is None or fault.kind != "fwerr") and any(self.gpu.space.read(lo | hi << 32, 16))
+        ok = (self.tmr is not None or kind == psp.SMU) and not lo % PAGE and n and \
+            self._image(lo | hi << 32, n, kind)
         if ok:
             self.loaded.add(kind)
-        return 0 if ok else 0xFFFF
+        return (0 if ok else 0xFFFF), 0
 
 
 class MockGpu:
@@ -212,17 +302,31 @@ class MockGpu:
         self.vram.write(GPU_BASE + VRAM_BYTES - discovery.DISCOVERY_TMR_OFFSET, table)
         self.regs = self._initial()
         self.bridge: MockBridge | None = None
-        self.space, self.psp, self.sos = Space(self), Psp(self), False
+        self.space, self.mm = Space(self, regs.GC_HUB), Space(self, regs.MM_HUB)
+        self.psp, self.sos = Psp(self), False
         self.cp = None  # built at the first doorbell: PoCL is only loaded when something runs
         self.firmware_loads = self.submissions = 0
-        self.running, self.rptr = False, 0
+        self.running, self.rptr, self.mec_pc, self.mec_latched = False, 0, 0, None
+        self.sh_mem: dict[int, dict[int, int]] = {}  # VMID -> SH_MEM_CONFIG/BASES
         self.faults = from_env(FAULTS_VAR, KINDS)
 
     # ---- BARs -----------------------------------------------------------------------------------
     def mem_read(self, bar: int, offset: int) -> int:
         if bar == 0:
             return struct.unpack("<I", self.vram.read(GPU_BASE + offset, 4))[0]
-        return self.regs.get(offset // 4, 0) if bar == 5 else 0
+        if bar != 5:
+            return 0
+        reg = offset // 4
+        if reg == regs.RSMU_DATA:  # the register RSMU_INDEX names (a byte address)
+            reg = self.regs.get(regs.RSMU_INDEX, 0) // 4
+        if reg in (regs.SH_MEM_CONFIG, regs.SH_MEM_BASES):
+            return self.sh_mem.get(self._vmid(), {}).get(reg, 0)
+        if reg == regs.MM_HUB.inv_sem:
+            return 1  # the semaphore is free: one driver, one engine
+        return self.regs.get(reg, 0)
+
+    def _vmid(self) -> int:
+        return self.regs.get(regs.GRBM_GFX_CNTL, 0) >> regs.GRBM_VMID_SHIFT & 0xF
 
     def mem_write(self, bar: int, offset: int, value: int, be: int) -> None:
         if be != 0xF:
@@ -236,41 +340,70 @@ class MockGpu:
             self._doorbell(offset // 4, value)
 
     def _register(self, reg: int, value: int) -> None:
+        if reg == regs.RSMU_DATA:
+            reg = self.regs.get(regs.RSMU_INDEX, 0) // 4
+        if regs.CP_MQD_BASE_ADDR <= reg <= regs.CP_HQD_PQ_WPTR_HI and \
+                self.regs.get(regs.GRBM_GFX_CNTL, 0) != regs.GRBM_ME1_PIPE0_QUEUE0:
+            return  # another queue's bank: not the one the mock's doorbell serves
+        if reg in (regs.SH_MEM_CONFIG, regs.SH_MEM_BASES):  # banked per VMID
+            self.sh_mem.setdefault(self._vmid(), {})[reg] = value
+            return
+        if reg == regs.CP_HQD_ACTIVE and value & 1 and not self.regs.get(reg, 0) & 1:
+            mock_gc.check_queue(self.regs, self.space.read)  # the CP reads the MQD to map it
+        if reg == regs.CP_HQD_DEQUEUE_REQUEST and value & 0xF:
+            self.regs[regs.CP_HQD_ACTIVE] = 0
         self.regs[reg] = value
         if reg == regs.CP_HQD_PQ_RPTR:  # the driver (re)starting the queue
             self.rptr = value
-        if reg == regs.GCVM_INVALIDATE_ENG17_REQ:  # done at once: ACK has the VMIDs asked for
-            if value & 1 and value & regs.INVALIDATE_ALL == regs.INVALIDATE_ALL:
-                self.space.invalidate()
-            self.regs[regs.GCVM_INVALIDATE_ENG17_ACK] = value & 0xFFFF
-        if reg == regs.C2PMSG_35 and value == regs.BL_LOAD_SOSDRV:
-            self.firmware_loads += 1
-            fault = self.faults.at(self.firmware_loads)
-            addr = self.regs.get(regs.C2PMSG_36, 0) << 20  # a GPU address, 1 MiB aligned
-            inside = GPU_BASE <= addr < GPU_BASE + VRAM_BYTES
-            ok = (fault is None or fault.kind != "fwerr") and inside and \
-                any(self.vram.read(addr, 16))  # an image there, not erased VRAM
-            self.regs[regs.C2PMSG_35] = regs.BL_READY | (0 if ok else 0xFFFF)
-            self.regs[regs.C2PMSG_81] = 0x00300000 if ok else 0
-            self.regs[regs.C2PMSG_64] = regs.BL_READY if ok else 0  # sOS: ready for its ring
-            self.sos = self.sos or ok
+        for space in (self.space, self.mm):  # done at once: ACK has the VMIDs asked for
+            if reg == space.hub.inv_req:
+                if value & 1 and value & regs.INVALIDATE_ALL == regs.INVALIDATE_ALL:
+                    space.invalidate()
+                self.regs[space.hub.inv_ack] = value & 0xFFFF
+        if reg == regs.C2PMSG_35:
+            self.psp.bootloader(value)
         if reg == regs.C2PMSG_64:
             self.psp.control(value)
         if reg == regs.C2PMSG_67:
             self.psp.doorbell(value)
-            self.running = self.sos and {psp.RLC_G, psp.RS64_MEC} <= self.psp.loaded
+        self._mec(reg, value)
+
+    def _mec(self, reg: int, value: int) -> None:
+        """MEC pipe 0 runs once the RLC's autoload is complete and CP_MEC_RS64_CNTL releases it
+        (active, not halted) after a reset pulse that latched the program counter at the MEC
+        firmware's start (PRGRM_CNTR_START, written with ME 1 pipe 0 selected)."""
+        r = self.regs
+        selected = r.get(regs.GRBM_GFX_CNTL, 0) == regs.GRBM_ME1_PIPE0_QUEUE0
+        if reg in (regs.CP_MEC_RS64_PRGRM_CNTR_START, regs.CP_MEC_RS64_PRGRM_CNTR_START_HI) \
+                and selected:
+            hi = reg == regs.CP_MEC_RS64_PRGRM_CNTR_START_HI
+            self.mec_pc = self.mec_pc & (0xFFFFFFFF << 32 if not hi else 0xFFFFFFFF) | \
+                value << (32 if hi else 0)
+        if reg != regs.CP_MEC_RS64_CNTL:
+            return
+        if value & regs.MEC_PIPE0_RESET:
+            self.mec_latched = self.mec_pc if r.get(regs.RLC_RLCS_BOOTLOAD_STATUS, 0) & \
+                regs.BOOTLOAD_COMPLETE else None
+        self.running = self.sos and self.mec_latched == standin.MEC_START >> 2 and \
+            value & regs.MEC_PIPE0_ACTIVE and not value & (regs.MEC_HALT | regs.MEC_PIPE0_RESET)
 
     # ---- the compute queue ----------------------------------------------------------------------
     def _doorbell(self, index: int, wptr: int) -> None:
         r = self.regs
         ctl = r.get(regs.CP_HQD_PQ_DOORBELL_CONTROL, 0)
-        if not (self.running and r.get(regs.CP_HQD_ACTIVE) and ctl & regs.DOORBELL_EN and
-                (ctl >> 2) & 0x3FFFFFF == index):
-            return  # no firmware, no active queue, or another doorbell: nothing listens
+        lower, upper = (r.get(reg, 0) & 0xFFC for reg in (regs.CP_MEC_DOORBELL_RANGE_LOWER,
+                                                          regs.CP_MEC_DOORBELL_RANGE_UPPER))
+        if not (mock_gc.doorbell_routed(r) and self.running and r.get(regs.CP_HQD_ACTIVE) and
+                ctl & regs.DOORBELL_EN and (ctl >> 2) & 0x3FFFFFF == index and
+                lower <= 4 * index <= upper):
+            return  # no aperture or routing, no firmware, no active queue, or not its doorbell
+        mock_gc.check_hub(r, regs.GC_HUB)
         size = 4 << ((r.get(regs.CP_HQD_PQ_CONTROL, 0) & 0x3F) + 1)  # bytes
         base = (r.get(regs.CP_HQD_PQ_BASE, 0) | r.get(regs.CP_HQD_PQ_BASE_HI, 0) << 32) << 8
         if self.cp is None:
             self.cp = CommandProcessor(self.vram, self.space)
+            self.cp.check = lambda: mock_gc.check_dispatch(
+                self.sh_mem, self.regs.get(regs.CP_HQD_VMID, 0) & 0xF, self.space._context())
         n = wptr - self.rptr
         if not 0 <= n <= size // 4:
             raise GpuFault(f"doorbell write pointer {wptr} after {self.rptr}: expected at most "
@@ -291,14 +424,19 @@ class MockGpu:
         self.cp.execute(words)
         self.rptr = wptr
         r[regs.CP_HQD_PQ_RPTR] = wptr & 0xFFFFFFFF
+        report = r.get(regs.CP_HQD_PQ_RPTR_REPORT_ADDR, 0) | \
+            r.get(regs.CP_HQD_PQ_RPTR_REPORT_ADDR_HI, 0) << 32
+        self.space.write(report, struct.pack("<I", wptr % (size // 4)))  # the CP reports it
 
     def reset(self) -> None:
         """Power lost (unplug): registers, firmware and queue state are gone; VRAM is kept, as
         nothing on the driver's side may rely on it either."""
-        self.regs = self._initial()
+        self.regs, self.sh_mem = self._initial(), {}
         self.running, self.rptr, self.sos = False, 0, False
+        self.mec_pc, self.mec_latched = 0, None
         self.psp = Psp(self)
         self.space.invalidate()
+        self.mm.invalidate()
 
     def _vm_fault(self, words: list[int]) -> None:
         """fault@N: the submission's indirect buffer loses its first page's translation (its PTE
@@ -308,15 +446,17 @@ class MockGpu:
         va = ib.body[0] | (ib.body[1] & 0xFFFF) << 32
         ctx = self.space._context()
         if ctx is not None and ctx[0] <= va >> 12 <= ctx[1]:
-            self.vram.write(GPU_BASE + ctx[2] + 8 * ((va >> 12) - ctx[0]), bytes(8))
+            self.vram.write(GPU_BASE + self.space.walk(va)[0], bytes(8))
         self.space.invalidate()
         self.regs[regs.CP_HQD_ACTIVE] = 0
 
     @staticmethod
     def _initial() -> dict[int, int]:
         """What the registers hold after POST: the mailbox ready, VRAM's place in the map."""
-        return {regs.C2PMSG_35: regs.BL_READY, regs.GCMC_VM_FB_LOCATION_BASE: GPU_BASE >> 24,
-                regs.GCMC_VM_FB_LOCATION_TOP: (GPU_BASE + VRAM_BYTES - 1) >> 24}
+        r = {regs.C2PMSG_35: regs.BL_READY}
+        for hub in (regs.GC_HUB, regs.MM_HUB):
+            r[hub.fb_base], r[hub.fb_base + 1] = GPU_BASE >> 24, (GPU_BASE + VRAM_BYTES - 1) >> 24
+        return r
 
 
 def make_enclosure() -> MockLibusb:

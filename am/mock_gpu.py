@@ -83,6 +83,7 @@ class CommandProcessor:
         self.vram = memory
         self.code: dict[int, elf.CodeObject] = {}  # by base address
         self.dispatches = 0
+        self.check = None  # called before each dispatch: the mock GPU's SH_MEM check
 
     def run(self, address: int, dwords: int, depth: int = 0) -> None:
         self.execute(pm4.words(self.mem.read(address, 4 * dwords)), depth)
@@ -99,6 +100,8 @@ class CommandProcessor:
                                           f"buffer; a compute queue chains one level")
                 self.run(p.body[0] | (p.body[1] & 0xFFFF) << 32, p.body[2] & 0xFFFFF, 1)
             elif p.op == pm4.DISPATCH_DIRECT:
+                if self.check is not None:
+                    self.check()
                 self._dispatch(p.body[:3])
             elif p.op == pm4.DMA_DATA:
                 self.pocl.finish()  # CP_SYNC: earlier dispatches' writes land first

@@ -47,7 +47,7 @@ class Launch:
 
 @dataclass
 class Artifact:
-    target: str
+    target: str  # the blob's target (`cpu`: one blob for every x86-64 host)
     inputs: list[Buffer]
     outputs: list[Buffer]
     buffers: list[Buffer]  # every buffer, io included
@@ -59,3 +59,11 @@ class Artifact:
     meta: dict = field(default_factory=dict)
     # ONNX nodes per launch: {"nodes": [[name, op_type], ...], "launches": [[node index, ...]]}
     provenance: dict | None = None
+    # the target this artifact's code was built for, when it is one variant of `target`
+    # ("cpu-avx2" of a "cpu" blob); "" means `target` itself
+    variant: str = ""
+    # the target's other variants, written into the same blob; they share `weights`
+    variants: list["Artifact"] = field(default_factory=list)
+    # `weights` as the blob's weights sections (docs/blob.md): the sizes of the one every
+    # variant reads, then of each variant's own, laid out as in the file. () means all shared
+    weight_sections: tuple[int, ...] = ()

@@ -1,4 +1,4 @@
-"""Artifact -> one .blob file (format v2, docs/blob.md). Same artifact, same bytes.
+"""Artifact -> one .blob file (format v3, docs/blob.md). Same artifact, same bytes.
 
 The format's definition (constants, the replay table's record, the layout and digests) is
 runner/format.py, which the reader uses too, so the writer cannot disagree with the reader.
@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import stat
 
 from compiler.artifact import Artifact, Buffer
-from runner.format import (FILE_SHA256_AT, HEADER, MAGIC, SECTIONS, VERSION, canonical_json,
-                           chunk_sha256, file_sha256, pack_graph, section_offsets)
+import hashlib
+
+from runner.format import (FILE_SHA256_AT, HEADER, MAGIC, VERSION, canonical_json, chunk_sha256,
+                           file_sha256, pack_graph, section_names, section_offsets)
 
 PRODUCER = "keel-compiler 0.1"
 
@@ -51,34 +52,100 @@ _KINDS = [(stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"), (stat.S_IS
 
 
 def blob_bytes(artifact: Artifact) -> bytes:
-    programs = list(dict.fromkeys(l.kernel for l in artifact.launches))  # first-use order
-    index = {name: i for i, name in enumerate(programs)}
+    """The artifact and the variants attached to it (artifact.variants), which share its
+    weights region: one record, weights, programs and graph section per variant, and the
+    weights they all read once."""
+    variants = [artifact, *artifact.variants]
+    names = [a.variant or a.target for a in variants]
+    sizes = artifact.weight_sections or (len(artifact.weights),) + (0,) * len(names)
+    starts, end = _weight_starts(sizes)
+    if len(set(names)) != len(names) or len(sizes) != 1 + len(names) or \
+            len(artifact.weights) != end or \
+            any(a.weights is not artifact.weights and a.weights != artifact.weights
+                for a in variants):
+        raise ValueError(f"blob variants {names}: expected distinct targets sharing one weights "
+                         f"region of sections {sizes}")
+    region = memoryview(artifact.weights)
+    payloads = {name: bytes(region[s:s + n])
+                for name, s, n in zip(section_names(names), starts, sizes)}
+    records = []
+    for a, name in zip(variants, names):
+        record, payloads[f"programs.{name}"], payloads[f"graph.{name}"] = _variant(a, name)
+        records.append(record)
+    return assemble(artifact.target, {"meta": artifact.meta, "variants": records}, payloads)
+
+
+def _weight_starts(sizes) -> tuple[list[int], int]:
+    """Where weights sections of these sizes start, relative to the first, and where the last
+    non-empty one ends: kernels address the shared section and their own as one region
+    (runner/format.py)."""
+    offsets = section_offsets(list(sizes))
+    starts = [o - offsets[0] for o in offsets]
+    return starts, max((s + n for s, n in zip(starts, sizes) if n), default=0)
+
+
+def share_weights(builds: list) -> tuple[bytes, tuple[int, ...]]:
+    """One weights region for every build (variant) of a model (compiler/schedule/buffers.py
+    Buffers: their weights are moved into it): (the region, its sections' sizes). A weight
+    stored with the same bytes in every build is stored once, in the shared section (content
+    addressed: also a weight stored twice in one build); the rest goes to its build's own
+    section, so a runner reading one build touches the shared section and its own only."""
+    key = [{bid: hashlib.sha256(data).digest() for bid, data in b.weights} for b in builds]
+    data = {k[bid]: d for b, k in zip(builds, key) for bid, d in b.weights}
+    common = set.intersection(*(set(k.values()) for k in key))
+    parts = [[h for h in key[0].values() if h in common]] + \
+        [[h for h in k.values() if h not in common] for k in key]
+    places, sizes = [], []
+    for part in parts:
+        place, size = {}, 0
+        for h in part:
+            if h not in place:
+                place[h] = size = -(-size // builds[0].align) * builds[0].align
+                size += len(data[h])
+        places.append(place)
+        sizes.append(size)
+    starts, end = _weight_starts(sizes)
+    region = bytearray(end)
+    shared = {h: starts[0] + off for h, off in places[0].items()}
+    for i, b in enumerate(builds):
+        own = {h: starts[i + 1] + off for h, off in places[i + 1].items()}
+        at = {**shared, **own}
+        for h, off in (own if i else at).items():  # the shared section once
+            region[off:off + len(data[h])] = data[h]
+        b.move_weights({bid: at[h] for bid, h in key[i].items()})
+    return bytes(region), tuple(sizes)
+
+
+def _variant(a: Artifact, name: str) -> tuple[dict, bytes, bytes]:
+    """A variant's manifest record, programs and graph section."""
+    programs = list(dict.fromkeys(l.kernel for l in a.launches))  # first-use order
+    index = {p: i for i, p in enumerate(programs)}
     graph = pack_graph([(index[l.kernel], l.barrier, list(l.args), l.global_size, l.local_size)
-                        for l in artifact.launches])
-    manifest = {
-        "arena_bytes": artifact.arena_bytes,
-        "arena_lower_bound_bytes": artifact.arena_lower_bound_bytes,
-        "buffers": [_buffer_record(b) for b in artifact.buffers],
-        "inputs": [b.id for b in artifact.inputs],
-        "outputs": [b.id for b in artifact.outputs],
+                        for l in a.launches])
+    record = {
+        "target": name,
+        "arena_bytes": a.arena_bytes,
+        "arena_lower_bound_bytes": a.arena_lower_bound_bytes,
+        "buffers": [_buffer_record(b) for b in a.buffers],
+        "inputs": [b.id for b in a.inputs],
+        "outputs": [b.id for b in a.outputs],
         "programs": programs,
-        "meta": artifact.meta,
     }
-    if artifact.provenance is not None:
-        manifest["provenance"] = artifact.provenance
-    payloads = {"weights": bytes(artifact.weights), "programs": bytes(artifact.programs),
-                "graph": graph}
-    return assemble(artifact.target, manifest, payloads)
+    if a.provenance is not None:
+        record["provenance"] = a.provenance
+    return record, bytes(a.programs), graph
 
 
 def assemble(target: str, manifest: dict, payloads: dict[str, bytes]) -> bytes:
-    """Lay out the sections, add their table to `manifest`, write the header and the hashes.
-    Takes the manifest as data so tests can build blobs that are well-formed but wrong."""
-    sizes = [len(payloads[name]) for name in SECTIONS]
+    """Lay out the sections (in the order the manifest's variants give), add their table to
+    `manifest`, write the header and the hashes. Takes the manifest as data so tests can build
+    blobs that are well-formed but wrong."""
+    names = section_names([v.get("target") for v in manifest.get("variants", [])])
+    sizes = [len(payloads[name]) for name in names]
     offsets = section_offsets(sizes)
     table = [{"name": name, "offset": offset, "size": size,
               "chunk_sha256": chunk_sha256(payloads[name])}
-             for name, offset, size in zip(SECTIONS, offsets, sizes)]
+             for name, offset, size in zip(names, offsets, sizes)]
     manifest_offset = offsets[-1] + sizes[-1]
     manifest_json = canonical_json({**manifest, "sections": table})
     out = bytearray(manifest_offset + len(manifest_json))

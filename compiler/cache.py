@@ -5,8 +5,10 @@ KEEL_CACHE_DIR names its root (default ~/.cache/keel; KEEL_CACHE_DIR="" turns it
 layer is a folder of files named by a key that already says everything the entry depends on:
   kernels/  a built kernel (plan, linear program, weight permutations), keyed by the canonical
             kernel's structure, its parameters, the target and the codegen sources (`code_digest`)
-  objects/  one kernel's object file, keyed by its C source, the compile command and the C
-            compiler's version (toolchain.py)
+  objects/  one compiled batch of kernels (or the entry points) as an object file, keyed by its
+            C source, the compile command and the C compiler's version (toolchain.py)
+  units/    per kernel (keyed by its C source, the command and the compiler's version): the key
+            of an object that holds it
 Entries are written to a temporary file and renamed into place, so concurrent compiles (pytest
 workers) never read a half-written entry; the last writer of equal bytes wins.
 """

@@ -1,6 +1,6 @@
 """The compile pipeline as a list of passes in one function:
-frontend -> schedule -> layout -> kernels (plan, lower, simplify, linearize) -> memory plan ->
-render -> build."""
+frontend -> schedule -> layout -> per variant: kernels (plan, lower, simplify, linearize) ->
+memory plan -> shared weights -> per variant: render -> build."""
 from __future__ import annotations
 
 import time
@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from compiler import toolchain
 from compiler.artifact import Artifact
-from compiler.codegen.build import Job, build_all
+from compiler.blob import share_weights
+from compiler.codegen.build import Built, Job, build_all
 from compiler.ir.dtypes import dtypes
 from compiler.ir.uop import UOp
 from compiler.onnx.load import load_onnx
@@ -19,7 +20,7 @@ from compiler.schedule.fusion import Kernel, schedule
 from compiler.schedule.layout import canonical, channels_last, in_place, pad_in_place
 from compiler.schedule.hazards import mark_barriers
 from compiler.schedule.storage import device_storage
-from compiler.target import LINE_BYTES, Target, get_target
+from compiler.target import LINE_BYTES, Target, get_target, variant_targets
 
 VERSION = "0.1.0"
 
@@ -36,15 +37,19 @@ class Stages:
 
     @contextmanager
     def __call__(self, name: str):
-        t = time.perf_counter()
+        t, before = time.perf_counter(), dict(self.counts.get(name, {}))
         yield
         secs = time.perf_counter() - t
         self.times[name] = self.times.get(name, 0.0) + secs
-        if self.report:
-            self.report(name, secs, self.counts.get(name, {}))
+        if self.report:  # what this run of the stage handled (a variant's build, say)
+            now = self.counts.get(name, {})
+            self.report(name, secs, {k: n - before.get(k, 0) for k, n in now.items()})
 
     def count(self, stage: str, **counts: int) -> None:
-        self.counts.setdefault(stage, {}).update(counts)
+        """Add to a stage's counts (a stage run once per variant adds up)."""
+        mine = self.counts.setdefault(stage, {})
+        for kind, n in counts.items():
+            mine[kind] = mine.get(kind, 0) + n
 
     def tick(self, stage: str, done: int, total: int):
         if self.progress:
@@ -54,27 +59,48 @@ class Stages:
 def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None = None,
                   float16: bool = False, stages: Stages | None = None,
                   images: bool | None = None) -> Artifact:
-    """images: GPU targets only, read eligible buffers as 2D images (None: the target's default)."""
+    """images: GPU targets only, read eligible buffers as 2D images (None: the target's default).
+    A target with variants (`cpu`) is built once per variant from one frontend and schedule:
+    the first variant's Artifact is returned, the others in its `variants` (one blob)."""
     st, tgt = stages or Stages(), get_target(target)
+    targets = variant_targets(tgt)
     with st("frontend"):
         # outputs padded to a cache line of float32: whole vectors at every CPU width (wider
         # multiples, for wider register tiles, measured slower: 2.36 ms at 16, 2.52 at 48)
-        graph = load_onnx(model, input_shapes or {}, float16=float16, winograd=tgt.winograd,
-                          pad_columns=LINE_BYTES // 4 if tgt.cpu_layouts else 0)
+        graph = load_onnx(model, input_shapes or {}, float16=float16,
+                          winograd=targets[0].winograd,
+                          pad_columns=LINE_BYTES // 4 if targets[0].cpu_layouts else 0)
     with st("schedule"):
         outs, kernels, realized, tracked = schedule([u for _, u in graph.outputs],
-                                                    tuple(graph.origins))
+                                                    tuple(graph.origins), tgt.recompute_cheap)
         origins: dict[UOp, int] = {}
         for u, i in zip(tracked, graph.origins.values()):
             origins.setdefault(u, i)
         kernels = _copies_for_shared_outputs(outs, kernels)
-        kernels, last = _layouts(kernels, realized, set(outs), tgt)
-        bufs = Buffers(graph.inputs, list(zip([n for n, _ in graph.outputs], outs)),
-                       device_storage(tgt, float16, images), tgt.buffer_align)
-        jobs, uses = _jobs(kernels, bufs, last, tgt)
-        st.count("schedule", kernels=len(kernels), programs=len(jobs))
-    with st("kernels"):
-        built = build_all(jobs, st)
+        kernels, last = _layouts(kernels, realized, set(outs), targets[0])
+        plans = []  # per variant: (target, its buffers, one job per distinct kernel, launches)
+        for t in targets:
+            bufs = Buffers(graph.inputs, list(zip([n for n, _ in graph.outputs], outs)),
+                           device_storage(t, float16, images), t.buffer_align)
+            plans.append((t, bufs, *_jobs(kernels, bufs, last, t)))
+        st.count("schedule", kernels=len(kernels), programs=sum(len(p[2]) for p in plans))
+    with st("kernels"):  # every variant's jobs at once: one pool of workers, kept busy
+        done = build_all({(i, k): j for i, p in enumerate(plans) for k, j in p[2].items()}, st)
+    builds = [(t, bufs, _launch(bufs, {k: done[i, k] for k in jobs}, uses, st), uses)
+              for i, (t, bufs, jobs, uses) in enumerate(plans)]
+    weights = share_weights([bufs for _, bufs, _, _ in builds])
+    arts = [_artifact(tgt, t, bufs, built, weights, st) for t, bufs, built, _ in builds]
+    meta = {"producer": f"keel {VERSION}", "float16": float16, **graph.meta,
+            "flops": builds[0][1].flops,
+            "stage_seconds": {k: round(v, 4) for k, v in st.times.items()}}
+    for a, (_, _, _, uses) in zip(arts, builds):
+        a.meta, a.provenance = meta, provenance(uses, graph.nodes, origins)
+    arts[0].variants = arts[1:]
+    return arts[0]
+
+
+def _launch(bufs: Buffers, built: dict[tuple, Built], uses: list["Use"], st: Stages) -> dict:
+    """Record one variant's launches of its built programs and plan its arena; -> `built`."""
     for use in uses:
         b = built[use.key]
         args = [use.out] + [bufs.of(u, b.perms.get(j)) for j, u in enumerate(use.kernel.inputs, 1)]
@@ -82,6 +108,12 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
     with st("plan"):
         bufs.plan_arena()
         bufs.launches = mark_barriers(bufs.launches, bufs.by_id())
+    return built
+
+
+def _artifact(blob_tgt: Target, tgt: Target, bufs: Buffers, built: dict,
+              weights: tuple[bytes, tuple[int, ...]], st: Stages) -> Artifact:
+    """Render and build one target's programs (meta and provenance are the caller's)."""
     with st("render"):
         source = get_renderer(tgt).render_program([(b.name, b.lin) for b in built.values()],
                                                   bufs.launches, bufs.by_id())
@@ -94,13 +126,11 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         else:
             code = source.encode()
     return Artifact(
-        target=tgt.name, inputs=bufs.inputs, outputs=bufs.outputs, buffers=list(bufs.by_id().values()),
-        weights=bufs.weight_bytes(), arena_bytes=bufs.arena_bytes,
-        arena_lower_bound_bytes=bufs.lower_bound, launches=bufs.launches, programs=code,
-        provenance=provenance(uses, graph.nodes, origins),
-        meta={"producer": f"keel {VERSION}", "float16": float16, **graph.meta,
-              "flops": bufs.flops,
-              "stage_seconds": {k: round(v, 4) for k, v in st.times.items()}})
+        target=blob_tgt.name, inputs=bufs.inputs, outputs=bufs.outputs,
+        buffers=list(bufs.by_id().values()), weights=weights[0], weight_sections=weights[1],
+        arena_bytes=bufs.arena_bytes, arena_lower_bound_bytes=bufs.lower_bound,
+        launches=bufs.launches, programs=code,
+        variant=tgt.name if tgt.name != blob_tgt.name else "")
 
 
 def provenance(uses: list["Use"], nodes: list[tuple[str, str]], origins: dict[UOp, int]) -> dict:

@@ -2,7 +2,7 @@
 know about a machine. Adding a device means adding a row here, not branches elsewhere."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 from compiler.errors import CompileError
 
@@ -52,6 +52,11 @@ class Target:
     # residual tensors written in place, merged dims. Targets without it keep every buffer as
     # the graph has it (images already make GPU reads 2D).
     cpu_layouts: bool = False
+    # Cheap elementwise work under a broadcast inside a reduction (the squeeze-excite scale
+    # before a 1x1 conv, an input's normalization and zero border before the stem conv) is
+    # recomputed on every read instead of stored and read back: memory, not ALUs, bounds a GPU
+    # on these models (docs/perf.md, the Adreno 630 cost model). CPUs realize it once.
+    recompute_cheap: bool = False
     # Winograd F(2x2,3x3) for eligible 3x3 convs (onnx/ops/winograd.py): fewer multiplies for more
     # adds and a larger weight, a trade a wide-SIMD CPU wins.
     winograd: bool = False
@@ -66,6 +71,9 @@ class Target:
     # from: "library" (the OpenCL implementation's), or "amdgcn": the program defines the ones
     # the renderer uses, work-item ids from __builtin_amdgcn_* (no ROCm device library needed).
     cl_builtins: str = "library"
+    # Targets built into one blob, each a row of TARGETS (a `cpu` blob holds x86-64-v3 and -v4
+    # code; the runner loads the best its host runs). Empty: this target's code only.
+    variants: tuple[str, ...] = ()
 
     def vector_width(self, dtypes) -> int:
         """Bytes per vector for a kernel computing in `dtypes` (keel DTypes): the float width
@@ -79,10 +87,12 @@ CPU = dict(renderer="c", device="cpu", prefetch=True, cpu_layouts=True, winograd
            pack_weights=True, shared_object=True)
 # every OpenCL target: one work item per output tile, half activations under --float16
 GPU = dict(renderer="opencl", device="opencl", vector_bytes=16, buffer_align=128,
-           half_activations=True, output_dims="global")
+           half_activations=True, output_dims="global", recompute_cheap=True)
 
 TARGETS = {t.name: t for t in (
-    Target("cpu", vector_bytes=32, registers=16, **CPU),  # x86-64-v3: AVX2+FMA
+    # every x86-64 host: one blob, both levels below (the runner picks one at load)
+    Target("cpu", vector_bytes=32, registers=16, variants=("cpu-avx2", "cpu-avx512"), **CPU),
+    Target("cpu-avx2", vector_bytes=32, registers=16, **CPU),  # x86-64-v3: AVX2+FMA
     Target("cpu-avx512", vector_bytes=64, registers=32, l2_bytes=1 << 20, **CPU),  # x86-64-v4
     Target("cpu-aarch64", vector_bytes=16, registers=32, **CPU),  # comma 3X
     Target("cpu-arm64-apple", vector_bytes=16, registers=32, **CPU),
@@ -114,3 +124,29 @@ def get_target(name: str | Target) -> Target:
     if name not in TARGETS:
         raise CompileError(f"unknown target {name!r}; expected one of {', '.join(TARGETS)}")
     return TARGETS[name]
+
+
+# What the frontend and the schedule read: the variants of one blob share them (one graph, one
+# schedule, one set of buffers), and differ only in how each kernel is planned and compiled.
+SHARED_FIELDS = ("renderer", "device", "buffer_align", "half_compute", "half_activations",
+                 "images", "output_dims", "cpu_layouts", "winograd", "pack_weights",
+                 "shared_object", "code_object")
+
+
+def variant_targets(tgt: Target) -> list[Target]:
+    """The targets a blob for `tgt` is built for: its variants, or itself. A variant is `tgt`
+    with the fields its row differs in from `tgt`'s row, so a target varied with
+    dataclasses.replace keeps its changes in every variant."""
+    if not tgt.variants:
+        return [tgt]
+    base, out = TARGETS[tgt.name], []
+    for name in tgt.variants:
+        row = TARGETS[name]
+        diff = {f.name: getattr(row, f.name) for f in fields(Target)
+                if getattr(row, f.name) != getattr(base, f.name)}
+        out.append(replace(tgt, **diff))
+    bad = [f for f in SHARED_FIELDS if len({getattr(v, f) for v in out}) > 1]
+    if bad:
+        raise CompileError(f"target {tgt.name!r}: its variants {list(tgt.variants)} must agree "
+                           f"on {bad}")
+    return out

@@ -6,10 +6,11 @@ memcpy/memset that the compiler emits for large copies: the runner resolves them
 already loaded in its process.
 
 A source that carries `units` (renderers/c.py:Program: one per kernel, one for the entry points)
-is built unit by unit instead: each unit's object comes from the cache (compiler/cache.py, keyed
-by its name, text, the command and the compiler's version) or is compiled, the missing ones in one
-compiler process per core, and the objects are linked. An edited model recompiles only the
-kernels it changed; an unchanged one only links.
+is built by units instead: each unit is found in a cached object (compiler/cache.py, keyed by its
+name, text, the command and the compiler's version), or compiled with the other missing ones in
+one batch per core (one translation unit each, whose object is cached for all of its units), and
+the objects are linked. An edited model recompiles only the kernels it changed; an unchanged one
+only links.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ GCC = "gcc"
 CODE_FLAGS = ("-O2", "-ffreestanding", "-fno-math-errno", "-ffp-contract=fast", "-fPIC")
 LINK_FLAGS = ("-shared", "-nostdlib")
 TIMEOUT = 1800  # seconds for one compiler process: the largest model's kernels take ~30 s
-UNIT_BYTES = 200_000  # source a compiler process is given before another one pays for its start
+ENTRY_UNIT = "keel_graph"  # renderers/c.py's unit of entry points; every other unit is a kernel
 
 
 @dataclass(frozen=True)
@@ -49,9 +50,13 @@ class CpuTarget:
     one_unit: bool = False
 
 
+X86_64_V3 = CpuTarget("x86_64-linux-gnu", ("-march=x86-64-v3",), ("-fuse-ld=lld",), "Linux",
+                      ("x86_64", "AMD64"))
+# a `cpu` blob's code is built per variant (compiler/target.py: cpu-avx2 and cpu-avx512); as a
+# toolchain target, "cpu" is the baseline, x86-64-v3, for C that must run on every x86-64 host
 TARGETS: dict[str, CpuTarget] = {
-    "cpu": CpuTarget("x86_64-linux-gnu", ("-march=x86-64-v3",), ("-fuse-ld=lld",),
-                     "Linux", ("x86_64", "AMD64")),
+    "cpu-avx2": X86_64_V3,
+    "cpu": X86_64_V3,
     # clang's x86-64-v4 prefers 256-bit vectors (it splits a 64-byte vector type into two ymm
     # halves) unless told otherwise; gcc understands the flag too
     "cpu-avx512": CpuTarget("x86_64-linux-gnu", ("-march=x86-64-v4", "-mprefer-vector-width=512"),
@@ -98,7 +103,7 @@ def build_shared(source: str, target: str) -> bytes:
             _run([*_command(target), "graph.c", "-o", "graph.so"], tmp, target)
             return Path(tmp, "graph.so").read_bytes()
         objs = _objects(units, target, tmp)
-        _run([*_link_command(target), *objs, "-o", "graph.so"], tmp, target)
+        _run([*_link_command(target), *_gc_flags(target), *objs, "-o", "graph.so"], tmp, target)
         return Path(tmp, "graph.so").read_bytes()
 
 
@@ -106,40 +111,101 @@ def cached_units(source: str, target: str) -> dict[str, int]:
     """How many of the source's units build_shared will compile, and how many it has cached."""
     units = (None if _target(target).one_unit else getattr(source, "units", None)) \
         or [("graph", source)]
-    keys = _unit_keys(units, target)
-    hit = sum(disk.has("objects", k) for k in keys.values())
+    hit = sum(_cached_object(k) is not None for k in _unit_keys(units, target).values())
     return {"compiled": len(units) - hit, "cached": hit}
+
+
+def _compile_command(target: str) -> list[str]:
+    # a section per function: the link drops the kernels no entry point calls (_objects)
+    return [*_command(target, link=False), "-ffunction-sections", "-c"]
 
 
 def _unit_keys(units: list[tuple[str, str]], target: str) -> dict[str, str]:
     """The object cache's key per unit: its name (it lands in the object), its text, the
     command and the compiler's version."""
-    cmd = [*_command(target, link=False), "-c"]
-    tag = repr((cmd, _cc_version(cmd[0]))).encode()
+    tag = _tag(target)
     return {n: hashlib.sha256(tag + n.encode() + b"\0" + src.encode()).hexdigest()
             for n, src in units}
 
 
+def _cached_object(unit_key: str) -> str | None:
+    """The key of a cached object that holds the unit, if there is one."""
+    obj = disk.get("units", unit_key)
+    return obj.decode() if obj is not None and disk.has("objects", obj.decode()) else None
+
+
+def _tag(target: str) -> bytes:
+    """What every cached object depends on besides its source: the command, the compiler."""
+    cmd = _compile_command(target)
+    return repr((cmd, _cc_version(cmd[0]))).encode()
+
+
 def _objects(units: list[tuple[str, str]], target: str, tmp: str) -> list[str]:
-    """Each unit's object file in `tmp` (names in unit order): from the cache, or compiled by
-    as many compiler processes as there are cores, each given a similar share of the source."""
-    cmd = [*_command(target, link=False), "-c"]
-    keys = _unit_keys(units, target)
-    missing = []
-    for name, src in units:
-        data = disk.get("objects", keys[name])
-        if data is None:
-            Path(tmp, f"{name}.c").write_text(src)
-            missing.append((len(src), name))
-        else:
-            Path(tmp, f"{name}.o").write_bytes(data)
-    n = max(1, min(compile_jobs(), len(missing), sum(b for b, _ in missing) // UNIT_BYTES + 1))
-    groups: list[tuple[int, list[str]]] = [(0, []) for _ in range(n)]
-    for size, name in sorted(missing, reverse=True):  # largest first, onto the lightest group
-        load, names = min(groups, key=lambda g: g[0])
-        groups[groups.index((load, names))] = (load + size, names + [name])
-    procs = [subprocess.Popen([*cmd, *(f"{n}.c" for n in names)], cwd=tmp, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _, names in groups if names]
+    """Object files in `tmp` that hold every unit, in unit order: from the cache, or compiled.
+
+    The missing units are compiled in batches: the kernel units of one compiler process as one
+    translation unit (clang pays ~30 ms and a front end per file: 106 kernels cost 5.5 s of CPU
+    as files, 2.6 s as one unit). A batch's object is cached whole, and every unit it holds
+    points to it (cache.py `units/`), so an edited model compiles one batch of the kernels it
+    changed and links it with the old objects. Kernels are weak and hidden: a kernel's symbol
+    is a hash of its text (renderers/c.py), so two objects that hold it hold the same code and
+    the linker keeps one; a kernel no entry point calls (an old version in an old batch) is
+    dropped by the link's section garbage collection (`-ffunction-sections`, `_gc_flags`)."""
+    keys, have = _unit_keys(units, target), {}
+    for name, _ in units:
+        obj = _cached_object(keys[name])
+        if obj is not None and (obj in have.values() or _stage(disk.get("objects", obj), obj, tmp)):
+            have[name] = obj
+    missing = [(name, src) for name, src in units if name not in have]
+    kernels = [u for u in missing if u[0] != ENTRY_UNIT]
+    # the entry points stay a unit of their own (a kernel beside them would be inlined into
+    # them), compiled by the last process: it starts with their size
+    entry = [(src, [(name, src)]) for name, src in missing if name == ENTRY_UNIT]
+    shares = [[0, []] for _ in range(max(1, min(compile_jobs(), len(kernels))))]
+    shares[-1][0] = sum(len(src) for src, _ in entry)
+    for unit in sorted(kernels, key=lambda u: -len(u[1])):  # largest first, onto the lightest
+        share = min(shares, key=lambda s: s[0])
+        share[0] += len(unit[1])
+        share[1].append(unit)
+    batches = [(_batch_source(held), held) for _, held in shares if held] + entry
+    tag = _tag(target)
+    objs = [(hashlib.sha256(tag + text.encode()).hexdigest()[:40], text, held)
+            for text, held in batches]
+    for obj, text, _ in objs:
+        Path(tmp, f"{obj}.c").write_text(text)
+    # a compiler process per kernel batch, the entry unit with the last one
+    files = [[f"{obj}.c"] for obj, _, held in objs if held[0][0] != ENTRY_UNIT] or [[]]
+    files[-1] += [f"{obj}.c" for obj, _, held in objs if held[0][0] == ENTRY_UNIT]
+    _compile_all([[*_compile_command(target), *f] for f in files if f], tmp, target)
+    for obj, _, held in objs:
+        disk.put("objects", obj, Path(tmp, f"{obj}.o").read_bytes())
+        for name, _ in held:
+            disk.put("units", keys[name], obj.encode())
+            have[name] = obj
+    return [f"{obj}.o" for obj in dict.fromkeys(have[name] for name, _ in units)]
+
+
+def _stage(data: bytes | None, obj: str, tmp: str) -> bool:
+    """Write a cached object into `tmp`; False when it could not be read (its units recompile)."""
+    if data is not None:
+        Path(tmp, f"{obj}.o").write_bytes(data)
+    return data is not None
+
+
+def _gc_flags(target: str) -> list[str]:
+    """The linker's flag that drops sections nothing reaches (a kernel no entry point calls)."""
+    return ["-Wl,-dead_strip" if _target(target).system == "Darwin" else "-Wl,--gc-sections"]
+
+
+def _batch_source(units: list[tuple[str, str]]) -> str:
+    """Kernel units as one translation unit, each kernel weak and hidden (_objects)."""
+    return "".join(f"#pragma weak {name}\n#pragma GCC visibility push(hidden)\n{src}\n"
+                   f"#pragma GCC visibility pop\n" for name, src in units)
+
+
+def _compile_all(cmds: list[list[str]], cwd: str, target: str) -> None:
+    procs = [subprocess.Popen(c, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for c in cmds]
     errors = []
     for p in procs:  # every process is waited for, so none outlives the temporary folder
         try:
@@ -148,9 +214,6 @@ def _objects(units: list[tuple[str, str]], target: str, tmp: str) -> list[str]:
             errors.append(e)
     if errors:
         raise errors[0]
-    for _, name in missing:
-        disk.put("objects", keys[name], Path(tmp, f"{name}.o").read_bytes())
-    return [f"{name}.o" for name, _ in units]
 
 
 def _run(cmd: list[str], cwd: str, target: str) -> None:

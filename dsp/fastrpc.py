@@ -11,11 +11,16 @@ Per Model.load, once:
      refuses unsigned PDs fails here, with an error saying it needs a test signature.
   3. the shared buffer (weights, arena, io: dsp/device.py) is ION memory, shared as a dma-buf
      fd and mapped into the DSP's SMMU once with FASTRPC_IOCTL_MMAP.
-  4. remotectl (handle 0) method 0 opens the DSP-side runtime library SKEL in the PD; its
-     method LOAD receives the programs, the launch table and the buffer's layout.
+  4. the reverse-RPC listener starts (dsp/listener.py): the PD's loader reads libraries from
+     this process, which serves two from memory, SKEL (dsp/skel.c, built by dsp/build.py) and
+     PROGRAMS (the blob's kernels).
+  5. remotectl (handle 0) method 0 opens SKEL in the PD (its loader reads it through the
+     listener); its method LOAD receives the buffer's layout, the launch table and the name
+     PROGRAMS, which it dlopens (read through the listener again).
 Per run(): one FASTRPC_IOCTL_INVOKE of method RUN with {seq, flags} in and the runtime's answer
 out (dsp/runtime.c), on a worker thread, so that wait() keeps its deadline: the ioctl blocks
-until the DSP answers. recover() abandons the session (its fd) and builds a new one.
+until the DSP answers. recover() ends the PD (adsp_current_process exit, which also ends the
+listener's wait), abandons the session (its fd) and builds a new one.
 """
 from __future__ import annotations
 
@@ -27,6 +32,8 @@ import struct
 import threading
 import time
 
+from dsp.build import SKEL_NAME as SKEL, skel_so
+from dsp.listener import CURRENT_PROCESS, EXIT, Listener, scalars
 from runner.errors import DeviceError, DeviceTimeout
 
 RPC_NODE, ION_NODE = "/dev/adsprpc-smd", "/dev/ion"
@@ -34,19 +41,17 @@ CDSP = 3  # FastRPC domain id: 0 aDSP, 1 mDSP, 2 sDSP, 3 cDSP
 SHELLS = ("/dsp/cdsp/fastrpc_shell_unsigned_3", "/vendor/dsp/cdsp/fastrpc_shell_unsigned_3",
           "/dsp/cdsp/fastrpc_shell_3", "/vendor/dsp/cdsp/fastrpc_shell_3")
 UNSIGNED_PD = 0x8  # FASTRPC_MODE_UNSIGNED_MODULE (adsprpc.c): spawn an unsigned user PD
-SKEL = "libkeel_dsp_skel.so"  # dsp/runtime.c built for the DSP, on its library path (docs/dsp.md)
+PROGRAMS = "libkeel_programs.so"  # the name the listener serves the blob's programs under
+STOP_S = 2.0  # the PD's exit, when a session is dropped
 LOAD, RUN = 2, 3  # the skel's methods (0 and 1 are a handle interface's open and close)
+LOAD_ERRORS = {1: "bad arguments", 2: f"dlopen of {PROGRAMS} failed", 3: "keel_graph or "
+               "keel_launch missing", 4: "a bad launch table", 5: "out of memory"}  # dsp/skel.c
 # legacy ION (msm-4.9): allocate a handle, share it as a dma-buf fd; the system heap, cached
 ION_SYSTEM_HEAP_ID, ION_FLAG_CACHED = 25, 1
 
 
 def _iowr(kind: str, nr: int, size: int) -> int:
     return (3 << 30) | (size << 16) | (ord(kind) << 8) | nr
-
-
-def scalars(method: int, ins: int, outs: int) -> int:
-    """REMOTE_SCALARS_MAKE: which method, how many in and out buffers."""
-    return (method & 0x1f) << 24 | (ins & 0xff) << 16 | (outs & 0xff) << 8
 
 
 class RemoteBuf(ctypes.Structure):
@@ -112,14 +117,18 @@ def _ioctl(fd: int, number: int, arg, what: str) -> None:
                           f"(errno {e.errno})") from None
 
 
-def _args(ins: list[bytes], outs: list[int]):
-    """A remote_arg array: in buffers (bytes), then out buffers (sizes); and the out buffers."""
-    keep = [ctypes.create_string_buffer(b, len(b)) for b in ins]
-    out = [ctypes.create_string_buffer(n) for n in outs]
-    pra = (RemoteArg * (len(ins) + len(outs)))()
-    for a, b in zip(pra, keep + out):
-        a.buf.pv, a.buf.len = ctypes.addressof(b), len(b)
-    return pra, keep, out
+def _call(rpc: int, handle: int, sc: int, ins: list[bytes], outs: list[int], what: str) \
+        -> list[bytes]:
+    """One FASTRPC_IOCTL_INVOKE: in buffers (bytes), out buffers (sizes); the out buffers' bytes.
+    Every buffer is 8-byte aligned (the listener's payloads pad relative to their start)."""
+    bufs = [(ctypes.c_uint64 * max(-(-n // 8), 1))() for n in [len(b) for b in ins] + outs]
+    for buf, b in zip(bufs, ins):
+        ctypes.memmove(buf, b, len(b))
+    pra = (RemoteArg * len(bufs))()
+    for a, buf, n in zip(pra, bufs, [len(b) for b in ins] + outs):
+        a.buf.pv, a.buf.len = ctypes.addressof(buf) if n else None, n
+    _ioctl(rpc, INVOKE, Invoke(handle=handle, sc=sc, pra=pra), what)
+    return [bytes(b)[:n] for b, n in zip(bufs[len(ins):], outs)]
 
 
 class Ion:
@@ -155,7 +164,7 @@ class FastRpcTransport:
         if not os.path.exists(RPC_NODE):
             raise DeviceError(f"{RPC_NODE} absent: not a Qualcomm device with FastRPC; set "
                               f"KEEL_FASTRPC=mock to run the DSP program under qemu-hexagon")
-        self.shm = self.rpc = None
+        self.shm = self.rpc = self.listener = None
         self.done: list = []  # (session fd, (error, reply)) in completion order
         self.pending: list = []  # (seq, flags) not yet invoked
         self.worker = None  # the current session's invoking thread
@@ -171,6 +180,7 @@ class FastRpcTransport:
     def open(self, programs, weights: int, arena: int, slots: list[int], table: bytes,
              deadline: float) -> None:
         self.load = (bytes(programs), weights, arena, slots, table)
+        self.skel = skel_so().read_bytes()
         self._bounded(self._session, deadline, "opening the cDSP session")
 
     def _bounded(self, fn, deadline: float, what: str) -> None:
@@ -181,25 +191,48 @@ class FastRpcTransport:
         worker.start()
         worker.join(max(deadline - time.monotonic(), 0))
         if worker.is_alive():
-            raise DeviceTimeout(f"FastRPC: {what} did not finish by its deadline")
+            why = self.listener.why() if self.listener else ""
+            raise DeviceTimeout(f"FastRPC: {what} did not finish by its deadline{why}")
         if box[0] is not None:
             raise box[0]
 
     def _session(self) -> None:
         programs, weights, arena, slots, table = self.load
-        self.rpc = os.open(RPC_NODE, os.O_RDONLY | os.O_CLOEXEC)
-        _ioctl(self.rpc, GETINFO, ctypes.c_uint32(CDSP), "selecting the cDSP")
+        self.rpc = rpc = os.open(RPC_NODE, os.O_RDONLY | os.O_CLOEXEC)
+        _ioctl(rpc, GETINFO, ctypes.c_uint32(CDSP), "selecting the cDSP")
         self._spawn()
+        self.listener = Listener(lambda *a: _call(rpc, *a), self._heap,
+                                 {SKEL: self.skel, PROGRAMS: programs})
+        self.listener.start()
         m = Mmap(fd=self.shm.fd, flags=0, vaddrin=self.shm.addr, size=self.shm.nbytes)
-        _ioctl(self.rpc, MMAP, m, "mapping the shared buffer into the cDSP")
+        _ioctl(rpc, MMAP, m, "mapping the shared buffer into the cDSP")
         self.handle = self._open_skel()
-        head = struct.pack(f"<{6 + len(slots)}I", m.vaddrout, self.shm.nbytes, weights, arena,
-                           len(programs), len(slots), *slots)
-        pra, _, (status,) = _args([head, programs, table], [4])
-        self._invoke(self.handle, scalars(LOAD, 3, 1), pra, f"loading the programs in {SKEL}")
-        if struct.unpack("<i", status.raw)[0]:
-            raise DeviceError(f"{SKEL} refused the programs (status "
-                              f"{struct.unpack('<i', status.raw)[0]})")
+        head = struct.pack(f"<{5 + len(slots)}I", m.vaddrout, self.shm.nbytes, weights, arena,
+                           len(slots), *slots)
+        (status,) = self._checked(self.handle, scalars(LOAD, 3, 1),
+                                  [head, PROGRAMS.encode() + b"\0", table], [4],
+                                  f"loading the programs in {SKEL}")
+        code = struct.unpack("<i", status)[0]
+        if code:
+            what = LOAD_ERRORS.get(code, f"status {code}")
+            raise DeviceError(f"{SKEL} could not load the programs ({PROGRAMS}): "
+                              f"{what}{self.listener.why()}")
+
+    def _checked(self, handle: int, sc: int, ins, outs, what: str) -> list[bytes]:
+        """An invoke during the load: a failure names what the listener could not serve."""
+        try:
+            out = _call(self.rpc, handle, sc, ins, outs, what)
+        except DeviceError as e:
+            raise DeviceError(f"{e}{self.listener.why()}") from None
+        if self.listener.error:  # what the DSP did without the answer is unknown: stop here
+            raise DeviceError(f"{what}: {self.listener.error}")
+        return out
+
+    def _heap(self, flags: int, size: int) -> int:
+        """The PD asks for heap (apps_mem): memory the driver maps for the DSP alone."""
+        m = Mmap(fd=-1, flags=flags, vaddrin=0, size=size)
+        _ioctl(self.rpc, MMAP, m, f"mapping {size} bytes of heap for the cDSP process")
+        return m.vaddrout
 
     def _spawn(self) -> None:
         """An unsigned user PD from the DSP shell. Where the firmware only runs signed code the
@@ -219,17 +252,14 @@ class FastRpcTransport:
 
     def _open_skel(self) -> int:
         uri = f"file:///{SKEL}?keel_dsp_skel_handle_invoke&_modver=1.0&_dom=cdsp\0".encode()
-        pra, _, (out, err) = _args([struct.pack("<2I", len(uri), 256), uri], [8, 256])
-        self._invoke(0, scalars(0, 2, 2), pra, f"opening {SKEL}")
-        handle, code = struct.unpack("<Ii", out.raw)
+        out, err = self._checked(0, scalars(0, 2, 2), [struct.pack("<2I", len(uri), 256), uri],
+                                 [8, 256], f"opening {SKEL}")
+        handle, code = struct.unpack("<2I", out)
         if code:
-            raise DeviceError(f"the cDSP could not open {SKEL} (error {code:#x}): "
-                              f"{err.value.decode(errors='replace') or 'no message'}; is it on "
-                              f"the DSP library path (ADSP_LIBRARY_PATH)?")
+            msg = err.split(b"\0", 1)[0].decode(errors="replace") or "no message"
+            raise DeviceError(f"the cDSP could not open {SKEL} (error {code:#x}): {msg}"
+                              f"{self.listener.why()}")
         return handle
-
-    def _invoke(self, handle: int, sc: int, pra, what: str) -> None:
-        _ioctl(self.rpc, INVOKE, Invoke(handle=handle, sc=sc, pra=pra), what)
 
     def invoke(self, seq: int, flags: int) -> None:
         """Queue one invoke; the session's worker thread makes the calls one at a time, in
@@ -255,12 +285,11 @@ class FastRpcTransport:
                 self.cond.notify_all()
 
     def _run(self, rpc: int, seq: int, flags: int) -> tuple:
-        reply = 16 + 16 * 65536  # dsp/runtime.c: a header and 2 * launches u64 at most
-        pra, keep, (out,) = _args([struct.pack("<2I", seq, flags)], [reply])
-        _ioctl(rpc, INVOKE, Invoke(handle=self.handle, sc=scalars(RUN, 1, 1), pra=pra),
-               f"invoke {seq}")
-        _, status, n, _ = struct.unpack_from("<4I", out.raw)
-        return seq, status, list(struct.unpack_from(f"<{n}Q", out.raw, 16))
+        reply = 16 + 16 * 65536  # dsp/graph_runner.h: a header and 2 * launches u64 at most
+        (out,) = _call(rpc, self.handle, scalars(RUN, 1, 1), [struct.pack("<2I", seq, flags)],
+                       [reply], f"invoke {seq}")
+        _, status, n, _ = struct.unpack_from("<4I", out)
+        return seq, status, list(struct.unpack_from(f"<{n}Q", out, 16))
 
     def replies(self) -> list:
         with self.cond:
@@ -283,13 +312,22 @@ class FastRpcTransport:
         self._bounded(self._session, deadline, "reopening the cDSP session")
 
     def _drop(self) -> None:
-        """Abandon the session: closing its fd ends the PD; an invoke still blocked in it
-        returns into a session nobody reads."""
+        """Abandon the session: the PD is told to exit (which ends the listener's wait), within
+        STOP_S, then its fd is closed; an invoke still blocked in it returns into a session
+        nobody reads."""
         with self.cond:
-            if self.rpc is not None:
-                os.close(self.rpc)
-            self.rpc, self.worker, self.pending = None, None, []
+            rpc, self.rpc, self.worker, self.pending = self.rpc, None, None, []
             self.cond.notify_all()
+        if rpc is None:
+            return
+        if self.listener is not None:
+            self.listener.stop()
+            end = threading.Thread(target=_catch, daemon=True, name="keel-fastrpc-exit", args=(
+                lambda: _call(rpc, CURRENT_PROCESS, EXIT, [], [], "ending the cDSP process"),))
+            end.start()
+            end.join(STOP_S)
+            self.listener = None
+        os.close(rpc)
 
     def close(self) -> None:
         self._drop()

@@ -15,60 +15,21 @@ HVX instruction counts) per kernel instead: the cost model's signal, not a laten
 """
 from __future__ import annotations
 
-import hashlib
 import mmap
 import os
 import select
-import shutil
 import struct
 import subprocess
 import tempfile
 import time
 import weakref
-from pathlib import Path
 
+from dsp.build import runtime_elf
 from runner.errors import DeviceError, DeviceTimeout
 
-QEMU, CLANG = "qemu-hexagon", "clang-19"
-PACKAGES = {QEMU: "qemu-user", CLANG: "clang-19", "ld.lld-19": "lld-19"}  # tool -> Debian package
-SOURCE = Path(__file__).with_name("runtime.c")
-LIBC = Path(__file__).parents[1] / "runner" / "freestanding.h"  # included by SOURCE
-# the blob's -mcpu and HVX flags (compiler/toolchain.py "dsp"), for Linux instead of bare metal:
-# the runner never imports the compiler, so they are repeated here
-# KEEL_QEMU: per-kernel costs from qemu's packet and HVX counters instead of the cycle counter
-FLAGS = ("--target=hexagon-unknown-linux-musl", "-mcpu=hexagonv65", "-mhvx", "-mhvx-length=128b",
-         "-O2", "-Wall", "-Werror", "-ffreestanding", "-nostdlib", "-static", "-fuse-ld=lld",
-         "-DKEEL_QEMU")
+QEMU = "qemu-hexagon"
 REPLY = struct.Struct("<4I")  # seq, status, nticks, 0 (dsp/runtime.c Reply); then nticks u64
 STOP_S = 2.0
-
-
-def missing() -> str | None:
-    """The tool that is not installed, with the Debian package that provides it, or None."""
-    for tool, package in PACKAGES.items():
-        if shutil.which(tool) is None:
-            return f"{tool} not found (Debian package {package})"
-    return None
-
-
-def runtime_elf() -> Path:
-    """dsp/runtime.c built for qemu-hexagon, once per source and flags (a per-user temp cache)."""
-    why = missing()
-    if why:
-        raise DeviceError(f"KEEL_FASTRPC=mock needs {why}")
-    key = hashlib.sha256(SOURCE.read_bytes() + LIBC.read_bytes() + " ".join(FLAGS).encode()) \
-        .hexdigest()[:16]
-    out = Path(tempfile.gettempdir(), f"keel-dsp-{os.getuid()}", f"runtime-{key}")
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(f".{os.getpid()}")
-    proc = subprocess.run([CLANG, *FLAGS, f"-I{LIBC.parent}", str(SOURCE), "-o", str(tmp)],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise DeviceError(f"{CLANG} failed to build {SOURCE.name}:\n{proc.stderr.strip()}")
-    os.replace(tmp, out)  # atomic: a concurrent load sees the whole program or none
-    return out
 
 
 class QemuTransport:

@@ -22,18 +22,20 @@
    u32 nticks, u32 0, u64 ticks[nticks]}; a first answer with seq 0 says the library is loaded.
    A profiled invoke answers 2 * launches ticks: per launch its cost (cycles, or qemu's packets),
    then per launch its HVX instructions (qemu only; 0 on the DSP).
-   What stands in for the DSP's own parts: the ELF loader below (the DSP's dlopen of a shared
-   object in the user PD), the pipe loop (the FastRPC invoke of the skel's method) and the
-   division helpers (the DSP C library's). Exit status: 0 host closed stdin, 2 usage, 3 file,
-   4 object it cannot load. */
+   It runs the cDSP library itself: dsp/skel.c is included and its entry,
+   keel_dsp_skel_handle_invoke, gets the LOAD and every RUN with remote_args and sc as FastRPC
+   passes them. What stands in for the user PD around it: the ELF loader below (the PD's dlopen
+   of the programs library, which the skel asks for by name), malloc and free, the pipe loop (the
+   FastRPC invokes) and the division helpers (the DSP C library's). Exit status: 0 host closed
+   stdin, 2 usage, 3 file, 4 object it cannot load (or the skel refused it). */
 #include <stddef.h>
 #include <stdint.h>
 
-enum { SYS_close = 57, SYS_read = 63, SYS_write = 64, SYS_exit_group = 94,
+enum { SYS_close = 57, SYS_read = 63, SYS_write = 64, SYS_exit_group = 94, SYS_munmap = 215,
        SYS_mmap2 = 222 };
 enum { PROT_RWX = 7, MAP_SHARED = 1, MAP_PRIVATE_ANON = 0x02 | 0x20 };
-enum { FLAG_PROFILE = 1, FLAG_HANG = 2, FLAG_FAULT = 4 };  /* the last two: injected faults */
-enum { MAX_SLOTS = 256, MAX_LAUNCHES = 65536, MAX_ARGS = 64, FIRST_SLOT = 9 };
+enum { FLAG_HANG = 2, FLAG_FAULT = 4 };  /* injected faults; FLAG_PROFILE is graph_runner.h's */
+enum { FIRST_SLOT = 9 };
 
 /* Linux on Hexagon: trap0(#1), number in r6, arguments in r0-r5, result in r0 */
 static long sys6(long n, long a, long b, long c, long d, long e, long f) {
@@ -115,7 +117,7 @@ enum { DT_NULL = 0, DT_PLTRELSZ = 2, DT_HASH = 4, DT_STRTAB = 5, DT_SYMTAB = 6, 
        DT_RELASZ = 8, DT_INIT = 12, DT_JMPREL = 23, DT_INIT_ARRAY = 25 };
 enum { R_HEX_32 = 6, R_HEX_GLOB_DAT = 33, R_HEX_JMP_SLOT = 34, R_HEX_RELATIVE = 35 };
 
-typedef struct { char *base; const Sym *syms; const char *strs; uint32_t nsyms; } Image;
+typedef struct { char *base; const Sym *syms; const char *strs; uint32_t nsyms, span; } Image;
 
 #define EXPORT(f) {#f, (uintptr_t)f}
 static const struct { const char *name; uintptr_t at; } LIBC[] = {
@@ -167,10 +169,10 @@ static void *symbol(const Image *im, const char *name) {
   for (uint32_t j = 1; j < im->nsyms; j++)
     if (im->syms[j].shndx && same(im->strs + im->syms[j].name, name))
       return im->base + im->syms[j].value;
-  die(4, "programs do not export ", name);
+  return 0;
 }
 
-static Image load(const char *file, uint32_t size) {
+static Image load_elf(const char *file, uint32_t size) {
   const Ehdr *eh = (const Ehdr *)file;
   if (size < sizeof *eh || eh->ident[0] != 0x7f || eh->ident[1] != 'E' || eh->ident[4] != 1 ||
       eh->type != ET_DYN || eh->machine != EM_HEXAGON)
@@ -183,7 +185,7 @@ static Image load(const char *file, uint32_t size) {
     if (ph[i].type == PT_LOAD && ph[i].vaddr + ph[i].memsz > span) span = ph[i].vaddr + ph[i].memsz;
   }
   /* one read-write-execute mapping: the emulator keeps no separate instruction cache */
-  Image im = {map(span, PROT_RWX, MAP_PRIVATE_ANON, -1), 0, 0, 0};
+  Image im = {map(span, PROT_RWX, MAP_PRIVATE_ANON, -1), 0, 0, 0, span};
   const Dyn *dyn = 0;
   for (int i = 0; i < eh->phnum; i++) {
     if (ph[i].type == PT_DYNAMIC) dyn = (const Dyn *)(im.base + ph[i].vaddr);
@@ -196,88 +198,82 @@ static Image load(const char *file, uint32_t size) {
   return im;
 }
 
+
+/* ---- the user PD around the skel ---------------------------------------------------------- */
+#include "skel.c"  /* the cDSP library: keel_dsp_skel_handle_invoke and graph_runner.h */
+
+static const char *programs_file, *programs_name = "libkeel_programs.so";  /* dsp/fastrpc.py's */
+static uint32_t programs_size;
+static Image programs;
+
+void *dlopen(const char *name, int mode) {
+  (void)mode;
+  if (!same(name, programs_name) || programs.base) return 0;
+  programs = load_elf(programs_file, programs_size);
+  return &programs;
+}
+void *dlsym(void *lib, const char *name) { return symbol(lib, name); }
+int dlclose(void *lib) {
+  SYS(SYS_munmap, ((Image *)lib)->base, ((Image *)lib)->span, 0);
+  *(Image *)lib = (Image){0};
+  return 0;
+}
+void *malloc(size_t n) {  /* 8 bytes of header keep the block's size and its alignment */
+  long p = sys6(SYS_mmap2, 0, (long)n + 8, 3, MAP_PRIVATE_ANON, -1, 0);
+  if (p < 0 && p > -4096) return 0;
+  *(size_t *)p = n + 8;
+  return (char *)p + 8;
+}
+void free(void *p) {
+  if (p) SYS(SYS_munmap, (char *)p - 8, *(size_t *)((char *)p - 8), 0);
+}
+
 static char *map_fd(const char *fd, uint32_t size, long prot, long flags) {
-  char *p = map(size, prot, flags, number(fd));
+  static char empty[8];  /* qemu-user refuses a mapping wholly past a file's end */
+  char *p = size ? map(size, prot, flags, number(fd)) : empty;
   SYS(SYS_close, number(fd), 0, 0);
   return p;
 }
 
-/* ---- the invoke loop ------------------------------------------------------------------------ */
-typedef void graph_fn(unsigned char *arena, const unsigned char *weights, void *const *io);
-typedef void launch_fn(int launch, void *const *args);
-typedef struct { uint32_t seq, status, nticks, pad; } Reply;
+#define SC(method, ins, outs) ((uint32_t)(method) << 24 | (ins) << 16 | (outs) << 8)
+static const char *const LOAD_FAILURES[] = {"", "bad arguments", "no programs library",
+  "programs without keel_graph or keel_launch", "a bad launch table", "out of memory"};
 
-#ifdef KEEL_QEMU  /* qemu's counters: c20 packets, c22 HVX instructions ("r0 = c20", "r0 = c22") */
-#define READ_R0(word) ({ uint32_t r; __asm__ volatile(word "\n%0 = r0" : "=r"(r) :: "r0"); r; })
-#define COST() READ_R0(".word 0x6a14c000")
-#define HVX_OPS() READ_R0(".word 0x6a16c000")
-#else
-#define COST() __builtin_readcyclecounter()
-#define HVX_OPS() 0u
-#endif
-
-typedef struct { launch_fn *launch; const uint32_t *table; uint32_t words, launches; } Table;
-
-/* every launch alone, its cost and HVX count measured around it; the answer is 2 * launches */
-static uint32_t profile(const Table *t, unsigned char *shm, unsigned long long *ticks) {
-  static void *args[MAX_ARGS];
-  const uint32_t *w = t->table, *end = t->table + t->words;
-  for (uint32_t i = 0; i < t->launches; i++) {
-    uint32_t n = *w++;
-    for (uint32_t j = 0; j < n; j++) args[j] = shm + w[j];
-    w += n;
-    unsigned long long c0 = COST(), h0 = HVX_OPS();
-    t->launch((int)i, args);
-    ticks[i] = (unsigned long long)COST() - c0;
-    ticks[t->launches + i] = (unsigned long long)HVX_OPS() - h0;
-  }
-  return w == end ? 2 * t->launches : 0;
-}
-
-/* the launch table checked once: argument counts and offsets inside the shared buffer */
-static Table read_table(launch_fn *launch, const char *fd, const char *bytes, uint32_t shm_size) {
-  Table t = {launch, (const uint32_t *)map_fd(fd, number(bytes), 1, 2), number(bytes) / 4, 0};
-  for (uint32_t k = 0; k < t.words; t.launches++) {
-    uint32_t n = t.table[k++];
-    if (n > MAX_ARGS || k + n > t.words) die(2, "launch table: bad argument count", "");
-    for (uint32_t j = 0; j < n; j++)
-      if (t.table[k++] >= shm_size) die(2, "launch table: argument past the shared buffer", "");
-  }
-  if (t.launches > MAX_LAUNCHES) die(2, "launch table: too many launches", "");
-  return t;
+/* the skel's LOAD, as FastRPC passes it: {shm, bytes, weights, arena, slots, offsets...}, the
+   programs' name, the launch table; out: the status */
+static void load_skel(int argc, char **argv) {
+  static uint32_t head[5 + MAX_SLOTS];
+  int32_t status = -1;
+  uint32_t shm_size = number(argv[4]), n = (uint32_t)(argc - FIRST_SLOT);
+  programs_size = number(argv[2]);
+  programs_file = map_fd(argv[1], programs_size, 1, 2);  /* PROT_READ, MAP_PRIVATE */
+  head[0] = (uint32_t)(uintptr_t)map_fd(argv[3], shm_size, 3, MAP_SHARED);
+  head[1] = shm_size, head[2] = number(argv[7]), head[3] = number(argv[8]), head[4] = n;
+  for (uint32_t i = 0; i < n; i++) head[5 + i] = number(argv[FIRST_SLOT + i]);
+  remote_arg pra[4] = {{.buf = {head, 4 * (5 + n)}},
+                       {.buf = {(void *)programs_name, len(programs_name) + 1}},
+                       {.buf = {map_fd(argv[5], number(argv[6]), 1, 2), number(argv[6])}},
+                       {.buf = {&status, 4}}};
+  if (keel_dsp_skel_handle_invoke(0, SC(LOAD, 3, 1), pra) || status)
+    die(4, "the skel refused the programs: ",
+        status > 0 && status < 6 ? LOAD_FAILURES[status] : "its entry failed");
 }
 
 static int serve(int argc, char **argv) {
-  static void *io[MAX_SLOTS];
-  static unsigned long long ticks[2 * MAX_LAUNCHES];
+  static Reply reply[1 + 4 * MAX_LAUNCHES];  /* the header, then 2 * launches u64 */
   if (argc < FIRST_SLOT || argc - FIRST_SLOT > MAX_SLOTS)
     die(2, "usage: runtime PROGRAMS_FD PROGRAMS_BYTES SHM_FD SHM_BYTES TABLE_FD TABLE_BYTES "
         "WEIGHTS_OFF ARENA_OFF IO_OFF...", "");
-  uint32_t shm_size = number(argv[4]);
-  char *file = map_fd(argv[1], number(argv[2]), 1, 2);  /* PROT_READ, MAP_PRIVATE */
-  Image im = load(file, number(argv[2]));
-  graph_fn *graph = symbol(&im, "keel_graph");
-  Table table = read_table(symbol(&im, "keel_launch"), argv[5], argv[6], shm_size);
-  unsigned char *shm = (unsigned char *)map_fd(argv[3], shm_size, 3, MAP_SHARED);
-  uint32_t weights = number(argv[7]), arena = number(argv[8]);
-  if (weights > shm_size || arena > shm_size) die(2, "weights or arena past the shared buffer", "");
-  for (int i = FIRST_SLOT; i < argc; i++) {
-    uint32_t off = number(argv[i]);
-    if (off > shm_size) die(2, "io slot past the shared buffer: ", argv[i]);
-    io[i - FIRST_SLOT] = shm + off;
-  }
-  Reply reply = {0, 0, 0, 0};
-  io_all(SYS_write, 1, (char *)&reply, sizeof reply);  /* loaded */
+  load_skel(argc, argv);
+  io_all(SYS_write, 1, (char *)reply, sizeof *reply);  /* loaded: seq 0 */
   for (;;) {
     uint32_t req[2];
     io_all(SYS_read, 0, (char *)req, sizeof req);
-    reply = (Reply){req[0], 0, 0, 0};
     if (req[1] & FLAG_HANG) for (;;) __asm__ volatile("" ::: "memory");  /* never answers */
-    if (req[1] & FLAG_FAULT) reply.status = 1;
-    else if (req[1] & FLAG_PROFILE) reply.status = !(reply.nticks = profile(&table, shm, ticks));
-    else graph(shm + arena, shm + weights, io);
-    io_all(SYS_write, 1, (char *)&reply, sizeof reply);
-    io_all(SYS_write, 1, (char *)ticks, reply.nticks * sizeof *ticks);
+    remote_arg pra[2] = {{.buf = {req, 8}}, {.buf = {reply, sizeof reply}}};
+    if (req[1] & FLAG_FAULT) *reply = (Reply){req[0], 1, 0, 0};
+    else if (keel_dsp_skel_handle_invoke(0, SC(RUN, 1, 1), pra)) die(4, "RUN refused", "");
+    io_all(SYS_write, 1, (char *)reply, sizeof *reply + reply->nticks * 8);
   }
 }
 

@@ -1,13 +1,16 @@
-"""Blob format v2 (docs/blob.md; its definition is runner/format.py): the reader.
+"""Blob format v3 (docs/blob.md; its definition is runner/format.py): the reader.
 
-`read_blob` maps the file and checks the header, the manifest (structure, types, every field), the
-layout, every SHA-256, every buffer's bounds, the io slots and the replay table before returning.
-Nothing in a blob runs until all of that has passed.
+`read_blob` maps the file and checks the header, the manifest (structure, types, every field) and
+the layout, picks the variant this host runs (runner/host.py), then checks that variant's
+SHA-256s, every buffer's bounds, its io slots and its replay table before returning. Nothing in a
+blob runs until all of that has passed.
 
-Every byte of the file is hashed exactly once: the sections as CHUNK_BYTES chunks whose digests the
-manifest lists, everything else (header, padding, manifest) into the file digest. The chunks are
-spread over threads (hashlib releases the GIL on large buffers) while the calling thread validates
-the manifest, then joins in: load costs about one pass over the file divided by the cores.
+Every byte the chosen variant uses is hashed exactly once: its sections as CHUNK_BYTES chunks
+whose digests the manifest lists (of the shared weights, the chunks its buffers touch),
+everything else (header, padding, manifest) into the file digest. Other variants' code and
+weights are never read. The chunks are spread over threads (hashlib releases the GIL on large
+buffers) while the calling thread validates the manifest, then joins in: load costs about one
+pass over the variant's bytes divided by the cores.
 """
 from __future__ import annotations
 
@@ -22,10 +25,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from runner.device import TARGETS
-from runner.errors import BlobError
+from runner.errors import BlobError, ConfigError
 from runner.format import (CHUNK_BYTES, DTYPES, FILE_SHA256_AT, FLAGS, GRAPH_HEAD, HEADER, LAUNCH,
-                           MAGIC, MAX_DIMS, MAX_INT, REGIONS, SECTION_ALIGN, SECTIONS, VERSION,
-                           BARRIER, file_sha256, section_offsets)
+                           MAGIC, MAX_DIMS, MAX_INT, REGIONS, SECTION_ALIGN, VERSION, BARRIER,
+                           file_sha256, section_names, section_offsets, variant_sections)
+from runner.host import choose
 
 MAX_HASH_THREADS = 8
 _NP_DTYPES = {name: np.dtype(name) for name in DTYPES}
@@ -54,9 +58,12 @@ class LaunchSpec:
 
 @dataclass(frozen=True)
 class Blob:
-    target: str
+    target: str  # the header's: what it was compiled for (`cpu` holds several variants)
     producer: str
     manifest: dict  # the validated JSON, for tools
+    variant: str  # the target of the variant loaded: the code that runs
+    variants: tuple[str, ...]  # every variant the file holds, in file order
+    record: dict  # the loaded variant's manifest record (its buffers, programs, provenance)
     buffers: dict[int, BufferSpec]
     inputs: list[BufferSpec]  # in io slot order
     outputs: list[BufferSpec]
@@ -68,7 +75,9 @@ class Blob:
     program_names: list[str]  # program index -> kernel name
 
 
-def read_blob(path) -> Blob:
+def read_blob(path, variant: str | None = None) -> Blob:
+    """variant: which of the blob's variants (targets) to load; None: the one this host runs
+    best, or KEEL_CPU_VARIANT's (runner/host.py:choose)."""
     try:
         with open(path, "rb") as f:
             if os.fstat(f.fileno()).st_size == 0:
@@ -76,33 +85,49 @@ def read_blob(path) -> Blob:
             data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except OSError as e:
         raise BlobError(f"cannot read blob {path}: {e}") from None
-    return parse_blob(memoryview(data))
+    return parse_blob(memoryview(data), variant)
 
 
-def parse_blob(data: memoryview) -> Blob:
+def parse_blob(data: memoryview, variant: str | None = None) -> Blob:
     data = memoryview(data).cast("B")
     target, producer, m_start, m_end = _header(data)
-    manifest = _manifest(data[m_start:m_end])
+    manifest = _manifest(data[m_start:m_end], target)
     table = manifest["sections"]
-    _check_layout(table, m_start)
+    names = [v["target"] for v in manifest["variants"]]
+    _check_layout(table, m_start, section_names(names))
     if file_sha256(data, [(s["offset"], s["size"]) for s in table]) != \
             bytes(data[FILE_SHA256_AT:FILE_SHA256_AT + 32]):
         raise BlobError("file SHA-256 does not match the header (corrupt header, padding or "
                         "manifest)")
-    sections = {s["name"]: data[s["offset"]:s["offset"] + s["size"]] for s in table}
+    name = choose(names) if variant is None else variant
+    if name not in names:
+        raise ConfigError(f"variant {name!r}: expected one of this blob's variants {names}")
+    record = _record(manifest["variants"], names.index(name))
+    sections = {s["name"]: s for s in table}
+    shared, own, programs, graph = (sections[n] for n in variant_sections(name))
+    # its kernels see the shared weights and its own as one region from the shared section on
+    weights = data[shared["offset"]:max(shared["offset"] + shared["size"],
+                                        own["offset"] + own["size"] if own["size"] else 0)]
+    spans = [(0, shared["size"]), (own["offset"] - shared["offset"], own["size"])]
     # the manifest is now known intact: check its meaning while other threads hash the sections
-    with _ChunkCheck(sections, table) as chunks:
-        buffers = _buffers(manifest["buffers"])
-        _check_regions(buffers, manifest, len(sections["weights"]))
-        launches = _launches(sections["graph"], manifest["programs"], buffers)
-        inputs = _io(manifest["inputs"], buffers, "input", first_slot=0)
-        outputs = _io(manifest["outputs"], buffers, "output", first_slot=len(manifest["inputs"]))
-        _provenance(manifest.get("provenance"), len(launches))
+    with _ChunkCheck(data, [shared, own, programs, graph]) as chunks:
+        buffers = _buffers(record["buffers"])
+        _check_regions(buffers, record, spans)
+        graph = _view(data, graph)
+        launches = _launches(graph, record["programs"], buffers)
+        inputs = _io(record["inputs"], buffers, "input", first_slot=0)
+        outputs = _io(record["outputs"], buffers, "output", first_slot=len(record["inputs"]))
+        _provenance(record.get("provenance"), len(launches))
         chunks.finish()
-    return Blob(target=target, producer=producer, manifest=manifest, buffers=buffers,
-                inputs=inputs, outputs=outputs, launches=launches,
-                arena_bytes=manifest["arena_bytes"], program_names=manifest["programs"],
-                **sections)
+    return Blob(target=target, producer=producer, manifest=manifest, variant=name,
+                variants=tuple(names), record=record, buffers=buffers, inputs=inputs,
+                outputs=outputs, launches=launches, arena_bytes=record["arena_bytes"],
+                program_names=record["programs"], weights=weights,
+                programs=_view(data, programs), graph=graph)
+
+
+def _view(data: memoryview, section: dict) -> memoryview:
+    return data[section["offset"]:section["offset"] + section["size"]]
 
 
 def _header(data: memoryview) -> tuple[str, str, int, int]:
@@ -203,7 +228,7 @@ def _nullable(check):
 
 
 def _obj(fields, optional=None):
-    """Exactly the keys of `fields`, plus any of `optional` (keys a v2 manifest may omit)."""
+    """Exactly the keys of `fields`, plus any of `optional` (keys a manifest may omit)."""
     optional = optional or {}
     keys, every = fields.keys(), {**fields, **optional}
 
@@ -223,24 +248,42 @@ def _obj(fields, optional=None):
     return check
 
 
-_MANIFEST = _obj({
+_BUFFER = _obj({"id": _int, "region": _one_of(REGIONS), "offset": _int, "nbytes": _int,
+                "dtype": _one_of(DTYPES), "shape": _list(_int), "name": _str,
+                "image": _nullable(_obj({"width": _int, "height": _int, "pitch": _int}))})
+_RECORD = _obj({
+    "target": _one_of(TARGETS),
     "arena_bytes": _int,
     "arena_lower_bound_bytes": _int,
-    "buffers": _list(_obj({"id": _int, "region": _one_of(REGIONS), "offset": _int,
-                           "nbytes": _int, "dtype": _one_of(DTYPES), "shape": _list(_int),
-                           "name": _str,
-                           "image": _nullable(_obj({"width": _int, "height": _int,
-                                                    "pitch": _int}))})),
+    "buffers": _list(_BUFFER),
     "inputs": _list(_int),
     "outputs": _list(_int),
     "programs": _list(_str),
-    "sections": _list(_obj({"name": _one_of(SECTIONS), "offset": _int, "size": _int,
-                            "chunk_sha256": _list(_sha256)})),
-    "meta": _dict,
 }, optional={
     # which ONNX nodes each launch computes (tools: profile, bisect, blobinfo); checked against
     # the replay table in _provenance
     "provenance": _obj({"nodes": _list(_list(_str)), "launches": _list(_list(_int))}),
+})
+
+
+def _variant_target(v):
+    """What the manifest check reads of a variant: its target. The rest of its record is checked
+    when it is the one loaded (_record): a reader pays for the variant it runs."""
+    if type(v) is not dict or "target" not in v:
+        raise _Invalid("an object with a target", v)
+    try:
+        _one_of(TARGETS)(v["target"])
+    except _Invalid as e:
+        e.path.append("target")
+        raise
+
+
+_MANIFEST = _obj({
+    "meta": _dict,
+    "sections": _list(_obj({"name": _str, "offset": _int, "size": _int,
+                            "chunk_sha256": _list(_sha256)})),
+    # one per build of the model (a `cpu` blob: cpu-avx2 and cpu-avx512); the weights they share
+    "variants": _list(_variant_target),
 })
 
 
@@ -255,7 +298,7 @@ def _no_constants(name):
     raise BlobError(f"manifest: expected finite numbers, got {name}")
 
 
-def _manifest(raw: memoryview) -> dict:
+def _manifest(raw: memoryview, target: str) -> dict:
     try:
         manifest = json.loads(bytes(raw).decode(), object_pairs_hook=_no_duplicates,
                               parse_constant=_no_constants)
@@ -265,19 +308,41 @@ def _manifest(raw: memoryview) -> dict:
         _MANIFEST(manifest)
     except _Invalid as e:
         raise e.error() from None
-    if manifest["arena_lower_bound_bytes"] > manifest["arena_bytes"]:
-        raise BlobError(f"manifest arena_lower_bound_bytes: expected <= arena_bytes "
-                        f"{manifest['arena_bytes']}, got {manifest['arena_lower_bound_bytes']}")
+    _variants(manifest["variants"], target)
     return manifest
 
 
-def _check_layout(table: list[dict], m_start: int) -> None:
-    """Sections in file order at exactly the offsets docs/blob.md gives, the manifest right after
-    the last one: the layout follows from the sizes, so there is nothing to overlap or skip."""
-    names = [s["name"] for s in table]
-    if names != list(SECTIONS):
-        raise BlobError(f"section table: expected sections {list(SECTIONS)} in this order, "
-                        f"got {names}")
+def _variants(variants: list[dict], target: str) -> None:
+    """At least one variant, each of another target, all run by the header target's device."""
+    names = [v["target"] for v in variants]
+    if not names or len(set(names)) != len(names) or \
+            any(TARGETS[n] != TARGETS[target] for n in names):
+        raise BlobError(f"manifest variants: expected distinct targets run by the "
+                        f"{TARGETS[target]!r} device (the header target is {target!r}), got "
+                        f"{names}")
+
+
+def _record(variants: list[dict], i: int) -> dict:
+    """Variant i's record, checked against the schema (docs/blob.md)."""
+    r = variants[i]
+    try:
+        _RECORD(r)
+    except _Invalid as e:
+        e.path += [i, "variants"]
+        raise e.error() from None
+    if r["arena_lower_bound_bytes"] > r["arena_bytes"]:
+        raise BlobError(f"manifest variants[{i}].arena_lower_bound_bytes: expected <= "
+                        f"arena_bytes {r['arena_bytes']}, got {r['arena_lower_bound_bytes']}")
+    return r
+
+
+def _check_layout(table: list[dict], m_start: int, names: list[str]) -> None:
+    """Sections in file order (`names`: runner/format.py's section_names of the variants) at
+    exactly the offsets docs/blob.md gives, the manifest right after the last one: the layout
+    follows from the sizes, so there is nothing to overlap or skip."""
+    if [s["name"] for s in table] != names:
+        raise BlobError(f"section table: expected sections {names} in this order, "
+                        f"got {[s['name'] for s in table]}")
     for s, want in zip(table, section_offsets([s["size"] for s in table])):
         if s["offset"] != want:
             raise BlobError(f"section {s['name']}: offset expected {want}, got {s['offset']}")
@@ -287,7 +352,7 @@ def _check_layout(table: list[dict], m_start: int) -> None:
                             f"{s['size']} bytes, got {len(s['chunk_sha256'])}")
     end = table[-1]["offset"] + table[-1]["size"]
     if m_start != end:
-        raise BlobError(f"manifest offset: expected {end} (the end of section {SECTIONS[-1]}), "
+        raise BlobError(f"manifest offset: expected {end} (the end of section {names[-1]}), "
                         f"got {m_start}")
 
 
@@ -302,8 +367,9 @@ class _ChunkCheck:
     the calling thread to the remaining chunks, joins the workers and raises on a mismatch.
     Leaving the `with` block early stops the workers after their current chunk."""
 
-    def __init__(self, sections: dict[str, memoryview], table: list[dict]):
-        self._jobs = [(s["name"], i, want, sections[s["name"]][i * CHUNK_BYTES:][:CHUNK_BYTES])
+    def __init__(self, data: memoryview, table: list[dict]):
+        """Checks the chunks of the sections in `table` (entries of the manifest's table)."""
+        self._jobs = [(s["name"], i, want, _view(data, s)[i * CHUNK_BYTES:][:CHUNK_BYTES])
                       for s in table for i, want in enumerate(s["chunk_sha256"])]
         self._got: list[str | None] = [None] * len(self._jobs)
         self._todo = iter(range(len(self._jobs)))  # shared: next() on it is atomic under the GIL
@@ -371,7 +437,7 @@ def _provenance(prov: dict | None, n_launches: int) -> None:
 def launch_nodes(blob: Blob) -> list[list[tuple[str, str]]]:
     """Per launch, the (name, op_type) of the ONNX nodes it computes; empty lists for a blob
     written without provenance."""
-    prov = blob.manifest.get("provenance")
+    prov = blob.record.get("provenance")
     if prov is None:
         return [[] for _ in blob.launches]
     return [[tuple(prov["nodes"][i]) for i in p] for p in prov["launches"]]
@@ -388,14 +454,21 @@ def _buffers(records: list[dict]) -> dict[int, BufferSpec]:
     return buffers
 
 
-def _check_regions(buffers: dict[int, BufferSpec], manifest: dict, weights_bytes: int) -> None:
-    limits = {"arena": manifest["arena_bytes"], "weights": weights_bytes}
+def _check_regions(buffers: dict[int, BufferSpec], record: dict,
+                   weights: list[tuple[int, int]]) -> None:
+    """weights: (start, size) of the shared weights section and the variant's own, relative to
+    the region the kernels see: a weights buffer lies within one of them, so every byte a kernel
+    reads has been hashed."""
     for b in buffers.values():
         if b.image is not None:
             _image(b)
-        if b.region in limits and b.offset + b.nbytes > limits[b.region]:
-            raise BlobError(f"buffer {b.id}: [{b.offset}, {b.offset + b.nbytes}) exceeds the "
-                            f"{limits[b.region]}-byte {b.region} region")
+        end = b.offset + b.nbytes
+        if b.region == "arena" and end > record["arena_bytes"]:
+            raise BlobError(f"buffer {b.id}: [{b.offset}, {end}) exceeds the "
+                            f"{record['arena_bytes']}-byte arena region")
+        if b.region == "weights" and not any(s <= b.offset and end <= s + n for s, n in weights):
+            raise BlobError(f"buffer {b.id}: [{b.offset}, {end}) lies outside the weights "
+                            f"sections {[(s, s + n) for s, n in weights]} of its variant")
         if b.region in ("input", "output"):
             want = math.prod(b.shape) * b.dtype.itemsize  # exact: int64 could wrap
             if b.nbytes != want:

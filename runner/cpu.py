@@ -25,12 +25,12 @@ import tempfile
 import threading
 import time
 import weakref
-from dataclasses import dataclass
 
 import cffi
 
 from runner.device import HostDevice, Span, aligned_empty
 from runner.errors import BlobError, ConfigError, DeviceError
+from runner.host import HOSTS, cpu_flags, machine_targets, missing_flags
 
 ffi = cffi.FFI()
 ffi.cdef("""
@@ -51,24 +51,6 @@ unsigned long long keel_ticks(void);
 """)
 
 
-@dataclass(frozen=True)
-class Host:
-    system: str  # platform.system()
-    machines: tuple[str, ...]  # platform.machine() spellings
-    cpu_flags: tuple[str, ...]  # /proc/cpuinfo flags the code may use
-
-
-HOSTS = {
-    "cpu": Host("Linux", ("x86_64", "AMD64"),  # built with -march=x86-64-v3
-                ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe")),
-    "cpu-avx512": Host("Linux", ("x86_64", "AMD64"),  # built with -march=x86-64-v4
-                       ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe",
-                        "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")),
-    "cpu-aarch64": Host("Linux", ("aarch64", "arm64"), ()),
-    "cpu-arm64-apple": Host("Darwin", ("arm64",), ()),
-}
-
-
 class CpuDevice(HostDevice):
     """Runs the graph inside submit(), on the calling thread (and the pool's workers): the
     timeline is complete as soon as submit() returns, unless the run missed its deadline."""
@@ -82,7 +64,7 @@ class CpuDevice(HostDevice):
         if want.system != system or machine not in want.machines:
             raise BlobError(f"blob target {target!r} cannot run on this host: host target is "
                             f"{host_target()!r} ({system}/{machine})")
-        missing = [f for f in want.cpu_flags if f not in _cpu_flags(want.cpu_flags)]
+        missing = missing_flags(target, cpu_flags())
         if missing:
             raise BlobError(f"blob target {target!r} needs CPU features {missing}, "
                             f"which /proc/cpuinfo does not list")
@@ -310,36 +292,10 @@ class Pool:
             s.release()
 
 
-def _machine_targets() -> list[str]:
-    """Targets for this OS and machine, narrow to wide (the order HOSTS lists them)."""
-    system, machine = platform.system(), platform.machine()
-    return [t for t, h in HOSTS.items() if h.system == system and machine in h.machines]
-
-
 def host_target() -> str:
-    names = _machine_targets()
+    """The narrowest CPU target this machine runs (its baseline)."""
+    names = machine_targets()
     return names[0] if names else f"none ({platform.system()}/{platform.machine()})"
-
-
-def best_host_target() -> str:
-    """The widest CPU target this host runs: its CPU flags decide between ISA levels."""
-    names = [t for t in _machine_targets()
-             if all(f in _cpu_flags(HOSTS[t].cpu_flags) for f in HOSTS[t].cpu_flags)]
-    return names[-1] if names else host_target()
-
-
-def _cpu_flags(needed: tuple[str, ...]) -> set[str]:
-    """Flags from /proc/cpuinfo; where that cannot be read, trust the target (assume `needed`)."""
-    if not needed:
-        return set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set(needed)
 
 
 class Library:

@@ -60,7 +60,9 @@ import numpy as np
 from runner.errors import AllocError, DeviceError, DeviceTimeout
 
 # blob target -> device that runs it
-TARGETS = {"cpu": "cpu", "cpu-avx512": "cpu", "cpu-aarch64": "cpu", "cpu-arm64-apple": "cpu",
+# (a `cpu` blob holds variants cpu-avx2 and cpu-avx512: runner/host.py picks one)
+TARGETS = {"cpu": "cpu", "cpu-avx2": "cpu", "cpu-avx512": "cpu", "cpu-aarch64": "cpu",
+           "cpu-arm64-apple": "cpu",
            "opencl": "opencl", "qcom": "opencl",  # qcom: OpenCL C for Adreno, via libOpenCL
            "amd": "amd",  # a gfx1100 HSA code object, run by am/ over usbgpu/
            "dsp": "dsp"}  # Hexagon 685: FastRPC, or qemu-hexagon with KEEL_FASTRPC=mock (dsp/)

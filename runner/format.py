@@ -11,13 +11,19 @@ import struct
 import numpy as np
 
 MAGIC = b"KEELBLOB"
-VERSION = 2
+VERSION = 3
 # magic, version, header_size, flags, file_size, manifest_offset, manifest_size,
 # manifest_sha256, file_sha256, producer, target  (little-endian, 176 bytes)
 HEADER = struct.Struct("<8sIIQQQQ32s32s32s32s")
 FILE_SHA256_AT = 80  # the file hash reads these 32 bytes (the field itself) as zeros
 SECTION_ALIGN = 4096
-SECTIONS = ("weights", "programs", "graph")  # in file order
+# Sections, in file order: the weights every variant reads, each variant's own weights, then each
+# variant's programs and graph; a variant's are named after its target ("programs.cpu-avx512").
+# A variant is one build of the model for one target: a `cpu` blob holds cpu-avx2 and
+# cpu-avx512, other blobs one. A variant's kernels see its weights as one region starting at
+# section "weights": its own section lies further on in the file, at the offset layout gives it.
+WEIGHTS = "weights"
+PER_VARIANT = ("weights", "programs", "graph")
 CHUNK_BYTES = 4 << 20  # sections are hashed in chunks of this size, in parallel
 MAX_INT = 2**63 - 1  # manifest integers must fit an int64 / uint64 on the C side
 REGIONS = ("arena", "weights", "input", "output")
@@ -35,6 +41,17 @@ LAUNCH = np.dtype([("program", "<u4"), ("flags", "<u4"), ("dims", "<u4"),
 BARRIER = 1  # flags bit: wait for every earlier launch's memory effects before this one
 FLAGS = BARRIER  # every defined bit
 U32 = 2**32 - 1
+
+
+def section_names(variants: list[str]) -> list[str]:
+    """The section names of a blob holding these variants (their targets), in file order."""
+    return [WEIGHTS] + [f"{WEIGHTS}.{v}" for v in variants] + \
+        [f"{kind}.{v}" for v in variants for kind in PER_VARIANT[1:]]
+
+
+def variant_sections(variant: str) -> list[str]:
+    """The sections one variant reads: shared weights, its own weights, programs, graph."""
+    return [WEIGHTS] + [f"{kind}.{variant}" for kind in PER_VARIANT]
 
 
 def canonical_json(obj) -> bytes:

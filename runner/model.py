@@ -57,13 +57,15 @@ class Model:
         self._closed = False
 
     @classmethod
-    def load(cls, path, device: str | None = None) -> "Model":
+    def load(cls, path, device: str | None = None, variant: str | None = None) -> "Model":
+        """variant: which of the blob's variants to run (a `cpu` blob: cpu-avx2 or cpu-avx512);
+        None: the best this host runs, or KEEL_CPU_VARIANT's (runner/host.py)."""
         if not isinstance(path, (str, os.PathLike)):  # open(2) would take and close stderr
             raise TypeError(f"Model.load: expected a path (str or os.PathLike), got "
                             f"{type(path).__name__} {path!r}")
-        blob = read_blob(path)
-        dev = get_device(TARGETS[blob.target] if device is None else device)
-        dev.check_target(blob.target)
+        blob = read_blob(path, variant)
+        dev = get_device(TARGETS[blob.variant] if device is None else device)
+        dev.check_target(blob.variant)
         dev.cache_dir = f"{path}.clcache"
         try:
             dev.load(blob)

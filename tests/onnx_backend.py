@@ -44,6 +44,11 @@ COMPILE_PATH = [REPO / "compiler" / "pipeline.py", REPO / "compiler" / "blob.py"
 KEEP_VERSIONS = 3  # cache folders of older compiler versions beyond this many are removed
 
 
+# x86-64-v3 alone, what `cpu` built before it held two levels: the suite checks ops, not ISA
+# levels, and a `cpu` blob (both levels) costs ~3x the compile of one cold (docs/perf.md, "One
+# `cpu` blob"); tests/test_variants.py runs both levels against onnxruntime
+TARGET = "cpu-avx2"
+
 def _source_digest() -> str:
     """Hash of every repo module the compile path imports (statically, functions' imports too:
     all of compiler/ and the part of runner/ that defines the blob format) and of the C
@@ -139,12 +144,12 @@ class KeelRep(BackendRep):
         if cache is None:
             with tempfile.TemporaryDirectory(prefix="keel-backend-") as tmp:
                 path = Path(tmp) / "model.blob"
-                write_blob(compile_model(model, target="cpu", input_shapes=shapes), path)
+                write_blob(compile_model(model, target=TARGET, input_shapes=shapes), path)
                 return Model.load(path)  # the mapping outlives the file
         path = cache / f"{hashlib.sha256(key + model.SerializeToString()).hexdigest()}.blob"
         if not path.exists():
             # atomic: a concurrent reader never sees half a blob
-            write_blob(compile_model(model, target="cpu", input_shapes=shapes), path)
+            write_blob(compile_model(model, target=TARGET, input_shapes=shapes), path)
         return Model.load(path)
 
 

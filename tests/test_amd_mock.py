@@ -184,58 +184,165 @@ def test_ip_discovery_round_trips_and_rejects_a_corrupt_table():
 
 
 def test_firmware_names_come_from_discovery_and_all_missing_files_are_named(tmp_path, monkeypatch):
+    from am import standin
     ips = discovery.parse(discovery.build(_tables()))
     names = firmware.required(ips)
-    assert {"psp_13_0_0_sos.bin", "smu_13_0_0.bin", "gc_11_0_0_mec.bin",
-            "gc_11_0_0_rlc.bin", "sdma_6_0_0.bin"} <= set(names)
+    assert set(names) == {"psp_13_0_0_sos.bin", "smu_13_0_0.bin", "gc_11_0_0_pfp.bin",
+                          "gc_11_0_0_me.bin", "gc_11_0_0_mec.bin", "gc_11_0_0_imu.bin",
+                          "gc_11_0_0_rlc.bin"}  # no TA, SDMA or MES: keel loads none of them
     for n in names[1:]:
-        (tmp_path / n).write_bytes(firmware.image(b"\x01" * 64))
+        (tmp_path / n).write_bytes(standin.image(n))
     monkeypatch.setenv(firmware.ENV, str(tmp_path))
     with pytest.raises(ConfigError, match=f"{names[0]}.*{firmware.ENV}"):
         firmware.load_all(ips)
-    (tmp_path / names[0]).write_bytes(firmware.image(b"\x02" * 32, version=7))
-    loaded = firmware.load_all(ips)
-    assert loaded[0].ucode == b"\x02" * 32 and loaded[0].version == 7
-    (tmp_path / names[0]).write_bytes(firmware.image(b"\x02" * 32)[:-1])
-    with pytest.raises(ConfigError, match="header says 64 bytes"):
-        firmware.load(names[0], tmp_path)
+    (tmp_path / names[0]).write_bytes(standin.image(names[0]))
+    assert [f.name for f in firmware.load_all(ips)] == names
 
 
-def test_the_mmu_walks_the_gart_table_as_the_registers_program_it():
-    """am/mock_device.Space: a GART page through its PTE (VRAM or system memory), the system
-    aperture onto the FB location, faults naming the address for an invalid PTE, a missing
-    permission and an address outside both; a stale TLB until the invalidation request."""
-    from am import regs
+def test_each_header_kind_cuts_its_parts_where_amdgpu_does():
+    from am import psp, standin
+    mec = firmware.parse("gc_11_0_0_mec.bin", standin.image("gc_11_0_0_mec.bin"))
+    assert [p.kinds for p in mec.parts] == [(89,), (94, 95, 96, 97)] and \
+        mec.start == standin.MEC_START
+    assert all(set(p.kinds) == standin.tagged(p.data) for p in mec.parts)
+    sos = firmware.parse("psp_13_0_0_sos.bin", standin.image("psp_13_0_0_sos.bin"))
+    assert [p.kinds[0] for p in sos.parts] == [psp.KDB, psp.SYS_DRV, psp.TOC_BIN, psp.SOS]
+    rlc = firmware.parse("gc_11_0_0_rlc.bin", standin.image("gc_11_0_0_rlc.bin"))
+    assert [p.kinds[0] for p in rlc.parts] == [22, 20, 21, 26, 48, 25, 7, 8]  # RLC_G last
+    imu = firmware.parse("gc_11_0_0_imu.bin", standin.image("gc_11_0_0_imu.bin"))
+    assert [p.kinds for p in imu.parts] == [(psp.IMU_I,), (psp.IMU_D,)]
+    assert all(set(p.kinds) == standin.tagged(p.data) for f in (sos, rlc, imu) for p in f.parts)
+
+
+def _patched(name: str, at: int, value: int) -> bytes:
+    from am import standin
+    data = bytearray(standin.image(name))
+    struct.pack_into("<I", data, at, value)
+    return bytes(data)
+
+
+BAD_FILES = {  # what is wrong -> (file, its bytes, what the error must say)
+    "truncated": ("gc_11_0_0_mec.bin", lambda: _patched("gc_11_0_0_mec.bin", 0, 1 << 20),
+                  "header says 1048576 bytes"),
+    "old header": ("gc_11_0_0_mec.bin", lambda: _patched("gc_11_0_0_mec.bin", 8, 1),
+                   r"header version 1\.0; expected 2\.0"),
+    "stack past the end": ("gc_11_0_0_me.bin",
+                           lambda: _patched("gc_11_0_0_me.bin", 32 + 4 * 4, 1 << 16),
+                           "RS64 data"),
+    "no sOS": ("psp_13_0_0_sos.bin", lambda: _patched("psp_13_0_0_sos.bin", 32 + 4 + 48, 9),
+               "expected at least the system driver"),
+    "too many bins": ("psp_13_0_0_sos.bin", lambda: _patched("psp_13_0_0_sos.bin", 32, 99),
+                      "99 psp_fw_bin descriptors"),
+    "short": ("gc_11_0_0_imu.bin", lambda: b"\0" * 20, "shorter than the 32-byte"),
+}
+
+
+@pytest.mark.parametrize("what", BAD_FILES)
+def test_a_file_whose_header_does_not_describe_it_is_refused_naming_it(what):
+    name, data, message = BAD_FILES[what]
+    with pytest.raises(ConfigError, match=f"{name}.*{message}"):
+        firmware.parse(name, data())
+
+
+def test_the_mock_bootloader_takes_components_only_in_order():
+    """sOS before the system driver is refused; then system driver and sOS in order succeed;
+    a component after sOS is refused. (am/boot.py drives the same mailbox.) The PSP reads
+    through the MM hub: its system aperture onto VRAM, TLB and L2 on, as the driver sets them."""
+    from am import psp, regs, standin
+    from am.mock_device import MockGpu
+    from am.mock_gpu import GPU_BASE
+    gpu = MockGpu()
+    hub = regs.MM_HUB
+    for reg, value in ((hub.sys_low, GPU_BASE >> 18), (hub.sys_high, (GPU_BASE + (64 << 20)) >> 18),
+                       (hub.tlb_cntl, regs.TLB_SET), (hub.l2_cntl, regs.L2_SET)):
+        gpu.mem_write(5, 4 * reg, value, 0xF)
+
+    def give(kind: int, cmd: int) -> int:
+        gpu.vram.write(GPU_BASE + (1 << 20), standin.payload((kind,)))
+        gpu.mem_write(5, 4 * regs.C2PMSG_36, (GPU_BASE + (1 << 20)) >> 20, 0xF)
+        gpu.mem_write(5, 4 * regs.C2PMSG_35, cmd, 0xF)
+        return gpu.regs[regs.C2PMSG_35] & 0xFFFF
+    cmds = dict(psp.BOOT)
+    assert give(psp.SOS, cmds[psp.SOS]) and not gpu.sos
+    assert give(psp.KDB, cmds[psp.SYS_DRV])  # an image of another type
+    assert not give(psp.SYS_DRV, cmds[psp.SYS_DRV])
+    assert give(psp.KDB, cmds[psp.KDB])  # the key database belongs before the system driver
+    assert not give(psp.SOS, cmds[psp.SOS]) and gpu.sos and gpu.regs[regs.C2PMSG_81]
+    assert give(psp.RAS_DRV, cmds[psp.RAS_DRV])
+
+
+def test_the_mmu_walks_four_levels_as_the_registers_program_it():
+    """am/mock_device.Space on am/vm.PageTable's bytes: a 4 KiB page through PDB2 -> PDB1 -> PDB0
+    -> PTB, a 2 MiB PDB0 leaf, faults naming the address and the level for an unmapped page
+    and a missing permission, the range's end, the FB aperture; a stale TLB until the
+    invalidation request; a kernel buffer's run across 2 MiB leaves."""
+    from am import regs, vm
     from am.mock_device import MockGpu
     from am.mock_gpu import GPU_BASE, GpuFault
-    gpu = MockGpu()
-    gart, pt = 0x7FFF_0000_0000, 8 << 20  # GART range start, table's VRAM offset
-    program = {regs.GCVM_CONTEXT0_PT_BASE_LO: pt | regs.PTE_VALID, regs.GCVM_CONTEXT0_PT_BASE_HI: 0,
-               regs.GCVM_CONTEXT0_PT_START_LO: gart >> 12 & 0xFFFFFFFF,
-               regs.GCVM_CONTEXT0_PT_START_HI: gart >> 44,
-               regs.GCVM_CONTEXT0_PT_END_LO: (gart >> 12) + 3 & 0xFFFFFFFF,
-               regs.GCVM_CONTEXT0_PT_END_HI: gart >> 44,
+    gpu, base = MockGpu(), 0x2000_0000_0000
+    pt = vm.PageTable(base, 8 << 20, 1 << 20)
+    pt.map(base, 32 << 20, 4096, vm.RWX)
+    pt.map(base + 8192, 36 << 20, 4096, vm.VALID | vm.READABLE)
+    pt.map(base + (4 << 20), 64 << 20, 4 << 20, vm.RWX)  # two 2 MiB leaves, no PTB
+    for off, data in pt.fresh():
+        gpu.vram.write(GPU_BASE + off, data)
+    assert len(pt.tables) == 4  # PDB2, PDB1, PDB0 and one PTB
+    end = (base >> 12) + (8 << 8) - 1  # 8 MiB of range
+    program = {regs.GCVM_CONTEXT0_PT_BASE_LO: pt.root | vm.VALID, regs.GCVM_CONTEXT0_PT_BASE_HI: 0,
+               regs.GCVM_CONTEXT0_PT_START_LO: base >> 12 & 0xFFFFFFFF,
+               regs.GCVM_CONTEXT0_PT_START_HI: base >> 44,
+               regs.GCVM_CONTEXT0_PT_END_LO: end & 0xFFFFFFFF,
+               regs.GCVM_CONTEXT0_PT_END_HI: end >> 32,
                regs.GCMC_VM_SYSTEM_APERTURE_LOW_ADDR: GPU_BASE >> 18,
                regs.GCMC_VM_SYSTEM_APERTURE_HIGH_ADDR: (GPU_BASE + (512 << 20) - 1) >> 18,
-               regs.GCVM_CONTEXT0_CNTL: regs.CONTEXT_ENABLE}
+               regs.GCVM_CONTEXT0_CNTL: regs.CONTEXT_ENABLE | 3 << regs.CONTEXT_DEPTH_SHIFT}
     for r, v in program.items():
         gpu.mem_write(5, 4 * r, v, 0xF)
-    ptes = [(32 << 20) | regs.PTE_RWX, 0, (36 << 20) | regs.PTE_VALID | regs.PTE_READABLE, 0]
-    gpu.vram.write(GPU_BASE + pt, struct.pack("<4Q", *ptes))
     gpu.vram.write(GPU_BASE + (32 << 20) + 0x10, b"mapped")
+    gpu.vram.write(GPU_BASE + (65 << 20) + 8, b"huge")
     space = gpu.space
-    assert space.read(gart + 0x10, 6) == b"mapped"  # page 0 -> VRAM offset 32 MiB
+    assert space.read(base + 0x10, 6) == b"mapped"  # 4 levels -> VRAM offset 32 MiB
+    assert space.read(base + (5 << 20) + 8, 4) == b"huge"  # 1 MiB into the first 2 MiB leaf
+    assert space.walk(base + (5 << 20))[2] == vm.HUGE
     assert space.read(GPU_BASE + (32 << 20) + 0x10, 6) == b"mapped"  # the FB aperture
-    assert space.run(gart + 0x10) == ((32 << 20) + 0x10, 4096 - 0x10)  # page 1 breaks the run
-    with pytest.raises(GpuFault, match=f"page fault.*0x{gart + 4096:x}.*not valid"):
-        space.read(gart + 4096, 4)
-    with pytest.raises(GpuFault, match=f"protection fault.*0x{gart + 8192:x}.*writing"):
-        space.write(gart + 8192, b"x")
-    with pytest.raises(GpuFault, match=f"page fault.*0x{gart + 4 * 4096:x}.*outside"):
-        space.read(gart + 4 * 4096, 4)  # past END
-    gpu.vram.write(GPU_BASE + pt, bytes(8))  # page 0 unmapped, its translation still cached
-    assert space.read(gart + 0x10, 6) == b"mapped"
+    assert space.run(base + (4 << 20) + 64) == ((64 << 20) + 64, (4 << 20) - 64)
+    assert space.run(base + 0x10) == ((32 << 20) + 0x10, 4096 - 0x10)  # page 1 breaks the run
+    with pytest.raises(GpuFault, match=f"page fault.*0x{base + 4096:x}.*PTB entry 0x0 is not"):
+        space.read(base + 4096, 4)
+    with pytest.raises(GpuFault, match=f"page fault.*0x{base + (2 << 20):x}.*PDB0 entry"):
+        space.read(base + (2 << 20), 4)
+    with pytest.raises(GpuFault, match=f"protection fault.*0x{base + 8192:x}.*writing"):
+        space.write(base + 8192, b"x")
+    with pytest.raises(GpuFault, match=f"page fault.*0x{base + (8 << 20):x}.*outside"):
+        space.read(base + (8 << 20), 4)  # past END
+    leaf_at = space.walk(base)[0]
+    gpu.vram.write(GPU_BASE + leaf_at, bytes(8))  # page 0 unmapped, its translation still cached
+    assert space.read(base + 0x10, 6) == b"mapped"
     gpu.mem_write(5, 4 * regs.GCVM_INVALIDATE_ENG17_REQ, 1 | regs.INVALIDATE_ALL, 0xF)
     assert gpu.regs[regs.GCVM_INVALIDATE_ENG17_ACK] & 1
-    with pytest.raises(GpuFault, match=f"page fault.*0x{gart + 0x10:x}"):
-        space.read(gart + 0x10, 6)
+    with pytest.raises(GpuFault, match=f"page fault.*0x{base + 0x10:x}"):
+        space.read(base + 0x10, 6)
+
+
+def test_xz_firmware_is_read_and_zstd_firmware_is_refused_with_the_unpack_command(tmp_path):
+    """Debian/Fedora ship linux-firmware as .bin.xz: read through lzma, the same parts as the
+    plain file. .bin.zst has no stdlib reader before Python 3.14: a ConfigError with the
+    command that unpacks it; a corrupt .xz names the file."""
+    import lzma
+    from am import standin
+    from am.mock_device import IPS
+    ips = {(ip.hw_id, ip.instance): ip for ip in IPS}
+    names = standin.write_all(tmp_path, ips)
+    plain = firmware.load_all(ips, tmp_path)
+    for name in names:
+        path = tmp_path / name
+        (tmp_path / f"{name}.xz").write_bytes(lzma.compress(path.read_bytes(), lzma.FORMAT_XZ))
+        path.unlink()
+    packed = firmware.load_all(ips, tmp_path)
+    assert [[p.data for p in f.parts] for f in packed] == [[p.data for p in f.parts] for f in plain]
+    (tmp_path / f"{names[0]}.xz").write_bytes(b"not xz")
+    with pytest.raises(ConfigError, match=f"{names[0]}.*not a valid .xz file"):
+        firmware.load_all(ips, tmp_path)
+    (tmp_path / f"{names[0]}.xz").rename(tmp_path / f"{names[0]}.zst")
+    with pytest.raises(ConfigError, match=r"no zstd module before 3.14.*zstd -d --rm"):
+        firmware.load_all(ips, tmp_path)

@@ -12,10 +12,11 @@ from runner.blob import parse_blob, read_blob
 from runner.format import (CHUNK_BYTES, FILE_SHA256_AT, HEADER, SECTION_ALIGN, canonical_json,
                            file_sha256)
 from runner.errors import BlobError
-from tests.hand_graphs import CHAIN_W, chain_artifact
+from tests.hand_graphs import CHAIN_W, HOST, chain_artifact
 
 ARTIFACT = chain_artifact()
 BLOB = blob_bytes(ARTIFACT)
+PROGRAMS, GRAPH = f"programs.{HOST}", f"graph.{HOST}"  # its one variant's sections
 
 
 def _manifest(blob: bytes) -> dict:
@@ -31,10 +32,11 @@ def _regions(blob: bytes) -> dict[str, tuple[int, int]]:
 
 def test_round_trip_preserves_every_field():
     blob = parse_blob(BLOB)
-    assert blob.target == "cpu" and blob.producer.startswith("keel")
+    assert blob.target == blob.variant == HOST and blob.variants == (HOST,)
+    assert blob.producer.startswith("keel")
     assert bytes(blob.weights) == CHAIN_W.tobytes() and bytes(blob.programs) == ARTIFACT.programs
     assert blob.arena_bytes == ARTIFACT.arena_bytes
-    assert blob.manifest["arena_lower_bound_bytes"] == ARTIFACT.arena_lower_bound_bytes
+    assert blob.record["arena_lower_bound_bytes"] == ARTIFACT.arena_lower_bound_bytes
     assert [(b.name, b.shape, str(b.dtype), b.offset) for b in blob.inputs] == \
         [(b.name, b.shape, b.dtype, b.offset) for b in ARTIFACT.inputs]
     assert [(l.kernel, l.args) for l in blob.launches] == \
@@ -73,7 +75,7 @@ def _flip(blob: bytes, pos: int, mask: int = 1) -> bytes:
     return bytes(out)
 
 
-@pytest.mark.parametrize("region", ["header", "manifest", "weights", "programs", "graph"])
+@pytest.mark.parametrize("region", ["header", "manifest", "weights", PROGRAMS, GRAPH])
 def test_bit_flips_in_each_region_are_blob_errors(region):
     start, end = _regions(BLOB)[region]
     for pos in range(start, end, max(1, (end - start) // 200)):
@@ -84,7 +86,7 @@ def test_bit_flips_in_each_region_are_blob_errors(region):
 
 def test_bit_flips_in_padding_and_file_hash_are_blob_errors():
     regions = _regions(BLOB)
-    between = [regions["weights"][1], regions["programs"][0] - 1, regions["programs"][1]]
+    between = [regions["weights"][1], regions[PROGRAMS][0] - 1, regions[PROGRAMS][1]]
     for pos in (HEADER.size, SECTION_ALIGN - 1, FILE_SHA256_AT, FILE_SHA256_AT + 31, *between):
         with pytest.raises(BlobError, match="SHA-256"):
             parse_blob(_flip(BLOB, pos))
@@ -102,23 +104,27 @@ def test_random_byte_corruption_is_always_a_blob_error(edits):
 
 
 def _graph(blob: bytes) -> bytes:
-    start, end = _regions(blob)["graph"]
+    start, end = _regions(blob)[GRAPH]
     return blob[start:end]
 
 
-def _resigned(edit=lambda m: None, target="cpu", graph=None, weights=ARTIFACT.weights) -> bytes:
+def _resigned(edit=lambda m: None, target=HOST, graph=None, weights=ARTIFACT.weights) -> bytes:
     """A blob with a wrong-but-well-hashed manifest: only semantic validation can catch it."""
     m = _manifest(BLOB)
     del m["sections"]
     edit(m)
-    payloads = {"weights": weights, "programs": ARTIFACT.programs,
-                "graph": _graph(BLOB) if graph is None else graph}
+    payloads = {"weights": weights, f"weights.{HOST}": b"", PROGRAMS: ARTIFACT.programs,
+                GRAPH: _graph(BLOB) if graph is None else graph}
+    for v in m["variants"]:  # a variant edited to another target: its sections follow it
+        payloads.update({f"{k}.{v.get('target')}": payloads[f"{k}.{HOST}"]
+                         for k in ("weights", "programs", "graph")})
     return assemble(target, m, payloads)
 
 
-def _set(path, value):
+def _set(path, value, top=False):
+    """Set the value at `path` in the manifest (top) or in its one variant's record."""
     def edit(m):
-        *keys, last = path
+        *keys, last = path if top else ["variants", 0, *path]
         for k in keys:
             m = m[k]
         m[last] = value
@@ -126,7 +132,8 @@ def _set(path, value):
 
 
 @pytest.mark.parametrize("edit, message", [
-    (_set(["buffers", 3, "offset"], 4), "exceeds the 256-byte weights region"),
+    (_set(["buffers", 3, "offset"], 4),
+     r"buffer 3: \[4, 260\) lies outside the weights sections \[\(0, 256\), \(4096, 4096\)\]"),
     (_set(["buffers", 4, "offset"], 256), r"\[256, 512\) exceeds the 384-byte arena region"),
     (_set(["buffers", 0, "nbytes"], 65), r"nbytes expected 64 for uint8 \(1, 64\), got 65"),
     (_set(["buffers", 0, "dtype"], "complex64"), r"buffers\[0\].dtype: expected one of"),
@@ -143,9 +150,12 @@ def _set(path, value):
     (_set(["buffers", 0, "shape"], [2**32, 2**32, 4]), f"nbytes expected {2**66} for uint8"),
     (_set(["buffers", 0, "region"], ["input"]), r"buffers\[0\].region: expected one of"),
     (_set(["buffers", 0, "shape"], "1x64"), r"buffers\[0\].shape: expected a list"),
-    (_set(["meta"], []), "meta: expected an object"),
+    (_set(["meta"], [], top=True), "meta: expected an object"),
     (_set(["buffers", 2, "extra"], 1), r"buffers\[2\]: expected keys"),
-    (lambda m: m.pop("programs"), "expected keys"),
+    (lambda m: m["variants"][0].pop("programs"), "expected keys"),
+    (_set(["target"], "tpu"), r"variants\[0\].target: expected one of"),
+    (_set(["target"], "opencl"), "manifest variants: expected distinct targets run by the 'cpu'"),
+    (_set(["variants"], [], top=True), "manifest variants: expected distinct targets"),
 ])
 def test_semantic_errors_name_the_field_expected_and_got(edit, message):
     with pytest.raises(BlobError, match=message):
@@ -200,18 +210,26 @@ def _swap(i, j):
     return edit
 
 
+SECTION_NAMES = rf"\['weights', 'weights.{HOST}', 'programs.{HOST}', 'graph.{HOST}'\]"
+
+
 @pytest.mark.parametrize("edit, message", [
-    (_set([1, "offset"], SECTION_ALIGN + 4), "section programs: offset expected 8192, got 4100"),
-    (_set([1, "offset"], SECTION_ALIGN), "section programs: offset expected 8192, got 4096"),
-    (_set([2, "size"], 5000), r"manifest offset: expected \d+ \(the end of section graph\)"),
-    (_set([2, "size"], 10**9), "section graph: expected 239 chunk digests for 1000000000 bytes"),
-    (lambda table: table.pop(), r"expected sections \['weights', 'programs', 'graph'\]"),
-    (_swap(0, 1), r"expected sections \['weights', 'programs', 'graph'\] in this order"),
+    (_set([2, "offset"], SECTION_ALIGN + 4, top=True),
+     f"section {PROGRAMS}: offset expected 8192, got 4100"),
+    (_set([2, "offset"], SECTION_ALIGN, top=True),
+     f"section {PROGRAMS}: offset expected 8192, got 4096"),
+    (_set([3, "size"], 5000, top=True),
+     rf"manifest offset: expected \d+ \(the end of section {GRAPH}\)"),
+    (_set([3, "size"], 10**9, top=True),
+     f"section {GRAPH}: expected 239 chunk digests for 1000000000 bytes"),
+    (lambda table: table.pop(), f"expected sections {SECTION_NAMES}"),
+    (_swap(0, 1), f"expected sections {SECTION_NAMES} in this order"),
     (lambda table: table[0]["chunk_sha256"].append("0" * 64),
      "section weights: expected 1 chunk digests for 256 bytes, got 2"),
-    (_set([0, "chunk_sha256", 0], "0" * 64),
+    (_set([0, "chunk_sha256", 0], "0" * 64, top=True),
      r"section weights: SHA-256 mismatch in chunk 0 \(bytes \[0, 256\) of the section\)"),
-    (_set([0, "size"], 257), "SHA-256"),  # takes in a byte of padding: changes what is hashed
+    # takes in a byte of padding: changes what is hashed
+    (_set([0, "size"], 257, top=True), "SHA-256"),
 ])
 def test_section_table_errors_name_the_section(edit, message):
     with pytest.raises(BlobError, match=message):

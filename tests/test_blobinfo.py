@@ -2,6 +2,7 @@
 (opened and checked pixel by pixel), and the blob reader's handling of the provenance key."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -71,23 +72,43 @@ def test_memory_png_has_its_size_a_rectangle_per_buffer_and_the_marks(blob_path,
     assert red[blobinfo.TOP - 6, peak_x]  # the peak's column is marked
 
 
+def test_blobinfo_names_the_variants_and_the_one_this_host_runs(blob_path):
+    """A `cpu` blob holds both x86-64 levels; the tool says which this host (KEEL_CPU_VARIANT
+    forcing it here) runs, and --variant describes another without running it."""
+    env = {**os.environ, "KEEL_CPU_VARIANT": "cpu-avx2"}
+    text = subprocess.run([sys.executable, TOOL, blob_path], capture_output=True, text=True,
+                          check=True, env=env).stdout
+    assert "variants: 2; this host runs cpu-avx2\n" in text
+    lines = [ln.split() for ln in text.splitlines() if ln.startswith("  variant ")]
+    assert [ln[1] for ln in lines] == ["cpu-avx2", "cpu-avx512"]
+    d = blobinfo.describe(blob_path, "cpu-avx512")
+    assert d["variant"] == "cpu-avx512" and d["host_variant"] in ("cpu-avx2", "cpu-avx512")
+    assert [v["target"] for v in d["variants"]] == ["cpu-avx2", "cpu-avx512"]
+    assert d["programs_bytes"] == d["variants"][1]["programs_bytes"] > 0
+    bad = subprocess.run([sys.executable, TOOL, blob_path, "--variant", "cpu-avx9"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "expected one of this blob's variants" in bad.stderr
+
+
 def test_a_blob_without_provenance_still_reads(tmp_path):
     blob = read_blob(write(chain_artifact(), tmp_path / "chain.blob"))
-    assert "provenance" not in blob.manifest
+    assert "provenance" not in blob.record
     assert launch_nodes(blob) == [[] for _ in blob.launches]
 
 
 def test_provenance_must_cover_every_launch(blob_path, tmp_path):
     blob = read_blob(blob_path)
     m = {k: v for k, v in blob.manifest.items() if k != "sections"}
-    m["provenance"] = {**m["provenance"], "launches": m["provenance"]["launches"][:-1]}
-    payloads = {"weights": bytes(blob.weights), "programs": bytes(blob.programs),
-                "graph": bytes(blob.graph)}
+    r = m["variants"][blob.variants.index(blob.variant)]
+    r["provenance"] = {**r["provenance"], "launches": r["provenance"]["launches"][:-1]}
+    data = Path(blob_path).read_bytes()
+    payloads = {s["name"]: data[s["offset"]:s["offset"] + s["size"]]
+                for s in blob.manifest["sections"]}
     bad = tmp_path / "bad.blob"
     bad.write_bytes(assemble(blob.target, m, payloads))
     with pytest.raises(BlobError, match="provenance.launches: expected one list per launch"):
         read_blob(bad)
-    m["provenance"] = {"nodes": [["a"]], "launches": []}
+    r["provenance"] = {"nodes": [["a"]], "launches": []}
     bad.write_bytes(assemble(blob.target, m, payloads))
     with pytest.raises(BlobError, match=r"provenance.nodes: expected \[name, op_type\] pairs"):
         read_blob(bad)

@@ -16,9 +16,9 @@ import pytest
 from compiler.pipeline import compile_model
 from compiler.ir.dtypes import dtypes
 from compiler.errors import CompileError
-from compiler.codegen.lower import iconst
+from compiler.codegen.lower import iconst, reshape_index
 from compiler.codegen.plan import Axis
-from compiler.ir.rewrite import PatternMatcher, UPat, graph_rewrite
+from compiler.ir.rewrite import PatternMatcher, Rewriter, UPat, graph_rewrite
 from compiler.ir.symbolic import symbolic
 from compiler.ir.uop import Ops, UOp
 from tests.graphs import (assert_close, keel_load, keel_run, make_model, ort_run,
@@ -55,6 +55,29 @@ def test_patterns_match_commutative_sources():
                           lambda x, c: x if c.arg == 1 else None)])
     r = rng_var(0, 4)
     assert graph_rewrite(UOp(Ops.MUL, IDX, (iconst(1), r)), pm) is r
+
+
+def test_a_rewriter_that_simplified_the_pieces_gives_what_rewriting_the_whole_gives():
+    # lowering hands each piece to the kernel's Rewriter as it builds (codegen/lower.py): the
+    # kernel must come out as if it had been simplified once, at the end
+    i, j = rng_var(0, 6), rng_var(1, 10)
+    flat = (i * 10 + j + 0) * 1
+    rw = Rewriter(symbolic)
+    early = rw((rw(flat) // 10) % 6 + rw(flat % 10) * 3)
+    assert early is simplify((flat // 10) % 6 + (flat % 10) * 3)
+    assert early is simplify(i + j * 3)
+
+
+@pytest.mark.parametrize("src, dst", [((2, 3, 4), (6, 4)), ((1, 6, 1, 4), (2, 3, 4, 1)),
+                                      ((24,), (2, 3, 4)), ((4, 6), (2, 12)), ((6, 4), (4, 6)),
+                                      ((2, 1, 3), (6,)), ((1,), (1, 1))])
+def test_reshape_index_addresses_the_element_numpy_reshape_does(src, dst):
+    # lower.py splits a reshape into runs of dims and maps each run on its own
+    a = np.arange(math.prod(src)).reshape(src)
+    b = a.reshape(dst)
+    for ix in np.ndindex(*src):
+        out = tuple(simplify(u).arg for u in reshape_index(tuple(map(iconst, ix)), src, dst))
+        assert b[out] == a[ix], (src, dst, ix, out)
 
 
 # ---- symbolic index math ----------------------------------------------------------------------
@@ -264,7 +287,7 @@ def _built_kernels(monkeypatch, model, **kw):
     monkeypatch.setenv("KEEL_CACHE_DIR", "")  # a cached kernel is not built: build them all
     build = cb.build_kernel
     monkeypatch.setattr(cb, "build_kernel", lambda *a: built.append(build(*a)) or built[-1])
-    compile_model(model, **kw)
+    compile_model(model, **{"target": "cpu-avx2", **kw})  # one build: `cpu` has two variants
     return [(b.name, b.lin, b.plan, b.perms) for b in built]
 
 
@@ -290,14 +313,14 @@ def _depthwise_block() -> onnx.ModelProto:
 def test_depthwise_conv_reads_and_writes_whole_channel_vectors(monkeypatch):
     # in NCHW a 14-wide row is not a whole number of 8-lane vectors and a vector of channels is
     # a gather; channels-last in and out, the depthwise conv loads and stores whole vectors
-    built = _built_kernels(monkeypatch, _depthwise_block(), target="cpu")
+    built = _built_kernels(monkeypatch, _depthwise_block(), target="cpu-avx2")
     (_, lin, plan, _), = [b for b in built
                           if math.prod(b[2].full_shape[d] for d in b[2].reduce_dims) == 9]
     assert plan.lanes == 8
     assert not [u for u in lin if u.op is Ops.VECTORIZE and any(s.op is Ops.LOAD for s in u.src)]
     stores = [u for u in lin if u.op is Ops.STORE]
     assert stores and all(u.src[2].dtype.count == 8 for u in stores)
-    art = compile_model(_depthwise_block(), target="cpu")
+    art = compile_model(_depthwise_block(), target="cpu-avx2")
     # the producers store straight into the layout: no transposing copy kernel
     assert not any("copy" in ln.kernel for ln in art.launches), art.launches
     x = np.random.default_rng(1).standard_normal((1, 16, 14, 14)).astype(np.float32)
@@ -326,7 +349,7 @@ def test_convs_store_channels_last_and_block_their_loops_for_cache(monkeypatch):
     # NCHW, a conv's vector of output channels is a scatter 3136 floats apart; channels-last
     # it is one store. And walking every pixel tile per channel tile (or the reverse) re-reads
     # an operand bigger than the cache once per tile: the planner blocks a loop instead
-    built = _built_kernels(monkeypatch, _bottleneck(), target="cpu")
+    built = _built_kernels(monkeypatch, _bottleneck(), target="cpu-avx2")
     depth = {math.prod(b[2].full_shape[d] for d in b[2].reduce_dims): b for b in built}
     for _, lin, _, _ in (depth[64], depth[256]):
         stores = [u for u in lin if u.op is Ops.STORE]
@@ -388,7 +411,7 @@ def test_channels_last_conv_reads_each_input_line_whole_before_the_next(monkeypa
     # few L1 sets); with the channel loop outermost, every tap's line stays live across all its
     # channels. A line's worth of channels (16 floats) must be the innermost reduce loop. 256
     # channels split into two equal loops of 16: lowering must keep them apart
-    built = _built_kernels(monkeypatch, _3x3_over_256_channels(), target="cpu")
+    built = _built_kernels(monkeypatch, _3x3_over_256_channels(), target="cpu-avx2")
     (_, _, plan, _), = [b for b in built if len(b[2].reduce_dims) == 3]
     cin = plan.full_shape.index(256)
     loops = [a for a in plan.axes if a.kind == "reduce"]
@@ -407,7 +430,7 @@ def test_c_index_arithmetic_is_pointer_width(monkeypatch):
     sources = []
     build = tc.build_shared
     monkeypatch.setattr(tc, "build_shared", lambda src, t: sources.append(src) or build(src, t))
-    compile_model(_3x3_over_256_channels(), target="cpu")
+    compile_model(_3x3_over_256_channels(), target="cpu-avx2")
     kernels = "".join(sources[0].split("static void ")[1:])
     loops = re.findall(r"for \((\w+) r\d+ = ", kernels)
     values = re.findall(r"(\w+) v\d+ = \(r\d+ [*+] ", kernels)  # v = (r3 * 896): index math
@@ -536,13 +559,13 @@ def test_a_residual_add_overwrites_its_residual_in_place(monkeypatch, conv_reads
              node("Conv", ["a" if conv_reads_it else "b", "w3"], ["c3"]), node("Add", ["c3", "a"], ["s"]),
              node("Relu", ["s"], ["r"]), node("GlobalAveragePool", ["r"], ["y"])]
     model = make_model(nodes, [("x", (1, 32, 12, 12), np.float32)], [("y", (1, 64, 1, 1), np.float32)], weights)
-    art = compile_model(model, target="cpu")
+    art = compile_model(model, target="cpu-avx2")
     over = [ln for ln in art.launches if ln.args[0] in ln.args[1:]]
     if conv_reads_it:
         assert not over, [ln.args for ln in art.launches]
     else:
         assert len(over) == 1 and over[0] is art.launches[-2], [ln.args for ln in art.launches]
-        lins = {name: lin for name, lin, _, _ in _built_kernels(monkeypatch, model, target="cpu")}
+        lins = {name: lin for name, lin, _, _ in _built_kernels(monkeypatch, model, target="cpu-avx2")}
         assert any(u.op is Ops.LOAD and u.src[0].arg[0] == 0 for u in lins[over[0].kernel])
     x = rng.standard_normal((1, 32, 12, 12)).astype(np.float32)
     want = ort_run(model, {"x": x})["y"]
@@ -650,14 +673,16 @@ def test_a_recompile_builds_only_kernels_it_has_not_built_before(tmp_path, monke
         st = Stages()
         runs.append((compile_model(_chain(acts), stages=st), st.counts))
     (cold, c0), (warm, c1), (edited, c2) = runs
-    assert c0["kernels"] == {"built": 2, "cached": 0}
-    assert c1["kernels"] == {"built": 0, "cached": 2} and c1["build"]["compiled"] == 0
+    n = 1 + len(cold.variants)  # `cpu` builds every kernel once per x86-64 level
+    assert c0["kernels"] == {"built": 2 * n, "cached": 0}
+    assert c1["kernels"] == {"built": 0, "cached": 2 * n} and c1["build"]["compiled"] == 0
     assert warm.programs == cold.programs  # the same objects, linked the same way
+    assert warm.variants[0].programs == cold.variants[0].programs
     # the second activation changed (tanh takes more kernels than sigmoid): everything after
     # the first MatMul + Relu is new, and so are the entry points; that first kernel is not
-    new = c2["schedule"]["programs"] - 1
-    assert c2["kernels"] == {"built": new, "cached": 1}, c2
-    assert c2["build"] == {"compiled": new + 1, "cached": 1}, c2
+    new = c2["schedule"]["programs"] // n - 1
+    assert c2["kernels"] == {"built": new * n, "cached": n}, c2
+    assert c2["build"] == {"compiled": (new + 1) * n, "cached": n}, c2
     x = np.random.default_rng(1).standard_normal((4, 16)).astype(np.float32)
     want = ort_run(_chain(["Relu", "Tanh"]), {"x": x})["y1"]
     # fp32 dot products of 16 terms summed in another order than onnxruntime's, then relu and

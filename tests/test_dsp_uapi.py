@@ -16,8 +16,6 @@ for the struct sizes they encode.
 import ctypes
 import os
 import shutil
-import struct
-import time
 
 import pytest
 
@@ -116,84 +114,4 @@ def test_recorded_facts_match_the_given_header():
         assert facts(os.environ["KEEL_ADSPRPC_HEADER"], target, probe,
                      "adsprpc_shared.h") == FACTS, target
 
-
-# ---- the session's ioctl sequence, against a scripted kernel ----------------------------------
-
-class FakeShm:
-    """Where fastrpc.Ion would be: an ION buffer's fd, address and size."""
-    fd, addr, nbytes = 99, 0x7000_0000, 4096
-
-    def close(self):
-        self.closed = True
-
-
-class ScriptedKernel:
-    """fcntl.ioctl for the FastRPC node as the msm-4.9 driver answers it: records each call's
-    number and struct, refuses an unsigned PD when told to, and plays the DSP side of remotectl
-    open and the skel's LOAD and RUN methods (writing their out buffers)."""
-
-    def __init__(self, refuse_unsigned=False):
-        self.calls, self.refuse = [], refuse_unsigned
-
-    def __call__(self, fd, number, arg):
-        self.calls.append((number, arg))
-        if number == fastrpc.INIT_ATTRS and self.refuse:
-            raise OSError(1, "Operation not permitted")
-        if number == fastrpc.MMAP:
-            arg.vaddrout = 0xd000_0000
-        if number == fastrpc.INVOKE:
-            n_in, n_out = (arg.sc >> 16) & 0xff, (arg.sc >> 8) & 0xff
-            outs = [arg.pra[n_in + k].buf for k in range(n_out)]
-            method = (arg.sc >> 24) & 0x1f
-            data = {(0, 0): struct.pack("<Ii", 7, 0), (7, fastrpc.LOAD): struct.pack("<i", 0),
-                    (7, fastrpc.RUN): struct.pack("<4I", 1, 0, 0, 0)}[(arg.handle, method)]
-            ctypes.memmove(outs[0].pv, data, len(data))
-
-
-@pytest.fixture
-def device_files(tmp_path, monkeypatch):
-    node, shell = tmp_path / "adsprpc-smd", tmp_path / "fastrpc_shell_3"
-    node.write_bytes(b"")
-    shell.write_bytes(b"\x7fELF" + bytes(60))
-    monkeypatch.setattr(fastrpc, "RPC_NODE", str(node))
-    monkeypatch.setattr(fastrpc, "SHELLS", (str(shell),))
-
-
-def _transport(kernel, monkeypatch):
-    monkeypatch.setattr(fastrpc.fcntl, "ioctl", kernel)
-    t = fastrpc.FastRpcTransport()
-    t.shm = FakeShm()
-    return t
-
-
-def test_a_device_refusing_unsigned_pds_gets_a_test_signature_error(device_files, monkeypatch):
-    kernel = ScriptedKernel(refuse_unsigned=True)
-    t = _transport(kernel, monkeypatch)
-    with pytest.raises(fastrpc.DeviceError, match="refused an unsigned protection domain .* "
-                                                  "needs a test signature"):
-        t.open(b"\0" * 16, 0, 128, [256], b"", time.monotonic() + 5)
-    (getinfo, _), (init, attrs) = kernel.calls
-    assert (getinfo, init) == (fastrpc.GETINFO, fastrpc.INIT_ATTRS)
-    assert attrs.attrs == fastrpc.UNSIGNED_PD and attrs.init.flags == fastrpc.FASTRPC_INIT_CREATE
-    assert attrs.init.filelen == 64
-    t.close()
-
-
-def test_a_session_is_opened_once_and_each_run_is_one_invoke(device_files, monkeypatch):
-    kernel = ScriptedKernel()
-    t = _transport(kernel, monkeypatch)
-    t.open(b"\0" * 16, 0, 128, [256], b"", time.monotonic() + 5)
-    numbers = [n for n, _ in kernel.calls]
-    assert numbers == [fastrpc.GETINFO, fastrpc.INIT_ATTRS, fastrpc.MMAP, fastrpc.INVOKE,
-                       fastrpc.INVOKE]  # remotectl open, then LOAD
-    mmap_arg = kernel.calls[2][1]
-    assert (mmap_arg.fd, mmap_arg.vaddrin, mmap_arg.size) == (99, 0x7000_0000, 4096)
-    t.invoke(1, 0)
-    got = []
-    deadline = time.monotonic() + 5
-    while not got and time.monotonic() < deadline:
-        t.block(0.05)
-        got = t.replies()
-    assert got == [(1, 0, [])]
-    assert [n for n, _ in kernel.calls][5:] == [fastrpc.INVOKE]
-    t.close()
+# the session's ioctl sequence, against a mock driver and PD: tests/test_dsp_listener.py

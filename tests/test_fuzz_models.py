@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from compiler.pipeline import compile_model
-from runner.cpu import best_host_target, host_target
+from runner.cpu import host_target
+from runner.host import best_host_target
 from tests.deps import needs, opencl_missing
 from tests.fuzz_models import CONV_KINDS, LARGE, build, draw
 from tests.graphs import assert_close, keel_load, ort_run

@@ -197,6 +197,64 @@ def test_small_reductions_split_across_a_work_group(float16, tmp_path):
     assert_close(out["y"], ort_run(model, feeds)["y"], *tol, "softmax rows")
 
 
+# ---- fusion for memory traffic (target.recompute_cheap) ---------------------------------------
+
+def squeeze_excite(rng, c=8, hw=6):
+    """EfficientNet's squeeze-excite, x * Sigmoid(Conv1x1(GlobalAveragePool(x))), then the
+    block's 1x1 projection."""
+    w = {"w1": rng.standard_normal((c, c, 1, 1)).astype(np.float32) * 0.5,
+         "w2": rng.standard_normal((4, c, 1, 1)).astype(np.float32) * 0.5}
+    steps = [("GlobalAveragePool", ["x"], "g"), ("Conv", ["g", "w1"], "h"),
+             ("Sigmoid", ["h"], "s"), ("Mul", ["x", "s"], "scaled"), ("Conv", ["scaled", "w2"], "y")]
+    nodes = [helper.make_node(op, ins, [out], name=out) for op, ins, out in steps]
+    model = make_model(nodes, [("x", (1, c, hw, hw), "float32")],
+                       [("y", (1, 4, hw, hw), "float32")], w)
+    return model, {"x": rng.standard_normal((1, c, hw, hw)).astype(np.float32)}
+
+
+def gelu_mlp(rows=5, d=16):
+    """A transformer's MLP as torch exports it: MatMul + Add, GELU through Erf, MatMul + Add."""
+    from models.blocks import GraphBuilder, gelu, linear
+    g = GraphBuilder(seed=3)
+    x = g.input("x", np.float32, (1, rows, d))
+    y = linear(g, gelu(g, linear(g, x, d, 2 * d)), 2 * d, d)
+    model = g.model([(y, np.float32, (1, rows, d))], "mlp")
+    return model, {"x": np.random.default_rng(8).standard_normal((1, rows, d), np.float32)}
+
+
+def launch_node_sets(artifact) -> list[set[str]]:
+    names = [name for name, _ in artifact.provenance["nodes"]]
+    return [{names[i] for i in launch} for launch in artifact.provenance["launches"]]
+
+
+@needs_opencl
+def test_gpu_projection_reads_the_squeeze_excite_input_and_scale_itself(tmp_path):
+    """On a GPU the 1x1 projection computes x * s[c] as it reads (no x * s written and read
+    back: target.recompute_cheap); the CPU keeps x * s its own kernel."""
+    model, feeds = squeeze_excite(np.random.default_rng(7))
+    gpu, out = run_opencl(model, feeds, tmp_path)
+    assert any({"scaled", "y"} <= s for s in launch_node_sets(gpu))
+    assert {"scaled"} in launch_node_sets(compile_model(model, target="cpu"))
+    # fp32 on both sides, 8-term sums of O(1) values: rounding differs by a few ulp
+    assert_close(out["y"], ort_run(model, feeds)["y"], 1e-5, 1e-5, "squeeze-excite")
+
+
+@needs_opencl
+def test_gpu_computes_a_gelu_in_one_kernel(tmp_path):
+    """Erf's shared costly pieces are realized one kernel each on the CPU; on a GPU every one of
+    them has its users in the GELU's kernel, so that kernel computes them (one launch)."""
+    model, feeds = gelu_mlp()
+    gpu, out = run_opencl(model, feeds, tmp_path)
+    gelu = {n.name for n in model.graph.node if n.op_type in ("Div", "Erf", "Mul")}
+    assert {frozenset(s) for s in launch_node_sets(gpu) if s & gelu} == {
+        frozenset(gelu | {"add_2"})}  # add_2: the 1 + Erf
+    cpu = launch_node_sets(compile_model(model, target="cpu"))
+    assert len([s for s in cpu if not s or s & gelu]) > 1
+    # fp32; keel's erf has a fractional error < 1.2e-7 (Tensor.erf), 32-term sums of O(1)
+    assert_close(out[model.graph.output[0].name], ort_run(model, feeds)[
+        model.graph.output[0].name], 1e-5, 1e-5, "GELU MLP")
+
+
 # ---- float16 --------------------------------------------------------------------------------
 
 @needs_opencl

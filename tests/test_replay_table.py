@@ -1,5 +1,5 @@
-"""Blob format v2's replay table (the graph section), image layouts in the buffer table, the
-hazard pass that sets each launch's barrier flag, and what a v1 blob gets."""
+"""The blob format's replay table (the graph section), image layouts in the buffer table, the
+hazard pass that sets each launch's barrier flag, and what a v1 or v2 blob gets."""
 from __future__ import annotations
 
 import json
@@ -16,7 +16,7 @@ from compiler.schedule.hazards import mark_barriers
 from runner.blob import parse_blob
 from runner.errors import BlobError
 from runner.format import GRAPH_HEAD, HEADER, LAUNCH, VERSION, pack_graph
-from tests.hand_graphs import chain_artifact
+from tests.hand_graphs import HOST, chain_artifact
 from tests.test_opencl import mlp
 
 ARTIFACT = chain_artifact()
@@ -31,10 +31,12 @@ def _manifest() -> dict:
 
 
 def _with(graph: bytes = None, edit=lambda m: None) -> bytes:
+    """The chain blob with this graph section and its one variant's record edited."""
     m = _manifest()
-    edit(m)
-    return assemble("cpu", m, {"weights": ARTIFACT.weights, "programs": ARTIFACT.programs,
-                               "graph": _graph() if graph is None else graph})
+    edit(m["variants"][0])
+    return assemble(HOST, m, {"weights": ARTIFACT.weights, f"weights.{HOST}": b"",
+                              f"programs.{HOST}": ARTIFACT.programs,
+                              f"graph.{HOST}": _graph() if graph is None else graph})
 
 
 def _graph(**changes) -> bytes:
@@ -119,11 +121,12 @@ def test_images_travel_in_the_buffer_table_not_in_the_program_text():
     assert b"// keel" not in art.programs and "images" not in art.meta
 
 
-def test_a_version_1_blob_names_its_version_and_says_to_recompile():
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_older_blob_names_its_version_and_says_to_recompile(version):
     old = bytearray(BLOB)
-    struct.pack_into("<I", old, 8, 1)
-    with pytest.raises(BlobError, match=f"blob format version 1: this runner reads version "
-                                        f"{VERSION}; recompile the model"):
+    struct.pack_into("<I", old, 8, version)
+    with pytest.raises(BlobError, match=f"blob format version {version}: this runner reads "
+                                        f"version {VERSION}; recompile the model"):
         parse_blob(bytes(old))
 
 

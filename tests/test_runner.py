@@ -156,23 +156,11 @@ def test_blob_for_another_cpu_target_is_a_blob_error_naming_both(tmp_path):
         Model.load(path)
 
 
-@pytest.mark.skipif(host_target() != "cpu", reason="x86-64 host only")
+@pytest.mark.skipif(host_target() != "cpu-avx2", reason="x86-64 host only")
 def test_x86_64_v3_blob_on_a_cpu_without_avx2_is_a_blob_error(blobs, monkeypatch):
-    monkeypatch.setattr(runner.cpu, "_cpu_flags", lambda needed: {"sse2", "avx"})
+    monkeypatch.setattr(runner.cpu, "cpu_flags", lambda: {"sse2", "avx"})
     with pytest.raises(BlobError, match=r"needs CPU features \['avx2', 'fma'"):
         Model.load(blobs["add"])
-
-
-@pytest.mark.skipif(host_target() != "cpu",
-                    reason="x86-64 host only: the AVX2 and AVX-512 targets it chooses between")
-def test_widest_host_target_follows_the_cpu_flags(monkeypatch):
-    # the bench compiles for it: AVX-512 only where /proc/cpuinfo lists every flag it needs
-    avx2 = set(runner.cpu.HOSTS["cpu"].cpu_flags)
-    monkeypatch.setattr(runner.cpu, "_cpu_flags", lambda needed: avx2)
-    assert runner.cpu.best_host_target() == "cpu"
-    monkeypatch.setattr(runner.cpu, "_cpu_flags",
-                        lambda needed: set(runner.cpu.HOSTS["cpu-avx512"].cpu_flags))
-    assert runner.cpu.best_host_target() == "cpu-avx512"
 
 
 def test_programs_without_keel_graph_is_a_blob_error(tmp_path):

@@ -118,3 +118,15 @@ def test_roofline_cli_names_a_bad_blob(tmp_path):
     bad.write_bytes(b"not a blob")
     r = _tool("tools/roofline.py", str(bad))
     assert r.returncode == 2 and r.stderr.startswith(f"roofline: {bad}: file is 10 bytes")
+
+
+def test_bench_tinygrad_says_tinygrad_is_optional_when_it_is_missing(tmp_path, monkeypatch,
+                                                                     capsys):
+    """tinygrad is no keel dependency: without it the tool exits 2 with one line saying so."""
+    from tools import bench_tinygrad
+    monkeypatch.setitem(sys.modules, "tinygrad", None)  # import tinygrad raises ImportError
+    for name in ("DEV", "IMAGE", "FLOAT16", "CC"):  # the tool sets tinygrad's flags: undo them
+        monkeypatch.delenv(name, raising=False)
+    assert bench_tinygrad.main([_chain_onnx(tmp_path / "chain.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "tinygrad is not installed" in err and "optional" in err and "pip install" in err

@@ -76,8 +76,27 @@ def test_dma_window_is_what_the_device_reads_at_its_bus_address(dev):
     assert lib.bridge.host_read(pci.window[0], len(data)) == data
     lib.bridge.host_write(pci.window[0] + 100, b"signal")
     assert pci.dma_get(100, 6) == b"signal"
-    with pytest.raises(ValueError, match="outside the bridge's window"):
-        lib.bridge.host_read(pci.window[0] + 4000, 200)
+    with pytest.raises(ValueError, match="outside the bridge's SRAM"):
+        lib.bridge.host_read(pci.staging[0] + pci.staging[1] - 100, 200)
+
+
+def test_staging_fills_the_sram_in_64k_writes_and_the_window_still_lands_at_its_start(dev):
+    """A 200 KiB firmware image goes as four WRITE(16)s of 64 KiB (each with the window's re-arm
+    writes) between fill resets: the device reads it whole from the bus address; the next window
+    write lands at the start again; a buffer beyond the SRAM is refused."""
+    pci, lib, _ = dev
+    image = bytes(range(251)) * (200 * 1024 // 251)
+    before = pci.bridge.commands_sent
+    pci.stage(image)
+    assert pci.bridge.commands_sent - before == 4 * (1 + 5) + 2 * 4  # chunks + re-arm, 2 resets
+    assert lib.bridge.host_read(pci.staging[0], len(image)) == image
+    pci.dma_put(b"ring")
+    assert lib.bridge.host_read(pci.window[0], 4) == b"ring"
+    assert lib.bridge.host_read(pci.staging[0] + 4096, 100) == image[4096:4196]
+    pci.stage(image[::-1])  # the fill was reset: the next image starts at the start too
+    assert lib.bridge.host_read(pci.staging[0], len(image)) == image[::-1]
+    with pytest.raises(ValueError, match="the region is 524288"):
+        pci.stage(bytes(pci.staging[1] + 1))
 
 
 def test_the_bridge_refuses_an_unknown_command(dev):

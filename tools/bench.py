@@ -11,8 +11,9 @@ MatMul and Gemm multiply-adds (models/flops.py) as a direct conv does them: nomi
 Winograd convs do fewer, so a model with them can show a rate no kernel reaches (the same count
 serves both columns, so the ratio is unaffected); % of peak is against this machine's measured
 FMA throughput per thread (a register-only microbenchmark built with keel's own toolchain).
-The default target is the widest this host runs (cpu-avx512 where /proc/cpuinfo lists AVX-512),
-because onnxruntime dispatches on the host's widest vectors too.
+The default target is `cpu`, a user's default: one blob holding the x86-64-v3 and -v4 builds, of
+which the runner loads the widest this host runs (cpu-avx512 where /proc/cpuinfo lists AVX-512),
+as onnxruntime dispatches on the host's widest vectors too.
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ from models.openpilot import make_openpilot  # noqa: E402
 from models.realworld import MAKERS as REAL_WORLD  # noqa: E402
 from models.resnet import make_resnet50  # noqa: E402
 from runner import Model  # noqa: E402
-from runner.cpu import best_host_target  # noqa: E402
+from runner.host import choose  # noqa: E402
 
 MODELS = {
     "openpilot": lambda: make_openpilot(),
@@ -174,7 +175,8 @@ def main(argv=None) -> int:
                     help=f"comma-separated, of: {', '.join(MODELS)}; 'all' for every one")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--runs", type=int, default=30)
-    ap.add_argument("--target", default=best_host_target())
+    ap.add_argument("--target", default="cpu",
+                    help="default cpu: every x86-64 level in one blob, the runner picks")
     ap.add_argument("--cache", default=os.path.join(os.path.expanduser("~"), ".cache", "keel",
                                                     "bench"))
     args = ap.parse_args(argv)
@@ -184,9 +186,11 @@ def main(argv=None) -> int:
         ap.error(f"unknown model(s) {', '.join(unknown)}; expected some of {', '.join(MODELS)}")
     os.makedirs(args.cache, exist_ok=True)
     threads = [int(t) for t in args.threads.split(",")]
-    peak = {t: measure_peak(args.target, t) for t in threads}
+    # the build the runner loads here (KEEL_CPU_VARIANT forces one): its vectors set the peak
+    running = choose(list(get_target(args.target).variants) or [args.target])
+    peak = {t: measure_peak(running, t) for t in threads}
     print(f"machine: {machine()}")
-    print(f"target: {args.target}; measured peak: "
+    print(f"target: {args.target}, running {running}; measured peak: "
           + ", ".join(f"{peak[t]:.0f} GFLOP/s at {t} thread(s)" for t in threads))
     print("| model | threads | keel ms | onnxruntime ms | keel/ort | GFLOP | keel GFLOP/s "
           "| % of peak | max abs err |")

@@ -1,12 +1,14 @@
 """What loading a blob on device="amd" moves over USB: bytes, USB transfers and bridge commands
 against the weights' size, through the mock enclosure (KEEL_USB=mock) or a real one.
 
-    python tools/bench_amd_load.py model.blob [--real] [--runs N]
+    python tools/bench_amd_load.py model.blob [--real] [--runs N] [--fw-part-kib K]
 
 With the mock (the default) the counts are exactly what the host sends and receives; the times
 are the mock's (Python answering every transfer), not a USB link's: a real enclosure's time is
 printed by tests/device/test_usbgpu.py. Stand-in firmware files are made for the mock (keel ships
-none); --real uses KEEL_AMD_FIRMWARE or /lib/firmware/amdgpu.
+none), each of their 26 parts K KiB (--fw-part-kib; real parts are tens to hundreds of KiB);
+--real uses KEEL_AMD_FIRMWARE or /lib/firmware/amdgpu. The bring-up alone (the firmware set
+through the PSP, the hubs, the queue) is measured first on its own enclosure.
 """
 import os
 import sys
@@ -19,13 +21,33 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 
-def _stand_in_firmware() -> str:
-    from am import firmware
+def _stand_in_firmware(part_bytes: int) -> str:
+    from am import standin
     from am.mock_device import IPS
     folder = Path(tempfile.mkdtemp(prefix="keel-fw-"))
-    for name in firmware.required({(ip.hw_id, ip.instance): ip for ip in IPS}):
-        (folder / name).write_bytes(firmware.image(bytes(range(1, 129)) * 2))
+    standin.write_all(folder, {(ip.hw_id, ip.instance): ip for ip in IPS}, part_bytes)
     return str(folder)
+
+
+def bring_up() -> None:
+    """The firmware set and the rest of the bring-up, without a model."""
+    from am.driver import Gpu
+    from am.firmware import ENV, DEFAULT_DIR
+    from usbgpu.pci import UsbPci
+    from usbgpu.mock import MockLibusb
+    if os.environ.get("KEEL_USB") == "mock":
+        import am.mock_device  # noqa: F401
+        MockLibusb.forget()
+    folder = Path(os.environ.get(ENV, DEFAULT_DIR))
+    fw = sum(p.stat().st_size for p in folder.glob("*.bin"))
+    t = time.perf_counter()
+    gpu = Gpu(UsbPci(1.0))
+    usb, bridge = gpu.pci.usb, gpu.pci.bridge
+    print(f"bring-up: firmware files {fw} B; {usb.bytes} B over USB, {usb.transfers} USB "
+          f"transfers, {bridge.commands_sent} bridge commands, {time.perf_counter() - t:.1f} s")
+    gpu.close()
+    if os.environ.get("KEEL_USB") == "mock":
+        MockLibusb.forget()
 
 
 def main() -> None:
@@ -33,10 +55,13 @@ def main() -> None:
     ap.add_argument("blob")
     ap.add_argument("--real", action="store_true", help="a real enclosure, not the mock")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--fw-part-kib", type=int, default=0, help="stand-in part size (0: 64 B)")
     args = ap.parse_args()
     if not args.real:
         os.environ["KEEL_USB"] = "mock"
-        os.environ.setdefault("KEEL_AMD_FIRMWARE", _stand_in_firmware())
+        os.environ.setdefault("KEEL_AMD_FIRMWARE",
+                              _stand_in_firmware(args.fw_part_kib << 10 or 64))
+    bring_up()
     from runner import Model
     from runner.blob import read_blob
     blob = read_blob(args.blob)

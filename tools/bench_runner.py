@@ -31,6 +31,7 @@ import numpy as np  # noqa: E402
 
 from runner import Model  # noqa: E402
 from runner.blob import HEADER, _ChunkCheck, file_sha256, read_blob  # noqa: E402
+from runner.format import variant_sections  # noqa: E402
 from tests.hand_graphs import openpilot_io_artifact, write  # noqa: E402
 
 REPO = sys.path[0]
@@ -87,10 +88,11 @@ def verify_hashes(blob) -> int:
     data = blob.weights.obj  # the mapped file
     m_offset, m_size = HEADER.unpack_from(data)[5:7]
     hashlib.sha256(memoryview(data)[m_offset:m_offset + m_size]).digest()
-    table = blob.manifest["sections"]
-    file_sha256(data, [(s["offset"], s["size"]) for s in table])
-    with _ChunkCheck({"weights": blob.weights, "programs": blob.programs, "graph": blob.graph},
-                     table) as chunks:
+    table = {s["name"]: s for s in blob.manifest["sections"]}
+    file_sha256(data, [(s["offset"], s["size"]) for s in table.values()])
+    # the loaded variant's sections: what load hashes
+    with _ChunkCheck(memoryview(data), [table[n] for n in variant_sections(blob.variant)]) \
+            as chunks:
         chunks.finish()
     return chunks.threads
 

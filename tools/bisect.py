@@ -210,7 +210,7 @@ def bisect(model_path: str, blob_or_target: str, feeds: dict | None = None,
         raise ToolError(f"{model_path}: not a readable ONNX model ({type(e).__name__}: {e})") \
             from None
     blob = read_blob(blob_or_target) if blob_or_target.endswith(".blob") else None
-    target = blob.target if blob else blob_or_target
+    target = blob.variant if blob else blob_or_target  # the build that ran here, alone
     if target not in TARGETS:
         raise ToolError(f"{blob_or_target}: expected a .blob file or a target, one of "
                         f"{sorted(TARGETS)}")

@@ -1,7 +1,11 @@
-"""Describe a keel blob: sections, arena vs lower bound, kernels, io, launch table (with the ONNX
-nodes each launch computes), and optionally the memory plan as a picture.
+"""Describe a keel blob: its variants (a `cpu` blob holds cpu-avx2 and cpu-avx512) and the one
+this host runs, sections, arena vs lower bound, kernels, io, launch table (with the ONNX nodes each
+launch computes), and optionally the memory plan as a picture.
 
-    python tools/blobinfo.py model.blob [--json] [--memory plan.png]
+    python tools/blobinfo.py model.blob [--json] [--memory plan.png] [--variant TARGET]
+
+Every variant is validated (hashes included); the rest describes the one this host runs, or
+--variant's.
 
 --memory draws the arena: kernel order across, byte offset up, one rectangle per buffer from the
 launch that writes it first to the last launch that reads it; the lower bound (the most bytes
@@ -19,24 +23,33 @@ import signal  # noqa: E402
 import numpy as np  # noqa: E402
 
 from runner.blob import launch_nodes, read_blob  # noqa: E402
-from runner.errors import BlobError  # noqa: E402
+from runner.errors import BlobError, ConfigError  # noqa: E402
 from tools.cli import Parser, report  # noqa: E402
 from tools.png import PALETTE, Canvas, text_width  # noqa: E402
 
 
-def describe(path: str) -> dict:
-    blob = read_blob(path)
-    m = blob.manifest
+def describe(path: str, variant: str | None = None) -> dict:
+    here = read_blob(path)  # the variant this host runs (KEEL_CPU_VARIANT's, if set)
+    variants = [here if v == here.variant else read_blob(path, v) for v in here.variants]
+    blob = here if variant is None else variants[here.variants.index(variant)] \
+        if variant in here.variants else read_blob(path, variant)  # ConfigError: not in it
+    m, r = blob.manifest, blob.record
     return {
         "target": blob.target,
         "producer": blob.producer,
         "file_bytes": os.path.getsize(path),
+        "variants": [{"target": v.variant, "kernels": len(v.program_names),
+                      "programs_bytes": len(v.programs),
+                      "own_weights_bytes": _size(m, f"weights.{v.variant}")}
+                     for v in variants],
+        "host_variant": here.variant,
+        "variant": blob.variant,
         "sections": {s["name"]: {"offset": s["offset"], "size": s["size"]} for s in m["sections"]},
-        "weights_bytes": len(blob.weights),
+        "weights_bytes": _size(m, "weights") + _size(m, f"weights.{blob.variant}"),
         "programs_bytes": len(blob.programs),
-        "arena_bytes": m["arena_bytes"],
-        "arena_lower_bound_bytes": m["arena_lower_bound_bytes"],
-        "kernels": len(m["programs"]),
+        "arena_bytes": r["arena_bytes"],
+        "arena_lower_bound_bytes": r["arena_lower_bound_bytes"],
+        "kernels": len(r["programs"]),
         "inputs": _io(blob.inputs),
         "outputs": _io(blob.outputs),
         "launches": [{"kernel": l.kernel, "args": list(l.args), "barrier": l.barrier,
@@ -47,6 +60,10 @@ def describe(path: str) -> dict:
         "memory": memory_plan(blob),
         "meta": m["meta"],
     }
+
+
+def _size(manifest: dict, section: str) -> int:
+    return next(s["size"] for s in manifest["sections"] if s["name"] == section)
 
 
 def memory_plan(blob) -> dict:
@@ -70,8 +87,8 @@ def memory_plan(blob) -> dict:
         bufs.append({"id": b, "offset": spec.offset, "nbytes": spec.nbytes, "first": first,
                      "last": last, "name": name})
     peak = int(live.argmax())
-    return {"arena_bytes": blob.manifest["arena_bytes"],
-            "lower_bound_bytes": blob.manifest["arena_lower_bound_bytes"],
+    return {"arena_bytes": blob.record["arena_bytes"],
+            "lower_bound_bytes": blob.record["arena_lower_bound_bytes"],
             "launches": len(blob.launches), "live_bytes": live.tolist(), "buffers": bufs,
             "peak": {"launch": peak, "kernel": blob.launches[peak].kernel if blob.launches else "",
                      "bytes": int(live[peak]),
@@ -85,8 +102,13 @@ def _io(specs) -> list[dict]:
 
 def print_text(d: dict) -> None:
     print(f"target {d['target']}  producer {d['producer']}  file {d['file_bytes']} bytes")
+    print(f"variants: {len(d['variants'])}; this host runs {d['host_variant']}"
+          + (f"; described below: {d['variant']}" if d["variant"] != d["host_variant"] else ""))
+    for v in d["variants"]:
+        print(f"  variant {v['target']:16s} kernels {v['kernels']:>5}  programs "
+              f"{v['programs_bytes']:>10} bytes  own weights {v['own_weights_bytes']:>12} bytes")
     for name, s in d["sections"].items():
-        print(f"  section {name:9s} offset {s['offset']:>10}  size {s['size']:>12}")
+        print(f"  section {name:26s} offset {s['offset']:>10}  size {s['size']:>12}")
     lb = d["arena_lower_bound_bytes"]
     ratio = f"{d['arena_bytes'] / lb:.3f}x" if lb else "n/a"
     print(f"arena {d['arena_bytes']} bytes, lower bound {lb} ({ratio})")
@@ -163,13 +185,15 @@ def main() -> int:
     ap.add_argument("blob")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     ap.add_argument("--memory", metavar="PLAN.png", help="draw the arena's memory plan")
+    ap.add_argument("--variant", metavar="TARGET",
+                    help="describe this variant (default: the one this host runs)")
     args = ap.parse_args()
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `blobinfo.py x.blob | head` ends quietly
     try:
-        d = describe(args.blob)
+        d = describe(args.blob, args.variant)
         if args.memory:
             draw_memory(d["memory"]).save(args.memory)
-    except (BlobError, OSError) as e:
+    except (BlobError, ConfigError, OSError) as e:
         print(f"blobinfo: {args.blob}: {e}", file=sys.stderr)
         return 2
     return report(d, args.json, print_text)

@@ -113,7 +113,8 @@ def main(argv=None) -> int:
 
     t = time.perf_counter()
     model = load_keel(blob_path, 1)
-    print(f"loaded    in {(time.perf_counter() - t) * 1e3:.1f} ms")
+    # a `cpu` blob holds every x86-64 level: say which one this host runs
+    print(f"loaded    {model.blob.variant} in {(time.perf_counter() - t) * 1e3:.1f} ms")
 
     feeds = feeds_for(model)
     sess = ort_session(onnx_path, 1)

@@ -72,7 +72,7 @@ def bound(blob, chip: Chip) -> dict:
                      "ops": list(dict.fromkeys(op for _, op in nodes[i]))})
     weights = sum(_data_bytes(b) for b in blob.buffers.values() if b.region == "weights")
     return {"chip": chip.name, "arithmetic": "half" if half else "float",
-            "kernels": len(blob.manifest["programs"]), "launches": len(rows),
+            "kernels": len(blob.program_names), "launches": len(rows),
             "gflop": sum(r["flops"] for r in rows) / 1e9,
             "bytes_moved": sum(r["bytes"] for r in rows), "weights_bytes": weights,
             "bound_ms": sum(r["bound_us"] for r in rows) / 1e3,

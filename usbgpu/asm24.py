@@ -39,6 +39,15 @@ XDATA_READ, XDATA_WRITE, WRITE16 = 0xE4, 0xE5, 0x8A
 XDATA_TAG = 0x500000
 MAX_READ = 255
 WINDOW_XDATA, WINDOW_BUS, WINDOW_BYTES = 0xF000, 0x200000, 4096
+# The window is the first 4 KiB of a larger SRAM region the GPU reads from bus 0x200000: tinygrad's
+# stock-firmware controller (tinygrad 770a5585, runtime/support/usb.py scsi_write and
+# ops_amd.py's dma region 0x200000 + 0x80000) puts the PSP's firmware buffer there. A WRITE(16)
+# of at most SMALL_WRITE bytes lands at the region's start (the window writes); a longer buffer
+# goes as CHUNK-byte WRITE(16)s (the buffer zero-padded to whole chunks) that land one after
+# another, followed by zeroing FILL_RESET..+3, which returns the fill to the start (keel zeroes
+# it before the chunks too, so a write cut short cannot shift the next one).
+# UNVERIFIED beyond tinygrad's use of it: what those XDATA bytes mean, and the region's size.
+SRAM_BYTES, CHUNK, SMALL_WRITE, FILL_RESET = 0x80000, 0x10000, 0x4000, 0xCE40
 # TLP registers in XDATA
 REG_FMT, REG_BE, REG_ADDR, REG_DATA = 0xB210, 0xB217, 0xB218, 0xB220
 REG_KICK, REG_STATUS, REG_COMPLETION, REG_CPL_FLAGS = 0xB254, 0xB296, 0xB22A, 0xB284
@@ -69,7 +78,7 @@ class Bridge:
         self.cache: dict[int, bytes] = {}  # TLP register -> the bytes we last wrote there
         self.commands_sent = 0  # CDBs, for tools/bench_amd_load.py
         self.bufs = [(ffi.new("unsigned char[32]"), ffi.new("unsigned char[64]"),
-                      ffi.new(f"unsigned char[{WINDOW_BYTES}]")) for _ in range(STREAMS)]
+                      ffi.new(f"unsigned char[{CHUNK}]")) for _ in range(STREAMS)]
 
     def commands(self, cmds: list[tuple[bytes, int, bytes | None]]) -> list[bytes]:
         """Run (cdb, bytes to read, bytes to write) commands, STREAMS at a time; the data read
@@ -119,6 +128,25 @@ class Bridge:
         if then is not None:
             ops += self._tlp_ops(MEM_WRITE, then[0], then[1], 4)
         self.commands(ops)
+
+    def sram_write(self, data: bytes) -> None:
+        """Put up to SRAM_BYTES where PCIe devices read bus address WINDOW_BUS onwards: CHUNK
+        bytes per WRITE(16), each followed by the window's re-arm writes, between fill resets."""
+        if len(data) > SRAM_BYTES:
+            raise ValueError(f"SRAM write of {len(data)} bytes; the region is {SRAM_BYTES}")
+        if len(data) <= SMALL_WRITE:
+            data = data.ljust(-(-len(data) // 512) * 512, b"\0")
+            self.commands([(struct.pack(">BBQIBB", WRITE16, 0, 0, len(data) // 512, 0, 0), 0,
+                            data)] + self._writes(WINDOW_REARM, cached=False))
+            return
+        data = data.ljust(-(-len(data) // CHUNK) * CHUNK, b"\0")
+        cdb = struct.pack(">BBQIBB", WRITE16, 0, 0, CHUNK // 512, 0, 0)
+        # the fill reset before as well: a write cut short (an unplug, a timeout) must not leave
+        # the next one starting where it stopped
+        ops = self._writes([(FILL_RESET, bytes(4))], cached=False)
+        for at in range(0, len(data), CHUNK):
+            ops += [(cdb, 0, data[at:at + CHUNK])] + self._writes(WINDOW_REARM, cached=False)
+        self.commands(ops + self._writes([(FILL_RESET, bytes(4))], cached=False))
 
     def window_read(self, offset: int, n: int) -> bytes:
         return self.read(WINDOW_XDATA + offset, n)

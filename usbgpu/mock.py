@@ -118,6 +118,8 @@ class MockBridge:
 
     def __init__(self, ports: list[Port], function):
         self.xdata = bytearray(0x20000)
+        self.sram = bytearray(asm24.SRAM_BYTES)  # its first 4 KiB are XDATA 0xF000 (the window)
+        self.fill = 0  # where the next long WRITE(16) lands (asm24.SRAM_BYTES's note)
         self.ports, self.function = ports, function
         self.dropped_writes = 0  # posted writes nothing claimed (hardware drops them too)
 
@@ -132,36 +134,53 @@ class MockBridge:
             if op == asm24.XDATA_READ:
                 if not 0 < arg <= asm24.MAX_READ:
                     return b"", asm24.CHECK_CONDITION
+                if asm24.WINDOW_XDATA <= addr < WINDOW_END:
+                    at = addr - asm24.WINDOW_XDATA
+                    return bytes(self.sram[at:min(at + arg, asm24.WINDOW_BYTES)]), asm24.GOOD
                 return bytes(self.xdata[addr:addr + arg]), asm24.GOOD
             if addr == asm24.REG_STATUS:
                 self._status_write(arg)
             else:
                 self.xdata[addr] = arg
+            reset = asm24.FILL_RESET
+            if reset <= addr < reset + 4 and not any(self.xdata[reset:reset + 4]):
+                self.fill = 0
             return b"", asm24.GOOD
         if op == asm24.WRITE16 and data_out is not None:
-            _, _, lba, blocks, _, _ = struct.unpack(">BBQIBB", cdb)
-            if lba or blocks * 512 != asm24.WINDOW_BYTES or len(data_out) != asm24.WINDOW_BYTES:
-                return b"", asm24.CHECK_CONDITION
-            self.xdata[asm24.WINDOW_XDATA:WINDOW_END] = data_out
-            return b"", asm24.GOOD
+            return b"", self._write16(cdb, data_out)
         return b"", asm24.CHECK_CONDITION
+
+    def _write16(self, cdb: bytes, data: bytes) -> int:
+        """A short write lands at the SRAM's start; a CHUNK-byte one at the fill, which moves on
+        past it (and back to the start when FILL_RESET..+3 are zeroed)."""
+        _, _, lba, blocks, _, _ = struct.unpack(">BBQIBB", cdb)
+        n = blocks * 512
+        if lba or not n or n != len(data) or (n > asm24.SMALL_WRITE and n != asm24.CHUNK):
+            return asm24.CHECK_CONDITION
+        at = 0 if n <= asm24.SMALL_WRITE else self.fill
+        if at + n > asm24.SRAM_BYTES:
+            return asm24.CHECK_CONDITION
+        self.sram[at:at + n] = data
+        if n > asm24.SMALL_WRITE:
+            self.fill += n
+        return asm24.GOOD
 
     # ---- the device side of the DMA window: bus master reads and writes -----------------------
     def host_read(self, bus_addr: int, n: int) -> bytes:
         off = self._window_offset(bus_addr, n)
-        return bytes(self.xdata[asm24.WINDOW_XDATA + off:asm24.WINDOW_XDATA + off + n])
+        return bytes(self.sram[off:off + n])
 
     def host_write(self, bus_addr: int, data: bytes) -> None:
         off = self._window_offset(bus_addr, len(data))
-        self.xdata[asm24.WINDOW_XDATA + off:asm24.WINDOW_XDATA + off + len(data)] = data
+        self.sram[off:off + len(data)] = data
 
     def _window_offset(self, bus_addr: int, n: int) -> int:
         off = bus_addr - asm24.WINDOW_BUS
         if not self.function.config.command & 4:
             raise PermissionError("DMA by a function without bus mastering enabled")
-        if not 0 <= off <= asm24.WINDOW_BYTES - n:
+        if not 0 <= off <= asm24.SRAM_BYTES - n:
             raise ValueError(f"DMA to bus address 0x{bus_addr:x}+{n}: outside the bridge's "
-                             f"window 0x{asm24.WINDOW_BUS:x}+{asm24.WINDOW_BYTES}")
+                             f"SRAM 0x{asm24.WINDOW_BUS:x}+{asm24.SRAM_BYTES}")
         return off
 
     # ---- TLPs -----------------------------------------------------------------------------------

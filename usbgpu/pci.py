@@ -42,6 +42,7 @@ class PciDevice:
     """Config space, BAR memory and the DMA window of one PCI function."""
     bars: dict[int, tuple[int, int]]  # BAR index -> (bus address, size)
     window: tuple[int, int]  # DMA window: (bus address the device uses, bytes)
+    staging: tuple[int, int]  # host memory from the window's start, filled whole by stage()
 
     def cfg_read(self, reg: int, size: int = 4) -> int:
         raise NotImplementedError
@@ -63,6 +64,11 @@ class PciDevice:
     def dma_get(self, offset: int, n: int) -> bytes:
         raise NotImplementedError
 
+    def stage(self, data: bytes) -> None:
+        """Fill the staging memory from its start with `data` (at most staging[1] bytes) in as
+        few bulk transfers as the transport allows; it overwrites the window."""
+        raise NotImplementedError
+
     def close(self) -> None:
         raise NotImplementedError
 
@@ -73,6 +79,7 @@ class UsbPci(PciDevice):
         self.usb = _open(lib)
         self.bridge = asm24.Bridge(self.usb, timeout_s)
         self.window = (asm24.WINDOW_BUS, asm24.WINDOW_BYTES)
+        self.staging = (asm24.WINDOW_BUS, asm24.SRAM_BYTES)
         try:
             self.bus, self.path = self._enumerate()
             self.bars = self._assign_bars()
@@ -98,6 +105,9 @@ class UsbPci(PciDevice):
 
     def dma_get(self, offset: int, n: int) -> bytes:
         return self.bridge.window_read(offset, n)
+
+    def stage(self, data: bytes) -> None:
+        self.bridge.sram_write(data)
 
     def close(self) -> None:
         self.usb.close()

@@ -22,8 +22,8 @@ from compiler.codegen.plan_cpu import merge_dims, plan_cpu
 from compiler.codegen.plan_gpu import plan_gpu
 from compiler.codegen.transcendental import transcendental_rules
 from compiler.codegen.vectorize import vectorize
-from compiler.ir.dtypes import DType
-from compiler.ir.rewrite import graph_rewrite
+from compiler.ir.dtypes import DType, dtypes
+from compiler.ir.rewrite import PatternMatcher, Rewriter, graph_rewrite
 from compiler.ir.symbolic import symbolic
 from compiler.ir.uop import Ops, UOp
 from compiler.schedule.fusion import Kernel
@@ -61,9 +61,8 @@ def build_all(jobs: dict[tuple, Job], st) -> dict[tuple, Built]:
     built = _build_all(todo, st) if todo else {}
     for k, b in built.items():
         if digests[k]:
-            # permutations index weights of < 2**31 elements (load.py's limit): int32 halves them
-            small = replace(b, perms={j: p.astype(np.int32) for j, p in b.perms.items()})
-            cache.put("kernels", digests[k], pickle.dumps(small, protocol=pickle.HIGHEST_PROTOCOL))
+            cache.put("kernels", digests[k], pickle.dumps(_compact(b),
+                                                          protocol=pickle.HIGHEST_PROTOCOL))
     return {k: hits[k] if k in hits else built[k] for k in jobs}  # job order: reproducible
 
 
@@ -120,7 +119,13 @@ _FORKED: tuple[list[Job], type] = ([], type(None))
 def _build_job(i: int):
     jobs, timer = _FORKED
     st = timer()
-    return i, build_kernel(jobs[i], st), st.times
+    return i, _compact(build_kernel(jobs[i], st)), st.times  # pickled back to the parent
+
+
+def _compact(b: Built) -> Built:
+    """Permutations index weights of < 2**31 elements (load.py's limit): int32 halves them (the
+    openpilot-shaped model's are 54 MB as int64)."""
+    return replace(b, perms={j: p.astype(np.int32, copy=False) for j, p in b.perms.items()})
 
 
 def build_kernel(job: Job, st) -> Built:
@@ -133,7 +138,8 @@ def build_kernel(job: Job, st) -> Built:
             k = merge_dims(k, params)
             plan = plan_cpu(k, params, tgt, job.packable)
     with st("lower"):
-        sink = simplify(lower_kernel(k, params, job.param_dtypes, plan), tgt)
+        rw = Rewriter(first_rules(k, job.param_dtypes, tgt))
+        sink = simplify(lower_kernel(k, params, job.param_dtypes, plan, rw), rw, tgt)
         sink, perms = pack_weights(sink, job.packable)
         sink = vectorize(sink, job.arena)
         if tgt.prefetch:
@@ -143,12 +149,23 @@ def build_kernel(job: Job, st) -> Built:
 
 
 KERNEL_RULES = storage_casts + half_rules + transcendental_rules + symbolic
+FLOAT32_RULES = storage_casts + transcendental_rules + symbolic  # half_rules: nothing to do
+# fp16 arithmetic: demote before transcendental lowering, so its polynomials stay fp32
+HALF_FIRST_RULES = storage_casts + demote_half + symbolic
 HALF_COMPUTE_RULES = promote_for_half_compute + transcendental_rules + symbolic
 
 
-def simplify(sink: UOp, tgt: Target) -> UOp:
-    if not tgt.half_compute:
-        return graph_rewrite(sink, KERNEL_RULES)
-    # fp16 arithmetic: demote before transcendental lowering, so its polynomials stay fp32
-    sink = graph_rewrite(sink, storage_casts + demote_half + symbolic)
-    return graph_rewrite(sink, HALF_COMPUTE_RULES)
+def first_rules(k: Kernel, param_dtypes: list[DType], tgt: Target) -> PatternMatcher:
+    """The rules lowering simplifies with. Without a float16 buffer or value, half_rules never
+    apply, and asking them at every node costs time."""
+    if tgt.half_compute:
+        return HALF_FIRST_RULES
+    half = dtypes.float16 in param_dtypes or any(u.dtype is dtypes.float16 for u in
+                                                 k.root.toposort(leaves=set(k.inputs)))
+    return KERNEL_RULES if half else FLOAT32_RULES
+
+
+def simplify(sink: UOp, rw: Rewriter, tgt: Target) -> UOp:
+    """`rw`: the first pass's Rewriter, which lowering already used on the pieces it built."""
+    sink = rw(sink)
+    return graph_rewrite(sink, HALF_COMPUTE_RULES) if tgt.half_compute else sink

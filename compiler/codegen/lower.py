@@ -3,24 +3,35 @@
 Movement ops become index arithmetic (symbolic.py simplifies it), PAD becomes a validity mask
 that gates loads, and upcast/unroll axes are expanded into one copy of the scalar graph per value,
 so hash-consing shares every load and index that the copies have in common (register tiling).
+The copies share them while they are built, not only after simplification: a kernel's builder
+passes a Rewriter (rewrite.py) that simplifies each index as it is made, so two copies whose
+indices simplify to the same node (a 3x3 window's neighbouring taps) lower that load once.
 """
 from __future__ import annotations
 
 import math
-from functools import reduce as fold
+from functools import cache, reduce as fold
 from itertools import product
 
 from compiler.codegen.half import accumulator
 from compiler.codegen.plan import LOOP_KINDS, Plan
 from compiler.ir.dtypes import dtypes
+from compiler.ir.rewrite import Rewriter
+from compiler.ir.symbolic import build, terms
 from compiler.ir.uop import ALU, Ops, UOp
 from compiler.schedule.fusion import Kernel, find_reduce
 
 IDX = dtypes.index
 
 
+_ICONSTS: dict[int, UOp] = {}  # index constants, the most asked-for nodes of lowering
+
+
 def iconst(v: int) -> UOp:
-    return UOp.const(v, IDX)
+    hit = _ICONSTS.get(v)
+    if hit is None:
+        hit = _ICONSTS[v] = UOp.const(int(v), IDX)
+    return hit
 
 
 def linear(idx, shape) -> UOp:
@@ -34,11 +45,52 @@ def linear(idx, shape) -> UOp:
 
 
 def reshape_index(idx, from_shape, to_shape) -> tuple[UOp, ...]:
-    lin, out, stride = linear(idx, from_shape), [], 1
-    for s in reversed(to_shape):
-        out.append(iconst(0) if s == 1 else (lin // stride) % s)
-        stride *= s
-    return tuple(reversed(out))
+    """Each run (_runs) is flattened and split on its own, and a run of one dim on both sides
+    keeps its index."""
+    out = [iconst(0)] * len(to_shape)
+    for ins, outs in _runs(tuple(from_shape), tuple(to_shape)):
+        if len(ins) == 1 and len(outs) == 1:
+            out[outs[0]] = _as_sum(idx[ins[0]])
+            continue
+        lin, stride = linear([idx[d] for d in ins], [from_shape[d] for d in ins]), 1
+        for n in reversed(outs):
+            out[n] = (lin // stride) % to_shape[n]
+            stride *= to_shape[n]
+    return tuple(out)
+
+
+@cache
+def _runs(from_shape: tuple, to_shape: tuple) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """The dims a reshape maps onto each other: non-1 dims group into runs whose sizes have equal
+    products on both sides (most reshapes only add or drop size-1 dims, or merge or split one
+    run). Size-1 dims index 0; a shape without elements has no runs (nothing is read)."""
+    if 0 in from_shape:
+        return ()
+    src = [d for d, s in enumerate(from_shape) if s != 1]
+    dst = [d for d, s in enumerate(to_shape) if s != 1]
+    runs, a, b = [], 0, 0
+    while a < len(src):
+        a2, b2, pa, pb = a + 1, b + 1, from_shape[src[a]], to_shape[dst[b]]
+        while pa != pb:  # grow the side with the smaller product until they meet
+            if pa < pb:
+                pa, a2 = pa * from_shape[src[a2]], a2 + 1
+            else:
+                pb, b2 = pb * to_shape[dst[b2]], b2 + 1
+        runs.append((tuple(src[a:a2]), tuple(dst[b:b2])))
+        a, b = a2, b2
+    return tuple(runs)
+
+
+def _as_sum(i: UOp) -> UOp:
+    """i rebuilt as sum(coef * term) + const: the form that flattening the index and splitting
+    it again gave it (symbolic.fold_divmod rebuilds what it keeps), so the code is the same."""
+    if i.op is not Ops.ADD and i.op is not Ops.MUL:
+        return i  # one term: already that form
+    hit = i.__dict__.get("as_sum")  # kept on the node, as symbolic.terms is
+    if hit is None:
+        ts, c = terms(i)
+        hit = i.__dict__["as_sum"] = build(list(ts), c, i.dtype)
+    return hit
 
 
 def all_true(*conds):
@@ -46,14 +98,27 @@ def all_true(*conds):
     return fold(lambda a, b: a.logical_and(b), conds) if conds else None
 
 
+def _same(u: UOp) -> UOp:
+    return u
+
+
 class Lowerer:
-    def __init__(self, kernel: Kernel, params: dict[UOp, int], param_dtypes: list):
+    def __init__(self, kernel: Kernel, params: dict[UOp, int], param_dtypes: list,
+                 simp: Rewriter | None = None):
         self.kernel, self.root = kernel, kernel.root
         self.params = params
         self.param_uops = [UOp.param(i, dt) for i, dt in enumerate(param_dtypes)]
         self.memo: dict = {}
         self.acc: UOp | None = None
         self.red = find_reduce(kernel.root, set(params))
+        self.simp = simp or _same
+        self.done = simp.memo if simp else {}  # simp's answers, read without a call
+        self.dims: dict = {}  # for _dim_index
+        # what the reduction's value flows into: its lowering depends on the copy's accumulator
+        self.above: set[UOp] = set()
+        for n in kernel.root.toposort(leaves=set(params) - {kernel.root}):
+            if n is self.red or any(s in self.above for s in n.src):
+                self.above.add(n)
 
     def load(self, node: UOp, idx, valid) -> UOp:
         p = self.param_uops[self.params[node]]
@@ -61,9 +126,16 @@ class Lowerer:
         return UOp(Ops.LOAD, node.dtype, src)
 
     def __call__(self, node: UOp, idx: tuple, valid=None) -> UOp:
-        key = (node, idx, valid)
+        simp, done = self.simp, self.done
+        idx = tuple([done[i] if i in done else simp(i) for i in idx])
+        valid = None if valid is None else done[valid] if valid in done else simp(valid)
+        return self._at(node, idx, valid)
+
+    def _at(self, node: UOp, idx: tuple, valid) -> UOp:
+        """__call__ for an index and gate that are simplified already."""
+        key = (node, idx, valid, self.acc if node in self.above else None)
         if key not in self.memo:
-            self.memo[key] = self._lower(node, idx, valid)
+            self.memo[key] = self.simp(self._lower(node, idx, valid))
         return self.memo[key]
 
     def _lower(self, n: UOp, idx: tuple, valid) -> UOp:
@@ -75,7 +147,7 @@ class Lowerer:
         if op is Ops.CONST:
             return n
         if op in ALU:
-            return UOp(op, n.dtype, tuple(self(s, idx, valid) for s in n.src), arg)
+            return UOp(op, n.dtype, tuple([self._at(s, idx, valid) for s in n.src]), arg)
         src = n.src[0].shape if n.src else ()
         if op is Ops.RESHAPE:
             return self(n.src[0], reshape_index(idx, n.shape, src), valid)
@@ -181,18 +253,29 @@ def _ranges(plan: Plan) -> dict[int, UOp]:
     return ranges
 
 
-def _dim_index(plan: Plan, values: dict, reduce_too: bool) -> tuple:
-    """The full-shape index that axis values address (reduce dims 0 unless `reduce_too`)."""
+@cache
+def _dim_axes(plan: Plan) -> tuple[tuple[int, ...], ...]:
+    """Per full-shape dim, the positions of the axes that iterate it, inner to outer."""
+    return tuple(tuple(reversed([n for n, a in enumerate(plan.axes) if a.dim == d]))
+                 for d in range(len(plan.full_shape)))
+
+
+def _dim_index(plan: Plan, values: dict, reduce_too: bool, memo: dict) -> tuple:
+    """The full-shape index that axis values address (reduce dims 0 unless `reduce_too`).
+    `memo`: each dim's index by its axis values, which most copies share."""
     out = []
-    for d in range(len(plan.full_shape)):
+    for d, ns in enumerate(_dim_axes(plan)):
         if d in plan.reduce_dims and not reduce_too:
             out.append(iconst(0))
             continue
-        idx, stride = iconst(0), 1
-        for n in reversed([n for n, a in enumerate(plan.axes) if a.dim == d]):
-            idx = idx + values[n] * stride
-            stride *= plan.axes[n].size
-        out.append(idx)
+        key = (d, *[values[n] for n in ns])
+        if key not in memo:
+            idx, stride = iconst(0), 1
+            for n in ns:
+                idx = idx + values[n] * stride
+                stride *= plan.axes[n].size
+            memo[key] = idx
+        out.append(memo[key])
     return tuple(out)
 
 
@@ -207,7 +290,8 @@ def _accumulate(lw: Lowerer, plan: Plan, ranges: dict, values: dict, upcast: boo
     """The reduction's value for one output: its unrolled parts, accumulated over the reduce
     loops."""
     red = lw.red
-    parts = [lw(red.src[0], _dim_index(plan, v, True)) for v in _expanded(plan, "unroll", values)]
+    parts = [lw(red.src[0], _dim_index(plan, v, True, lw.dims))
+             for v in _expanded(plan, "unroll", values)]
     rr = [r for n, r in ranges.items() if plan.axes[n].kind in ("reduce", "group")]
     if rr and not upcast and accumulator(red.dtype) is red.dtype:
         # a lone accumulator would wait on its own latency every step: each unrolled part gets
@@ -219,8 +303,10 @@ def _accumulate(lw: Lowerer, plan: Plan, ranges: dict, values: dict, upcast: boo
     return _combine(red.arg[0], parts)
 
 
-def lower_kernel(kernel: Kernel, params: dict[UOp, int], param_dtypes: list, plan: Plan) -> UOp:
-    lw = Lowerer(kernel, params, param_dtypes)
+def lower_kernel(kernel: Kernel, params: dict[UOp, int], param_dtypes: list, plan: Plan,
+                 simp: Rewriter | None = None) -> UOp:
+    """`simp`: simplifies as lowering builds (the caller rewrites the result with it after)."""
+    lw = Lowerer(kernel, params, param_dtypes, simp)
     ranges = _ranges(plan)
     upcast = any(a.kind == "upcast" for a in plan.axes)
     views = views_between(kernel.root, lw.red) if lw.red is not None else []
@@ -228,7 +314,7 @@ def lower_kernel(kernel: Kernel, params: dict[UOp, int], param_dtypes: list, pla
     for values in _expanded(plan, "upcast", ranges):
         if lw.red is not None:
             lw.acc = _accumulate(lw, plan, ranges, values, upcast)
-        out_idx = root_index(views, _dim_index(plan, values, False))
+        out_idx = root_index(views, _dim_index(plan, values, False, lw.dims))
         value = lw(kernel.root, out_idx)
         stores.append(UOp(Ops.STORE, dtypes.void,
                           (lw.param_uops[0], linear(out_idx, kernel.root.shape), value)))

@@ -35,8 +35,12 @@ def plan_gpu(kernel: Kernel, params: dict[UOp, int], target: Target) -> Plan:
         items //= upcast[inner]
         if red is not None and len(out_dims) > 1:
             other = max(out_dims[:-1], key=lambda d: full[d])
+            # an odd size (a transformer's 25 tokens) takes its divisor up to 8 (5) rather
+            # than no tile: each weight read then serves 5 rows, not 1. Fewer work items are
+            # worth that when the tile cuts the traffic by 4 or more.
             f = factor(full[other], GPU_VECTOR)
-            if items // f >= GPU_MIN_ITEMS:
+            f = f if f > 1 else factor(full[other], 2 * GPU_VECTOR)
+            if items // f >= (GPU_MIN_ITEMS // 2 if f >= GPU_VECTOR else GPU_MIN_ITEMS):
                 upcast[other] = f
     rd = [d for d in rdims if full[d] > 1]
     group = 0

@@ -184,7 +184,7 @@ def reassociate(x: UOp) -> UOp | None:
 def merge_divmod(x: UOp) -> UOp | None:
     """(y // c)*c*k + (y % c)*k -> y*k: a dim split by a reshape and joined again (merged
     loop dims index their tensors through both halves)."""
-    if x.dtype not in INTS:
+    if x.dtype not in INTS or all(t.op is not Ops.MOD for _, t in terms(x)[0]):
         return None
     coef, const = linear_form(x)
     for t, a in coef.items():

@@ -178,7 +178,8 @@ class UOp:
     # ---- construction helpers -------------------------------------------------------------
     @staticmethod
     def const(value, dtype: DType) -> UOp:
-        key = (_const_key(value), dtype, type(value))
+        t = type(value)
+        key = (value if t is not float else _const_key(value), dtype, t)
         hit = _CONSTS.get(key)
         if hit is None:
             hit = _CONSTS[key] = UOp(Ops.CONST, dtype, (), normalize_const(value, dtype))
@@ -277,7 +278,7 @@ class UOp:
             seen.add(node)
             stack.append((node, True))
             if node not in leaves:
-                stack.extend((s, False) for s in reversed(node.src) if s not in seen)
+                stack.extend([(s, False) for s in reversed(node.src) if s not in seen])
         return order
 
 

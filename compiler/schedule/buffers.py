@@ -41,7 +41,7 @@ class Buffers:
         self.outputs: list[Buffer] = []
         self.out_index: dict[int, int] = {}  # buffer id -> position among graph outputs
         self.pending_outputs = list(outputs)
-        self.weights: list[tuple[int, np.ndarray]] = []
+        self.weights: list[tuple[int, bytes]] = []  # (buffer id, stored bytes), in layout order
         self.weight_size = 0
         self.launches: list[Launch] = []
         self.flops: list[int] = []
@@ -94,7 +94,7 @@ class Buffers:
             self.weight_size = -(-self.weight_size // self.align) * self.align
             b = self._new("weights", self.weight_size, u if perm is None else
                           UOp(Ops.WEIGHT, u.dtype, (), Weight(data)))
-            self.weights.append((self.weight_size, storage_bytes(data, b)))
+            self.weights.append((b.id, storage_bytes(data, b)))
             self.weight_size += b.nbytes
             self.node_buf[key] = b.id
         return self.node_buf[key]
@@ -126,8 +126,8 @@ class Buffers:
     def by_id(self) -> dict[int, Buffer]:
         return dict(sorted(self.table.items()))
 
-    def weight_bytes(self) -> bytes:
-        out = bytearray(self.weight_size)
-        for off, data in self.weights:
-            out[off:off + len(data)] = data
-        return bytes(out)
+    def move_weights(self, offsets: dict[int, int]) -> None:
+        """Place each weight buffer at offsets[id] of a weights region shared with other builds
+        of the model (compiler/blob.py:share_weights lays it out and holds its bytes)."""
+        for bid, off in offsets.items():
+            self.table[bid] = replace(self.table[bid], offset=off)

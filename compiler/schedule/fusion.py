@@ -119,12 +119,16 @@ def _reduces_in(u: UOp, realized: set) -> list[UOp]:
     return [n for n in inlined(u, realized) if n.op is Ops.REDUCE and (n is u or n not in realized)]
 
 
-def _duplicated_work(root: UOp, realized: set) -> set[UOp]:
+def _duplicated_work(root: UOp, realized: set, recompute: bool = False) -> set[UOp]:
     """ALU nodes under a broadcasting view (EXPAND, overlapping WINDOW): inlining them would
     recompute them once per broadcast element (a relu before a conv would run Cout*K*K times per
     input). Inside reductions any such node is realized; in elementwise kernels only costly ones.
     The padded input of a deep windowed reduction (a conv over many channels) is realized too:
-    one copy with zero borders beats a bounds check on every one of its Cin*K*K reads."""
+    one copy with zero borders beats a bounds check on every one of its Cin*K*K reads.
+    `recompute` (target.recompute_cheap): a node inside a reduction stays inlined when it is one
+    ALU op reading one tensor of its own size (the rest broadcast, _one_full_read): the
+    reduction reads that tensor in place of the node's, so no bytes are added and one write and
+    one read are saved."""
     reds = _reduces_in(root, realized)
     depth = reds[0].src[0].size // max(reds[0].size, 1) if reds else 0
     hits, stack, seen = set(), [(root, False)], set()
@@ -133,7 +137,8 @@ def _duplicated_work(root: UOp, realized: set) -> set[UOp]:
         if (n, dup) in seen:
             continue
         seen.add((n, dup))
-        if dup and n.op in ALU and not static(n) and (reds or _costly(n, realized)):
+        if dup and n.op in ALU and not static(n) and (
+                _costly(n, realized) or reds and not (recompute and _one_full_read(n, realized))):
             hits.add(n)
             continue
         if dup and n.op is Ops.PAD and depth >= PADDED_COPY_DEPTH and not static(n):
@@ -144,7 +149,7 @@ def _duplicated_work(root: UOp, realized: set) -> set[UOp]:
     return hits
 
 
-def realize(outputs: list[UOp]) -> set[UOp]:
+def realize(outputs: list[UOp], recompute: bool = False) -> set[UOp]:
     users = consumers(outputs)
     order = [u for u in _topo(outputs)]
     realized = set(outputs)
@@ -154,39 +159,53 @@ def realize(outputs: list[UOp]) -> set[UOp]:
     rank = {u: i for i, u in enumerate(order)}
     for r in [u for u in order if u.op is Ops.REDUCE and u not in outputs]:
         _fuse_epilogue(r, users, realized, rank)  # a reduction that is an output stays one
-    shared = set()
     for u in order:  # shared, expensive subexpressions are computed once
         # but not inside a fused epilogue (u inlines its reduction): every user of u is in that
         # kernel, and realizing two such nodes would compute the reduction twice
         if u not in realized and u.op in ALU and len(users[u]) > 1 and _costly(u, realized) \
                 and not _reduces_in(u, realized):
             realized.add(u)
-            shared.add(u)
     changed = True
     while changed:
         changed = False
         for u in list(realized):
-            hits = _duplicated_work(u, realized)
+            hits = _duplicated_work(u, realized, recompute)
             if hits:
                 realized |= hits
                 changed = True
-    _unshare(order, users, realized, shared)
+    _merge_into_consumer(order, outputs, users, realized, recompute)
     return realized
 
 
-def _unshare(order: list[UOp], users: dict, realized: set, shared: set) -> None:
-    """Un-realize the shared subexpressions (`shared`) whose every use is in one kernel at its
-    own output index (only elementwise ops between them and that kernel's root): that kernel
-    computes them once anyway, so a buffer only adds a pass over memory. Exact GELU's erf
-    shares its reciprocal, exp and square among a dozen uses: five extra passes over 1.5 MB
-    in a transformer MLP. Outputs first, so each node's users are decided before it."""
-    owner: dict[UOp, UOp | None] = {}  # the one kernel root computing n at its own index
-    for u in reversed(order):
-        roots = {owner.get(s) if s.op in ALU else None for s in users[u]}
-        one = roots.pop() if len(roots) == 1 else None
-        if u in shared and one is not None:
+def _merge_into_consumer(order: list[UOp], outputs: list[UOp], users: dict, realized: set,
+                         recompute: bool) -> None:
+    """A realized elementwise tensor whose users all lie in one other kernel is computed in
+    that kernel instead (which computes a shared node once): one write and one read fewer. Not
+    where the kernel would broadcast it (_duplicated_work would realize it again). Exact GELU's
+    erf, realized piece by piece as shared costly subexpressions (its reciprocal, exp and square
+    among a dozen uses), becomes one kernel instead of six."""
+    outs = set(outputs)
+    for u in reversed(order):  # consumers first, so a chain folds into its last kernel
+        if u not in realized or u in outs or u.op not in ALU or _reduces_in(u, realized):
+            continue
+        roots = _kernels_reading(u, users, realized)
+        if len(roots) == 1 and not _duplicated_work(next(iter(roots)), realized - {u},
+                                                     recompute):
             realized.discard(u)
-        owner[u] = u if u in realized else one
+
+
+def _kernels_reading(u: UOp, users: dict, realized: set) -> set[UOp]:
+    """The realized tensors whose kernels read u: its users, or theirs through inlined nodes."""
+    out, stack, seen = set(), list(users[u]), set()
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            seen.add(n)
+            if n in realized:
+                out.add(n)
+            else:
+                stack.extend(users[n])
+    return out
 
 
 def _fuse_epilogue(r: UOp, users: dict, realized: set, rank: dict) -> None:
@@ -228,6 +247,16 @@ def _rejoin(start: UOp, users: dict, realized: set, rank: dict, r: UOp) -> UOp |
         region.add(n)
         frontier |= set(users[n])
     return None
+
+
+def _one_full_read(u: UOp, realized: set) -> bool:
+    """u is one ALU op reading exactly one tensor (realized, input or weight) as large as itself
+    (x * s[c], relu(x)): recomputed per multiply-add of a reduction, it adds half the ALU work
+    at most, where a LayerNorm's normalization (4 ops) would triple it."""
+    body = inlined(u, realized)
+    leaves = [n for n in body[1:] if n in realized or n.op in (Ops.INPUT, Ops.WEIGHT)]
+    ops = [n for n in body if n.op in ALU and (n is u or n not in realized)]
+    return len(ops) == 1 and sum(n.size >= u.size for n in leaves) == 1
 
 
 def _costly(u: UOp, realized: set) -> bool:
@@ -272,16 +301,16 @@ def find_reduce(root: UOp, realized: set) -> UOp | None:
     return None
 
 
-def schedule(outputs: list[UOp], track: tuple[UOp, ...] = ()) -> tuple[list[UOp], list[Kernel],
-                                                                       set[UOp], list[UOp]]:
+def schedule(outputs: list[UOp], track: tuple[UOp, ...] = (), recompute: bool = False
+             ) -> tuple[list[UOp], list[Kernel], set[UOp], list[UOp]]:
     """Returns (folded outputs, kernels in order, realized set, `track` folded). `track`: more
     tensors to fold in the same rewrite, so they are the very nodes the kernels hold (a second
     rewrite would build new weights, and new nodes above them): the ONNX nodes' outputs, for
-    provenance."""
+    provenance. `recompute`: the target's recompute_cheap (see _duplicated_work)."""
     sink = UOp(Ops.SINK, dtypes.void, tuple(outputs) + tuple(track))
     folded = list(graph_rewrite(sink, tensor_rules).src)
     folded, tracked = folded[:len(outputs)], folded[len(outputs):]
-    realized = realize(folded)
+    realized = realize(folded, recompute)
     kernels = []
     for u in _topo(folded):
         if u in realized and not (u.op in (Ops.INPUT, Ops.WEIGHT, Ops.CONST) and u not in folded):

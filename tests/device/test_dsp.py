@@ -3,8 +3,9 @@
     python -m pytest -q -s tests/device/test_dsp.py
 
 Skipped elsewhere; the same programs, runtime and device run under qemu-hexagon in
-tests/test_dsp.py (KEEL_FASTRPC=mock). Needs the DSP-side runtime built as a skel library on the
-DSP's library path (docs/dsp.md); the int8 QDQ models of the issue come with the QDQ lowering.
+tests/test_dsp.py (KEEL_FASTRPC=mock). The skel library (dsp/skel.c) is served to the DSP from
+memory by the host's reverse-RPC listener: built here if clang-19 is installed, else set
+KEEL_DSP_SKEL to one built elsewhere with `python -m dsp.build` (docs/dsp.md).
 """
 import os
 import time

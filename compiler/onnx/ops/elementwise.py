@@ -9,6 +9,7 @@ import math
 
 from compiler.ir.dtypes import dtypes
 from compiler.ir.tensor import Tensor
+import compiler.onnx.ops.quant as quant
 from compiler.onnx.registry import OPS, onnx_dtype, op
 
 
@@ -57,8 +58,20 @@ def _binary(fn):
     return lambda ctx, i, a: fn(i[0], i[1])
 
 
+def _quantizable(fn, integer):
+    """A binary op whose QDQ form also records its integers, for a QuantizeLinear after it."""
+    def build(ctx, i, a):
+        y = fn(i[0], i[1])
+        integer(ctx, i[0], i[1], y)
+        return y
+    return build
+
+
+OPS["Add"] = _quantizable(Tensor.__add__, quant.integer_add)
+OPS["Mul"] = _quantizable(Tensor.__mul__, quant.integer_mul)
+
 for _name, _fn in {
-    "Add": Tensor.__add__, "Sub": Tensor.__sub__, "Mul": Tensor.__mul__,
+    "Sub": Tensor.__sub__,
     "Div": Tensor.__truediv__, "Equal": Tensor.eq, "Less": Tensor.__lt__,
     "Greater": Tensor.__gt__, "LessOrEqual": Tensor.__le__, "GreaterOrEqual": Tensor.__ge__,
     "And": Tensor.__and__, "Or": Tensor.__or__, "Xor": Tensor.__xor__,

@@ -315,6 +315,10 @@ def _maxpool_indices(x, y, ks, strides, dil, pads, storage_order: int) -> Tensor
 def _avgpool(ctx, i, a):
     x = i[0]
     ks, strides, dil, pads, sym_pads = _pool_attrs(a, x)
+    whole = pads == sym_pads and (a.get("count_include_pad", 0) or not any(map(any, pads)))
+    if whole and (y := quant.integer_sum(ctx, x, lambda q: q.pool(
+            Ops.ADD, ks, strides, dil, pads, 0), math.prod(ks))) is not None:
+        return y  # QDQ, every window counts all of ks: the int32 sum, divided in the scale
     s = x.pool(Ops.ADD, ks, strides, dil, pads, 0.0)
     if a.get("count_include_pad", 0):
         # the divisor counts explicit padding but not the ceil_mode overhang
@@ -330,7 +334,11 @@ def _avgpool(ctx, i, a):
 def _global_pool(ctx, i, a):
     x = i[0]
     axes = list(range(2, x.ndim))
-    return x.mean(axes) if ctx.node.op_type == "GlobalAveragePool" else x.max(axes)
+    if ctx.node.op_type == "GlobalAveragePool":
+        n = math.prod(x.shape[2:])
+        y = quant.integer_sum(ctx, x, lambda q: q.sum(axes, keepdims=True), n)
+        return x.mean(axes) if y is None else y
+    return x.max(axes)
 
 
 @op("LpPool")

@@ -6,14 +6,15 @@ multiplies by the scale ratio in float64, rounds half to even and saturates to t
 QDQ models (what quantizers such as onnxruntime's quantize_static emit) spell integer layers as
 float ops between DequantizeLinear and QuantizeLinear. Here they run in integers: a
 DequantizeLinear of int8/uint8 with constant scale and zero point records its integer origin
-(Ctx.qdq); Conv, MatMul and Gemm whose inputs both have one (and whose bias, if any, is the int32
-DequantizeLinear quantizers emit) multiply the integers and accumulate in int32, and record the
-accumulator with its scale; a QuantizeLinear of such a value requantizes the accumulator with a
-fixed-point multiplier and shift in int32 lanes instead of going through float; MaxPool takes its
-max on the integers (dequantization is increasing); a QuantizeLinear of a dequantized int8
-tensor, or of a Concat of them, with the same scale and zero point keeps the integers. Everything
-else (Add, Mul, average pooling, a Concat or Q that changes scales) stays the float computation
-the graph spells, between its DQ and Q: requantized only where the graph says so.
+(Ctx.qdq; a reshape of it keeps it, `origin`); Conv, MatMul and Gemm whose inputs both have one
+(and whose bias, if any, is the int32 DequantizeLinear quantizers emit) multiply the integers and
+accumulate in int32, Add of two sums them at a common Q20 scale, Mul multiplies them, average pools
+sum them, and each records the int32 accumulator with its scale; a QuantizeLinear of such a value
+requantizes the accumulator with a fixed-point multiplier and shift in int32 lanes instead of going
+through float; MaxPool takes its max on the integers (dequantization is increasing); a
+QuantizeLinear of a dequantized int8 tensor, or of a Concat of them, with the same scale and zero
+point keeps the integers. Everything else (a Concat or Q that changes scales) stays the float
+computation the graph spells, between its DQ and Q: requantized only where the graph says so.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from compiler.ir.dtypes import DType, dtypes
+from compiler.ir.uop import Ops
 from compiler.onnx.registry import OPS, onnx_dtype, op
 from compiler.ir.tensor import Tensor
 
@@ -64,10 +66,28 @@ def _quantize(ctx, i, a):
         return q
     s = qparam(scale, x, axis, block)
     ct = onnx_dtype(a["precision"], ctx.where()) if a.get("precision") else _widest(x, s)
-    v = (x.cast(ct) / s.cast(ct)).round_even()
-    if zp is not None:
-        v = v.cast(dtypes.float32) + qparam(zp, x, axis, block).cast(dtypes.float32)
-    return saturate(v, out)
+    z = qparam(zp, x, axis, block).cast(dtypes.float32) if zp is not None else None
+    v = x.cast(ct) / s.cast(ct)
+    if ct is dtypes.float32 and out.itemsize <= 2:
+        return _round_to(v, z, out)
+    v = v.round_even()
+    return saturate(v if z is None else v.cast(dtypes.float32) + z, out)
+
+
+MAGIC = 1.5 * 2 ** 23  # float32's ulp is 1 from 2**23 to 2**24
+
+
+def _round_to(v: Tensor, z: Tensor | None, out: DType) -> Tensor:
+    """saturate(round_even(v) + z, out) for float32 v and an 8- or 16-bit out. Clamping first
+    to the integers out's range allows (minus z) commutes with rounding and leaves |v| < 2**17,
+    where (v + 1.5 * 2**23) - 1.5 * 2**23 is v rounded half to even in IEEE float32 arithmetic
+    (the sum's ulp is 1): two adds where round_even() takes a floor, a halving and compares
+    (the QDQ CNN's input quantization: three kernels, a third of its DSP packets)."""
+    lo, hi = float(out.min), float(out.max)
+    if z is not None:
+        lo, hi = Tensor.full(lo, dtypes.float32) - z, Tensor.full(hi, dtypes.float32) - z
+    v = (v.maximum(lo).minimum(hi) + MAGIC) - MAGIC
+    return (v if z is None else v + z).cast(out)
 
 
 @op("DequantizeLinear")
@@ -133,6 +153,12 @@ def _qlinear_conv(ctx, i, a):
 
 # ---- the integer QDQ path ---------------------------------------------------------------------
 
+# int32 lanes of a 128-byte HVX vector: a conv whose output channels are a few short of a
+# multiple (squeezenet's 1000) is computed with zero channels up to it, at most 1/16 more work,
+# so its kernel takes whole vectors instead of the widest power of two dividing the count (8)
+LANES = 32
+
+
 @dataclass(frozen=True)
 class Dq:
     """A DequantizeLinear's integer origin: q (int8/uint8/int32), its constant zero point and
@@ -156,6 +182,7 @@ class Acc:
     acc: Tensor
     scale: np.ndarray
     axis: int
+    keep: int = 0  # the value is the first `keep` entries of `axis` (0: all)
 
 
 def record_dq(ctx, y: Tensor, x: Tensor, scale: Tensor, zp: Tensor | None, axis: int) -> None:
@@ -167,10 +194,25 @@ def record_dq(ctx, y: Tensor, x: Tensor, scale: Tensor, zp: Tensor | None, axis:
         ctx.qdq[y.uop] = Dq(x, z.astype(np.int64), s.astype(np.float64), axis % max(x.ndim, 1))
 
 
+def origin(ctx, t: Tensor | None):
+    """t's quantized origin (Dq, Cat or Acc) or None. A reshape (Flatten, Reshape, Squeeze,
+    Unsqueeze) of a per-tensor dequantized tensor is the dequantized reshape of its integers,
+    so a Q after a Flatten keeps them, and the max pool before it stays integer."""
+    if t is None:
+        return None
+    u = t.uop
+    while u not in ctx.qdq and u.op is Ops.RESHAPE:
+        u = u.src[0]
+    d = ctx.qdq.get(u)
+    if u is t.uop:
+        return d
+    return Dq(d.q.reshape(t.shape), d.zp, d.scale, d.axis) if _per_tensor8(d) else None
+
+
 def integer_contract(ctx, i: list, a: dict, float_op, w_axis: int, out_axis: int):
     """Conv / MatMul / Gemm on dequantized integers, in integers; None when the inputs are not
     all quantized per tensor (activations) and per tensor or per output channel (weights)."""
-    x, w = (ctx.qdq.get(t.uop) if t is not None else None for t in i[:2])
+    x, w = (origin(ctx, t) for t in i[:2])
     if not (isinstance(x, Dq) and isinstance(w, Dq)) or x.q.dtype is dtypes.int32 \
             or x.scale.size != 1 or x.zp.size != 1 or np.any(w.zp):
         return None
@@ -183,15 +225,111 @@ def integer_contract(ctx, i: list, a: dict, float_op, w_axis: int, out_axis: int
             and np.allclose(np.broadcast_to(bias.scale.reshape(-1), scale.shape), scale,
                             rtol=1e-6, atol=0)):
         return None  # a float bias, or one quantized with another scale
-    xi = x.q.cast(dtypes.int32)
-    if x.zp.reshape(-1)[0]:
-        xi = xi - int(x.zp.reshape(-1)[0])
-    acc = float_op(ctx, [xi, w.q.cast(dtypes.int32)] + ([bias.q] if bias else []), a)
+    xi, wq, bq, n = _int32(x), w.q, bias.q if bias else None, w.q.shape[w_axis]
+    wc = ctx.constant(wq)
+    if wc is not None and wc.ndim == 2 and (xw := _pixels_first(x, wc, 1 if w_axis == 0 else 0)):
+        xi, wc = xw
+        wq = Tensor.weight(wc)
+    if w_axis == 0 and wc is not None:  # the weight's first axis is the output channel's
+        wq, bq, scale = _whole_vectors(ctx, wq, wc, bq, scale)
+    acc = float_op(ctx, [xi, wq.cast(dtypes.int32)] + ([bq] if bq is not None else []), a)
     out_axis %= acc.ndim
     shape = [scale.size if d == out_axis else 1 for d in range(acc.ndim)]
     y = acc.cast(dtypes.float32) * Tensor.weight(scale.astype(np.float32).reshape(shape))
-    ctx.qdq[y.uop] = Acc(acc, scale, out_axis)
+    keep = n if wq.shape[w_axis] != n else 0  # padded: the first n channels are the value
+    if keep:
+        y = y.shrink([(0, n) if d == out_axis else (0, s) for d, s in enumerate(acc.shape)])
+    ctx.qdq[y.uop] = Acc(acc, scale, out_axis, keep)
     return y
+
+
+def _whole_vectors(ctx, wq: Tensor, wc: np.ndarray, bq: Tensor | None, scale: np.ndarray):
+    """(weight, bias, scale) with zero output channels up to a multiple of LANES when that adds
+    at most 1/16 of the work and the bias is constant too; else as they are."""
+    n = wc.shape[0]
+    pad, bc = -n % LANES, ctx.constant(bq) if bq is not None else None
+    if not pad or pad * 16 > n or (bq is not None and bc is None):
+        return wq, bq, scale
+    wq = Tensor.weight(np.pad(wc, ((0, pad),) + ((0, 0),) * (wc.ndim - 1)))
+    bq = Tensor.weight(np.pad(bc, (0, pad))) if bq is not None else None
+    return wq, bq, np.pad(np.broadcast_to(scale, n), (0, pad), mode="edge")
+
+
+def _pixels_first(x: Dq, w: np.ndarray, k_axis: int) -> tuple[Tensor, np.ndarray] | None:
+    """A matrix product whose input is a flattened (1, C, H, W) image reads it (widened to
+    int32, minus its zero point) pixel by pixel, channels innermost, with the weight's K axis
+    reordered to match: the same sums. The image is a channels-last conv or pool result
+    (schedule/layout.py), so the kernel that computes and widens it stores whole vectors of
+    channels, where the NCHW order scattered each lane 64 bytes apart (the QDQ CNN's max pool
+    + flatten: 10,501 packets on HVX against 6,593 as scalar code)."""
+    u = x.q.uop
+    if u.op is not Ops.RESHAPE or len(u.src[0].shape) != 4 or len(x.q.shape) != 2:
+        return None
+    n, c, h, wd = u.src[0].shape
+    if n != 1 or h * wd == 1 or w.shape[k_axis] != c * h * wd:
+        return None
+    order = np.arange(c * h * wd).reshape(c, h, wd).transpose(1, 2, 0).reshape(-1)
+    xi = _int32(Dq(Tensor(u.src[0]), x.zp, x.scale, x.axis))
+    return xi.permute((0, 2, 3, 1)).reshape(x.q.shape), np.take(w, order, axis=k_axis)
+
+
+def _int32(d: Dq) -> Tensor:
+    """A per-tensor quantized value's integers minus its zero point, in int32."""
+    zp = int(d.zp.reshape(-1)[0])
+    return d.q.cast(dtypes.int32) - zp if zp else d.q.cast(dtypes.int32)
+
+
+def _record(ctx, acc: Tensor, scale: float, bound: int, y: Tensor | None = None) -> Tensor:
+    """y (by default acc's float value), recorded as the int32 accumulator `acc` of one scale
+    for a QuantizeLinear after it. |acc| <= bound: the accumulator is scaled up by a power of
+    two while it stays below 2**30, which leaves the value unchanged and keeps the
+    requantization's multiplier below 1/4, where it runs in int32 lanes (a 2x2 average pool
+    requantized to its input's scale has a multiplier of exactly 1/4)."""
+    k = max(0, min(16, 30 - int(bound).bit_length()))
+    acc, scale = (acc * (1 << k), scale / (1 << k)) if k else (acc, scale)
+    y = acc.cast(dtypes.float32) * float(scale) if y is None else y
+    ctx.qdq[y.uop] = Acc(acc, np.array([scale]), 1)
+    return y
+
+
+def _scale(d) -> float:
+    return float(d.scale.reshape(-1)[0]) if _per_tensor8(d) and d.scale.reshape(-1)[0] > 0 else 0
+
+
+def integer_sum(ctx, x: Tensor, fn, count: int):
+    """An average (pool or global) of a dequantized int8 tensor: fn sums windows of the int32
+    values minus the zero point (an explicit pad adds 0, the zero point's own value), and the
+    division by `count` joins the scale, so the QuantizeLinear after it requantizes the exact
+    sum once. None when x has no per-tensor int8 origin."""
+    d = origin(ctx, x)
+    if not _scale(d):
+        return None
+    return _record(ctx, fn(_int32(d)), _scale(d) / count, 255 * count)
+
+
+def integer_add(ctx, a: Tensor, b: Tensor, y: Tensor) -> None:
+    """Add of two dequantized int8 tensors with their own scales: both rescaled to the larger
+    scale s in Q20 fixed point, (a - za) * round(sa / s * 2**20) + (b - zb) * round(sb / s *
+    2**20), an int32 accumulator of scale s / 2**20 (|acc| < 2**29) that the QuantizeLinear
+    after it requantizes once, as QLinearAdd defines the result: round((sa (a - za) + sb (b -
+    zb)) / sy) + zy. The rounded ratio adds at most 255 * 2**-21 of s to the value."""
+    da, db = origin(ctx, a), origin(ctx, b)
+    sa, sb = _scale(da), _scale(db)
+    if not (sa and sb):
+        return
+    s = max(sa, sb)
+    acc = _int32(da) * round(sa / s * 2 ** 20) + _int32(db) * round(sb / s * 2 ** 20)
+    _record(ctx, acc, s / 2 ** 20, 255 << 21, y)
+
+
+def integer_mul(ctx, a: Tensor, b: Tensor, y: Tensor) -> None:
+    """Mul of two dequantized int8 tensors (either may broadcast): (a - za) * (b - zb) exactly
+    in int32 (|product| <= 255**2), of scale sa * sb, which the QuantizeLinear after it
+    requantizes once, as QLinearMul defines the result: round(sa sb (a - za)(b - zb) / sy) + zy."""
+    da, db = origin(ctx, a), origin(ctx, b)
+    sa, sb = _scale(da), _scale(db)
+    if sa and sb:
+        _record(ctx, _int32(da) * _int32(db), sa * sb, 255 * 255, y)
 
 
 def fixed_point(m: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -210,8 +348,9 @@ def fixed_point(m: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
 
 def integer_requantize(ctx, x: Tensor, scale: Tensor, zp: Tensor | None, out: DType):
     """QuantizeLinear of a recorded accumulator: round(acc * m) + zero point, saturated, with m
-    as a fixed-point multiplier m0 and shift r, rounding half up: (acc * m0 + 2**(r-1)) >> r.
-    None when the output scale or zero point is not one constant, or m has no fixed-point form."""
+    as a fixed-point multiplier m0 and shift r, rounding half up: (acc * m0 + 2**(r-1)) >> r
+    (half to even when m is a power of two). None when the output scale or zero point is not
+    one constant, or m has no fixed-point form."""
     acc = ctx.qdq.get(x.uop)
     sy = ctx.constant(scale)
     zy = np.zeros(1) if zp is None else ctx.constant(zp)
@@ -223,7 +362,13 @@ def integer_requantize(ctx, x: Tensor, scale: Tensor, zp: Tensor | None, out: DT
     m0, r = fp
     shape = [m0.size if d == acc.axis else 1 for d in range(acc.acc.ndim)]
     w = lambda v, dt: Tensor.weight(v.astype(dt).reshape(shape))  # noqa: E731
-    if np.all(r > 32):
+    j = int(r.reshape(-1)[0]) - 30  # m = 2**-j when m0 = 2**30
+    if m0.size == 1 and m0.reshape(-1)[0] == 1 << 30 and 1 <= j <= 30:
+        # an average pool requantized to its input's scale: exact halves are common (one sum
+        # in two for a 2x2 pool), so they round to even, as onnxruntime's QuantizeLinear does
+        a = acc.acc
+        v = (a + ((1 << (j - 1)) - 1) + (a.shr(j) & 1)).shr(j)
+    elif np.all(r > 32):
         # r = 32 + s, s >= 1: adding 2**(r-1) and shifting by r drops the product's low word,
         # (hi + 2**(s-1)) >> s with hi = (acc * m0) >> 32, exactly. All in int32 lanes, which
         # vectorize where int64 ones do not (HVX has no 64-bit lanes; clang scalarizes them)
@@ -232,7 +377,10 @@ def integer_requantize(ctx, x: Tensor, scale: Tensor, zp: Tensor | None, out: DT
         v = acc.acc.cast(dtypes.int64) * w(m0, np.int64)
         v = (v + w(1 << (r - 1), np.int64)).shr(w(r, np.int64))
     v = v + int(zy.reshape(-1)[0])
-    return v.maximum(int(out.min)).minimum(int(out.max)).cast(out)
+    v = v.maximum(int(out.min)).minimum(int(out.max)).cast(out)
+    if acc.keep:
+        v = v.shrink([(0, acc.keep) if d == acc.axis else (0, s) for d, s in enumerate(v.shape)])
+    return v
 
 
 def mulhi(a: Tensor, m: np.ndarray, w) -> Tensor:
@@ -252,7 +400,7 @@ def integer_window(ctx, x: Tensor, fn):
     """A max over windows of a dequantized int8 tensor, taken on the integers: dequantization
     with a positive scale is increasing, so max(DQ(q)) = DQ(max(q)). None when x has no
     per-tensor integer origin."""
-    d = ctx.qdq.get(x.uop)
+    d = origin(ctx, x)
     if not isinstance(d, Dq) or d.q.dtype is dtypes.int32 or d.scale.size != 1 \
             or d.zp.size != 1 or not d.scale.reshape(-1)[0] > 0:
         return None
@@ -265,7 +413,7 @@ def integer_window(ctx, x: Tensor, fn):
 def record_concat(ctx, y: Tensor, xs: list[Tensor], axis: int) -> None:
     """A Concat of DequantizeLinear outputs: a QuantizeLinear after it to the inputs' scale and
     zero point concatenates the integers instead of the floats (integer_rescale)."""
-    parts = tuple(ctx.qdq.get(x.uop) for x in xs)
+    parts = tuple(origin(ctx, x) for x in xs)
     if all(_per_tensor8(d) for d in parts):
         ctx.qdq[y.uop] = Cat(parts, axis)
 
@@ -281,7 +429,7 @@ def integer_rescale(ctx, x: Tensor, scale: Tensor, zp: Tensor | None, out: DType
     None otherwise: rescaling to another scale stays the float computation (in integers it
     vectorizes, but lowering it in every conv epilogue before a Concat made quantized
     squeezenet's compile 8x slower)."""
-    d = ctx.qdq.get(x.uop)
+    d = origin(ctx, x)
     sy = ctx.constant(scale)
     zy = np.zeros(1, np.int64) if zp is None else ctx.constant(zp)
     if sy is None or zy is None or sy.size != 1 or zy.size != 1:
