@@ -706,7 +706,7 @@ def test_a_dense_layer_with_odd_columns_runs_on_a_padded_weight_in_whole_vectors
         nodes = [node("Gemm", ["x", "w", "b"], ["y"], transB=1)]
     weights = {"w": w, "b": rng.standard_normal(99).astype(np.float32)}
     model = make_model(nodes, [("x", (64, 256), np.float32)], [("y", (64, 99), np.float32)], weights)
-    built = _built_kernels(monkeypatch, model, target="cpu")
+    built = _built_kernels(monkeypatch, model, target="cpu-avx2")
     dense = [b for b in built if b[2].reduce_dims]
     assert [b[2].full_shape for b in dense] == [(64, 112, 256)]
     assert dense[0][2].lanes == 8
@@ -729,7 +729,7 @@ def test_a_conv_to_odd_channels_feeding_an_output_pads_them_and_stores_as_the_ou
              node("Conv", ["r", "w2", "b"], ["y"])]
     model = make_model(nodes, [("x", (1, 8, 112, 20), np.float32)],  # 20-pixel rows: 4 lanes
                        [("y", (1, 21, 112, 20), np.float32)], weights)  # 1.1M multiply-adds
-    built = _built_kernels(monkeypatch, model, target="cpu")
+    built = _built_kernels(monkeypatch, model, target="cpu-avx2")
     head = [b for b in built if b[2].reduce_dims and 32 in b[2].full_shape]
     assert len(head) == 1
     (copy,) = [b for b in built if not b[2].reduce_dims and 21 in b[2].full_shape]

@@ -241,15 +241,13 @@ def test_gpu_projection_reads_the_squeeze_excite_input_and_scale_itself(tmp_path
 
 @needs_opencl
 def test_gpu_computes_a_gelu_in_one_kernel(tmp_path):
-    """Erf's shared costly pieces are realized one kernel each on the CPU; on a GPU every one of
-    them has its users in the GELU's kernel, so that kernel computes them (one launch)."""
+    """Erf's shared costly pieces all have their users in the GELU's kernel, so that kernel
+    computes them (one launch; tests/test_compiler.py checks the same on the CPU)."""
     model, feeds = gelu_mlp()
     gpu, out = run_opencl(model, feeds, tmp_path)
     gelu = {n.name for n in model.graph.node if n.op_type in ("Div", "Erf", "Mul")}
     assert {frozenset(s) for s in launch_node_sets(gpu) if s & gelu} == {
         frozenset(gelu | {"add_2"})}  # add_2: the 1 + Erf
-    cpu = launch_node_sets(compile_model(model, target="cpu"))
-    assert len([s for s in cpu if not s or s & gelu]) > 1
     # fp32; keel's erf has a fractional error < 1.2e-7 (Tensor.erf), 32-term sums of O(1)
     assert_close(out[model.graph.output[0].name], ort_run(model, feeds)[
         model.graph.output[0].name], 1e-5, 1e-5, "GELU MLP")
