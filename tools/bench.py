@@ -47,6 +47,7 @@ from models.realworld import MAKERS as REAL_WORLD  # noqa: E402
 from models.resnet import make_resnet50  # noqa: E402
 from runner import Model  # noqa: E402
 from runner.host import choose  # noqa: E402
+from tools.cli import timed  # noqa: E402
 
 MODELS = {
     "openpilot": lambda: make_openpilot(),
@@ -147,15 +148,6 @@ def bench(onnx_path: str, blob_path: str, threads: int, runs: int) -> tuple[floa
         keel += timed(lambda: model.run(out=out), BLOCK)
         ref += timed(lambda: sess.run(None, feeds), BLOCK)
     return statistics.median(keel) * 1e3, statistics.median(ref) * 1e3, err
-
-
-def timed(fn, n: int) -> list[float]:
-    out = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return out
 
 
 def machine() -> str:

@@ -28,7 +28,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 
 # the repository root, so the tool runs from a checkout without installing keel
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,7 +37,7 @@ import numpy as np  # noqa: E402
 from compiler.blob import write_blob  # noqa: E402
 from compiler.pipeline import compile_model  # noqa: E402
 from runner import Model  # noqa: E402
-from tools.cli import Parser, positive_int, report  # noqa: E402
+from tools.cli import Parser, positive_int, report, timed  # noqa: E402
 from tools.run import random_feeds  # noqa: E402
 
 FLAGS = {"DEV": "CL", "IMAGE": "1", "FLOAT16": "1"}  # openpilot's tinygrad flags
@@ -157,15 +156,6 @@ def keel_runner(model: Model, feeds: dict):
     for _ in range(WARMUP):
         run()
     return run
-
-
-def timed(fn, n: int) -> list[float]:
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return ts
 
 
 def bench(path: str, runs: int, images: bool, tmp: str) -> dict:

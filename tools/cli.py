@@ -1,8 +1,10 @@
-"""What every keel tool shares: an argument parser whose errors are one line and exit status 2."""
+"""What every keel tool shares: an argument parser whose errors are one line and exit status 2,
+and a timer for the benchmarks."""
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 
 class Parser(argparse.ArgumentParser):
@@ -32,3 +34,13 @@ def report(result, as_json: bool, text) -> int:
     else:
         text(result)
     return 0
+
+
+def timed(fn, n: int) -> list[float]:
+    """Seconds per call of fn, for n calls."""
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
