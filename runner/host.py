@@ -70,11 +70,15 @@ def missing_flags(target: str, flags: set[str] | None) -> list[str]:
     return [] if flags is None else [f for f in HOSTS[target].cpu_flags if f not in flags]
 
 
+def _widest(targets: list[str], flags: set[str] | None) -> str | None:
+    """The last (widest) of `targets` whose features `flags` all has (None: trusted)."""
+    fits = [t for t in targets if not missing_flags(t, flags)]
+    return fits[-1] if fits else None
+
+
 def best_host_target() -> str | None:
     """The widest CPU target this host runs, by its flags (None: no CPU target runs here)."""
-    here, flags = machine_targets(), cpu_flags()
-    fits = [t for t in here if not missing_flags(t, flags)]
-    return fits[-1] if fits else None
+    return _widest(machine_targets(), cpu_flags())
 
 
 def choose(variants: list[str], flags: set[str] | None = None) -> str:
@@ -95,5 +99,4 @@ def choose(variants: list[str], flags: set[str] | None = None) -> str:
     flags = cpu_flags() if flags is None else flags
     if flags is None:
         return here[0] if here else variants[0]
-    fits = [t for t in here if not missing_flags(t, flags)]
-    return fits[-1] if fits else variants[0]
+    return _widest(here, flags) or variants[0]
