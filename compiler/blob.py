@@ -20,12 +20,12 @@ PRODUCER = "keel-compiler 0.1"
 
 
 def write_blob(artifact: Artifact, path) -> None:
-    data = blob_bytes(artifact)
+    pieces = blob_pieces(artifact)
     check_output(path)
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            f.writelines(pieces)  # sections straight from the weights region: no copy of it
         os.replace(tmp, path)  # a reader never sees half a blob
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -52,7 +52,11 @@ _KINDS = [(stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"), (stat.S_IS
 
 
 def blob_bytes(artifact: Artifact) -> bytes:
-    """The artifact and the variants attached to it (artifact.variants), which share its
+    return b"".join(blob_pieces(artifact))
+
+
+def blob_pieces(artifact: Artifact) -> list:
+    """The blob's bytes in file order, as pieces (`_layout`): the artifact and the variants attached to it (artifact.variants), which share its
     weights region: one record, weights, programs and graph section per variant, and the
     weights they all read once."""
     variants = [artifact, *artifact.variants]
@@ -66,13 +70,12 @@ def blob_bytes(artifact: Artifact) -> bytes:
         raise ValueError(f"blob variants {names}: expected distinct targets sharing one weights "
                          f"region of sections {sizes}")
     region = memoryview(artifact.weights)
-    payloads = {name: bytes(region[s:s + n])
-                for name, s, n in zip(section_names(names), starts, sizes)}
+    payloads = {name: region[s:s + n] for name, s, n in zip(section_names(names), starts, sizes)}
     records = []
     for a, name in zip(variants, names):
         record, payloads[f"programs.{name}"], payloads[f"graph.{name}"] = _variant(a, name)
         records.append(record)
-    return assemble(artifact.target, {"meta": artifact.meta, "variants": records}, payloads)
+    return _layout(artifact.target, {"meta": artifact.meta, "variants": records}, payloads)
 
 
 def _weight_starts(sizes) -> tuple[list[int], int]:
@@ -137,9 +140,16 @@ def _variant(a: Artifact, name: str) -> tuple[dict, bytes, bytes]:
 
 
 def assemble(target: str, manifest: dict, payloads: dict[str, bytes]) -> bytes:
+    """The blob of these sections and this manifest. Takes the manifest as data so tests can
+    build blobs that are well-formed but wrong."""
+    return b"".join(_layout(target, manifest, payloads))
+
+
+def _layout(target: str, manifest: dict, payloads: dict) -> list:
     """Lay out the sections (in the order the manifest's variants give), add their table to
-    `manifest`, write the header and the hashes. Takes the manifest as data so tests can build
-    blobs that are well-formed but wrong."""
+    `manifest`, write the header and the hashes; -> the file's pieces in order: header,
+    (padding, section)..., manifest. A 144 MiB blob is written from its pieces, never copied
+    into one buffer."""
     names = section_names([v.get("target") for v in manifest.get("variants", [])])
     sizes = [len(payloads[name]) for name in names]
     offsets = section_offsets(sizes)
@@ -148,15 +158,19 @@ def assemble(target: str, manifest: dict, payloads: dict[str, bytes]) -> bytes:
              for name, offset, size in zip(names, offsets, sizes)]
     manifest_offset = offsets[-1] + sizes[-1]
     manifest_json = canonical_json({**manifest, "sections": table})
-    out = bytearray(manifest_offset + len(manifest_json))
+    pieces, pos = [bytearray(HEADER.size)], HEADER.size
     for s in table:
-        out[s["offset"]:s["offset"] + s["size"]] = payloads[s["name"]]
-    out[manifest_offset:] = manifest_json
-    HEADER.pack_into(out, 0, MAGIC, VERSION, HEADER.size, 0, len(out), manifest_offset,
+        pieces += [bytes(s["offset"] - pos), payloads[s["name"]]]
+        pos = s["offset"] + s["size"]
+    pieces.append(manifest_json)
+    total = manifest_offset + len(manifest_json)
+    HEADER.pack_into(pieces[0], 0, MAGIC, VERSION, HEADER.size, 0, total, manifest_offset,
                      len(manifest_json), hashlib.sha256(manifest_json).digest(), bytes(32),
                      _cstr(PRODUCER, "producer"), _cstr(target, "target"))
-    out[FILE_SHA256_AT:FILE_SHA256_AT + 32] = file_sha256(out, zip(offsets, sizes))
-    return bytes(out)
+    # every byte outside the sections: the header, the padding and the manifest
+    outside = b"".join(pieces[0:1] + pieces[1:-1:2] + pieces[-1:])
+    pieces[0][FILE_SHA256_AT:FILE_SHA256_AT + 32] = file_sha256(outside, [])
+    return pieces
 
 
 def _buffer_record(b: Buffer) -> dict:

@@ -4,6 +4,7 @@ memory plan -> shared weights -> per variant: render -> build."""
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -86,10 +87,19 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         st.count("schedule", kernels=len(kernels), programs=sum(len(p[2]) for p in plans))
     with st("kernels"):  # every variant's jobs at once: one pool of workers, kept busy
         done = build_all({(i, k): j for i, p in enumerate(plans) for k, j in p[2].items()}, st)
+    # the kernels compile while the launches, the arena and the weights are planned
+    early = [toolchain.precompile(get_renderer(t).kernel_units(
+        [(done[i, k].name, done[i, k].code) for k in jobs]), t.name) if t.shared_object else None
+        for i, (t, _, jobs, _) in enumerate(plans)]
     builds = [(t, bufs, _launch(bufs, {k: done[i, k] for k in jobs}, uses, st), uses)
               for i, (t, bufs, jobs, uses) in enumerate(plans)]
     weights = share_weights([bufs for _, bufs, _, _ in builds])
-    arts = [_artifact(tgt, t, bufs, built, weights, st) for t, bufs, built, _ in builds]
+    sources = [_render(t, bufs, built, st) for t, bufs, built, _ in builds]
+    # every variant's compilers at once: no core waits while another variant's last batch ends
+    with ThreadPoolExecutor(len(builds)) as pool:
+        codes = list(pool.map(lambda ts: _build(*ts, st), zip(targets, sources, early)))
+    arts = [_artifact(tgt, t, bufs, code, weights)
+            for (t, bufs, _, _), code in zip(builds, codes)]
     meta = {"producer": f"keel {VERSION}", "float16": float16, **graph.meta,
             "flops": builds[0][1].flops,
             "stage_seconds": {k: round(v, 4) for k, v in st.times.items()}}
@@ -111,20 +121,26 @@ def _launch(bufs: Buffers, built: dict[tuple, Built], uses: list["Use"], st: Sta
     return built
 
 
-def _artifact(blob_tgt: Target, tgt: Target, bufs: Buffers, built: dict,
-              weights: tuple[bytes, tuple[int, ...]], st: Stages) -> Artifact:
-    """Render and build one target's programs (meta and provenance are the caller's)."""
+def _render(tgt: Target, bufs: Buffers, built: dict, st: Stages):
     with st("render"):
-        source = get_renderer(tgt).render_program([(b.name, b.lin) for b in built.values()],
-                                                  bufs.launches, bufs.by_id())
+        return get_renderer(tgt).render_program([(b.name, b.code) for b in built.values()],
+                                                bufs.launches, bufs.by_id())
+
+
+def _build(tgt: Target, source, early, st: Stages) -> bytes:
+    """`early`: toolchain.precompile's objects for the kernels."""
     with st("build"):
         if tgt.shared_object:
             st.count("build", **toolchain.cached_units(source, tgt.name))
-            code = toolchain.build_shared(source, tgt.name)
-        elif tgt.code_object:
-            code = toolchain.build_code_object(source, tgt.code_object)
-        else:
-            code = source.encode()
+            return toolchain.build_shared(source, tgt.name, early)
+        if tgt.code_object:
+            return toolchain.build_code_object(source, tgt.code_object)
+        return source.encode()
+
+
+def _artifact(blob_tgt: Target, tgt: Target, bufs: Buffers, code: bytes,
+              weights: tuple[bytes, tuple[int, ...]]) -> Artifact:
+    """One target's Artifact (meta and provenance are the caller's)."""
     return Artifact(
         target=blob_tgt.name, inputs=bufs.inputs, outputs=bufs.outputs,
         buffers=list(bufs.by_id().values()), weights=weights[0], weight_sections=weights[1],

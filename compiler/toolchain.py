@@ -20,6 +20,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -31,7 +32,9 @@ CLANG = "clang-19"
 GCC = "gcc"
 # -ffp-contract=fast: kernels bind every value to a variable, so a*b+c spans statements;
 # only "fast" lets the compiler fuse it into an FMA (one rounding instead of two).
-CODE_FLAGS = ("-O2", "-ffreestanding", "-fno-math-errno", "-ffp-contract=fast", "-fPIC")
+# -fno-unroll-loops: kernels come unrolled where it pays (register tiles, reduce steps, windows);
+# clang's own unrolling took a fifth of its time and sped no bench model up (docs/perf.md).
+CODE_FLAGS = ("-O2", "-fno-unroll-loops", "-ffreestanding", "-fno-math-errno", "-ffp-contract=fast", "-fPIC")
 LINK_FLAGS = ("-shared", "-nostdlib")
 TIMEOUT = 1800  # seconds for one compiler process: the largest model's kernels take ~30 s
 ENTRY_UNIT = "keel_graph"  # renderers/c.py's unit of entry points; every other unit is a kernel
@@ -92,9 +95,9 @@ def can_run(target: str) -> bool:
     return t.system == platform.system() and platform.machine() in t.machines
 
 
-def build_shared(source: str, target: str) -> bytes:
+def build_shared(source: str, target: str, early: Future | None = None) -> bytes:
     """Compile `source` (one C translation unit, or a Program with units) into a shared object
-    for `target`."""
+    for `target`. `early`: from precompile, objects that hold some of its units."""
     units = None if _target(target).one_unit else getattr(source, "units", None)
     with tempfile.TemporaryDirectory(prefix="keel-cc-") as tmp:
         # relative names only: a file's name lands in its object's symbol table, keep it stable
@@ -102,9 +105,28 @@ def build_shared(source: str, target: str) -> bytes:
             Path(tmp, "graph.c").write_text(source)
             _run([*_command(target), "graph.c", "-o", "graph.so"], tmp, target)
             return Path(tmp, "graph.so").read_bytes()
-        objs = _objects(units, target, tmp)
+        have = _objects(units, target, tmp, early.result() if early else {})
+        objs = [f"{obj}.o" for obj in dict.fromkeys(have[name] for name, _ in units)]
         _run([*_link_command(target), *_gc_flags(target), *objs, "-o", "graph.so"], tmp, target)
         return Path(tmp, "graph.so").read_bytes()
+
+
+def precompile(units: list[tuple[str, str]], target: str) -> Future | None:
+    """Start compiling kernel units (in a thread; the compilers are processes), so they compile
+    while the caller plans and renders the entry points, and pass the result to build_shared:
+    {unit key: (object key, object bytes)}. None where a program is one unit."""
+    if _target(target).one_unit:
+        return None
+    return _EARLY.submit(_precompile, units, target)
+
+
+_EARLY = ThreadPoolExecutor(4, thread_name_prefix="keel-cc")
+
+
+def _precompile(units: list[tuple[str, str]], target: str) -> dict[str, tuple[str, bytes]]:
+    with tempfile.TemporaryDirectory(prefix="keel-cc-") as tmp:
+        have, keys = _objects(units, target, tmp, {}), _unit_keys(units, target)
+        return {keys[n]: (obj, Path(tmp, f"{obj}.o").read_bytes()) for n, obj in have.items()}
 
 
 def cached_units(source: str, target: str) -> dict[str, int]:
@@ -140,8 +162,10 @@ def _tag(target: str) -> bytes:
     return repr((cmd, _cc_version(cmd[0]))).encode()
 
 
-def _objects(units: list[tuple[str, str]], target: str, tmp: str) -> list[str]:
-    """Object files in `tmp` that hold every unit, in unit order: from the cache, or compiled.
+def _objects(units: list[tuple[str, str]], target: str, tmp: str,
+             early: dict[str, tuple[str, bytes]]) -> dict[str, str]:
+    """Object files in `tmp` that hold every unit ({unit: object key}, each in `tmp` as
+    key.o): from `early` (precompile), from the cache, or compiled.
 
     The missing units are compiled in batches: the kernel units of one compiler process as one
     translation unit (clang pays ~30 ms and a front end per file: 106 kernels cost 5.5 s of CPU
@@ -153,8 +177,9 @@ def _objects(units: list[tuple[str, str]], target: str, tmp: str) -> list[str]:
     dropped by the link's section garbage collection (`-ffunction-sections`, `_gc_flags`)."""
     keys, have = _unit_keys(units, target), {}
     for name, _ in units:
-        obj = _cached_object(keys[name])
-        if obj is not None and (obj in have.values() or _stage(disk.get("objects", obj), obj, tmp)):
+        obj, data = early.get(keys[name], (_cached_object(keys[name]), None))
+        if obj is not None and (obj in have.values() or
+                                _stage(data or disk.get("objects", obj), obj, tmp)):
             have[name] = obj
     missing = [(name, src) for name, src in units if name not in have]
     kernels = [u for u in missing if u[0] != ENTRY_UNIT]
@@ -182,7 +207,7 @@ def _objects(units: list[tuple[str, str]], target: str, tmp: str) -> list[str]:
         for name, _ in held:
             disk.put("units", keys[name], obj.encode())
             have[name] = obj
-    return [f"{obj}.o" for obj in dict.fromkeys(have[name] for name, _ in units)]
+    return have
 
 
 def _stage(data: bytes | None, obj: str, tmp: str) -> bool:

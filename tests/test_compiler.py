@@ -429,7 +429,7 @@ def test_c_index_arithmetic_is_pointer_width(monkeypatch):
     import compiler.toolchain as tc
     sources = []
     build = tc.build_shared
-    monkeypatch.setattr(tc, "build_shared", lambda src, t: sources.append(src) or build(src, t))
+    monkeypatch.setattr(tc, "build_shared", lambda src, *a: sources.append(src) or build(src, *a))
     compile_model(_3x3_over_256_channels(), target="cpu-avx2")
     kernels = "".join(sources[0].split("static void ")[1:])
     loops = re.findall(r"for \((\w+) r\d+ = ", kernels)

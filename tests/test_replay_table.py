@@ -151,8 +151,8 @@ def test_hazard_pass_sets_a_barrier_exactly_where_memory_is_shared(reads, writes
 def test_compiled_cpu_programs_put_a_barrier_where_the_table_has_one(monkeypatch):
     sources = []
     build = toolchain.build_shared
-    monkeypatch.setattr(toolchain, "build_shared", lambda src, t: sources.append(src) or
-                        build(src, t))
+    monkeypatch.setattr(toolchain, "build_shared", lambda src, t, *early: sources.append(src) or
+                        build(src, t, *early))
     model, _ = mlp(np.random.default_rng(2))
     art = compile_model(model)
     flags = [ln.barrier for ln in art.launches]

@@ -97,7 +97,7 @@ def main(argv=None) -> int:
         return 2
     total = time.perf_counter() - t0
     if args.verbose and stages.times.get("lower"):  # the kernel builder's own steps
-        inner = {k: v for k, v in stages.times.items() if k in ("optimize", "lower", "linearize")}
+        inner = {k: v for k, v in stages.times.items() if k in ("optimize", "lower", "linearize", "kernel text")}
         print("  in kernels: " + ", ".join(f"{k} {v:.2f} s" for k, v in inner.items())
               + " (summed over workers)", file=sys.stderr)
     size = os.path.getsize(args.output)

@@ -26,6 +26,7 @@ from compiler.ir.dtypes import DType, dtypes
 from compiler.ir.rewrite import PatternMatcher, Rewriter, graph_rewrite
 from compiler.ir.symbolic import symbolic
 from compiler.ir.uop import Ops, UOp
+from compiler.renderers import get_renderer
 from compiler.schedule.fusion import Kernel
 from compiler.target import Target
 from compiler.toolchain import compile_jobs
@@ -46,9 +47,10 @@ class Job:
 @dataclass
 class Built:
     name: str
-    lin: list[UOp]  # the linearized program
+    lin: list[UOp] | None  # the linearized program (None once compacted: code holds it)
     plan: Plan
     perms: dict[int, np.ndarray]  # parameter -> the packing permutation of its weight
+    code: object  # the renderer's kernel_piece: C text rendered here, in the worker
 
 
 def build_all(jobs: dict[tuple, Job], st) -> dict[tuple, Built]:
@@ -123,9 +125,12 @@ def _build_job(i: int):
 
 
 def _compact(b: Built) -> Built:
-    """Permutations index weights of < 2**31 elements (load.py's limit): int32 halves them (the
+    """What goes back to the parent and into the cache: the code without the UOps (rebuilding
+    ~150k of them in the parent cost it 0.35 s of the openpilot-shaped model's serial time).
+    Permutations index weights of < 2**31 elements (load.py's limit): int32 halves them (the
     openpilot-shaped model's are 54 MB as int64)."""
-    return replace(b, perms={j: p.astype(np.int32, copy=False) for j, p in b.perms.items()})
+    return replace(b, lin=None,
+                   perms={j: p.astype(np.int32, copy=False) for j, p in b.perms.items()})
 
 
 def build_kernel(job: Job, st) -> Built:
@@ -141,11 +146,14 @@ def build_kernel(job: Job, st) -> Built:
         rw = Rewriter(first_rules(k, job.param_dtypes, tgt))
         sink = simplify(lower_kernel(k, params, job.param_dtypes, plan, rw), rw, tgt)
         sink, perms = pack_weights(sink, job.packable)
-        sink = vectorize(sink, job.arena)
+        sink = vectorize(sink, rw, job.arena)
         if tgt.prefetch:
             sink = prefetch_next_tiles(sink, job.packable)
     with st("linearize"):
-        return Built(k.name, linearize(sink), plan, perms)
+        lin = linearize(sink)
+    with st("kernel text"):
+        return Built(k.name, lin, plan, perms,
+                     get_renderer(tgt).kernel_piece(lin, job.param_dtypes))
 
 
 KERNEL_RULES = storage_casts + half_rules + transcendental_rules + symbolic

@@ -3,6 +3,9 @@
 Movement ops become index arithmetic (symbolic.py simplifies it), PAD becomes a validity mask
 that gates loads, and upcast/unroll axes are expanded into one copy of the scalar graph per value,
 so hash-consing shares every load and index that the copies have in common (register tiling).
+The vector axis is the exception: it expands into one copy per vector, not per lane, whose index
+holds the lane as a variable (`lane`), and vectorize.py turns what depends on it into vectors. A
+16-lane tile is then as cheap to build as a 1-lane one, and its lanes need no zipping.
 The copies share them while they are built, not only after simplification: a kernel's builder
 passes a Rewriter (rewrite.py) that simplifies each index as it is made, so two copies whose
 indices simplify to the same node (a 3x3 window's neighbouring taps) lower that load once.
@@ -279,11 +282,26 @@ def _dim_index(plan: Plan, values: dict, reduce_too: bool, memo: dict) -> tuple:
     return tuple(out)
 
 
+def lane(width: int) -> UOp:
+    """The lane of the vector axis, 0..width-1, in the index of a vector's copy (a RANGE, so the
+    simplifier knows its bounds: (16*c + lane) // 16 is c)."""
+    return UOp(Ops.RANGE, IDX, (iconst(width),), (-1, "lane"))
+
+
 def _expanded(plan: Plan, kind: str, base: dict):
-    """Axis values for every copy of the straight-line code that `kind` axes expand into."""
+    """Axis values for every copy of the straight-line code that `kind` axes expand into. The
+    vector axis (the last upcast axis, plan.lanes of its values per vector) expands per vector."""
     ns = [n for n, a in enumerate(plan.axes) if a.kind == kind]
-    for combo in product(*(range(plan.axes[n].size) for n in ns)):
-        yield {**base, **{n: iconst(v) for n, v in zip(ns, combo)}}
+    sizes = [plan.axes[n].size for n in ns]
+    w = plan.lanes if kind == "upcast" else 1
+    if w > 1:
+        assert sizes[-1] % w == 0, "the vector axis is a whole number of vectors"
+        sizes[-1] //= w
+    for combo in product(*(range(s) for s in sizes)):
+        values = {n: iconst(v) for n, v in zip(ns, combo)}
+        if w > 1:
+            values[ns[-1]] = lane(w) + combo[-1] * w if combo[-1] else lane(w)
+        yield {**base, **values}
 
 
 def _accumulate(lw: Lowerer, plan: Plan, ranges: dict, values: dict, upcast: bool) -> UOp:

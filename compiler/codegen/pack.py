@@ -1,11 +1,11 @@
 """Weight packing: lay every weight out in the order its kernel reads it.
 
 Weights are constants, so their layout is the compiler's choice. After lowering, a kernel reads a
-weight at `sum(coef_r * r) + c_l` over its loop ranges r, with one constant c_l per unrolled copy.
-The packed weight is ordered [ranges in loop-nest order][copies], so the innermost loop walks it
-sequentially (a matmul's column strip becomes one contiguous stream instead of one cache line and
-page per k step). Copies are ordered so that the W copies one vector lane set reads (the same load
-in the W lane trees of a store group, see vectorize.py) sit side by side: a conv's output-channel
+weight at `sum(coef_r * r) + c_l + step * lane` over its loop ranges r, with one constant c_l
+per unrolled copy and the vector's lane (lower.lane) if its lanes read different elements. The
+packed weight is ordered [ranges in loop-nest order][copies][lanes], so the innermost loop walks
+it sequentially (a matmul's column strip becomes one contiguous stream instead of one cache line
+and page per k step), and the lanes of one vector sit side by side: a conv's output-channel
 lanes, 1152 floats apart in ONNX order, become one vector load instead of a W-lane gather.
 The permutation depends only on the kernel, so every launch of a shared program packs its own
 weight with the same index array.
@@ -18,6 +18,7 @@ import numpy as np
 
 from compiler.ir.dtypes import dtypes
 from compiler.codegen.linearize import KIND_ORDER
+from compiler.codegen.lower import lane
 from compiler.ir.rewrite import substitute
 from compiler.ir.symbolic import build, linear_form
 from compiler.target import LINE_BYTES
@@ -35,73 +36,44 @@ def _affine(idx: UOp) -> tuple[dict[UOp, int], int] | None:
 def pack_weights(sink: UOp, weights: dict[int, int]) -> tuple[UOp, dict[int, np.ndarray]]:
     """weights: param index -> element count. Returns the kernel with rewritten weight loads and,
     per packed param, the gather index (packed position -> original flat index)."""
-    lane = _lane_positions(sink, weights)
     loads: dict[int, list[UOp]] = {}
     for u in sink.toposort():
         if u.op is Ops.LOAD and u.src[0].arg[0] in weights:
             loads.setdefault(u.src[0].arg[0], []).append(u)
     mapping, perms = {}, {}
     for param, group in loads.items():
-        packed = _pack(group, weights[param], lane)
+        packed = _pack(group, weights[param], lane(sink.arg or 1))
         if packed is not None:
             new_loads, perms[param] = packed
             mapping.update(new_loads)
     return (substitute(sink, mapping) if mapping else sink), perms
 
 
-def _lane_positions(sink: UOp, weights) -> dict[UOp, tuple[UOp, int]]:
-    """Weight load -> (the load in lane 0, its lane) for loads that vectorize.py will zip: the
-    same tree position in the W value trees of one store group, walked the way the zipper walks."""
-    width = sink.arg or 1
-    if width <= 1 or len(sink.src) % width:
-        return {}
-    out: dict[UOp, tuple[UOp, int]] = {}
-    todo = [tuple(s.src[2] for s in sink.src[g:g + width]) for g in range(0, len(sink.src), width)]
-    seen = set()
-    while todo:
-        lanes = todo.pop()
-        first = lanes[0]
-        if lanes in seen or all(u is first for u in lanes):
-            continue
-        seen.add(lanes)
-        if any(u.op is not first.op or len(u.src) != len(first.src) for u in lanes):
-            continue
-        if first.op is Ops.LOAD:
-            if first.src[0].arg[0] in weights:
-                for k, u in enumerate(lanes):
-                    out.setdefault(u, (first, k))
-            continue
-        todo.extend(tuple(u.src[i] for u in lanes) for i in range(len(first.src)))
-    return out
-
-
-def _pack(group: list[UOp], size: int, lane: dict[UOp, tuple[UOp, int]]):
+def _pack(group: list[UOp], size: int, lane_var: UOp):
+    """A copy is a load of one vector (lowering builds one per vector, the lane in its index):
+    the packed weight is [ranges][copies][lanes], so a vector's lanes are side by side."""
     if any(len(u.src) != 2 for u in group):
         return None  # gated loads (padding) keep the original layout
     forms = [_affine(u.src[1]) for u in group]
     if any(f is None for f in forms) or any(f[0] != forms[0][0] for f in forms):
         return None
-    coef = forms[0][0]
+    coef = dict(forms[0][0])
+    step = coef.pop(lane_var, 0)  # between lanes, in the original layout
+    w = lane_var.src[0].arg if step else 1
     ranges = sorted(coef, key=lambda r: (KIND_ORDER[r.arg[1]], r.arg[0]))
-    const_of = {u: f[1] for u, f in zip(group, forms)}
-    # a copy's place: its lane set (keyed by lane 0's constant), then its lane in the set
-    key = {}
-    for u, c in const_of.items():
-        head, k = lane.get(u, (u, 0))
-        key.setdefault(c, (const_of.get(head, c), k))
-    consts = sorted(key, key=lambda c: (key[c], c))
+    consts = sorted({f[1] for f in forms})
     sizes = [r.src[0].arg for r in ranges]
-    n = int(np.prod(sizes, dtype=np.int64)) * len(consts)
+    n = int(np.prod(sizes, dtype=np.int64)) * len(consts) * w
     if n > size * MAX_GROWTH:
         return None
-    old = np.asarray(consts, np.int64)
-    for r, s in zip(reversed(ranges), reversed(sizes)):  # old index over [ranges..., copy]
+    old = np.asarray(consts, np.int64)[:, None] + step * np.arange(w, dtype=np.int64)
+    for r, s in zip(reversed(ranges), reversed(sizes)):  # old index over [ranges..., copy, lane]
         old = old + coef[r] * np.arange(s, dtype=np.int64).reshape((s,) + (1,) * old.ndim)
     perm = old.reshape(-1)
     if perm.min() < 0 or perm.max() >= size or np.array_equal(perm, np.arange(perm.size)):
         return None
-    terms_new = _strides(ranges, len(consts))
-    slot = {c: i for i, c in enumerate(consts)}
+    terms_new = _strides(ranges, len(consts) * w) + ([(1, lane_var)] if step else [])
+    slot = {c: i * w for i, c in enumerate(consts)}
     new = {u: UOp(Ops.LOAD, u.dtype, (u.src[0], build(terms_new, slot[c], dtypes.index)))
            for u, (_, c) in zip(group, forms)}
     return new, perm

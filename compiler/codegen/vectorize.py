@@ -1,14 +1,19 @@
-"""Vectorization by zipping lanes: the W scalar copies of a store that lowering made for the
-vector axis are merged node by node into vector UOps.
+"""Vectorization: lowering built one copy of each store per vector, whose index holds the lane
+(lower.lane); every node that depends on the lane becomes a vector node.
 
-Two lane nodes zip when they have the same op, dtype and arg and their sources zip; lanes that are
-one shared node stay scalar (the renderer broadcasts them); W loads at consecutive addresses
-become one vector load. Anything else becomes VECTORIZE of its scalar lanes, and those keep their
-scalar graph, so vectorizing is an optimization that can never change what is computed.
+A lane-wise op on vectors is that op on vectors, a load at base + lane is one vector load, and what
+does not depend on the lane stays scalar (the renderer broadcasts it). Anything else (gathers,
+per-lane padding gates, ops without a vector form) is expanded into its W lanes, substituted and
+simplified one by one, and zipped (Zipper): lanes with the same op, dtype and arg zip when their
+sources do, W loads at consecutive addresses become one vector load, and the rest becomes
+VECTORIZE of its scalar lanes, so vectorizing is an optimization that can never change what is
+computed.
 """
 from __future__ import annotations
 
+from compiler.codegen.lower import iconst, lane
 from compiler.ir.dtypes import dtypes
+from compiler.ir.rewrite import Rewriter
 from compiler.ir.symbolic import linear_form
 from compiler.ir.uop import Ops, UOp
 
@@ -107,27 +112,84 @@ def _any_of(conds) -> UOp:
     return out
 
 
-def vectorize(sink: UOp, overread: set[int] = frozenset()) -> UOp:
-    width = sink.arg or 1
-    if width <= 1 or len(sink.src) % width:
-        return sink
-    z, stores = Zipper(width, overread), []
-    for g in range(0, len(sink.src), width):
-        group = sink.src[g:g + width]
-        params = {s.src[0] for s in group}
-        idxs = tuple(s.src[1] for s in group)
-        if group[0].src[2].dtype is dtypes.bool:
-            stores.extend(group)
-            continue
-        value = z(tuple(s.src[2] for s in group))
-        if len(params) == 1 and _contiguous(idxs):
+class Vectorizer:
+    """Template nodes (scalar, lane-dependent) -> vector nodes. `simp`: the kernel's Rewriter,
+    which simplifies each lane of what expands lane by lane."""
+
+    def __init__(self, sink: UOp, overread: set[int], simp: Rewriter):
+        self.width, self.lane, self.simp = sink.arg, lane(sink.arg), simp
+        self.zip = Zipper(self.width, overread)
+        self.varies = {self.lane}  # the nodes that depend on the lane
+        for u in sink.toposort():
+            if any(s in self.varies for s in u.src):
+                self.varies.add(u)
+        self.memo: dict[UOp, UOp] = {}
+        self.at: list[dict[UOp, UOp]] = [{self.lane: iconst(k)} for k in range(self.width)]
+
+    def lanes(self, u: UOp) -> tuple[UOp, ...]:
+        return tuple(self.simp(self._at(u, k)) for k in range(self.width))
+
+    def _at(self, u: UOp, k: int) -> UOp:
+        """u in lane k: rebuilt through the nodes that depend on the lane, and only those."""
+        memo, varies = self.at[k], self.varies
+        stack = [u]
+        while stack:
+            n = stack[-1]
+            if n in memo or n not in varies:
+                stack.pop()
+                continue
+            todo = [s for s in n.src if s in varies and s not in memo]
+            if todo:
+                stack.extend(todo)
+                continue
+            stack.pop()
+            memo[n] = UOp(n.op, n.dtype, tuple([memo.get(s, s) for s in n.src]), n.arg)
+        return memo.get(u, u)
+
+    def base(self, idx: UOp) -> UOp | None:
+        """Lane 0's index, if lane k reads base + k."""
+        coef, _ = linear_form(idx)
+        if coef.get(self.lane) != 1 or any(t in self.varies for t in coef if t is not self.lane):
+            return None
+        return self.simp(self._at(idx, 0))
+
+    def __call__(self, u: UOp) -> UOp:
+        if u not in self.varies:
+            return u  # the same value in every lane: stays scalar
+        if u not in self.memo:
+            self.memo[u] = self._vec(u)
+        return self.memo[u]
+
+    def _vec(self, u: UOp) -> UOp:
+        vdt = u.dtype.vec(self.width)
+        if u.op is Ops.LOAD and u.dtype is not dtypes.bool \
+                and not any(s in self.varies for s in u.src[2:]) \
+                and (base := self.base(u.src[1])) is not None:
+            return UOp(Ops.LOAD, vdt, (u.src[0], base) + u.src[2:])
+        if u.op in LANEWISE and self.zip._vector_ok(u):
+            return UOp(u.op, vdt, tuple([self(s) for s in u.src]), u.arg)
+        return self.zip(self.lanes(u))
+
+    def store(self, s: UOp) -> list[UOp]:
+        p, idx, val = s.src
+        if val.dtype is dtypes.bool:
+            return list(self.lanes(s))
+        value, base = self(val), self.base(idx)
+        if base is None and _contiguous(idxs := self.lanes(idx)):
+            base = idxs[0]
+        if base is not None:
             if value.dtype.count == 1:  # every lane the same value: store it W times
-                value = UOp(Ops.VECTORIZE, value.dtype.vec(width), (value,) * width)
-            stores.append(UOp(Ops.STORE, dtypes.void, (group[0].src[0], idxs[0], value)))
-        elif value.op is Ops.VECTORIZE or value.dtype.count == 1:
-            stores.extend(group)  # nothing was vectorized: keep the scalar stores
-        else:  # computed as a vector, stored lane by lane (a strided output)
-            stores.extend(UOp(Ops.STORE, dtypes.void, (s.src[0], s.src[1],
-                                                       UOp(Ops.GEP, value.dtype.scalar, (value,), k)))
-                          for k, s in enumerate(group))
-    return UOp(Ops.SINK, dtypes.void, tuple(stores))
+                value = UOp(Ops.VECTORIZE, value.dtype.vec(self.width), (value,) * self.width)
+            return [UOp(Ops.STORE, dtypes.void, (p, base, value))]
+        if value.op is Ops.VECTORIZE or value.dtype.count == 1:
+            return list(self.lanes(s))  # nothing was vectorized: keep the scalar stores
+        # computed as a vector, stored lane by lane (a strided output)
+        return [UOp(Ops.STORE, dtypes.void, (p, i, UOp(Ops.GEP, value.dtype.scalar, (value,), k)))
+                for k, i in enumerate(idxs)]
+
+
+def vectorize(sink: UOp, simp: Rewriter, overread: set[int] = frozenset()) -> UOp:
+    if (sink.arg or 1) <= 1:
+        return sink
+    v = Vectorizer(sink, overread, simp)
+    return UOp(Ops.SINK, dtypes.void, tuple(st for s in sink.src for st in v.store(s)))

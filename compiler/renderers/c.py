@@ -83,7 +83,9 @@ def _threaded(name: str, sig: str, launches: list[Launch], calls: list[str], arg
               timed: bool) -> str:
     """The threaded entry point; timed, it also stores the cycle counter before and after each
     launch into ticks[2i] and ticks[2i + 1] (the caller gives each thread its own row), so a
-    profile sees every thread's share of every kernel and, between them, its barrier waits."""
+    profile sees every thread's share of every kernel and, between them, its barrier waits.
+    Two bodies, not one that tests `ticks` per launch: clang's jump threading duplicated such a
+    body (the entry unit of 304 launches took 0.48 s to compile, two bodies 0.42 s)."""
     mt = []
     for i, (ln, c, a) in enumerate(zip(launches, calls, args)):
         if ln.barrier:  # compiler/schedule/hazards.py
@@ -109,34 +111,47 @@ class CRenderer(CStyle):
             # per launch costs nothing against a kernel)
             self.kernel_prefix = "static __attribute__((noinline)) void"
 
-    def render_program(self, kernels: list[tuple[str, list[UOp]]], launches: list[Launch],
-                       buffers: dict[int, Buffer]) -> Program:
-        # every parameter is declared, even one whose loads simplified away: the call passes it
-        signature = {ln.kernel: [dtypes.from_np(buffers[b].dtype) for b in ln.args]
-                     for ln in reversed(launches)}
-        texts = {}
-        for name, lin in kernels:
-            self.param_dtypes = signature[name]
-            texts[name] = self.render_kernel(name, lin)
-        lins = [lin for _, lin in kernels]
-        whole = (TICKS + "\n".join([_typedefs(self, lins), *texts.values()]) + "\n"
-                 + _entries(self, launches, buffers, {}))
-        return Program(whole, self._units(kernels, texts, launches, buffers))
+    def kernel_piece(self, lin: list[UOp], param_dtypes: list[DType]) -> tuple[str, frozenset]:
+        """What render_program needs of one kernel, rendered where the kernel was built (a
+        worker process, build.py): its text after the name, "(params) {body}", and the vector
+        types it declares. `param_dtypes`: every parameter the launch passes, even one whose
+        loads simplified away."""
+        self.param_dtypes = param_dtypes
+        text = self.render_kernel("K", lin)
+        used = {u.dtype for u in lin if u.dtype.count > 1}
+        return text[len(f"{self.kernel_prefix} K"):], frozenset(used)
 
-    def _units(self, kernels: list[tuple[str, list[UOp]]], texts: dict[str, str],
-               launches: list[Launch], buffers: dict[int, Buffer]) -> list[tuple[str, str]]:
-        """The same kernels as separate units: extern and named by a hash of their own text, so
-        an object built once serves every model (and every position in a model) that has the
-        kernel; the entry points call them by that name."""
-        units, syms, protos = {}, {}, []
-        for name, lin in kernels:
-            rest = texts[name][len(f"{self.kernel_prefix} {name}"):]  # "(params) {body}"
-            unit = _typedefs(self, [lin]) + "void KEEL_KERNEL" + rest
-            syms[name] = "keel_" + hashlib.sha256(unit.encode()).hexdigest()[:20]
-            units[syms[name]] = unit.replace("void KEEL_KERNEL", f"void {syms[name]}", 1)
-            protos.append(f"void {syms[name]}{rest.split(' {', 1)[0]};\n")
-        units["keel_graph"] = TICKS + "".join(protos) + _entries(self, launches, buffers, syms)
-        return list(units.items())
+    def render_program(self, kernels: list[tuple[str, tuple[str, frozenset]]],
+                       launches: list[Launch], buffers: dict[int, Buffer]) -> Program:
+        """kernels: (name, kernel_piece)."""
+        texts = {name: f"{self.kernel_prefix} {name}{rest}" for name, (rest, _) in kernels}
+        used = frozenset().union(*(used for _, (_, used) in kernels))
+        whole = (TICKS + "\n".join([_typedefs(self, used), *texts.values()]) + "\n"
+                 + _entries(self, launches, buffers, {}))
+        return Program(whole, self._units(kernels, launches, buffers))
+
+    def kernel_units(self, kernels: list[tuple[str, tuple[str, frozenset]]]
+                     ) -> list[tuple[str, str]]:
+        """The kernels as separate units [(symbol, C source)]: extern and named by a hash of
+        their own text, so an object built once serves every model (and every position in a
+        model) that has the kernel. They need no launch: toolchain.precompile starts on them
+        while the launches are still being planned."""
+        units = []
+        for _, (rest, used) in kernels:  # rest: "(params) {body}"
+            unit = _typedefs(self, used) + "void KEEL_KERNEL" + rest
+            sym = "keel_" + hashlib.sha256(unit.encode()).hexdigest()[:20]
+            units.append((sym, unit.replace("void KEEL_KERNEL", f"void {sym}", 1)))
+        return units
+
+    def _units(self, kernels: list[tuple[str, tuple[str, frozenset]]], launches: list[Launch],
+               buffers: dict[int, Buffer]) -> list[tuple[str, str]]:
+        """kernel_units, and a unit for the entry points, which call the kernels by symbol."""
+        units = self.kernel_units(kernels)
+        syms = {name: sym for (name, _), (sym, _) in zip(kernels, units)}
+        protos = "".join(f"void {sym}{rest.split(' {', 1)[0]};\n"
+                         for (_, (rest, _)), (sym, _) in zip(kernels, units))
+        return list(dict(units).items()) + \
+            [("keel_graph", TICKS + protos + _entries(self, launches, buffers, syms))]
 
     # ---- threads: each kernel takes its share of the outermost loop ---------------------------
     def extra_params(self) -> list[str]:
@@ -280,8 +295,8 @@ class Program(str):
         return self
 
 
-def _typedefs(r: CRenderer, lins: list[list[UOp]]) -> str:
-    used = {u.dtype for lin in lins for u in lin if u.dtype.count > 1}
+def _typedefs(r: CRenderer, used: frozenset[DType]) -> str:
+    """Typedefs of the vector types `used`, and of the masks a select() of them needs."""
     counts = {d.count for d in used}
     masks = {_int_of(b).vec(n) for n in counts for b in (1, 2, 4, 8)}  # for select()
     vectors = {d for d in used if d.scalar is not dtypes.bool} | masks
@@ -293,18 +308,19 @@ def _entries(r: CRenderer, launches: list[Launch], buffers: dict[int, Buffer],
     """The entry points (module docstring); `syms` renames kernels (units call them by symbol)."""
     calls = [syms.get(ln.kernel, ln.kernel) for ln in launches]
     args = [", ".join(r._arg(buffers[b]) for b in ln.args) for ln in launches]
-    one = [f"  {c}({a}, 0, 1);" for c, a in zip(calls, args)]
     sig = "unsigned char *arena, const unsigned char *weights, void *const *io"
-    entry = f"void {ENTRY}({sig}) {{\n" + "\n".join(one) + "\n}\n"
-    threaded = _threaded(ENTRY_MT, sig, launches, calls, args, timed=False) + \
+    # one thread runs the threaded body (its barriers pass at once): a third copy of every
+    # call only cost clang time
+    graph = _threaded(ENTRY_MT, sig, launches, calls, args, timed=False) + \
         _threaded(PROFILE, sig, launches, calls, args, timed=True) + \
+        f"void {ENTRY}({sig}) {{\n  keel_sync s = {{0}};\n  {ENTRY_MT}(arena, weights, io, 0, 1, &s);\n}}\n" + \
         "unsigned long long keel_ticks(void) { return KEEL_TICKS(); }\n"
     cases = [f"  case {i}: {c}(" + ", ".join(
         f"({dtypes.from_np(buffers[b].dtype).cname} *)args[{j}]" for j, b in enumerate(ln.args))
         + ", 0, 1); return;" for i, (ln, c) in enumerate(zip(launches, calls))]
     replay = (f"void {LAUNCH}(int launch, void *const *args) {{\n  switch (launch) {{\n"
               + "\n".join(cases) + "\n  }\n}\n")
-    return entry + threaded + replay
+    return graph + replay
 
 
 def _int_of(nbytes: int) -> DType:

@@ -57,6 +57,11 @@ class OpenCLRenderer(CStyle):
         self.rounded_by_store: set[UOp] = set()
 
     # ---- program ------------------------------------------------------------------------------
+    def kernel_piece(self, lin: list[UOp], param_dtypes) -> list[UOp]:
+        """A kernel renders with its launch (images, global sizes): render_program takes the
+        linearized program itself."""
+        return lin
+
     def render_program(self, kernels: list[tuple[str, list[UOp]]], launches: list[Launch],
                        buffers: dict[int, Buffer]) -> str:
         self.used = set()
