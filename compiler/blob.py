@@ -9,6 +9,7 @@ import contextlib
 import errno
 import os
 import stat
+import threading
 
 from compiler.artifact import Artifact, Buffer
 import hashlib
@@ -20,17 +21,66 @@ PRODUCER = "keel-compiler 0.1"
 
 
 def write_blob(artifact: Artifact, path) -> None:
-    pieces = blob_pieces(artifact)
-    check_output(path)
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.writelines(pieces)  # sections straight from the weights region: no copy of it
-        os.replace(tmp, path)  # a reader never sees half a blob
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with BlobWriter(path) as out:
+        out.finish(artifact)
+
+
+class BlobWriter:
+    """A blob written in two steps: the weights region as soon as it is final (`weights`, on
+    a thread: compile_model's on_weights, while the kernels compile), then the rest (`finish`).
+    The weights come first in the file, so their place does not wait for the programs. Written
+    to a temporary file and renamed: a reader never sees half a blob, and an error or an
+    interrupt leaves nothing behind."""
+
+    def __init__(self, path):
+        check_output(path)
+        self.path, self.tmp = path, f"{path}.tmp{os.getpid()}"
+        self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.early: tuple | None = None  # (region, chunk digests of its sections)
+        self.thread: threading.Thread | None = None
+
+    def weights(self, weights: tuple[bytes, tuple[int, ...]]) -> None:
+        self.thread = threading.Thread(target=self._weights, args=weights, daemon=True)
+        self.thread.start()
+
+    def _weights(self, region: bytes, sizes: tuple[int, ...]) -> None:
+        starts, _ = _weight_starts(sizes)
+        view = memoryview(region)
+        digests = [chunk_sha256(view[s:s + n]) for s, n in zip(starts, sizes)]
+        _pwrite_all(self.fd, view, section_offsets(list(sizes))[0])
+        self.early = (region, digests)
+
+    def finish(self, artifact: Artifact) -> None:
+        if self.thread is not None:
+            self.thread.join()
+        region, digests = self.early if self.early and self.early[0] is artifact.weights \
+            else (None, None)
+        pos = 0
+        for piece in blob_pieces(artifact, digests):
+            if region is None or piece.obj is not region:  # the region's pieces are written
+                _pwrite_all(self.fd, piece, pos)
+            pos += len(piece)
+        os.close(self.fd)
+        self.fd = None
+        os.replace(self.tmp, self.path)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.thread is not None:
+            self.thread.join()
+        if self.fd is not None:  # not finished: an error
+            os.close(self.fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.tmp)
+
+
+def _pwrite_all(fd: int, data, offset: int) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
 
 
 def check_output(path) -> None:
@@ -55,8 +105,10 @@ def blob_bytes(artifact: Artifact) -> bytes:
     return b"".join(blob_pieces(artifact))
 
 
-def blob_pieces(artifact: Artifact) -> list:
-    """The blob's bytes in file order, as pieces (`_layout`): the artifact and the variants attached to it (artifact.variants), which share its
+def blob_pieces(artifact: Artifact, weight_digests: list | None = None) -> list[memoryview]:
+    """The blob's bytes in file order, as pieces (`_layout`; the weights sections are views of
+    the artifact's region). `weight_digests`: their chunk digests, if computed already. The
+    artifact and the variants attached to it (artifact.variants), which share its
     weights region: one record, weights, programs and graph section per variant, and the
     weights they all read once."""
     variants = [artifact, *artifact.variants]
@@ -75,7 +127,8 @@ def blob_pieces(artifact: Artifact) -> list:
     for a, name in zip(variants, names):
         record, payloads[f"programs.{name}"], payloads[f"graph.{name}"] = _variant(a, name)
         records.append(record)
-    return _layout(artifact.target, {"meta": artifact.meta, "variants": records}, payloads)
+    known = dict(zip(section_names(names), weight_digests or []))
+    return _layout(artifact.target, {"meta": artifact.meta, "variants": records}, payloads, known)
 
 
 def _weight_starts(sizes) -> tuple[list[int], int]:
@@ -145,7 +198,7 @@ def assemble(target: str, manifest: dict, payloads: dict[str, bytes]) -> bytes:
     return b"".join(_layout(target, manifest, payloads))
 
 
-def _layout(target: str, manifest: dict, payloads: dict) -> list:
+def _layout(target: str, manifest: dict, payloads: dict, digests: dict | None = None) -> list:
     """Lay out the sections (in the order the manifest's variants give), add their table to
     `manifest`, write the header and the hashes; -> the file's pieces in order: header,
     (padding, section)..., manifest. A 144 MiB blob is written from its pieces, never copied
@@ -153,8 +206,9 @@ def _layout(target: str, manifest: dict, payloads: dict) -> list:
     names = section_names([v.get("target") for v in manifest.get("variants", [])])
     sizes = [len(payloads[name]) for name in names]
     offsets = section_offsets(sizes)
+    digests = digests or {}
     table = [{"name": name, "offset": offset, "size": size,
-              "chunk_sha256": chunk_sha256(payloads[name])}
+              "chunk_sha256": digests.get(name) or chunk_sha256(payloads[name])}
              for name, offset, size in zip(names, offsets, sizes)]
     manifest_offset = offsets[-1] + sizes[-1]
     manifest_json = canonical_json({**manifest, "sections": table})
@@ -170,7 +224,7 @@ def _layout(target: str, manifest: dict, payloads: dict) -> list:
     # every byte outside the sections: the header, the padding and the manifest
     outside = b"".join(pieces[0:1] + pieces[1:-1:2] + pieces[-1:])
     pieces[0][FILE_SHA256_AT:FILE_SHA256_AT + 32] = file_sha256(outside, [])
-    return pieces
+    return [memoryview(p) for p in pieces]
 
 
 def _buffer_record(b: Buffer) -> dict:

@@ -59,8 +59,10 @@ class Stages:
 
 def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None = None,
                   float16: bool = False, stages: Stages | None = None,
-                  images: bool | None = None) -> Artifact:
+                  images: bool | None = None, on_weights=None) -> Artifact:
     """images: GPU targets only, read eligible buffers as 2D images (None: the target's default).
+    on_weights: called with (weights region, section sizes) once they are final, while the
+    programs still build (blob.BlobWriter.weights writes them then).
     A target with variants (`cpu`) is built once per variant from one frontend and schedule:
     the first variant's Artifact is returned, the others in its `variants` (one blob)."""
     st, tgt = stages or Stages(), get_target(target)
@@ -94,6 +96,8 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
     builds = [(t, bufs, _launch(bufs, {k: done[i, k] for k in jobs}, uses, st), uses)
               for i, (t, bufs, jobs, uses) in enumerate(plans)]
     weights = share_weights([bufs for _, bufs, _, _ in builds])
+    if on_weights is not None:
+        on_weights(weights)
     sources = [_render(t, bufs, built, st) for t, bufs, built, _ in builds]
     # every variant's compilers at once: no core waits while another variant's last batch ends
     with ThreadPoolExecutor(len(builds)) as pool:

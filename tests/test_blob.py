@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import runner.blob
-from compiler.blob import assemble, blob_bytes, write_blob
+from compiler.blob import BlobWriter, assemble, blob_bytes, write_blob
 from runner.blob import parse_blob, read_blob
 from runner.format import (CHUNK_BYTES, FILE_SHA256_AT, HEADER, SECTION_ALIGN, canonical_json,
                            file_sha256)
@@ -48,6 +48,22 @@ def test_round_trip_preserves_every_field():
 
 def test_same_artifact_gives_identical_bytes():
     assert blob_bytes(chain_artifact()) == BLOB
+
+
+def test_weights_written_before_the_programs_give_the_same_file(tmp_path):
+    # tools/compile.py writes the weights region while the kernels still compile
+    # (compile_model's on_weights); the file must be the one write_blob makes
+    path = tmp_path / "m.blob"
+    with BlobWriter(path) as out:
+        out.weights((ARTIFACT.weights, (len(ARTIFACT.weights), 0)))
+        out.finish(ARTIFACT)
+    assert path.read_bytes() == BLOB
+    # a compile that fails after its weights were written leaves neither file nor temporary
+    with pytest.raises(RuntimeError, match="kernel failed"):
+        with BlobWriter(tmp_path / "n.blob") as out:
+            out.weights((ARTIFACT.weights, (len(ARTIFACT.weights), 0)))
+            raise RuntimeError("kernel failed")
+    assert [p.name for p in tmp_path.iterdir()] == ["m.blob"]
 
 
 def test_sections_are_4k_aligned_and_weights_are_a_zero_copy_view(tmp_path):

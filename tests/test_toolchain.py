@@ -126,6 +126,24 @@ def test_units_compile_in_batches_and_an_edit_recompiles_only_what_changed(tmp_p
     assert not list((tmp_path / "cache" / "objects").glob(".*"))  # no temporaries left behind
 
 
+def test_precompiled_kernels_leave_only_the_entry_unit_to_compile(tmp_path, monkeypatch):
+    # the pipeline compiles a model's kernels while it plans its launches (toolchain.precompile)
+    # and build_shared then only compiles the entry unit and links, with the cache off too
+    from compiler import toolchain
+    monkeypatch.setenv("KEEL_CACHE_DIR", "")
+    runs = _spy_compiles(monkeypatch)
+    program = _program(1)
+    early = toolchain.precompile(program.units[:3], "cpu")
+    assert _run_graph(build_shared(program, "cpu", early), tmp_path) == [1, 2, 4]
+    compiled = [_defines([t]) for t in runs if t]
+    assert sorted(n for d in compiled for n in d) == ["keel_a1", "keel_b", "keel_c", "keel_graph"]
+    assert ["keel_graph"] in compiled  # the entry unit alone, after the kernels
+    assert toolchain.precompile(program.units[:3], "dsp") is None  # one unit: nothing early
+    bad = toolchain.precompile([("keel_x", "void keel_x(int *p) { *p = ; }\n")], "cpu")
+    with pytest.raises(CompileError, match="expected expression"):
+        build_shared(program, "cpu", bad)  # a kernel that failed early fails the build
+
+
 def test_a_kernel_in_two_cached_objects_links_once(tmp_path, monkeypatch):
     # two batches can hold the same kernel (two compiles at once, each missing it): it has the
     # same symbol and code in both, and the link must take one, not fail on a duplicate. Here

@@ -20,7 +20,7 @@ import time
 # the repository root, so the tool runs from a checkout without installing keel
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from compiler.blob import check_output, write_blob  # noqa: E402
+from compiler.blob import BlobWriter  # noqa: E402
 from compiler.pipeline import Stages, compile_model  # noqa: E402
 from compiler.errors import CompileError  # noqa: E402
 from compiler.target import TARGETS  # noqa: E402
@@ -80,12 +80,13 @@ def main(argv=None) -> int:
     stages = Stages(progress=Progress(), report=report if args.verbose else None)
     t0 = time.perf_counter()
     try:
-        check_output(args.output)  # before the compile, not after it
-        art = compile_model(args.model, target=args.target, input_shapes=dict(args.input_shape),
-                            float16=args.float16, stages=stages)
-        if args.embed_binaries:
-            art.meta[store.EMBED_KEY] = store.embed_here(bytes(art.programs).decode())
-        write_blob(art, args.output)
+        with BlobWriter(args.output) as out:  # checks the output before the compile
+            art = compile_model(args.model, target=args.target,
+                                input_shapes=dict(args.input_shape), float16=args.float16,
+                                stages=stages, on_weights=out.weights)
+            if args.embed_binaries:
+                art.meta[store.EMBED_KEY] = store.embed_here(bytes(art.programs).decode())
+            out.finish(art)
     except CompileError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
