@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import stat
 import threading
+from collections import Counter
 
 from compiler.artifact import Artifact, Buffer
-import hashlib
 
 from runner.format import (FILE_SHA256_AT, HEADER, MAGIC, VERSION, canonical_json, chunk_sha256,
                            file_sha256, pack_graph, section_names, section_offsets)
@@ -146,7 +147,7 @@ def share_weights(builds: list) -> tuple[bytes, tuple[int, ...]]:
     stored with the same bytes in every build is stored once, in the shared section (content
     addressed: also a weight stored twice in one build); the rest goes to its build's own
     section, so a runner reading one build touches the shared section and its own only."""
-    key = [{bid: hashlib.sha256(data).digest() for bid, data in b.weights} for b in builds]
+    key = _content_keys([dict(b.weights) for b in builds])
     data = {k[bid]: d for b, k in zip(builds, key) for bid, d in b.weights}
     common = set.intersection(*(set(k.values()) for k in key))
     parts = [[h for h in key[0].values() if h in common]] + \
@@ -169,7 +170,18 @@ def share_weights(builds: list) -> tuple[bytes, tuple[int, ...]]:
         for h, off in (own if i else at).items():  # the shared section once
             region[off:off + len(data[h])] = data[h]
         b.move_weights({bid: at[h] for bid, h in key[i].items()})
-    return bytes(region), tuple(sizes)
+    return region, tuple(sizes)
+
+
+def _content_keys(weights: list[dict[int, bytes]]) -> list[dict[int, object]]:
+    """A key per weight that two weights share exactly when their bytes are equal: its size
+    and ends, where no other weight has those, else its SHA-256. The variants pack most weights
+    differently, so few are hashed (the openpilot-shaped model: 0.1 s of a 2 s recompile)."""
+    def probe(d) -> tuple:
+        return len(d), bytes(d[:64]), bytes(d[-64:])
+    seen = Counter(probe(d) for w in weights for d in w.values())
+    return [{bid: hashlib.sha256(d).digest() if seen[probe(d)] > 1 else probe(d)
+             for bid, d in w.items()} for w in weights]
 
 
 def _variant(a: Artifact, name: str) -> tuple[dict, bytes, bytes]:

@@ -280,6 +280,26 @@ def test_inconsistent_graphs_are_compile_errors(model, words):
         compile_model(model)
 
 
+def test_a_file_the_checker_passed_is_not_checked_again_and_a_refused_one_always_is(
+        tmp_path, monkeypatch):
+    # compiler/cache.py valid/: a recompile skips onnx's checker for bytes it passed with this
+    # onnx; refusals are never cached, so an invalid model is refused every time
+    monkeypatch.setenv("KEEL_CACHE_DIR", str(tmp_path / "cache"))
+    good, bad = tmp_path / "good.onnx", tmp_path / "bad.onnx"
+    good.write_bytes(_relu_bytes())
+    bad.write_bytes(_invalid_graphs()[2][0].SerializeToString())  # MatMul of int32 by float
+    checks, check = [], onnx.checker.check_model
+    monkeypatch.setattr(onnx.checker, "check_model",
+                        lambda m, *a, **k: checks.append(1) or check(m, *a, **k))
+    compile_model(str(good))
+    compile_model(str(good))
+    assert len(checks) == 1
+    for _ in range(2):
+        with pytest.raises(CompileError, match="not a valid ONNX model.*MatMul"):
+            compile_model(str(bad))
+    assert len(checks) == 3
+
+
 def test_a_nan_constant_compiles(monkeypatch):
     """One NaN constant was a new node at every rewrite (nan != nan), so compiling never ended."""
     def stop(*_):

@@ -5,6 +5,7 @@ the graph: inputs and their static shapes, initializers, dtype mapping, unsuppor
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import onnx
 from onnx import numpy_helper
 
+from compiler import cache
 from compiler.errors import CompileError, StaticInputError
 from compiler.ir.tensor import Tensor
 from compiler.ir.uop import UOp
@@ -78,6 +80,9 @@ def _validate(proto: onnx.ModelProto, source, data: bytes | None) -> None:
         checked, inferred, size = lent, proto, proto.ByteSize()
     else:  # the file's own bytes: no copy, no serialization (a 76 MB model costs ~0.5 s each)
         checked, inferred, size = data, data, len(data)
+        key = hashlib.sha256(onnx.__version__.encode() + b"\0" + data).hexdigest()
+        if cache.get("valid", key) is not None:
+            return  # these bytes passed before, with this onnx
     try:
         if size < 2**31:  # protobuf cannot serialize more: those skip the checker
             onnx.checker.check_model(checked)
@@ -87,6 +92,8 @@ def _validate(proto: onnx.ModelProto, source, data: bytes | None) -> None:
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, ValueError) as e:
         raise CompileError(f"{_where(source)}: not a valid ONNX model: "
                            f"{str(e).splitlines()[0]}") from None
+    if checked is data:
+        cache.put("valid", key, b"")
 
 
 def _untyped(v: onnx.ValueInfoProto) -> bool:

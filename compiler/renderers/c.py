@@ -134,23 +134,23 @@ class CRenderer(CStyle):
                      ) -> list[tuple[str, str]]:
         """The kernels as separate units [(symbol, C source)]: extern and named by a hash of
         their own text, so an object built once serves every model (and every position in a
-        model) that has the kernel. They need no launch: toolchain.precompile starts on them
-        while the launches are still being planned."""
-        units = []
-        for _, (rest, used) in kernels:  # rest: "(params) {body}"
-            unit = _typedefs(self, used) + "void KEEL_KERNEL" + rest
-            sym = "keel_" + hashlib.sha256(unit.encode()).hexdigest()[:20]
-            units.append((sym, unit.replace("void KEEL_KERNEL", f"void {sym}", 1)))
-        return units
+        model) that has the kernel; kernels of equal text are one unit. They need no launch:
+        toolchain.precompile starts on them while the launches are still being planned."""
+        return list(dict(self._unit(piece) for _, piece in kernels).items())
+
+    def _unit(self, piece: tuple[str, frozenset]) -> tuple[str, str]:
+        rest, used = piece  # rest: "(params) {body}"
+        unit = _typedefs(self, used) + "void KEEL_KERNEL" + rest
+        sym = "keel_" + hashlib.sha256(unit.encode()).hexdigest()[:20]
+        return sym, unit.replace("void KEEL_KERNEL", f"void {sym}", 1)
 
     def _units(self, kernels: list[tuple[str, tuple[str, frozenset]]], launches: list[Launch],
                buffers: dict[int, Buffer]) -> list[tuple[str, str]]:
         """kernel_units, and a unit for the entry points, which call the kernels by symbol."""
-        units = self.kernel_units(kernels)
-        syms = {name: sym for (name, _), (sym, _) in zip(kernels, units)}
-        protos = "".join(f"void {sym}{rest.split(' {', 1)[0]};\n"
-                         for (_, (rest, _)), (sym, _) in zip(kernels, units))
-        return list(dict(units).items()) + \
+        syms = {name: self._unit(piece)[0] for name, piece in kernels}
+        protos = "".join(f"void {syms[name]}{rest.split(' {', 1)[0]};\n"
+                         for name, (rest, _) in kernels)
+        return self.kernel_units(kernels) + \
             [("keel_graph", TICKS + protos + _entries(self, launches, buffers, syms))]
 
     # ---- threads: each kernel takes its share of the outermost loop ---------------------------

@@ -60,12 +60,13 @@ def storage_nbytes(dtype: DType, shape: tuple, image: Image | None) -> int:
     return math.prod(shape) * dtype.itemsize
 
 
-def storage_bytes(data: np.ndarray, b: Buffer) -> bytes:
-    """A weight's bytes as the device stores them: converted to the storage dtype, rows pitched."""
+def storage_bytes(data: np.ndarray, b: Buffer) -> memoryview:
+    """A weight's bytes as the device stores them: converted to the storage dtype, rows pitched.
+    A view, not a copy: a model's weights are copied once, into the blob's weights region."""
     data = np.ascontiguousarray(data, dtype=b.dtype)
     if b.image is not None:
         rows = np.zeros((b.image.height, b.image.pitch * 4), data.dtype)
         rows[:, :b.image.width * 4] = data.reshape(b.image.height, b.image.width * 4)
         data = rows
-    return data.tobytes()
+    return memoryview(data).cast("B")
 
