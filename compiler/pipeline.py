@@ -87,12 +87,21 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
                            device_storage(t, float16, images), t.buffer_align)
             plans.append((t, bufs, *_jobs(kernels, bufs, last, t)))
         st.count("schedule", kernels=len(kernels), programs=sum(len(p[2]) for p in plans))
+    # a variant's kernels compile as soon as they are all built (toolchain.precompile): beside
+    # the other variant's kernel builders, and while the launches and weights are planned
+    early, got, left = [None] * len(plans), {}, [len(p[2]) for p in plans]
+
+    def ready(key: tuple, built: Built) -> None:
+        got[key], i = built, key[0]
+        left[i] -= 1
+        t, _, jobs, _ = plans[i]
+        if not left[i] and t.shared_object:
+            early[i] = toolchain.precompile(get_renderer(t).kernel_units(
+                [(got[i, k].name, got[i, k].code) for k in jobs]), t.name)
+
     with st("kernels"):  # every variant's jobs at once: one pool of workers, kept busy
-        done = build_all({(i, k): j for i, p in enumerate(plans) for k, j in p[2].items()}, st)
-    # the kernels compile while the launches, the arena and the weights are planned
-    early = [toolchain.precompile(get_renderer(t).kernel_units(
-        [(done[i, k].name, done[i, k].code) for k in jobs]), t.name) if t.shared_object else None
-        for i, (t, _, jobs, _) in enumerate(plans)]
+        done = build_all({(i, k): j for i, p in enumerate(plans) for k, j in p[2].items()}, st,
+                         ready)
     builds = [(t, bufs, _launch(bufs, {k: done[i, k] for k in jobs}, uses, st), uses)
               for i, (t, bufs, jobs, uses) in enumerate(plans)]
     weights = share_weights([bufs for _, bufs, _, _ in builds])

@@ -53,14 +53,18 @@ class Built:
     code: object  # the renderer's kernel_piece: C text rendered here, in the worker
 
 
-def build_all(jobs: dict[tuple, Job], st) -> dict[tuple, Built]:
-    """Build every job, or take it from the kernel cache (compiler/cache.py)."""
+def build_all(jobs: dict[tuple, Job], st, ready=None) -> dict[tuple, Built]:
+    """Build every job, or take it from the kernel cache (compiler/cache.py). `ready(key,
+    built)`: called as each job is done, in the order they finish."""
+    ready = ready or (lambda key, b: None)
     digests = {k: job_digest(j) for k, j in jobs.items()}
     hits = {k: replace(b, name=jobs[k].kernel.name) for k, d in digests.items()
             if (b := _cached(d)) is not None}
     st.count("kernels", built=len(jobs) - len(hits), cached=len(hits))
+    for k, b in hits.items():
+        ready(k, b)
     todo = {k: j for k, j in jobs.items() if k not in hits}
-    built = _build_all(todo, st) if todo else {}
+    built = _build_all(todo, st, ready) if todo else {}
     for k, b in built.items():
         if digests[k]:
             cache.put("kernels", digests[k], pickle.dumps(_compact(b),
@@ -86,7 +90,7 @@ def job_digest(job: Job) -> str | None:
     return h.hexdigest()
 
 
-def _build_all(jobs: dict[tuple, Job], st) -> dict[tuple, Built]:
+def _build_all(jobs: dict[tuple, Job], st, ready) -> dict[tuple, Built]:
     """Build every job, in worker processes when there are enough of them (`st`: Stages)."""
     keys = list(jobs)
     workers = min(compile_jobs(), len(keys))
@@ -95,6 +99,7 @@ def _build_all(jobs: dict[tuple, Job], st) -> dict[tuple, Built]:
         for i, key in enumerate(keys):
             st.tick("kernels", i, len(keys))
             out[key] = build_kernel(jobs[key], st)
+            ready(key, out[key])
         st.tick("kernels", len(keys), len(keys))
         return out
     global _FORKED
@@ -108,6 +113,7 @@ def _build_all(jobs: dict[tuple, Job], st) -> dict[tuple, Built]:
         for done, fut in enumerate(as_completed(futures)):
             i, result, times = fut.result()
             out[keys[i]] = result
+            ready(keys[i], result)
             for name, secs in times.items():
                 st.times[name] = st.times.get(name, 0.0) + secs
             st.tick("kernels", done + 1, len(keys))
