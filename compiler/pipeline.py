@@ -87,8 +87,32 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
                            device_storage(t, float16, images), t.buffer_align)
             plans.append((t, bufs, *_jobs(kernels, bufs, last, t)))
         st.count("schedule", kernels=len(kernels), programs=sum(len(p[2]) for p in plans))
-    # a variant's kernels compile as soon as they are all built (toolchain.precompile): beside
-    # the other variant's kernel builders, and while the launches and weights are planned
+    done, early = _kernels(plans, st)
+    builds = [(t, bufs, _launch(bufs, {k: done[i, k] for k in jobs}, uses, st), uses)
+              for i, (t, bufs, jobs, uses) in enumerate(plans)]
+    weights = share_weights([bufs for _, bufs, _, _ in builds])
+    if on_weights is not None:
+        on_weights(weights)
+    sources = [_render(t, bufs, built, st) for t, bufs, built, _ in builds]
+    # every variant's compilers at once: no core waits while another variant's last batch ends
+    with ThreadPoolExecutor(len(builds)) as pool:
+        codes = pool.map(lambda ts: _build(*ts, st), zip(targets, sources, early))
+    arts = [_artifact(tgt, t, bufs, code, weights)
+            for (t, bufs, _, _), code in zip(builds, codes)]
+    meta = {"producer": f"keel {VERSION}", "float16": float16, **graph.meta,
+            "flops": builds[0][1].flops,
+            "stage_seconds": {k: round(v, 4) for k, v in st.times.items()}}
+    for a, (_, _, _, uses) in zip(arts, builds):
+        a.meta, a.provenance = meta, provenance(uses, graph.nodes, origins)
+    arts[0].variants = arts[1:]
+    return arts[0]
+
+
+def _kernels(plans: list, st: Stages) -> tuple[dict[tuple, Built], list]:
+    """Every variant's kernels, in one pool of workers kept busy; -> (built by (variant, key),
+    per variant: toolchain.precompile's future or None). A variant's kernels start compiling as
+    soon as they are all built: beside the other variant's kernel builders, and while the
+    launches, the arena and the weights are planned."""
     early, got, left = [None] * len(plans), {}, [len(p[2]) for p in plans]
 
     def ready(key: tuple, built: Built) -> None:
@@ -99,27 +123,10 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
             early[i] = toolchain.precompile(get_renderer(t).kernel_units(
                 [(got[i, k].name, got[i, k].code) for k in jobs]), t.name)
 
-    with st("kernels"):  # every variant's jobs at once: one pool of workers, kept busy
+    with st("kernels"):
         done = build_all({(i, k): j for i, p in enumerate(plans) for k, j in p[2].items()}, st,
                          ready)
-    builds = [(t, bufs, _launch(bufs, {k: done[i, k] for k in jobs}, uses, st), uses)
-              for i, (t, bufs, jobs, uses) in enumerate(plans)]
-    weights = share_weights([bufs for _, bufs, _, _ in builds])
-    if on_weights is not None:
-        on_weights(weights)
-    sources = [_render(t, bufs, built, st) for t, bufs, built, _ in builds]
-    # every variant's compilers at once: no core waits while another variant's last batch ends
-    with ThreadPoolExecutor(len(builds)) as pool:
-        codes = list(pool.map(lambda ts: _build(*ts, st), zip(targets, sources, early)))
-    arts = [_artifact(tgt, t, bufs, code, weights)
-            for (t, bufs, _, _), code in zip(builds, codes)]
-    meta = {"producer": f"keel {VERSION}", "float16": float16, **graph.meta,
-            "flops": builds[0][1].flops,
-            "stage_seconds": {k: round(v, 4) for k, v in st.times.items()}}
-    for a, (_, _, _, uses) in zip(arts, builds):
-        a.meta, a.provenance = meta, provenance(uses, graph.nodes, origins)
-    arts[0].variants = arts[1:]
-    return arts[0]
+    return done, early
 
 
 def _launch(bufs: Buffers, built: dict[tuple, Built], uses: list["Use"], st: Stages) -> dict:
