@@ -95,9 +95,18 @@ def can_run(target: str) -> bool:
     return t.system == platform.system() and platform.machine() in t.machines
 
 
-def build_shared(source: str, target: str, early: Future | None = None) -> bytes:
+@dataclass
+class Early:
+    """precompile's work: the units it compiles (their keys) and, when done, {unit key: (object
+    key, object bytes)}."""
+    keys: set[str]
+    objects: Future
+
+
+def build_shared(source: str, target: str, early: Early | None = None) -> bytes:
     """Compile `source` (one C translation unit, or a Program with units) into a shared object
-    for `target`. `early`: from precompile, objects that hold some of its units."""
+    for `target`. `early`: from precompile, objects that hold some of its units; the others
+    (the entry points) compile while it runs."""
     units = None if _target(target).one_unit else getattr(source, "units", None)
     with tempfile.TemporaryDirectory(prefix="keel-cc-") as tmp:
         # relative names only: a file's name lands in its object's symbol table, keep it stable
@@ -105,19 +114,23 @@ def build_shared(source: str, target: str, early: Future | None = None) -> bytes
             Path(tmp, "graph.c").write_text(source)
             _run([*_command(target), "graph.c", "-o", "graph.so"], tmp, target)
             return Path(tmp, "graph.so").read_bytes()
-        have = _objects(units, target, tmp, early.result() if early else {})
+        keys = _unit_keys(units, target)
+        later = [u for u in units if early and keys[u[0]] in early.keys]
+        have = _objects([u for u in units if u not in later], target, tmp, {})
+        if later:
+            have.update(_objects(later, target, tmp, early.objects.result()))
         objs = [f"{obj}.o" for obj in dict.fromkeys(have[name] for name, _ in units)]
         _run([*_link_command(target), *_gc_flags(target), *objs, "-o", "graph.so"], tmp, target)
         return Path(tmp, "graph.so").read_bytes()
 
 
-def precompile(units: list[tuple[str, str]], target: str) -> Future | None:
+def precompile(units: list[tuple[str, str]], target: str) -> Early | None:
     """Start compiling kernel units (in a thread; the compilers are processes), so they compile
-    while the caller plans and renders the entry points, and pass the result to build_shared:
-    {unit key: (object key, object bytes)}. None where a program is one unit."""
+    while the caller plans and renders the entry points; build_shared takes the result. None
+    where a program is one unit."""
     if _target(target).one_unit:
         return None
-    return _EARLY.submit(_precompile, units, target)
+    return Early(set(_unit_keys(units, target).values()), _EARLY.submit(_precompile, units, target))
 
 
 _EARLY = ThreadPoolExecutor(4, thread_name_prefix="keel-cc")

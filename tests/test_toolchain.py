@@ -137,11 +137,14 @@ def test_precompiled_kernels_leave_only_the_entry_unit_to_compile(tmp_path, monk
     assert _run_graph(build_shared(program, "cpu", early), tmp_path) == [1, 2, 4]
     compiled = [_defines([t]) for t in runs if t]
     assert sorted(n for d in compiled for n in d) == ["keel_a1", "keel_b", "keel_c", "keel_graph"]
-    assert ["keel_graph"] in compiled  # the entry unit alone, after the kernels
+    assert ["keel_graph"] in compiled  # the entry unit alone, beside the kernels
     assert toolchain.precompile(program.units[:3], "dsp") is None  # one unit: nothing early
-    bad = toolchain.precompile([("keel_x", "void keel_x(int *p) { *p = ; }\n")], "cpu")
-    with pytest.raises(CompileError, match="expected expression"):
-        build_shared(program, "cpu", bad)  # a kernel that failed early fails the build
+    from compiler.renderers.c import Program
+    broken = [("keel_x", "void keel_x(int *p) { *p = ; }\n"),
+              ("keel_graph", "void keel_graph(void) {}\n")]
+    with pytest.raises(CompileError, match="expected expression"):  # failed early: fails here
+        build_shared(Program("".join(t for _, t in broken), broken), "cpu",
+                     toolchain.precompile(broken[:1], "cpu"))
 
 
 def test_a_kernel_in_two_cached_objects_links_once(tmp_path, monkeypatch):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 
@@ -96,6 +97,7 @@ class dtypes:
     all = (bool, int8, int16, int32, int64, uint8, uint16, uint32, uint64, float16, float32, float64)
 
     @staticmethod
+    @cache  # asked for every argument of every launch the entry points render
     def from_np(dt) -> DType:
         name = np.dtype(dt).name
         for d in dtypes.all:

@@ -90,7 +90,8 @@ class Buffers:
         key = u if perm is None else (u, id(perm))
         if key not in self.node_buf:
             assert u.op is Ops.WEIGHT, f"unscheduled read of {u.op}"
-            data = u.arg.data if perm is None else u.arg.data.reshape(-1)[perm]
+            # take, not [perm]: indexing converts the int32 permutation first (1.6x slower)
+            data = u.arg.data if perm is None else u.arg.data.reshape(-1).take(perm)
             self.weight_size = -(-self.weight_size // self.align) * self.align
             b = self._new("weights", self.weight_size, u if perm is None else
                           UOp(Ops.WEIGHT, u.dtype, (), Weight(data)))
