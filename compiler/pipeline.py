@@ -37,14 +37,17 @@ class Stages:
         self.report = report  # called with (stage, seconds, counts) as each top stage ends
 
     @contextmanager
-    def __call__(self, name: str):
+    def __call__(self, name: str, **counts: int):
+        """`counts`: what this run of the stage handles, known at its start (runs of one stage
+        on several threads at once, the variants' builds, report their own)."""
+        self.count(name, **counts)
         t, before = time.perf_counter(), dict(self.counts.get(name, {}))
         yield
         secs = time.perf_counter() - t
         self.times[name] = self.times.get(name, 0.0) + secs
         if self.report:  # what this run of the stage handled (a variant's build, say)
             now = self.counts.get(name, {})
-            self.report(name, secs, {k: n - before.get(k, 0) for k, n in now.items()})
+            self.report(name, secs, counts or {k: n - before.get(k, 0) for k, n in now.items()})
 
     def count(self, stage: str, **counts: int) -> None:
         """Add to a stage's counts (a stage run once per variant adds up)."""
@@ -149,9 +152,9 @@ def _render(tgt: Target, bufs: Buffers, built: dict, st: Stages):
 
 def _build(tgt: Target, source, early, st: Stages) -> bytes:
     """`early`: toolchain.precompile's objects for the kernels."""
-    with st("build"):
+    counts = toolchain.cached_units(source, tgt.name, early) if tgt.shared_object else {}
+    with st("build", **counts):
         if tgt.shared_object:
-            st.count("build", **toolchain.cached_units(source, tgt.name))
             return toolchain.build_shared(source, tgt.name, early)
         if tgt.code_object:
             return toolchain.build_code_object(source, tgt.code_object)

@@ -101,6 +101,7 @@ class Early:
     key, object bytes)}."""
     keys: set[str]
     objects: Future
+    cached: set[str]  # the keys the cache held when it started
 
 
 def build_shared(source: str, target: str, early: Early | None = None) -> bytes:
@@ -130,7 +131,9 @@ def precompile(units: list[tuple[str, str]], target: str) -> Early | None:
     where a program is one unit."""
     if _target(target).one_unit:
         return None
-    return Early(set(_unit_keys(units, target).values()), _EARLY.submit(_precompile, units, target))
+    keys = set(_unit_keys(units, target).values())
+    cached = {k for k in keys if _cached_object(k) is not None}
+    return Early(keys, _EARLY.submit(_precompile, units, target), cached)
 
 
 _EARLY = ThreadPoolExecutor(4, thread_name_prefix="keel-cc")
@@ -142,11 +145,14 @@ def _precompile(units: list[tuple[str, str]], target: str) -> dict[str, tuple[st
         return {keys[n]: (obj, Path(tmp, f"{obj}.o").read_bytes()) for n, obj in have.items()}
 
 
-def cached_units(source: str, target: str) -> dict[str, int]:
-    """How many of the source's units build_shared will compile, and how many it has cached."""
+def cached_units(source: str, target: str, early: Early | None = None) -> dict[str, int]:
+    """How many of the source's units build_shared compiles, and how many it has cached; those
+    of `early` as the cache held them when precompile started (it may have filled it since)."""
     units = (None if _target(target).one_unit else getattr(source, "units", None)) \
         or [("graph", source)]
-    hit = sum(_cached_object(k) is not None for k in _unit_keys(units, target).values())
+    keys = _unit_keys(units, target).values()
+    hit = sum(k in early.cached if early and k in early.keys else _cached_object(k) is not None
+              for k in keys)
     return {"compiled": len(units) - hit, "cached": hit}
 
 
