@@ -113,7 +113,7 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
 
 def _kernels(plans: list, st: Stages) -> tuple[dict[tuple, Built], list]:
     """Every variant's kernels, in one pool of workers kept busy; -> (built by (variant, key),
-    per variant: toolchain.precompile's future or None). A variant's kernels start compiling as
+    per variant: toolchain.precompile's Early or None). A variant's kernels start compiling as
     soon as they are all built: beside the other variant's kernel builders, and while the
     launches, the arena and the weights are planned."""
     early, got, left = [None] * len(plans), {}, [len(p[2]) for p in plans]

@@ -34,7 +34,8 @@ GCC = "gcc"
 # only "fast" lets the compiler fuse it into an FMA (one rounding instead of two).
 # -fno-unroll-loops: kernels come unrolled where it pays (register tiles, reduce steps, windows);
 # clang's own unrolling took a fifth of its time and sped no bench model up (docs/perf.md).
-CODE_FLAGS = ("-O2", "-fno-unroll-loops", "-ffreestanding", "-fno-math-errno", "-ffp-contract=fast", "-fPIC")
+CODE_FLAGS = ("-O2", "-fno-unroll-loops", "-ffreestanding", "-fno-math-errno",
+              "-ffp-contract=fast", "-fPIC")
 LINK_FLAGS = ("-shared", "-nostdlib")
 TIMEOUT = 1800  # seconds for one compiler process: the largest model's kernels take ~30 s
 ENTRY_UNIT = "keel_graph"  # renderers/c.py's unit of entry points; every other unit is a kernel
@@ -196,7 +197,8 @@ def _objects(units: list[tuple[str, str]], target: str, tmp: str,
     dropped by the link's section garbage collection (`-ffunction-sections`, `_gc_flags`)."""
     keys, have = _unit_keys(units, target), {}
     for name, _ in units:
-        obj, data = early.get(keys[name], (_cached_object(keys[name]), None))
+        hit = early.get(keys[name])  # the disk cache only for what precompile did not build
+        obj, data = hit if hit else (_cached_object(keys[name]), None)
         if obj is not None and (obj in have.values() or
                                 _stage(data or disk.get("objects", obj), obj, tmp)):
             have[name] = obj

@@ -147,10 +147,11 @@ class CRenderer(CStyle):
     def _units(self, kernels: list[tuple[str, tuple[str, frozenset]]], launches: list[Launch],
                buffers: dict[int, Buffer]) -> list[tuple[str, str]]:
         """kernel_units, and a unit for the entry points, which call the kernels by symbol."""
-        syms = {name: self._unit(piece)[0] for name, piece in kernels}
+        units = [self._unit(piece) for _, piece in kernels]  # each rendered and hashed once
+        syms = {name: sym for (name, _), (sym, _) in zip(kernels, units)}
         protos = "".join(f"void {syms[name]}{rest.split(' {', 1)[0]};\n"
                          for name, (rest, _) in kernels)
-        return self.kernel_units(kernels) + \
+        return list(dict(units).items()) + \
             [("keel_graph", TICKS + protos + _entries(self, launches, buffers, syms))]
 
     # ---- threads: each kernel takes its share of the outermost loop ---------------------------
