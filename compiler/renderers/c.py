@@ -79,25 +79,23 @@ __attribute__((noinline)) static void keel_barrier(keel_sync *s, int nt, int *se
 """
 
 
-def _threaded(name: str, sig: str, launches: list[Launch], calls: list[str], args: list[str],
-              timed: bool) -> str:
-    """The threaded entry point; timed, it also stores the cycle counter before and after each
-    launch into ticks[2i] and ticks[2i + 1] (the caller gives each thread its own row), so a
-    profile sees every thread's share of every kernel and, between them, its barrier waits.
-    Two bodies, not one that tests `ticks` per launch: clang's jump threading duplicated such a
-    body (the entry unit of 304 launches took 0.48 s to compile, two bodies 0.42 s)."""
-    mt = []
-    for i, (ln, c, a) in enumerate(zip(launches, calls, args)):
-        if ln.barrier:  # compiler/schedule/hazards.py
-            mt.append("  keel_barrier(s, nt, &sense);")
-        call = f"  {c}({a}, tid, nt);"
-        mt.append(f"  ticks[{2 * i}] = KEEL_TICKS();\n{call}\n  ticks[{2 * i + 1}] = KEEL_TICKS();"
-                  if timed else call)
-    mt.append("  keel_barrier(s, nt, &sense);  /* all work done before any thread returns */")
+def _threaded(name: str, sig: str, timed: bool) -> str:
+    """The threaded entry point: a loop over the launch table (_entries). Timed, it also stores
+    the cycle counter before and after each launch into ticks[2i] and ticks[2i + 1] (the caller
+    gives each thread its own row), so a profile sees every thread's share of every kernel and,
+    between them, its barrier waits. Two bodies, not one that tests `ticks` per launch."""
+    call = "keel_call(r->kernel, keel_bind(r, arena, weights, io, a), tid, nt);"
+    if timed:
+        call = f"ticks[2 * i] = KEEL_TICKS();\n    {call}\n    ticks[2 * i + 1] = KEEL_TICKS();"
     extra = ", unsigned long long *ticks" if timed else ""
     return (f"void {name}({sig}, int tid, int nt, keel_sync *s{extra}) {{\n"
             f"  int sense = __atomic_load_n(&s->sense, __ATOMIC_ACQUIRE);\n"
-            + "\n".join(mt) + "\n}\n")
+            f"  void *a[KEEL_MAX_ARGS];\n"
+            f"  for (int i = 0; i < KEEL_LAUNCHES; i++) {{\n"
+            f"    const keel_row *r = &keel_rows[i];\n"
+            f"    if (r->barrier) keel_barrier(s, nt, &sense);  /* compiler/schedule/hazards.py */\n"
+            f"    {call}\n  }}\n"
+            f"  keel_barrier(s, nt, &sense);  /* all work done before any thread returns */\n}}\n")
 
 
 class CRenderer(CStyle):
@@ -176,14 +174,6 @@ class CRenderer(CStyle):
         i = self.dtype(u.dtype)
         return (f"for ({i} {name} = tid * {end} / nt, {name}_end = (tid + 1) * {end} / nt; "
                 f"{name} < {name}_end; {name}++) {{")
-
-    def _arg(self, b: Buffer) -> str:
-        ty = dtypes.from_np(b.dtype).cname
-        if b.region == "arena":
-            return f"({ty} *)(arena + {b.offset})"
-        if b.region == "weights":
-            return f"({ty} *)(weights + {b.offset})"
-        return f"({ty} *)io[{b.offset}]"
 
     # ---- vectors ----------------------------------------------------------------------------
     def dtype(self, dt: DType) -> str:
@@ -306,22 +296,55 @@ def _typedefs(r: CRenderer, used: frozenset[DType]) -> str:
 
 def _entries(r: CRenderer, launches: list[Launch], buffers: dict[int, Buffer],
              syms: dict[str, str]) -> str:
-    """The entry points (module docstring); `syms` renames kernels (units call them by symbol)."""
-    calls = [syms.get(ln.kernel, ln.kernel) for ln in launches]
-    args = [", ".join(r._arg(buffers[b]) for b in ln.args) for ln in launches]
+    """The entry points (module docstring); `syms` renames kernels (units call them by symbol).
+
+    They are a loop over a table, one row per launch (its kernel, its barrier, where its
+    arguments live), and a switch with one call per kernel: code that grows with the kernels,
+    not the launches. Straight-line calls, one per launch per entry point, took clang 0.4 s of
+    CPU for the openpilot-shaped model's 304 launches (per variant, after its kernels: the last
+    step of a compile); a table row costs a few loads per launch at run time."""
+    kernels: dict[str, int] = {}  # symbol -> its case in keel_call
+    for ln in launches:
+        kernels.setdefault(syms.get(ln.kernel, ln.kernel), len(kernels))
+    first = {}
+    for ln in launches:
+        first.setdefault(syms.get(ln.kernel, ln.kernel), ln)
+    cases = [f"  case {k}: {sym}(" + ", ".join(
+        f"({dtypes.from_np(buffers[b].dtype).cname} *)a[{j}]" for j, b in enumerate(first[sym].args))
+        + ", tid, nt); return;" for sym, k in kernels.items()]
+    rows, args = [], []
+    for ln in launches:
+        rows.append(f"{{{kernels[syms.get(ln.kernel, ln.kernel)]}, {int(ln.barrier)}, "
+                    f"{len(ln.args)}, {len(args)}}}")
+        args += [f"{buffers[b].offset * 4 + BASES.get(buffers[b].region, 2)}ull" for b in ln.args]
+    n = len(launches)
     sig = "unsigned char *arena, const unsigned char *weights, void *const *io"
-    # one thread runs the threaded body (its barriers pass at once): a third copy of every
-    # call only cost clang time
-    graph = _threaded(ENTRY_MT, sig, launches, calls, args, timed=False) + \
-        _threaded(PROFILE, sig, launches, calls, args, timed=True) + \
+    table = (f"#define KEEL_LAUNCHES {n}\n"
+             f"#define KEEL_MAX_ARGS {max((len(ln.args) for ln in launches), default=1)}\n"
+             "typedef struct { unsigned kernel, barrier, nargs, first; } keel_row;\n"
+             f"static const keel_row keel_rows[{max(n, 1)}] = {{{', '.join(rows) or '{0}'}}};\n"
+             "/* an argument: its offset * 4 + its region (BASES: 0 arena, 1 weights, 2 io[offset]) */\n"
+             f"static const unsigned long long keel_args[{max(len(args), 1)}] = "
+             f"{{{', '.join(args) or '0'}}};\n"
+             "static void keel_call(unsigned kernel, void *const *a, int tid, int nt) {\n"
+             "  switch (kernel) {\n" + "\n".join(cases) + "\n  }\n}\n"
+             f"static void *const *keel_bind(const keel_row *r, {sig}, void **a) {{\n"
+             "  for (unsigned j = 0; j < r->nargs; j++) {\n"
+             "    unsigned long long v = keel_args[r->first + j], at = v >> 2;\n"
+             "    a[j] = (v & 3) == 0 ? (void *)(arena + at) : (v & 3) == 1 ? (void *)(weights + at)"
+             " : io[at];\n  }\n  return a;\n}\n")
+    # one thread runs the threaded body (its barriers pass at once)
+    graph = _threaded(ENTRY_MT, sig, timed=False) + _threaded(PROFILE, sig, timed=True) + \
         f"void {ENTRY}({sig}) {{\n  keel_sync s = {{0}};\n  {ENTRY_MT}(arena, weights, io, 0, 1, &s);\n}}\n" + \
         "unsigned long long keel_ticks(void) { return KEEL_TICKS(); }\n"
-    cases = [f"  case {i}: {c}(" + ", ".join(
-        f"({dtypes.from_np(buffers[b].dtype).cname} *)args[{j}]" for j, b in enumerate(ln.args))
-        + ", 0, 1); return;" for i, (ln, c) in enumerate(zip(launches, calls))]
-    replay = (f"void {LAUNCH}(int launch, void *const *args) {{\n  switch (launch) {{\n"
-              + "\n".join(cases) + "\n  }\n}\n")
-    return graph + replay
+    replay = (f"void {LAUNCH}(int launch, void *const *args) {{\n"
+              f"  if (launch >= 0 && launch < KEEL_LAUNCHES) "
+              f"keel_call(keel_rows[launch].kernel, args, 0, 1);\n}}\n")
+    return table + graph + replay
+
+
+BASES = {"arena": 0, "weights": 1}  # an argument's region code in keel_args; io (inputs and
+# outputs) is 2, its offset an index into io
 
 
 def _int_of(nbytes: int) -> DType:
