@@ -325,7 +325,10 @@ def test_the_vector_axis_lowers_once_per_vector_and_leaves_no_lane_behind(monkey
     assert wide, [b[2].lanes for b in built]
     for (name, lin, plan, _), sink in wide:
         upcast = math.prod(a.size for a in plan.axes if a.kind == "upcast")
-        assert len(sink.src) == upcast // 16, name  # one store per vector, not per lane
+        stacks = [u for u in sink.toposort() if u.op is Ops.STACK]
+        # one store per vector, not per lane (or one store in a loop over the vectors' STACK)
+        assert [len(u.src) for u in stacks] == [upcast // 16] if stacks else \
+            len(sink.src) == upcast // 16, name
         assert lane(16) in sink.toposort()
         assert not [u for u in lin if u.op is Ops.RANGE and u.arg[1] == "lane"]
         # whole vectors, or lanes of one (the last conv's NCHW output is strided)
@@ -335,6 +338,37 @@ def test_the_vector_axis_lowers_once_per_vector_and_leaves_no_lane_behind(monkey
     # the SiLUs' exp (transcendental.py: 2^n added into the exponent bits) runs on vectors
     assert any(u.op is Ops.BITCAST and u.dtype.count == 16 for (_, lin, _, _), _ in wide
                for u in lin)
+
+
+def test_a_heavy_epilogue_loops_over_the_register_tile_and_a_light_one_does_not(monkeypatch):
+    # lower.py: after a reduction into a register tile of accumulators, a SiLU (a polynomial
+    # exp, transcendental.py) runs as one loop over a STACK of them, not once per accumulator in
+    # straight-line code (24 copies of it were most of the C clang compiled for the
+    # openpilot-shaped model); a Relu stays straight-line. Both match onnxruntime.
+    rng = np.random.default_rng(3)
+    w = onnx.numpy_helper.from_array(rng.standard_normal((32, 16, 1, 1)).astype(np.float32), "w")
+    node = onnx.helper.make_node
+    x = rng.standard_normal((1, 16, 12, 12)).astype(np.float32)
+    for act, heavy in (("Sigmoid", True), ("Relu", False)):
+        nodes = [node("Conv", ["x", "w"], ["c"]), node(act, ["c"], ["a"]),
+                 node("Mul", ["c", "a"], ["y"])]
+        model = make_model(nodes, [("x", x.shape, np.float32)], [("y", (1, 32, 12, 12), np.float32)],
+                           [w])
+        (name, lin, plan, _), = _built_kernels(monkeypatch, model)
+        accs = math.prod(a.size for a in plan.axes if a.kind == "upcast") // plan.lanes
+        assert accs > 1, plan  # a register tile of several vectors
+        stacks = [u for u in lin if u.op is Ops.STACK]
+        trips = [u.src[0].arg for u in lin if u.op is Ops.RANGE and u.arg[1] == "epilogue"]
+        stores = [u for u in lin if u.op is Ops.STORE]
+        if heavy:
+            assert [len(u.src) for u in stacks] == [accs] and math.prod(trips) == accs, name
+            assert len(stores) == 1 and lin.index(stacks[0]) < lin.index(stores[0])
+        else:
+            assert stacks == [] and trips == [] and len(stores) == accs, name
+        # rounding: the same fp32 ops as onnxruntime in a different order, and keel's exp
+        # (transcendental.py, ~2 ulp): 1e-5 relative holds with margin for sums of 16 products
+        assert_close(keel_run(model, {"x": x})["y"], ort_run(model, {"x": x})["y"],
+                     rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.slow

@@ -2,13 +2,15 @@
 
 Placement rule: a node goes in the innermost loop whose range it depends on, so anything that is
 loop-invariant is hoisted for free. A kernel has one group of reduce ranges, innermost; accumulators
-are declared just outside them and everything that uses a reduction comes after them.
+are declared just outside them and everything that uses a reduction comes after them (inside
+the epilogue loops, lower.py, where it depends on their ranges).
 """
 from __future__ import annotations
 
 from compiler.ir.uop import Ops, UOp
 
-KIND_ORDER = {"global": 0, "group": 1, "loop": 2, "reduce": 3}  # group: a local id, not a loop
+# group: a local id, not a loop; epilogue: after the reduce loops, over the register tile
+KIND_ORDER = {"global": 0, "group": 1, "loop": 2, "reduce": 3, "epilogue": 4}
 
 
 def _range_deps(order: list[UOp]) -> dict[UOp, frozenset]:
@@ -24,10 +26,11 @@ def _range_deps(order: list[UOp]) -> dict[UOp, frozenset]:
     return deps
 
 
-def _after_reduce(order: list[UOp]) -> set[UOp]:
+def _after_reduce(order: list[UOp], deps: dict[UOp, frozenset], epilogue: frozenset) -> set[UOp]:
+    """What runs after the reduce loops: the reductions' users, and what an epilogue loop needs."""
     post: set[UOp] = set()
     for u in order:
-        if u.op in (Ops.REDUCE, Ops.STORE) or any(s in post for s in u.src):
+        if u.op in (Ops.REDUCE, Ops.STORE) or deps[u] & epilogue or any(s in post for s in u.src):
             post.add(u)
     return post
 
@@ -36,10 +39,11 @@ def linearize(sink: UOp) -> list[UOp]:
     order = sink.toposort()
     ranges = sorted((u for u in order if u.op is Ops.RANGE),
                     key=lambda r: (KIND_ORDER[r.arg[1]], r.arg[0]))
-    outer = [r for r in ranges if r.arg[1] != "reduce"]
+    outer = [r for r in ranges if r.arg[1] not in ("reduce", "epilogue")]
     inner = [r for r in ranges if r.arg[1] == "reduce"]
+    epilogue = [r for r in ranges if r.arg[1] == "epilogue"]
     deps = _range_deps(order)
-    post = _after_reduce(order)
+    post = _after_reduce(order, deps, frozenset(epilogue))
     depth_of = {r: i + 1 for i, r in enumerate(ranges)}
 
     def depth(u: UOp) -> int:
@@ -50,6 +54,10 @@ def linearize(sink: UOp) -> list[UOp]:
     for u in body:
         levels[depth(u)].append(u)
     reduces = [u for u in order if u.op is Ops.REDUCE]
+    tail: list[list[UOp]] = [[] for _ in range(len(epilogue) + 1)]  # by epilogue loop depth
+    for u in order:
+        if u in post and u.op not in (Ops.REDUCE, Ops.RANGE):
+            tail[max((epilogue.index(r) + 1 for r in deps[u] if r in epilogue), default=0)].append(u)
 
     out = list(levels[0])
     for i, r in enumerate(outer):
@@ -59,6 +67,8 @@ def linearize(sink: UOp) -> list[UOp]:
         out += [r] + levels[len(outer) + i + 1]
     out += reduces  # each is "acc = op(acc, value)" at the innermost reduce depth
     out += [UOp(Ops.ENDRANGE, r.dtype, (r,)) for r in reversed(inner)]
-    out += [u for u in order if u in post and u.op is not Ops.REDUCE]
-    out += [UOp(Ops.ENDRANGE, r.dtype, (r,)) for r in reversed(outer)]
+    out += tail[0]
+    for i, r in enumerate(epilogue):
+        out += [r] + tail[i + 1]
+    out += [UOp(Ops.ENDRANGE, r.dtype, (r,)) for r in reversed(outer + epilogue)]
     return out

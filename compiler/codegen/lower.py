@@ -321,6 +321,33 @@ def _accumulate(lw: Lowerer, plan: Plan, ranges: dict, values: dict, upcast: boo
     return _combine(red.arg[0], parts)
 
 
+# ops that lower to a polynomial of dozens of operations (transcendental.py)
+HEAVY = {Ops.EXP, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.POW}
+
+
+def _loops_epilogue(plan: Plan, lw: Lowerer, copies: int) -> bool:
+    """Whether what follows the reduction runs as a loop over the register tile (the
+    accumulators in a STACK, each trip PICKs one), not once per copy in straight-line code. For
+    a heavy epilogue only: 24 straight-line copies of SiLU's exp were most of the C that clang
+    compiled for the openpilot-shaped model. The loop costs a store and a load per accumulator,
+    once per tile."""
+    return plan.loop_epilogue and lw.red is not None and copies > 1 and \
+        any(n.op in HEAVY for n in lw.above)
+
+
+def _epilogue(plan: Plan, base: dict) -> tuple[dict, UOp]:
+    """Axis values of the epilogue loop: a RANGE per upcast axis (the vector axis's counts
+    vectors), and the copy each trip handles, numbered as _expanded yields them."""
+    ns = [n for n, a in enumerate(plan.axes) if a.kind == "upcast"]
+    w, values, copy = plan.lanes, {}, iconst(0)
+    for n in ns:
+        size = plan.axes[n].size // (w if n == ns[-1] else 1)
+        r = UOp(Ops.RANGE, IDX, (iconst(size),), (n, "epilogue"))
+        values[n] = lane(w) + r * w if n == ns[-1] and w > 1 else r
+        copy = copy * size + r
+    return {**base, **values}, copy
+
+
 def lower_kernel(kernel: Kernel, params: dict[UOp, int], param_dtypes: list, plan: Plan,
                  simp: Rewriter | None = None) -> UOp:
     """`simp`: simplifies as lowering builds (the caller rewrites the result with it after)."""
@@ -328,9 +355,16 @@ def lower_kernel(kernel: Kernel, params: dict[UOp, int], param_dtypes: list, pla
     ranges = _ranges(plan)
     upcast = any(a.kind == "upcast" for a in plan.axes)
     views = views_between(kernel.root, lw.red) if lw.red is not None else []
+    copies = list(_expanded(plan, "upcast", ranges))
+    looped = _loops_epilogue(plan, lw, len(copies))
+    if looped:
+        accs = tuple(_accumulate(lw, plan, ranges, v, upcast) for v in copies)
+        values, copy = _epilogue(plan, ranges)
+        lw.acc = UOp(Ops.PICK, accs[0].dtype, (UOp(Ops.STACK, accs[0].dtype, accs), lw.simp(copy)))
+        copies = [values]
     stores = []
-    for values in _expanded(plan, "upcast", ranges):
-        if lw.red is not None:
+    for values in copies:
+        if lw.red is not None and not looped:
             lw.acc = _accumulate(lw, plan, ranges, values, upcast)
         out_idx = root_index(views, _dim_index(plan, values, False, lw.dims))
         value = lw(kernel.root, out_idx)

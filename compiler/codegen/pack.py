@@ -98,7 +98,7 @@ def prefetch_next_tiles(sink: UOp, weights: dict[int, int]) -> UOp:
                 or u.src[0].arg[0] not in weights:
             continue
         coef, _ = linear_form(u.src[1])
-        outer = [r for r in loops if r.arg[1] != "reduce" and r in coef]
+        outer = [r for r in loops if r.arg[1] not in ("reduce", "epilogue") and r in coef]
         if not outer or not steps or any(r not in coef for r in steps):
             continue
         done.add(u.src[0])
@@ -109,7 +109,8 @@ def prefetch_next_tiles(sink: UOp, weights: dict[int, int]) -> UOp:
         # step covers the slice; the trips past that wrap around (a power of two: a mask) and
         # hint it again, from L2, instead of tiles further ahead
         repeats, trips = [], 1
-        for r in reversed([r for r in loops[loops.index(tile) + 1:] if r.arg[1] != "reduce"]):
+        for r in reversed([r for r in loops[loops.index(tile) + 1:]
+                           if r.arg[1] not in ("reduce", "epilogue")]):
             if trips * line >= per_step:
                 break
             repeats, trips = [r] + repeats, trips * r.src[0].arg

@@ -30,6 +30,8 @@ class Plan:
     # iterates together, since OpenCL has at most 3 global ids
     fused: tuple[tuple[int, ...], ...] = ()
     lanes: int = 1  # C targets: the last upcast axis is zipped into vectors of this many lanes
+    # C targets: a heavy epilogue (lower.py) runs as a loop over the register tile
+    loop_epilogue: bool = False
 
     @property
     def global_size(self) -> tuple[int, ...]:

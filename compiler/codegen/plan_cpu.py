@@ -162,7 +162,7 @@ def plan_cpu(kernel: Kernel, params: dict[UOp, int], target: Target, packable=()
     order, unroll, lines = _reduce_loops(tile, full, rdims)
     axes = _axes(full, rdims, order, tile, unroll, lines)
     return Plan(tuple(full), tuple(rdims), tuple(_nest(axes, tile.vec)),
-                lanes=_width(tile.upcast.get(tile.vec, 1), lanes))
+                lanes=_width(tile.upcast.get(tile.vec, 1), lanes), loop_epilogue=True)
 
 
 def _reduce_tile(kernel: Kernel, params, packable, target: Target, full, rdims, out_dims,

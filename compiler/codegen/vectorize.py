@@ -20,7 +20,7 @@ from compiler.ir.uop import Ops, UOp
 # ops with a direct lane-wise vector form in every C-family target
 LANEWISE = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.MAX, Ops.MIN, Ops.NEG, Ops.CMPLT,
             Ops.CMPEQ, Ops.CMPNE, Ops.WHERE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR,
-            Ops.CAST, Ops.BITCAST, Ops.REDUCE}
+            Ops.CAST, Ops.BITCAST, Ops.REDUCE, Ops.STACK, Ops.PICK}
 
 
 def _contiguous(idxs: tuple[UOp, ...]) -> bool:
@@ -88,7 +88,7 @@ class Zipper:
     def _vector_ok(self, u: UOp) -> bool:
         """Bool data and 8-byte integers stay scalar: their masks and conversions differ between
         C compilers, and they are rare in hot loops."""
-        kinds = [u.dtype] + [s.dtype for s in u.src]
+        kinds = [u.dtype] + [s.dtype for s in (u.src[:1] if u.op is Ops.PICK else u.src)]
         if u.op in (Ops.CAST, Ops.BITCAST) and dtypes.bool in kinds:
             return False
         return all(d.kind != "i" or d.itemsize <= 4 for d in kinds if d is not dtypes.void)

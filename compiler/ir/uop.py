@@ -55,6 +55,8 @@ class Ops(IntEnum):  # IntEnum: hashing an op is C-level, and every UOp key hash
     SINK = auto()  # groups stores (and prefetches); the root of a kernel
     VECTORIZE = auto()  # src = one scalar per lane
     GEP = auto()  # arg = lane: one lane of a vector
+    STACK = auto()  # src = values: an array of them, in registers' place (lower.py's looped epilogue)
+    PICK = auto()  # src = (stack, index): one value of a STACK
     # linearized program only
     DEFINE_ACC = auto()  # src = (reduce,), declares its accumulator before the reduce loops
     ENDRANGE = auto()  # src = (range,)

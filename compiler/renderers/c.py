@@ -159,7 +159,7 @@ class CRenderer(CStyle):
     def render_kernel(self, name: str, lin: list[UOp]) -> str:
         # the outermost output loop long enough to share; a 5-row matmul tile loop would leave a
         # thread idle, the loop inside it may not
-        loops = [u for u in lin if u.op is Ops.RANGE and u.arg[1] != "reduce"]
+        loops = [u for u in lin if u.op is Ops.RANGE and u.arg[1] not in ("reduce", "epilogue")]
         self.split = next((u for u in loops if u.src[0].arg >= SPLIT_MIN), None) or \
             max(loops, key=lambda u: u.src[0].arg, default=None)
         text = super().render_kernel(name, lin)
@@ -222,9 +222,12 @@ class CRenderer(CStyle):
     def alu(self, u: UOp, a: list[str]) -> str:
         if u.op is Ops.GEP:
             return f"{a[0]}[{u.arg}]"
-        if u.dtype.count == 1:
+        if u.dtype.count == 1 or u.op is Ops.PICK:  # a PICK of vectors indexes an array of them
             return super().alu(u, a)
         return self.valu(u, [self.lanes(x, s, u) for x, s in zip(a, u.src)])
+
+    def operand(self, body: Body, src: UOp, user: UOp) -> str:
+        return self.lanes(body.ref(src), src, user)
 
     def lanes(self, text: str, src: UOp, user: UOp) -> str:
         """A scalar operand of a vector op, broadcast to the op's width."""

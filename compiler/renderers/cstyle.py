@@ -60,6 +60,8 @@ class CStyle:
             return f"(({self.dtype(dt)})({a[0]}))"
         if op is Ops.BITCAST:
             return self.bitcast(u.src[0].dtype, dt, a[0])
+        if op is Ops.PICK:
+            return f"{a[0]}[{a[1]}]"
         if op is Ops.SQRT:
             return f"{self.sqrt[dt]}({a[0]})"
         if op in (Ops.IDIV, Ops.MOD):
@@ -138,6 +140,8 @@ class CStyle:
                 self.render_store(body, u)
             elif op is Ops.PREFETCH:
                 self.render_prefetch(body, u)
+            elif op is Ops.STACK:
+                self.render_stack(body, u)
             else:
                 body.bind(u, self.alu(u, [body.ref(s) for s in u.src]))
         params = ", ".join([self.param_decl(p) for p in self.params(lin)] + self.extra_params())
@@ -168,6 +172,15 @@ class CStyle:
     def render_store(self, body: Body, u: UOp) -> None:
         p, idx, val = (body.ref(s) for s in u.src)
         body.emit(f"{p}[{idx}] = {val};")
+
+    def render_stack(self, body: Body, u: UOp) -> None:
+        name = body.names[u] = f"s{len(body.lines)}"
+        vals = ", ".join(self.operand(body, s, u) for s in u.src)
+        body.emit(f"{self.dtype(u.dtype)} {name}[{len(u.src)}] = {{{vals}}};")
+
+    def operand(self, body: Body, src: UOp, user: UOp) -> str:
+        """src's value as an operand of user (a vector language broadcasts a scalar)."""
+        return body.ref(src)
 
     def render_prefetch(self, body: Body, u: UOp) -> None:
         raise NotImplementedError(f"{type(self).__name__} has no prefetch")
