@@ -136,7 +136,7 @@ def _launch(bufs: Buffers, built: dict[tuple, Built], uses: list["Use"], st: Sta
     """Record one variant's launches of its built programs and plan its arena; -> `built`."""
     for use in uses:
         b = built[use.key]
-        args = [use.out] + [bufs.of(u, b.perms.get(j)) for j, u in enumerate(use.kernel.inputs, 1)]
+        args = [use.out] + [bufs.of(u, b.packings.get(j)) for j, u in enumerate(use.kernel.inputs, 1)]
         bufs.launch(Kernel(b.name, use.kernel.root, use.kernel.inputs), args, b.plan)
     with st("plan"):
         bufs.plan_arena()

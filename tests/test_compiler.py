@@ -281,6 +281,30 @@ def test_conv_weight_lanes_are_packed_side_by_side(monkeypatch):
     assert_close(keel_run(model, {"x": x})["r"], ort_run(model, {"x": x})["r"], rtol=1e-5, atol=1e-5)
 
 
+def test_a_packing_copies_by_strides_exactly_what_its_gather_index_reads():
+    # pack.Packing.apply (strided copies, one per copy constant) against the gather through
+    # its index, on packings of every shape pack.py makes: lanes or none, negative strides (a
+    # flipped read), copies in any arithmetic or irregular order; identity() against the index
+    from compiler.codegen.pack import Packing
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        axes = tuple((int(rng.integers(-40, 40)), int(rng.integers(1, 5)))
+                     for _ in range(rng.integers(0, 4)))
+        lanes = int(rng.choice([1, 4, 8]))
+        step = int(rng.integers(-3, 4)) if lanes > 1 else 0
+        consts = tuple(sorted({int(c) for c in rng.integers(0, 60, rng.integers(1, 6))}))
+        p = Packing(axes, consts, step, lanes)
+        lo, hi = p.bounds()
+        idx = p.index()
+        assert (lo, hi) == (idx.min(), idx.max())
+        flat = rng.standard_normal(hi - lo + 1).astype(np.float32)
+        moved = Packing(axes, tuple(c - lo for c in consts), step, lanes)  # reads from 0
+        assert np.array_equal(moved.apply(flat), flat.take(moved.index()))
+        assert moved.identity() == np.array_equal(moved.index(), np.arange(idx.size))
+    assert Packing(((8, 3), (4, 2)), (0, 2), 1, 2).identity()  # row-major [3][2][2][2]
+    assert not Packing(((12, 3), (4, 2)), (0, 2), 1, 2).identity()  # a gap between rows
+
+
 def _built_kernels(monkeypatch, model, **kw):
     import compiler.codegen.build as cb
     built = []
@@ -288,7 +312,7 @@ def _built_kernels(monkeypatch, model, **kw):
     build = cb.build_kernel
     monkeypatch.setattr(cb, "build_kernel", lambda *a: built.append(build(*a)) or built[-1])
     compile_model(model, **{"target": "cpu-avx2", **kw})  # one build: `cpu` has two variants
-    return [(b.name, b.lin, b.plan, b.perms) for b in built]
+    return [(b.name, b.lin, b.plan, b.packings) for b in built]
 
 
 def _depthwise_block() -> onnx.ModelProto:

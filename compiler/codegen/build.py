@@ -10,13 +10,11 @@ import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from compiler import cache
 from compiler.codegen.half import demote_half, half_rules, promote_for_half_compute, storage_casts
 from compiler.codegen.linearize import linearize
 from compiler.codegen.lower import lower_kernel
-from compiler.codegen.pack import pack_weights, prefetch_next_tiles
+from compiler.codegen.pack import Packing, pack_weights, prefetch_next_tiles
 from compiler.codegen.plan import Plan
 from compiler.codegen.plan_cpu import merge_dims, plan_cpu
 from compiler.codegen.plan_gpu import plan_gpu
@@ -49,7 +47,7 @@ class Built:
     name: str
     lin: list[UOp] | None  # the linearized program (None once compacted: code holds it)
     plan: Plan
-    perms: dict[int, np.ndarray]  # parameter -> the packing permutation of its weight
+    packings: dict[int, Packing]  # parameter -> how its weight is packed (pack.py)
     code: object  # the renderer's kernel_piece: C text rendered here, in the worker
 
 
@@ -132,11 +130,8 @@ def _build_job(i: int):
 
 def _compact(b: Built) -> Built:
     """What goes back to the parent and into the cache: the code without the UOps (rebuilding
-    ~150k of them in the parent cost it 0.35 s of the openpilot-shaped model's serial time).
-    Permutations index weights of < 2**31 elements (load.py's limit): int32 halves them (the
-    openpilot-shaped model's are 54 MB as int64)."""
-    return replace(b, lin=None,
-                   perms={j: p.astype(np.int32, copy=False) for j, p in b.perms.items()})
+    ~150k of them in the parent cost it 0.35 s of the openpilot-shaped model's serial time)."""
+    return replace(b, lin=None)
 
 
 def build_kernel(job: Job, st) -> Built:
@@ -151,14 +146,14 @@ def build_kernel(job: Job, st) -> Built:
     with st("lower"):
         rw = Rewriter(first_rules(k, job.param_dtypes, tgt))
         sink = simplify(lower_kernel(k, params, job.param_dtypes, plan, rw), rw, tgt)
-        sink, perms = pack_weights(sink, job.packable)
+        sink, packings = pack_weights(sink, job.packable)
         sink = vectorize(sink, rw, job.arena)
         if tgt.prefetch:
             sink = prefetch_next_tiles(sink, job.packable)
     with st("linearize"):
         lin = linearize(sink)
     with st("kernel text"):
-        return Built(k.name, lin, plan, perms,
+        return Built(k.name, lin, plan, packings,
                      get_renderer(tgt).kernel_piece(lin, job.param_dtypes))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from math import prod
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -13,6 +14,9 @@ from compiler.ir.uop import Ops, UOp, Weight
 from compiler.schedule.fusion import Kernel
 from compiler.schedule.memory import plan as plan_memory
 from compiler.schedule.storage import StoragePolicy, storage_bytes, storage_nbytes
+
+if TYPE_CHECKING:  # codegen packs, the schedule only applies the result
+    from compiler.codegen.pack import Packing
 
 ARENA_GUARD = 128  # >= the widest vector (16 lanes of 8 bytes) minus one lane
 WEIGHT_ALIGN = 64  # cache line: vector loads of a weight never straddle two lines at its start
@@ -84,16 +88,15 @@ class Buffers:
         b = self.table[bid]
         return Layout(b.region, b.dtype, b.image)
 
-    def of(self, u: UOp, perm: np.ndarray | None = None) -> int:
-        """The buffer `u` is read from; a weight read through a packing permutation gets its own
-        packed copy (one per distinct permutation)."""
-        key = u if perm is None else (u, id(perm))
+    def of(self, u: UOp, packing: Packing | None = None) -> int:
+        """The buffer `u` is read from; a weight read through a packing (codegen/pack.py) gets
+        its own packed copy (one per distinct packing)."""
+        key = u if packing is None else (u, packing)
         if key not in self.node_buf:
             assert u.op is Ops.WEIGHT, f"unscheduled read of {u.op}"
-            # take, not [perm]: indexing converts the int32 permutation first (1.6x slower)
-            data = u.arg.data if perm is None else u.arg.data.reshape(-1).take(perm)
+            data = u.arg.data if packing is None else packing.apply(u.arg.data)
             self.weight_size = -(-self.weight_size // self.align) * self.align
-            b = self._new("weights", self.weight_size, u if perm is None else
+            b = self._new("weights", self.weight_size, u if packing is None else
                           UOp(Ops.WEIGHT, u.dtype, (), Weight(data)))
             self.weights.append((b.id, storage_bytes(data, b)))
             self.weight_size += b.nbytes
