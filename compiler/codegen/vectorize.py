@@ -87,7 +87,7 @@ class Zipper:
 
     def _vector_ok(self, u: UOp) -> bool:
         """Bool data and 8-byte integers stay scalar: their masks and conversions differ between
-        C compilers, and they are rare in hot loops."""
+        C compilers, and they are rare in hot loops. A PICK's index is one scalar for all lanes."""
         kinds = [u.dtype] + [s.dtype for s in (u.src[:1] if u.op is Ops.PICK else u.src)]
         if u.op in (Ops.CAST, Ops.BITCAST) and dtypes.bool in kinds:
             return False
