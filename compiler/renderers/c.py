@@ -306,19 +306,15 @@ def _entries(r: CRenderer, launches: list[Launch], buffers: dict[int, Buffer],
     not the launches. Straight-line calls, one per launch per entry point, took clang 0.4 s of
     CPU for the openpilot-shaped model's 304 launches (per variant, after its kernels: the last
     step of a compile); a table row costs a few loads per launch at run time."""
-    kernels: dict[str, int] = {}  # symbol -> its case in keel_call
-    for ln in launches:
-        kernels.setdefault(syms.get(ln.kernel, ln.kernel), len(kernels))
-    first = {}
-    for ln in launches:
-        first.setdefault(syms.get(ln.kernel, ln.kernel), ln)
+    calls = [syms.get(ln.kernel, ln.kernel) for ln in launches]
+    first = dict(reversed(list(zip(calls, launches))))  # symbol -> its first launch
+    case = {sym: k for k, sym in enumerate(dict.fromkeys(calls))}  # symbol -> keel_call's case
     cases = [f"  case {k}: {sym}(" + ", ".join(
         f"({dtypes.from_np(buffers[b].dtype).cname} *)a[{j}]" for j, b in enumerate(first[sym].args))
-        + ", tid, nt); return;" for sym, k in kernels.items()]
+        + ", tid, nt); return;" for sym, k in case.items()]
     rows, args = [], []
-    for ln in launches:
-        rows.append(f"{{{kernels[syms.get(ln.kernel, ln.kernel)]}, {int(ln.barrier)}, "
-                    f"{len(ln.args)}, {len(args)}}}")
+    for ln, sym in zip(launches, calls):
+        rows.append(f"{{{case[sym]}, {int(ln.barrier)}, {len(ln.args)}, {len(args)}}}")
         args += [f"{buffers[b].offset * 4 + BASES.get(buffers[b].region, 2)}ull" for b in ln.args]
     n = len(launches)
     sig = "unsigned char *arena, const unsigned char *weights, void *const *io"
