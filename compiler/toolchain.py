@@ -18,6 +18,7 @@ import hashlib
 import os
 import platform
 import shutil
+import struct
 import subprocess
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from compiler import cache as disk
 from compiler.errors import CompileError
+from dsp import build as dsp_runtime
 
 CLANG = "clang-19"
 GCC = "gcc"
@@ -52,6 +54,11 @@ class CpuTarget:
     # attribute sections instead of merging them, and a tool reading the object then finds them
     # malformed (llvm-objdump decodes no HVX at all)
     one_unit: bool = False
+    # C sources compiled into every object, in its translation unit (the DSP's math helpers), and
+    # every symbol an object may import from what loads it (None: the loading process's libc has
+    # whatever clang calls)
+    sources: tuple[str, ...] = ()
+    imports: frozenset[str] | None = None
 
 
 X86_64_V3 = CpuTarget("x86_64-linux-gnu", ("-march=x86-64-v3",), ("-fuse-ld=lld",), "Linux",
@@ -78,8 +85,13 @@ TARGETS: dict[str, CpuTarget] = {
     # objects run on the DSP, or under qemu-hexagon through dsp/runtime.c.
     "dsp": CpuTarget("hexagon-unknown-none-elf", ("-mcpu=hexagonv65", "-mhvx", "-mhvx-length=128b",
                                                   "-G0"), ("-fuse-ld=lld",), "QuRT", (),
-                     one_unit=True),
+                     one_unit=True, sources=(str(dsp_runtime.MATH),),
+                     imports=dsp_runtime.IMPORTS),
 }
+# what clang calls for an op the Hexagon v65 has no instruction for, by that op
+HELPER_OPS = {"__hexagon_adddf3": "float64 Add", "__hexagon_subdf3": "float64 Sub",
+              "__hexagon_muldf3": "float64 Mul", "__hexagon_divdf3": "float64 Div",
+              "__hexagon_fmadf4": "float64 multiply-add", "__hexagon_fmadf5": "float64 multiply-add"}
 
 
 def host_target() -> str:
@@ -109,13 +121,14 @@ def build_shared(source: str, target: str, early: Early | None = None) -> bytes:
     """Compile `source` (one C translation unit, or a Program with units) into a shared object
     for `target`. `early`: from precompile, objects that hold some of its units; the others
     (the entry points) compile while it runs."""
-    units = None if _target(target).one_unit else getattr(source, "units", None)
+    t = _target(target)
+    units = None if t.one_unit else getattr(source, "units", None)
     with tempfile.TemporaryDirectory(prefix="keel-cc-") as tmp:
         # relative names only: a file's name lands in its object's symbol table, keep it stable
         if not units:
-            Path(tmp, "graph.c").write_text(source)
+            Path(tmp, "graph.c").write_text("".join([source, *map(_text, t.sources)]))
             _run([*_command(target), "graph.c", "-o", "graph.so"], tmp, target)
-            return Path(tmp, "graph.so").read_bytes()
+            return _checked(Path(tmp, "graph.so").read_bytes(), target)
         keys = _unit_keys(units, target)
         later = [u for u in units if early and keys[u[0]] in early.keys]
         have = _objects([u for u in units if u not in later], target, tmp, {})
@@ -124,6 +137,42 @@ def build_shared(source: str, target: str, early: Early | None = None) -> bytes:
         objs = [f"{obj}.o" for obj in dict.fromkeys(have[name] for name, _ in units)]
         _run([*_link_command(target), *_gc_flags(target), *objs, "-o", "graph.so"], tmp, target)
         return Path(tmp, "graph.so").read_bytes()
+
+
+@cache
+def _text(path: str) -> str:
+    return Path(path).read_text()
+
+
+def _checked(so: bytes, target: str) -> bytes:
+    """`so`, once every symbol it imports is one its loader provides: on the DSP a missing one
+    would only surface when the runtime loads the blob."""
+    allowed = _target(target).imports
+    missing = [] if allowed is None else sorted(set(undefined_symbols(so)) - allowed)
+    if missing:
+        ops = ", ".join(f"{HELPER_OPS.get(s, 'an op')} (it calls {s})" for s in missing)
+        hint = "; Hexagon v65 computes float64 in software: convert the model to float32" \
+            if set(missing) <= set(HELPER_OPS) else ""
+        raise CompileError(f"target {target!r} cannot run {ops}: the DSP runtime does not "
+                           f"provide {'it' if len(missing) == 1 else 'them'}{hint}")
+    return so
+
+
+def undefined_symbols(so: bytes) -> list[str]:
+    """The names an ELF32 little-endian shared object imports (its undefined dynamic symbols)."""
+    shoff, = struct.unpack_from("<I", so, 0x20)
+    shentsize, shnum = struct.unpack_from("<HH", so, 0x2e)
+    sections = [struct.unpack_from("<10I", so, shoff + i * shentsize) for i in range(shnum)]
+    names = []
+    for _, kind, _, _, off, size, link, _, _, entsize in sections:
+        if kind != 11:  # SHT_DYNSYM
+            continue
+        strtab = sections[link][4]
+        for at in range(off + entsize, off + size, entsize):  # entry 0 is the null symbol
+            name, _, _, _, _, shndx = struct.unpack_from("<3IBBH", so, at)
+            if shndx == 0 and name:
+                names.append(so[strtab + name:so.index(b"\0", strtab + name)].decode())
+    return names
 
 
 def precompile(units: list[tuple[str, str]], target: str) -> Early | None:

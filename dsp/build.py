@@ -36,6 +36,15 @@ SECTIONS = ("text", "rela.plt", "rela.dyn", "plt", "rodata", "data", "bss", "has
 SKEL = ("--target=hexagon-unknown-none-elf", *HVX, "-G0", "-fPIC", "-shared",
         "-Wl,--hash-style=sysv")
 SKEL_NAME = "libkeel_dsp_skel.so"
+# linked into every programs library by the compiler (compiler/toolchain.py, target "dsp"): the
+# square roots v65 has no instruction for
+MATH = HERE / "math.c"
+# everything a programs library may import: the DSP's C library has these, and dsp/runtime.c's
+# LIBC table provides them under qemu (tests/test_dsp_math.py checks that the two agree). The
+# compiler refuses a library that imports anything else, naming the op (compiler/toolchain.py).
+IMPORTS = frozenset({"memcpy", "memmove", "memset", "__hexagon_udivsi3", "__hexagon_umodsi3",
+                     "__hexagon_divsi3", "__hexagon_modsi3", "__hexagon_udivdi3",
+                     "__hexagon_umoddi3", "__hexagon_divdi3", "__hexagon_moddi3"})
 
 
 def missing(tools=tuple(PACKAGES)) -> str | None:

@@ -29,6 +29,10 @@ TRANSPORT_VAR, FAULTS_VAR = "KEEL_FASTRPC", "KEEL_MOCK_FAULTS"
 ALIGN = 128  # HVX vector: the runtime's loads of a buffer's first vector are aligned ones
 FLAG_PROFILE, FLAG_HANG, FLAG_FAULT = 1, 2, 4  # dsp/runtime.c
 LOAD_S = 60.0  # the runtime answers once its library is loaded (qemu start included)
+# qemu-hexagon interprets every packet: a run takes one to two orders of magnitude longer than
+# on the DSP, so under KEEL_FASTRPC=mock a Model's default deadline is this many times longer
+# (docs/dsp.md, "Deadlines under emulation")
+EMULATED_DEADLINE_SCALE = 100.0
 
 
 def layout(blob) -> tuple[int, int, list[int], int]:
@@ -82,6 +86,7 @@ class DspDevice(Device):
     def load(self, blob) -> None:
         mock = os.environ.get(TRANSPORT_VAR, "").strip() == "mock"
         self._faults = from_env(FAULTS_VAR) if mock else Faults({})
+        self.deadline_scale = EMULATED_DEADLINE_SCALE if mock else 1.0
         self._link = transport()
         weights, arena, slots, total = layout(blob)
         self._shm = self._link.alloc(total)

@@ -91,6 +91,9 @@ class Device:
     # where a backend may cache what it builds from this blob (OpenCL program binaries); set by
     # Model.load to "<blob>.clcache" beside the blob. None: no cache.
     cache_dir: str | None = None
+    # a Model's default deadline is runner.model's DEFAULT_TIMEOUT_MS times this: an emulated
+    # device (the DSP under qemu) runs far slower than the hardware the default is sized for
+    deadline_scale: float = 1.0
 
     def check_target(self, target: str) -> None:
         raise NotImplementedError

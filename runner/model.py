@@ -20,7 +20,8 @@ openpilot output slices: when the model's ONNX carried openpilot's `output_slice
 named zero-copy views into preallocated outputs (take them once; every run rewrites them).
 
 Deadlines: each run() waits at most `timeout_ms` (per call, else the Model's) from its submission,
-then raises DeviceTimeout. After a DeviceTimeout or DeviceError the next run() first recovers the
+then raises DeviceTimeout. The Model's is DEFAULT_TIMEOUT_MS times its device's deadline_scale
+(100 on the emulated DSP, KEEL_FASTRPC=mock; 1 elsewhere). After a DeviceTimeout or DeviceError the next run() first recovers the
 device, then runs normally.
 
 Threads: run() calls on one Model are serialized by a lock: a second caller waits for the first
@@ -47,7 +48,7 @@ class Model:
     def __init__(self, blob: Blob, device: Device):
         self._sliced, self._slices = read_slices(blob.manifest, blob.outputs)
         self.blob, self.device = blob, device
-        self.timeout_ms = DEFAULT_TIMEOUT_MS
+        self.timeout_ms = DEFAULT_TIMEOUT_MS * device.deadline_scale
         self._in = [(b.name, b.shape, b.dtype) for b in blob.inputs]
         self._out = [(b.name, b.shape, b.dtype) for b in blob.outputs]
         self._slots = [device.io_buffer(i) for i in range(len(self._in))]
