@@ -164,7 +164,8 @@ def check_supported(model: onnx.ModelProto, opset: int) -> None:
             name = g_node.name or "(unnamed)"
             bad.append(f"{dom}{g_node.op_type} (node {name!r}, opset {opset})")
     if bad:
-        raise CompileError(f"{len(bad)} unsupported op(s):\n  " + "\n  ".join(bad))
+        # one line, however many: a tool's or a log's reader sees every op at once
+        raise CompileError(f"{len(bad)} unsupported op(s): " + "; ".join(bad))
 
 
 def _known(node: onnx.NodeProto, opset: int, local: set) -> bool:
