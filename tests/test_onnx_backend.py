@@ -26,11 +26,11 @@ EXCLUDE = [
     (r"^test_(adagrad|adam|momentum|nesterov_momentum|gradient)", "training op"),
     (r"^test_ai_onnx_ml_", "ai.onnx.ml domain"),
     (r"^test_flexattention(?!.*_expanded)", "ai.onnx.preview domain"),
-    (r"^test_(if|loop|scan)\d*(_|$)", "control flow (If/Loop/Scan)"),
-    (r"^test_(affine_grid_.*|linear_attention_.*|range_.*|sequence_map_.*)_expanded",
-     "expanded function body uses Loop/If"),
+    (r"^test_(loop|scan)\d*(_|$)", "control flow (Loop/Scan)"),
+    (r"^test_(linear_attention_.*|range_.*|sequence_map_.*)_expanded",
+     "expanded function body uses Loop/Scan"),
     (r"^test_(identity_sequence|identity_opt|optional_|sequence_|split_to_sequence|"
-     r"concat_from_sequence)", "sequence/optional types"),
+     r"concat_from_sequence|if_seq|if_opt)", "sequence/optional types"),
     (r"^test_(equal_string|regex_full_match|string_|strnormalizer)", "string tensors"),
     (r"(?i)(bfloat16|_bf16)", "bfloat16 type"),
     (r"(?i)(float8|e4m3|e5m2|e8m0)", "float8 types"),
@@ -54,7 +54,7 @@ XFAIL = [
 OUT_OF_SCOPE_TYPES = {"BFLOAT16", "STRING", "FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2",
                       "FLOAT8E5M2FNUZ", "FLOAT8E8M0", "UINT4", "INT4", "UINT2", "INT2",
                       "FLOAT4E2M1"}
-OUT_OF_SCOPE_OPS = {"If", "Loop", "Scan", "Adagrad", "Adam", "Momentum", "Gradient",
+OUT_OF_SCOPE_OPS = {"Loop", "Scan", "Adagrad", "Adam", "Momentum", "Gradient",
                     "NonZero", "Compress", "Unique", "NonMaxSuppression", "ImageDecoder"}
 
 with warnings.catch_warnings():  # building the node cases runs numpy on inf/nan on purpose

@@ -1,7 +1,7 @@
 """Find the first ONNX node whose output diverges from onnxruntime inside a compiled model.
 
     python tools/bisect.py MODEL.onnx BLOB-or-TARGET [--inputs feeds.npz] [--perturb NODE]
-                           [--device D] [--json]
+                           [--input-shape NAME=d0,d1,...]... [--device D] [--json]
 
 A debug build of MODEL (for the blob's target, or TARGET) exports every node's output as an extra
 graph output, so every tensor the graph computes is realized and read back; it runs through the
@@ -10,6 +10,10 @@ two are compared node by node in the debug build's launch order. The culprit is 
 whose output diverges while every input it reads matches; its kernel is named from the blob's
 provenance (from the debug build's when given a target). --perturb NODE adds a small error to one
 node's output in the debug build: the tool must then name exactly that node.
+
+A model with dynamic dims is bisected at the shapes the blob was compiled for (and with the
+inputs it froze with --input-value, from its meta); given a target, at the --input-shape
+bindings or the shapes of --inputs.
 
 Exporting every node's output means the debug build fuses less than the shipped blob: a fault
 that lives only in a fused kernel's epilogue shows as a divergence of the blob's outputs that the
@@ -32,7 +36,8 @@ from runner import BlobError, ConfigError, DeviceError, DeviceTimeout, InputErro
 from runner.blob import launch_nodes, read_blob  # noqa: E402
 from runner.device import TARGETS  # noqa: E402
 from tools.cli import Parser, report  # noqa: E402
-from tools.run import ToolError, load_feeds, random_feeds  # noqa: E402
+from tools.compile import parse_shape  # noqa: E402
+from tools.run import ToolError, frozen_feeds, load_feeds, random_feeds  # noqa: E402
 
 # (rtol, atol) per dtype kind and size: an element diverges when |keel - ort| > atol + rtol*|ort|.
 # float32: keel reassociates sums (register tiles, FMA, Winograd regrouping) and evaluates exp and
@@ -203,7 +208,8 @@ def kernel_of(name: str, launches: list) -> str | None:
 
 
 def bisect(model_path: str, blob_or_target: str, feeds: dict | None = None,
-           perturb: str | None = None, device: str | None = None) -> dict:
+           perturb: str | None = None, device: str | None = None,
+           input_shapes: dict | None = None) -> dict:
     try:
         model = onnx.load(model_path)
     except Exception as e:  # protobuf raises several unrelated types for garbage input
@@ -214,6 +220,8 @@ def bisect(model_path: str, blob_or_target: str, feeds: dict | None = None,
     if target not in TARGETS:
         raise ToolError(f"{blob_or_target}: expected a .blob file or a target, one of "
                         f"{sorted(TARGETS)}")
+    model = static_model(model, _shapes(blob, input_shapes, feeds),
+                         frozen_feeds(blob.manifest["meta"]) if blob else {})
     if perturb is not None:
         check_perturb(model, perturb)
     feeds = feeds if feeds is not None else _feeds(model)
@@ -229,6 +237,32 @@ def bisect(model_path: str, blob_or_target: str, feeds: dict | None = None,
     if blob is not None:
         rep["blob_outputs_diverge"] = _blob_diverges(blob_or_target, device, feeds, ref)
     return rep
+
+
+def _shapes(blob, given: dict | None, feeds: dict | None) -> dict[str, tuple[int, ...]]:
+    """The input shapes to bisect at: the blob's own, else --input-shape, else the feeds'."""
+    if blob is not None:
+        return {b.name: tuple(b.shape) for b in blob.inputs}
+    return {**{k: v.shape for k, v in (feeds or {}).items()}, **(given or {})}
+
+
+def static_model(model: onnx.ModelProto, shapes: dict, frozen: dict) -> onnx.ModelProto:
+    """`model` as the blob was compiled from it: its inputs' dims fixed to `shapes` and its
+    frozen inputs turned into initializers, so shape inference types every node output and the
+    debug build needs no bindings."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    keep = [vi for vi in m.graph.input if vi.name not in frozen]
+    for vi in keep:
+        if vi.name in shapes and vi.type.HasField("tensor_type"):
+            dims = vi.type.tensor_type.shape
+            dims.Clear()
+            for d in shapes[vi.name]:
+                dims.dim.add().dim_value = int(d)
+    del m.graph.input[:]
+    m.graph.input.extend(keep)
+    m.graph.initializer.extend(onnx.numpy_helper.from_array(v, n) for n, v in frozen.items())
+    return m
 
 
 def _blob_diverges(path: str, device: str | None, feeds: dict, ref: dict) -> list[str]:
@@ -250,9 +284,11 @@ def _feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
         if vi.name in init:
             continue
         t = vi.type.tensor_type
-        dims = [d.dim_value for d in t.shape.dim]
-        if not all(dims):
-            raise ToolError(f"input {vi.name!r} has dynamic dims {dims}; give --inputs feeds.npz")
+        dims = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?"
+                for d in t.shape.dim]
+        if not all(isinstance(d, int) and d >= 0 for d in dims):
+            raise ToolError(f"input {vi.name!r} has dynamic dims {dims}; give a blob, "
+                            f"--input-shape {vi.name}=d0,d1,... or --inputs feeds.npz")
         specs[vi.name] = (tuple(dims), helper.tensor_dtype_to_np_dtype(t.elem_type))
     return random_feeds(specs)
 
@@ -312,13 +348,17 @@ def main() -> int:
     ap.add_argument("blob", help="a blob compiled from it, or a target name")
     ap.add_argument("--inputs", help=".npz with one array per input (default: seeded random)")
     ap.add_argument("--perturb", metavar="NODE", help="add a small error to NODE's output")
+    ap.add_argument("--input-shape", action="append", type=parse_shape, default=[],
+                    metavar="NAME=d0,d1,...",
+                    help="bind an input's dynamic dims, given a target (repeatable)")
     ap.add_argument("--device", help="runner device (default: the target's)")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = ap.parse_args()
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `bisect.py ... --json | head` ends quietly
     try:
         feeds = load_feeds(args.inputs) if args.inputs else None
-        rep = bisect(args.model, args.blob, feeds, args.perturb, args.device)
+        rep = bisect(args.model, args.blob, feeds, args.perturb, args.device,
+                     dict(args.input_shape))
     except (ToolError, BlobError, ConfigError, InputError, DeviceError, DeviceTimeout,
             ValueError) as e:
         print(f"bisect: {e}", file=sys.stderr)

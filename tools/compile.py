@@ -1,7 +1,11 @@
 """Compile an ONNX model into one keel blob.
 
   python tools/compile.py MODEL.onnx -o OUT.blob [--target cpu] [--input-shape NAME=d0,d1,...]...
-                          [--float16] [--embed-binaries] [--verbose]
+                          [--input-value NAME=v0,v1,...]... [--float16] [--embed-binaries]
+                          [--verbose]
+
+--input-value freezes an input to a constant: the blob no longer takes it, and what depends on
+it folds (an If on a sample-rate input builds only the branch it takes).
 
 --embed-binaries (--target qcom, on the device): builds every kernel with this device's vendor
 OpenCL compiler, parses the binaries and stores the parsed programs in the blob's manifest meta
@@ -40,6 +44,17 @@ def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
     return name, shape
 
 
+def parse_value(text: str) -> tuple[str, list[float | int]]:
+    name, sep, values = text.rpartition("=")
+    try:
+        numbers = [float(v) if any(c in v for c in ".eEn") else int(v) for v in values.split(",")]
+    except ValueError:
+        numbers = []
+    if not sep or not name or not numbers:
+        raise argparse.ArgumentTypeError(f"expected NAME=v0,v1,... with numbers, got {text!r}")
+    return name, numbers
+
+
 class Progress:
     """One status line on stderr: rewritten in place on a terminal, every 10% otherwise."""
 
@@ -69,6 +84,8 @@ def main(argv=None) -> int:
     ap.add_argument("--target", default="cpu", choices=sorted(TARGETS))
     ap.add_argument("--input-shape", action="append", type=parse_shape, default=[],
                     metavar="NAME=d0,d1,...", help="bind an input's dynamic dims (repeatable)")
+    ap.add_argument("--input-value", action="append", type=parse_value, default=[],
+                    metavar="NAME=v0,v1,...", help="freeze an input to a constant (repeatable)")
     ap.add_argument("--float16", action="store_true", help="store weights and activations as fp16")
     ap.add_argument("--embed-binaries", action="store_true",
                     help="qcom, on the device: embed this GPU's parsed kernel binaries")
@@ -83,7 +100,8 @@ def main(argv=None) -> int:
         with BlobWriter(args.output) as out:  # checks the output before the compile
             art = compile_model(args.model, target=args.target,
                                 input_shapes=dict(args.input_shape), float16=args.float16,
-                                stages=stages, on_weights=out.weights)
+                                stages=stages, on_weights=out.weights,
+                                input_values=dict(args.input_value))
             if args.embed_binaries:
                 art.meta[store.EMBED_KEY] = store.embed_here(bytes(art.programs).decode())
             out.finish(art)

@@ -36,7 +36,15 @@ NOTES = """\
   run receives (tests/onnx_backend.py); keel compiles static shapes.
 - Ops that ONNX defines by a function body (Attention, the losses, RMSNormalization,
   RotaryEmbedding, ...) and that keel has no direct implementation of are built from that body.
-- Out of scope, and why: training ops; sequence/optional/map and string types; If/Loop/Scan;
+- Control flow: `If` is built at compile time. A condition known then (a constant, a value
+  computed from shapes, or an input frozen with `--input-value NAME=V` /
+  `compile_model(input_values=...)`) builds only the branch it takes, so the branches may differ
+  in anything. A condition known only at run time builds both branches and selects each output
+  with a Where: both run, so their outputs must agree in shape and dtype, and otherwise the
+  compile is refused with a CompileError naming the If node, its outputs' two shapes and the
+  inputs its condition depends on. `Loop` and `Scan` are not supported: a model that uses them
+  (at any depth, inside an If branch too) is refused, naming each such node and its opset.
+- Out of scope, and why: training ops; sequence/optional/map and string types; Loop/Scan;
   float8/int4/int2/float4/bfloat16 types; the ai.onnx.ml and preview domains; and ops whose
   output shape depends on input values (NonZero, Compress, Unique, NonMaxSuppression,
   ImageDecoder), since keel compiles static shapes.

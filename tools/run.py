@@ -50,6 +50,13 @@ def load_feeds(path: str) -> dict[str, np.ndarray]:
         raise ToolError(f"cannot read inputs {path}: {e}") from None
 
 
+def frozen_feeds(meta: dict) -> dict[str, np.ndarray]:
+    """The inputs the blob was compiled with frozen (--input-value), as feeds for the ONNX
+    model it came from."""
+    return {name: np.array(f["values"], f["dtype"]).reshape(f["shape"])
+            for name, f in meta.get("frozen_inputs", {}).items()}
+
+
 def bench(m: Model, feeds: dict, runs: int) -> None:
     """The modeld loop: inputs written into the slots, outputs into preallocated arrays."""
     for name, arr in feeds.items():
@@ -109,7 +116,7 @@ def main() -> int:
         if args.bench:
             bench(m, feeds, args.bench)
         if args.check:
-            check(args.check, feeds, results)
+            check(args.check, {**feeds, **frozen_feeds(m.meta)}, results)
     except (BlobError, ConfigError, InputError, DeviceError, DeviceTimeout, ToolError) as e:
         print(f"run: {args.blob}: {e}", file=sys.stderr)
         return 2

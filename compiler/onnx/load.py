@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections import ChainMap
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from compiler import cache
 from compiler.errors import CompileError, StaticInputError
+from compiler.ir.interp import evaluate
 from compiler.ir.tensor import Tensor
-from compiler.ir.uop import UOp
+from compiler.ir.uop import Ops, UOp
 from compiler.onnx import ops  # noqa: F401  (registers every op into OPS)
 from compiler.onnx.metadata import model_meta
 from compiler.onnx.registry import MAX_OPSET, MIN_OPSET, ONNX_CODES, OPS, Ctx, onnx_dtype
@@ -120,14 +123,20 @@ def _input_shape(vi: onnx.ValueInfoProto, given: dict) -> tuple[int, ...]:
         return _given_shape(vi, given[vi.name])
     shape = []
     for i, d in enumerate(dims):
-        if d.HasField("dim_value") and d.dim_value >= 0:
+        if static_dim(d) is not None:
             shape.append(d.dim_value)
         else:
-            sym = d.dim_param or "?"
+            sym = d.dim_param or (str(d.dim_value) if d.HasField("dim_value") else "?")
             raise CompileError(f"input {vi.name!r} has a dynamic dim {i} ({sym!r}); bind it with "
                                f"--input-shape {vi.name}=d0,d1,... "
                                f"(input_shapes={{'{vi.name}': ...}})")
     return _bounded(tuple(shape), f"input {vi.name!r}")
+
+
+def static_dim(d: onnx.TensorShapeProto.Dimension) -> int | None:
+    """A dim's size, or None when it is dynamic: a symbol, no value at all, or a negative
+    value (PaddlePaddle's exporter writes a dynamic dim as dim_value = -1)."""
+    return d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else None
 
 
 def _given_shape(vi: onnx.ValueInfoProto, shape) -> tuple[int, ...]:
@@ -138,7 +147,7 @@ def _given_shape(vi: onnx.ValueInfoProto, shape) -> tuple[int, ...]:
         raise CompileError(f"{where}: --input-shape gives {len(shape)} dims {shape}, the model "
                            f"says {len(dims)}")
     for i, (d, n) in enumerate(zip(dims, shape)):
-        if d.HasField("dim_value") and d.dim_value != n:
+        if static_dim(d) not in (None, n):
             raise CompileError(f"{where}: --input-shape gives dim {i} = {n}, the model says "
                                f"{d.dim_value}")
     return _bounded(shape, where)
@@ -173,7 +182,7 @@ def _known(node: onnx.NodeProto, opset: int, local: set) -> bool:
         return True
     if node.domain not in ("", "ai.onnx"):
         return False
-    return node.op_type in OPS or _schema_with_function(node.op_type, opset) is not None
+    return node.op_type in OPS or node.op_type == "If" or _schema_with_function(node.op_type, opset) is not None
 
 
 def _schema_with_function(op_type: str, opset: int):
@@ -185,12 +194,18 @@ def _schema_with_function(op_type: str, opset: int):
 
 
 def _all_nodes(graph: onnx.GraphProto):
+    """Every node, those of If branches (subgraphs) included."""
     for n in graph.node:
         yield n
+        for a in n.attribute:
+            for g in (a.g,) if a.type == onnx.AttributeProto.GRAPH else a.graphs:
+                yield from _all_nodes(g)
 
 
 def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool = False,
-              pad_columns: int = 0) -> Graph:
+              pad_columns: int = 0, input_values: dict | None = None) -> Graph:
+    """input_values: {input name: value}, inputs frozen to constants (they leave the blob's
+    inputs, and what depends on them folds, an If's condition included)."""
     proto, data = _load_proto(model)
     _well_formed(proto, model)
     opset = _opset(proto)
@@ -198,19 +213,19 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
         raise CompileError(f"opset {opset} is outside the supported range {MIN_OPSET}..{MAX_OPSET}")
     check_supported(proto, opset)
     _validate(proto, model, data)
-    unknown = set(input_shapes) - {i.name for i in proto.graph.input}
-    if unknown:
-        raise CompileError(f"--input-shape names unknown input(s) {sorted(unknown)}; inputs are "
-                           f"{[i.name for i in proto.graph.input]}")
+    input_values = input_values or {}
+    for flag, given in (("--input-shape", input_shapes), ("--input-value", input_values)):
+        unknown = set(given) - {i.name for i in proto.graph.input}
+        if unknown:
+            raise CompileError(f"{flag} names unknown input(s) {sorted(unknown)}; inputs are "
+                               f"{[i.name for i in proto.graph.input]}")
     vals: dict[str, Tensor | None] = {"": None}
-    for init in proto.graph.initializer:
-        onnx_dtype(init.data_type, f"initializer {init.name!r}")
-        try:
-            vals[init.name] = Tensor.weight(numpy_helper.to_array(init))
-        except (ValueError, TypeError) as e:  # its data does not fill its dims
-            raise CompileError(f"initializer {init.name!r}: {e}") from None
+    _initializers(proto.graph, vals)
     inputs = []
     for vi in proto.graph.input:
+        if vi.name in input_values:  # frozen: a constant, so branches on it fold
+            vals[vi.name] = Tensor.weight(_frozen(vi, input_values[vi.name], input_shapes))
+            continue
         if vi.name in vals:
             continue  # an initializer with a default value: a constant of the model
         if not vi.type.HasField("tensor_type"):
@@ -230,7 +245,49 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
         outputs.append((vi.name, vals[vi.name].uop))
     props = {p.key: p.value for p in proto.metadata_props}
     meta = model_meta(props, [(name, tuple(u.shape)) for name, u in outputs])
+    frozen = {n: {"dtype": str(a.dtype), "shape": list(a.shape), "values": a.reshape(-1).tolist()}
+              for n, a in ((n, evaluate(vals[n].uop)) for n in input_values)}
+    if frozen:  # what the model's own inputs were frozen to: tools feed onnxruntime the same
+        meta["frozen_inputs"] = frozen
     return Graph(inputs, outputs, {"opset": opset, **meta}, *_origins(proto.graph.node, vals))
+
+
+def _initializers(graph: onnx.GraphProto, vals) -> None:
+    """A graph's (or an If branch's) initializers into `vals`, as weights."""
+    for init in graph.initializer:
+        onnx_dtype(init.data_type, f"initializer {init.name!r}")
+        try:
+            vals[init.name] = Tensor.weight(numpy_helper.to_array(init))
+        except (ValueError, TypeError) as e:  # its data does not fill its dims
+            raise CompileError(f"initializer {init.name!r}: {e}") from None
+
+
+def _frozen(vi: onnx.ValueInfoProto, value, given: dict) -> np.ndarray:
+    """An input's --input-value as an array of the input's dtype and shape (a dynamic dim's
+    size from --input-shape, or from the value: a scalar input takes one number, a vector any
+    count)."""
+    where = f"input {vi.name!r}: --input-value"
+    if not vi.type.HasField("tensor_type"):
+        raise CompileError(f"{where}: the input is not a tensor")
+    dt = np.dtype(onnx_dtype(vi.type.tensor_type.elem_type, f"input {vi.name!r}").name)
+    value = np.asarray(value)
+    exact = value.astype(dt)
+    if not np.array_equal(exact.astype(value.dtype), value, equal_nan=value.dtype.kind == "f"):
+        raise CompileError(f"{where} {value.reshape(-1).tolist()} is not exactly a {dt} value")
+    dims = vi.type.tensor_type.shape.dim
+    shape = tuple(given[vi.name]) if vi.name in given else \
+        tuple(static_dim(d) for d in dims) if vi.type.tensor_type.HasField("shape") else None
+    if shape is not None and None in shape:  # dynamic dims: only a vector's follows the value
+        shape = (exact.size,) if len(shape) == 1 else None
+    if shape is None or math.prod(shape) != exact.size:
+        raise CompileError(f"{where} gives {exact.size} value(s), the input's shape is "
+                           f"{_dims_text(dims)}; give its shape with --input-shape")
+    return exact.reshape(shape)
+
+
+def _dims_text(dims) -> str:
+    return "(" + ", ".join(str(static_dim(d)) if static_dim(d) is not None else
+                           repr(d.dim_param or "?") for d in dims) + ")"
 
 
 def node_name(node: onnx.NodeProto, i: int) -> str:
@@ -258,7 +315,9 @@ def _build(nodes, vals: dict, base: Ctx, functions: dict) -> None:
         if missing:
             raise CompileError(f"{ctx.where()}: input(s) {missing} are not produced by any node")
         local = functions.get((node.domain, node.op_type))
-        if local is None and node.domain in ("", "ai.onnx") and node.op_type in OPS:
+        if local is None and node.domain in ("", "ai.onnx") and node.op_type == "If":
+            outs = _if(ctx, args, vals, functions)
+        elif local is None and node.domain in ("", "ai.onnx") and node.op_type in OPS:
             try:
                 outs = OPS[node.op_type](ctx, args, attrs(node))
             except CompileError:
@@ -273,6 +332,51 @@ def _build(nodes, vals: dict, base: Ctx, functions: dict) -> None:
                 vals[name] = t
                 if isinstance(t, Tensor):
                     _bounded(t.shape, f"{ctx.where()}: output {name!r}")
+
+
+def _if(ctx: Ctx, args: list, scope, functions: dict) -> list:
+    """ONNX If. A condition known at compile time (a constant, a value computed from shapes, an
+    input frozen with --input-value) builds the branch it takes and nothing else. Otherwise
+    both branches are built and each output selects between them (Where): both run, which
+    needs their outputs to agree in shape and dtype; a pair that does not is refused."""
+    node, cond = ctx.node, args[0]
+    if cond is None:
+        raise CompileError(f"{ctx.where()}: input cond is required")
+    branch = {a.name: a.g for a in node.attribute if a.name in ("then_branch", "else_branch")}
+    known = ctx.constant(cond)
+    if known is not None:
+        if known.size != 1:
+            raise CompileError(f"{ctx.where()}: its condition has {known.size} elements, not 1")
+        taken = "then_branch" if known.reshape(-1)[0] else "else_branch"
+        return _branch(ctx, branch[taken], scope, functions)
+    then, other = (_branch(ctx, branch[b], scope, functions) for b in ("then_branch", "else_branch"))
+    inputs = sorted({n.arg[0] for n in cond.uop.toposort() if n.op is Ops.INPUT})
+    for name, t, e in zip(node.output, then, other):
+        if not (isinstance(t, Tensor) and isinstance(e, Tensor)) or \
+                (t.shape, t.dtype) != (e.shape, e.dtype):
+            raise CompileError(
+                f"{ctx.where()}: its condition depends on graph input(s) {inputs}, and its "
+                f"branches give output {name!r} as {_kind(t)} and {_kind(e)}: keel runs both "
+                f"branches and selects, which needs one shape and dtype; freeze the input "
+                f"with --input-value NAME=V so the condition folds")
+    pick = cond.reshape(())
+    return [pick.where(t, e) for t, e in zip(then, other)]
+
+
+def _kind(t) -> str:
+    return f"{t.shape} {t.dtype.name}" if isinstance(t, Tensor) else "no tensor"
+
+
+def _branch(ctx: Ctx, graph: onnx.GraphProto, scope, functions: dict) -> list:
+    """An If branch's outputs: its nodes built in a scope of their own that sees the outer one."""
+    env = ChainMap({}, scope)
+    _initializers(graph, env)
+    _build(graph.node, env, ctx, functions)
+    missing = [o.name for o in graph.output if env.get(o.name) is None]
+    if missing:
+        raise CompileError(f"{ctx.where()}: branch {graph.name!r} output(s) {missing} are not "
+                           f"produced by any node")
+    return [env[o.name] for o in graph.output]
 
 
 def _expand_function(ctx: Ctx, args: list, local, functions: dict) -> list:
