@@ -57,10 +57,11 @@ class Entry:
     member: str  # the model's path inside the wheel
     sha256: str  # of the model file
     kind: str  # what it is, for the table
-    shapes: dict  # input name -> shape: what --input-shape fixes (every input's, for the feeds)
-    # input name -> ("normal", scale) | ("uniform", lo, hi) | ("ints", lo, hi) | ("value", v)
+    shapes: dict  # input name -> shape: what --input-shape fixes (every fed input's)
+    # input name -> ("normal", scale) | ("uniform", lo, hi) | ("ints", lo, hi, dtype)
     feeds: dict = field(default_factory=dict)
     targets: tuple = ("cpu",)  # besides cpu, where it fits: opencl, qcom, dsp
+    values: dict = field(default_factory=dict)  # input name -> frozen value (--input-value)
     error: str = ""  # a model keel refuses: a regex its one-line CompileError must match
     dynamic: bool = False  # the ONNX file leaves some dim to the user
     control_flow: bool = False  # the graph has If
@@ -79,11 +80,17 @@ class Entry:
                 out[name] = (rng.standard_normal(shape) * how[1]).astype(np.float32)
             elif how[0] == "uniform":
                 out[name] = rng.uniform(how[1], how[2], shape).astype(np.float32)
-            elif how[0] == "ints":
-                out[name] = rng.integers(how[1], how[2], shape).astype(how[3])
             else:
-                out[name] = np.array(how[1], dtype=how[2]).reshape(shape)
+                out[name] = rng.integers(how[1], how[2], shape).astype(how[3])
         return out
+
+    def reference_feeds(self, seed: int = 0) -> dict[str, np.ndarray]:
+        """random_feeds and the frozen inputs: what onnxruntime runs."""
+        return {**self.random_feeds(seed), **{k: np.array(v) for k, v in self.values.items()}}
+
+    def compile_options(self) -> dict:
+        return {"input_shapes": self.shapes, **({"input_values": self.values} if self.values
+                                                else {})}
 
 
 # The tolerances: float32 on every target, against onnxruntime's float32. Convolution stacks
@@ -125,9 +132,9 @@ CORPUS: list[Entry] = [
     Entry("silero-vad", SILERO, "silero_vad/data/silero_vad.onnx",
           "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3",
           "voice activity, If on the sample rate",
-          {"input": (1, 512), "state": (2, 1, 128), "sr": ()},
-          {"input": ("normal", 0.1), "state": ("normal", 0.5), "sr": ("value", 16000, np.int64)},
-          ("cpu",), dynamic=True, control_flow=True,
+          {"input": (1, 512), "state": (2, 1, 128)},
+          {"input": ("normal", 0.1), "state": ("normal", 0.5)}, ("cpu", "opencl", "qcom"),
+          values={"sr": np.int64(16000)}, dynamic=True, control_flow=True,
           why_tolerance="STFT magnitudes, conv, LSTM, sigmoid"),
     Entry("magika", MAGIKA, "magika/models/standard_v3_3/model.onnx",
           "fe2d2eb49c5f88a9e0a6c048e15d6ffdf86235519c2afc535044de433169ec8c",

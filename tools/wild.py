@@ -49,7 +49,7 @@ def measure(entry: Entry, runs: int, bench: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix="keel-wild-") as tmp:
         t = time.perf_counter()
         try:
-            art = compile_model(str(entry.path()), "cpu", input_shapes=entry.shapes)
+            art = compile_model(str(entry.path()), "cpu", **entry.compile_options())
         except CompileError as e:
             return {**row, "error": str(e).splitlines()[0]}
         row["compile_s"] = time.perf_counter() - t
@@ -58,8 +58,7 @@ def measure(entry: Entry, runs: int, bench: bool) -> dict:
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = 1, 1
     sess = ort.InferenceSession(str(entry.path()), so, providers=["CPUExecutionProvider"])
-    feeds = entry.random_feeds()
-    keel_feeds = {k: v for k, v in feeds.items() if k in model.inputs}
+    feeds, keel_feeds = entry.reference_feeds(), entry.random_feeds()
     names = [o.name for o in sess.get_outputs()]
     want = dict(zip(names, sess.run(names, feeds)))
     row["max_err"] = max_error(model.run(keel_feeds), want)
