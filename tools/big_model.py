@@ -5,7 +5,7 @@
 A chain of N MatMuls of [1, W] by [W, W] float32 weights (N * W * W * 4 bytes: 24 layers of
 4096 make 1.61 GB, 33 make 2.21 GB). With --external the weights go to OUT.onnx.data, written one
 tensor at a time (a model over 2 GB must: protobuf cannot hold it), and the ONNX file names their
-offsets. Weights are uniform in +-1/sqrt(W), so activations stay near unit scale through depth.
+offsets. Weights are uniform in +-sqrt(3/W) (variance 1/W), so activations keep unit scale through depth.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 
 def weight(rng: np.random.Generator, width: int) -> np.ndarray:
-    return (rng.random((width, width), dtype=np.float32) * 2 - 1) * np.float32(width ** -0.5)
+    return (rng.random((width, width), dtype=np.float32) * 2 - 1) * np.float32((3 / width) ** 0.5)
 
 
 def make(path: str, layers: int, width: int, external: bool) -> None:
