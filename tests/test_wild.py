@@ -5,12 +5,15 @@ without them the tests skip locally and fail in CI, naming the script.
 
 CI compiles the corpus for cpu-avx2 (the x86-64-v3 half of a `cpu` blob, as the ONNX node suite
 does; tests/test_variants.py covers the two-variant blob, tools/wild.py measures it). Blobs are
-cached by tests/graphs.py:compiled_blob. The other targets are `slow`. Each entry states its
+cached by tests/graphs.py:compiled_blob. The other targets are `slow`, and CI runs them for the
+light models only (tests/wild.py `light`); KEEL_WILD_ALL=1 runs every model on every target it
+fits (33 runs, minutes of PoCL kernel builds and qemu). Each entry states its
 tolerance and why (tests/wild.py); the feeds are the corpus's own (audio-scaled samples, pixel
 ranges, byte values), two seeds on the CPU.
 """
 from __future__ import annotations
 
+import os
 import re
 
 import numpy as np
@@ -26,6 +29,7 @@ from tests.graphs import assert_close, compiled_blob
 from tests.wild import CORPUS, Entry, missing
 
 ABSENT = missing()
+ALL = os.environ.get("KEEL_WILD_ALL") == "1"  # every model on every target it fits
 pytestmark = needs("the model corpus (python scripts/fetch_wild.py)",
                    f"not fetched: {', '.join(ABSENT)}" if ABSENT else None)
 SUPPORTED = [e for e in CORPUS if not e.error]
@@ -71,7 +75,7 @@ def test_model_matches_onnxruntime_on_the_cpu(entry):
 @pytest.mark.slow
 @pytest.mark.parametrize("entry,target", [
     pytest.param(e, t, id=f"{e.name}-{t}", marks=DEVICES[t][1])
-    for e in SUPPORTED for t in e.targets if t != "cpu"])
+    for e in SUPPORTED for t in e.targets if t != "cpu" and (e.light or ALL)])
 def test_model_matches_onnxruntime_on(entry, target, monkeypatch):
     for var, value in DEVICES[target][0].items():
         monkeypatch.setenv(var, value)
