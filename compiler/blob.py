@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import mmap
 import os
 import stat
 import threading
@@ -149,6 +150,8 @@ def share_weights(builds: list) -> tuple[bytes, tuple[int, ...]]:
     section, so a runner reading one build touches the shared section and its own only."""
     key = _content_keys([dict(b.weights) for b in builds])
     data = {k[bid]: d for b, k in zip(builds, key) for bid, d in b.weights}
+    for b in builds:  # from here `data` holds each weight's bytes, until its last copy below:
+        b.weights = []  # the region grows as they go, so they are not held twice over
     common = set.intersection(*(set(k.values()) for k in key))
     parts = [[h for h in key[0].values() if h in common]] + \
         [[h for h in k.values() if h not in common] for k in key]
@@ -162,13 +165,18 @@ def share_weights(builds: list) -> tuple[bytes, tuple[int, ...]]:
         places.append(place)
         sizes.append(size)
     starts, end = _weight_starts(sizes)
-    region = bytearray(end)
+    # anonymous memory: its pages are paid for as the weights are copied in, each freed after
+    region = mmap.mmap(-1, end) if end else bytearray()
+    last = {h: i for i, place in enumerate(places[1:]) for h in place}  # its last build
+    last.update(dict.fromkeys(places[0], 0))  # a shared weight: the first build copies it
     shared = {h: starts[0] + off for h, off in places[0].items()}
     for i, b in enumerate(builds):
         own = {h: starts[i + 1] + off for h, off in places[i + 1].items()}
         at = {**shared, **own}
         for h, off in (own if i else at).items():  # the shared section once
             region[off:off + len(data[h])] = data[h]
+            if last[h] == i:
+                del data[h]
         b.move_weights({bid: at[h] for bid, h in key[i].items()})
     return region, tuple(sizes)
 

@@ -76,9 +76,9 @@ def test_a_model_over_2_gb_of_external_weights_loads_compiles_and_runs(tmp_path)
 
 
 @needs_big
-@pytest.mark.xfail(strict=True, reason="peak RSS is 3.0x the ONNX file (docs/wild.md): the "
-                   "proto, the weights as arrays, their packed copies and the weights region "
-                   "are alive at once; the issue asks for 2x")
+@pytest.mark.xfail(strict=True, reason="peak RSS is 2.08x the ONNX file (docs/wild.md): the "
+                   "frontend's arrays and the weights region are alive at once; the issue asks "
+                   "for 2x")
 def test_a_1_5_gb_model_compiles_within_twice_its_size(tmp_path):
     path = tmp_path / "big.onnx"
     make(str(path), layers=24, width=4096, external=False)

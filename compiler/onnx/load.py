@@ -38,6 +38,11 @@ class Graph:
 
 
 
+# a model past this size is checked on a copy without its large initializers (_lent): the
+# checker and shape inference would each hold another copy of the weights
+BIG_MODEL_BYTES, BIG_TENSOR_BYTES = 256 << 20, 1 << 20
+
+
 def _load_proto(model) -> tuple[onnx.ModelProto, bytes | None]:
     """The model, and the file's bytes when they are the whole model (no external data): the
     checks then read those bytes instead of serializing the model again."""
@@ -55,7 +60,8 @@ def _load_proto(model) -> tuple[onnx.ModelProto, bytes | None]:
                     if entry.key == "location":
                         entry.value = str(Path(model).parent / entry.value)
             return proto, None
-        return proto, data
+        # a big model's bytes go now: the checks read a copy without its weights (_lent)
+        return proto, (data if len(data) <= BIG_MODEL_BYTES else None)
     except FileNotFoundError:
         raise CompileError(f"model file not found: {model}") from None
     except Exception as e:  # protobuf raises several unrelated types for garbage input
@@ -102,14 +108,14 @@ def _validate(proto: onnx.ModelProto, source, data: bytes | None) -> None:
     # keel, which infers them) accept neither. Lend them for the check, on a copy.
     io = (*proto.graph.input, *proto.graph.output)
     if any(_untyped(v) for v in io) or data is None:
-        lent = onnx.ModelProto()
-        lent.CopyFrom(proto)
+        lent = _lent(proto)
         for v in (*lent.graph.input, *lent.graph.output):
             if not v.type.HasField("tensor_type") and not v.type.HasField("sequence_type"):
                 v.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
             if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape"):
                 v.type.tensor_type.shape.SetInParent()
-        checked, inferred, size = lent, proto, proto.ByteSize()
+        # a big model's inference on the whole would copy it twice
+        checked, inferred, size = lent, lent if _big(proto) else proto, lent.ByteSize()
     else:  # the file's own bytes: no copy, no serialization (a 76 MB model costs ~0.5 s each)
         checked, inferred, size = data, data, len(data)
         key = hashlib.sha256(onnx.__version__.encode() + b"\0" + data).hexdigest()
@@ -128,6 +134,49 @@ def _validate(proto: onnx.ModelProto, source, data: bytes | None) -> None:
                            f"{str(e).splitlines()[0]}") from None
     if checked is data:
         cache.put("valid", key, b"")
+
+
+def _lent(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of the model for the checks; a big model's large initializers become typed graph
+    inputs in it, so the checks see the same names, types and shapes without another copy of
+    the weights (shape inference reads only small ones' values: shapes, axes)."""
+    lent = onnx.ModelProto()
+    if not _big(proto):
+        lent.CopyFrom(proto)
+        return lent
+    for f, v in proto.ListFields():
+        if f.name != "graph":
+            _copy_field(lent, f, v)
+    inputs = {i.name for i in proto.graph.input}
+    for f, v in proto.graph.ListFields():
+        if f.name != "initializer":
+            _copy_field(lent.graph, f, v)
+    for t in proto.graph.initializer:
+        if _nbytes(t) <= BIG_TENSOR_BYTES:
+            lent.graph.initializer.append(t)
+        elif t.name not in inputs:
+            lent.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type,
+                                                                      t.dims))
+    return lent
+
+
+def _nbytes(t: onnx.TensorProto) -> int:
+    """An initializer's size from its dims (protobuf's ByteSize would serialize it to tell)."""
+    itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+    return math.prod(t.dims) * itemsize
+
+
+def _big(proto: onnx.ModelProto) -> bool:
+    return sum(map(_nbytes, proto.graph.initializer)) > BIG_MODEL_BYTES
+
+
+def _copy_field(dst, f, value) -> None:
+    if f.is_repeated:
+        getattr(dst, f.name).extend(value)
+    elif f.type == f.TYPE_MESSAGE:
+        getattr(dst, f.name).CopyFrom(value)
+    else:
+        setattr(dst, f.name, value)
 
 
 def _untyped(v: onnx.ValueInfoProto) -> bool:
