@@ -4,8 +4,10 @@
 The small external-data models run in CI. The gigabyte ones cannot be made cheap: generating,
 compiling and loading 1.6-2.2 GB of weights takes minutes and up to 7 GB of memory on a 2-core
 machine, so they run only with KEEL_BIG_MODELS=1 (tools/big_model.py makes the same models by
-hand). Tolerance: a chain of float32 MatMuls over 256 or 4096 terms each, summed in another
-order than onnxruntime's; rtol=1e-4 with atol=1e-5 on unit-scale outputs.
+hand). Tolerance: a chain of float32 MatMuls summed in another order than onnxruntime's, on
+unit-scale activations. 3 layers of 256 terms: rtol=1e-4, atol=1e-5. 33 layers of 4096 terms:
+each layer's sums differ by ~sqrt(4096) float32 ulps, compounding through depth (measured: max
+abs error 2.6e-5, 2026-11-26), so atol=1e-4 and rtol=1e-3.
 """
 from __future__ import annotations
 
@@ -31,13 +33,13 @@ COMPILE = Path(__file__).parent.parent / "tools" / "compile.py"
 needs_big = pytest.mark.skipif(not BIG, reason="opt-in: KEEL_BIG_MODELS=1 (minutes, GBs)")
 
 
-def _matches_onnxruntime(onnx_path, blob_path, width: int) -> None:
+def _matches_onnxruntime(onnx_path, blob_path, width: int, rtol=1e-4, atol=1e-5) -> None:
     x = np.random.default_rng(1).standard_normal((1, width)).astype(np.float32)
     m = Model.load(blob_path)
     got = next(iter(m.run({"x": x}).values()))
     m.close()
     want = ort.InferenceSession(str(onnx_path)).run(None, {"x": x})[0]
-    assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert_close(got, want, rtol=rtol, atol=atol)
 
 
 def test_external_weights_compile_and_match_onnxruntime(tmp_path):
@@ -72,7 +74,7 @@ def test_a_model_over_2_gb_of_external_weights_loads_compiles_and_runs(tmp_path)
     make(str(path), layers=33, width=4096, external=True)
     assert os.path.getsize(f"{path}.data") > 2 ** 31
     _compile_peak_rss(path, tmp_path / "big.blob")
-    _matches_onnxruntime(path, tmp_path / "big.blob", 4096)
+    _matches_onnxruntime(path, tmp_path / "big.blob", 4096, rtol=1e-3, atol=1e-4)
 
 
 @needs_big
