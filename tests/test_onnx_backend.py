@@ -1,5 +1,5 @@
 """ONNX conformance: the node tests and the `light` real-model tests of onnx.backend.test, run
-through tests/onnx_backend.py (compile -> blob -> runner), at each test's own rtol/atol.
+through keel/backend.py (compile -> blob -> runner), at each test's own rtol/atol.
 
 Out-of-scope tests are excluded by name, each pattern with its reason (EXCLUDE). In-scope tests
 that fail are listed in XFAIL with the concrete cause; they count as failed in
@@ -16,7 +16,7 @@ import onnx
 import onnx.backend.test
 import pytest
 
-from tests import onnx_backend
+import keel.backend as onnx_backend
 from compiler.pipeline import compile_model
 from compiler.errors import CompileError
 from tests.graphs import make_model

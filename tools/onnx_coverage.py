@@ -33,7 +33,7 @@ NOTES = """\
   compiler/codegen/transcendental.py for their accuracy bounds.
 - Graph inputs that an op needs as values at compile time (a Reshape's shape, a reduction's
   axes, Pad's pads, TopK's k, ...) are bound as constants by the backend from the values each
-  run receives (tests/onnx_backend.py); keel compiles static shapes.
+  run receives (keel/backend.py); keel compiles static shapes.
 - Ops that ONNX defines by a function body (Attention, the losses, RMSNormalization,
   RotaryEmbedding, ...) and that keel has no direct implementation of are built from that body.
 - Control flow: `If` is built at compile time. A condition known then (a constant, a value
