@@ -12,6 +12,7 @@ from compiler import toolchain
 from compiler.artifact import Artifact
 from compiler.blob import share_weights
 from compiler.codegen.build import Built, Job, build_all
+from compiler.codegen.ranges import SAFE_MAX, Fp32Keep, keep_fp32, measure, samples
 from compiler.ir.dtypes import dtypes
 from compiler.ir.uop import UOp
 from compiler.onnx.load import load_onnx
@@ -19,7 +20,6 @@ from compiler.renderers import get_renderer
 from compiler.schedule.buffers import Buffers
 from compiler.schedule.fusion import Kernel, schedule
 from compiler.schedule.layout import canonical, channels_last, in_place, pad_in_place
-from compiler.codegen.ranges import SAFE_MAX, Fp32Keep, keep_fp32, measure, samples
 from compiler.schedule.hazards import mark_barriers
 from compiler.schedule.storage import device_storage
 from compiler.target import LINE_BYTES, Target, get_target, variant_targets
@@ -90,8 +90,7 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
             origins.setdefault(u, i)
         kernels = _copies_for_shared_outputs(outs, kernels)
         kernels, last = _layouts(kernels, realized, set(outs), targets[0])
-    keep = _calibrate(calibration if float16 else None, graph, kernels, outs, targets[0], st)
-    with st("schedule"):
+        keep = _calibrate(calibration if float16 else None, graph, kernels, outs, targets[0], st)
         plans = []  # per variant: (target, its buffers, one job per distinct kernel, launches)
         for t in targets:
             bufs = Buffers(graph.inputs, list(zip([n for n, _ in graph.outputs], outs)),
