@@ -210,7 +210,7 @@ def _static_shapes(model: onnx.ModelProto, inits: set) -> dict | None:
         if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
             return None
         dims = vi.type.tensor_type.shape.dim
-        if not all(d.HasField("dim_value") for d in dims):
+        if not all(d.HasField("dim_value") and d.dim_value >= 0 for d in dims):  # -1: dynamic
             return None
         shapes[vi.name] = tuple(d.dim_value for d in dims)
     return shapes

@@ -117,3 +117,13 @@ def test_tools_feed_onnxruntime_the_inputs_a_blob_froze(tmp_path):
                  "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["first_divergence"]["node"] == "front_end_if"
+
+
+def test_the_onnx_backend_compiles_a_minus_one_dim_model_per_input_shape():
+    import keel.backend as backend
+    model = paddle_recognizer()
+    rep = backend.prepare(model)  # dynamic: compiled on the first run, per input shape
+    for width in (32, 64):
+        x = np.random.default_rng(width).standard_normal((1, 3, 48, width)).astype(np.float32)
+        (got,) = rep.run([x])
+        assert_close(got, ort_run(model, {"x": x})["softmax_0.tmp_0"], 1e-5, 1e-6, f"w={width}")
