@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from compiler.errors import CompileError
-from compiler.ir.interp import eval_node
 from compiler.codegen.half import DEMOTE
+from compiler.errors import CompileError
 from compiler.ir.dtypes import dtypes
+from compiler.ir.interp import eval_node
 from compiler.ir.uop import MOVEMENT, Ops, UOp
+from compiler.schedule.storage import beyond_half
 
-F16_MAX = 65504.0
 F32 = dtypes.float32
 LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 SAFE_MAX = 2.0 ** 14
@@ -65,15 +65,15 @@ def samples(feeds: dict, inputs: list[tuple[str, UOp]]) -> list[dict]:
     return [{n: a[i] for n, a in rows.items()} for i in range(min(counts.values(), default=0))]
 
 
-def measure(roots: list[UOp], samples: list[dict]) -> dict[UOp, float]:
-    """The largest |value| of every float tensor in the graph under `roots`, over the samples
-    (feeds by input name). Values are dropped as soon as their last reader is done, and a
+def measure(roots: list[UOp], runs: list[dict]) -> dict[UOp, float]:
+    """The largest |value| of every float tensor in the graph under `roots`, over the sample
+    runs (each a feed dict by input name). Values are dropped as soon as their last reader is done, and a
     reduction of a product (a conv, a matmul) contracts with einsum instead of materializing the
     product; the product's magnitude is bounded by its operands' (recorded for it)."""
     order = UOp(Ops.SINK, src=tuple(roots)).toposort()[:-1]
     fused = _contracted_products(order)
     largest: dict[UOp, float] = {}
-    for feeds in samples:
+    for feeds in runs:
         for u, m in _sample(order, fused, feeds).items():
             largest[u] = max(largest.get(u, 0.0), m)
     return largest
@@ -182,7 +182,7 @@ def _in_half(k, kept: set[UOp], outputs: set[UOp]) -> set[UOp]:
     for u in k.root.toposort(leaves=set(k.inputs)):
         if u in k.inputs:
             stored_half = u.dtype is F32 and u.op is not Ops.INPUT and u not in kept and \
-                u not in outputs and (u.op is not Ops.WEIGHT or largest_weight(u) <= F16_MAX)
+                u not in outputs and not beyond_half(u)
             if stored_half:
                 half.add(u)
         elif u.op in MOVEMENT or u.op is Ops.CONST:
@@ -191,8 +191,3 @@ def _in_half(k, kept: set[UOp], outputs: set[UOp]) -> set[UOp]:
         elif u.op in DEMOTE and all(s in half for s in u.src if s.dtype.is_float):
             half.add(u)
     return half
-
-
-def largest_weight(u: UOp) -> float:
-    data = u.arg.data
-    return float(np.nanmax(np.abs(data), initial=0.0)) if data.size else 0.0

@@ -44,13 +44,13 @@ def device_storage(target: Target, float16: bool = False, images: bool | None = 
         if region not in DEVICE_REGIONS:
             return dtype, None
         if float16 and dtype is F32 and (region == "weights" or target.half_activations) and \
-                node not in keep_fp32 and not _beyond_half(node):
+                node not in keep_fp32 and not beyond_half(node):
             dtype = F16
         return dtype, image_layout(target, dtype, shape) if use_images else None
     return policy
 
 
-def _beyond_half(node: UOp | None) -> bool:
+def beyond_half(node: UOp | None) -> bool:
     """A weight with a value half cannot hold (it would be stored as inf)."""
     if node is None or node.op is not Ops.WEIGHT:
         return False
