@@ -120,6 +120,21 @@ def test_if_with_differently_shaped_branches_on_a_run_time_value_is_refused_by_n
         assert words in text, text
 
 
+def test_if_whose_untaken_branch_cannot_build_for_these_shapes_says_to_freeze_the_input():
+    """silero's VAD: the 8 kHz branch does not build for 16 kHz frame sizes. With a run-time
+    condition both branches must build, so the refusal names the If, the branch and why."""
+    then = branch("then", [helper.make_node("Reshape", ["x", "s6"], ["t"])],
+                  [("t", None, np.float32)], {"s6": np.array([6], np.int64)})
+    other = branch("else", [helper.make_node("Reshape", ["x", "s16"], ["e"])],
+                   [("e", None, np.float32)], {"s16": np.array([16], np.int64)})
+    model = _if_model([], [("cond", (), np.bool_)], then, other)
+    with pytest.raises(CompileError) as e:
+        compile_model(model, TARGET)
+    for words in ("If node 'the_if'", "['cond']", "its else_branch does not build here",
+                  "--input-value"):
+        assert words in str(e.value), str(e.value)
+
+
 @pytest.mark.parametrize("sr", [16000, 8000])
 def test_voice_activity_net_folds_its_sample_rate_if_with_input_value(sr, tmp_path):
     """The whole user path: tools/compile.py --input-value sr=..., then the runner; the blob no

@@ -68,8 +68,8 @@ def _if(body: Body, args: list) -> list:
         if known.size != 1:
             raise CompileError(f"{ctx.where()}: its condition has {known.size} elements, not 1")
         return body.run(body.graph("then_branch" if known.reshape(-1)[0] else "else_branch"))
-    then, other = body.run(body.graph("then_branch")), body.run(body.graph("else_branch"))
     inputs = sorted({n.arg[0] for n in cond.uop.toposort() if n.op is Ops.INPUT})
+    then, other = (_both(body, branch, inputs) for branch in ("then_branch", "else_branch"))
     for name, t, e in zip(ctx.node.output, then, other):
         if not (isinstance(t, Tensor) and isinstance(e, Tensor)) or \
                 (t.shape, t.dtype) != (e.shape, e.dtype):
@@ -80,6 +80,17 @@ def _if(body: Body, args: list) -> list:
                 f"with --input-value NAME=V so the condition folds")
     pick = cond.reshape(())
     return [pick.where(t, e) for t, e in zip(then, other)]
+
+
+def _both(body: Body, branch: str, inputs: list[str]) -> list:
+    """One branch of an If whose condition is known only at run time: both must build."""
+    try:
+        return body.run(body.graph(branch))
+    except CompileError as e:  # a branch written for other inputs: a sample rate's other shapes
+        raise CompileError(f"{body.ctx.where()}: its condition depends on graph input(s) "
+                           f"{inputs}, so keel builds both branches, and its {branch} does not "
+                           f"build here ({e}); freeze the input with --input-value NAME=V so "
+                           f"the condition folds") from None
 
 
 def _kind(t) -> str:
