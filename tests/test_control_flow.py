@@ -1,9 +1,10 @@
 """ONNX control flow (compiler/onnx/control.py). If: folded when its condition is known at compile
 time (a constant, a value computed from shapes, an input frozen with --input-value), both
 branches run and selected when they agree in shape, refused by node name otherwise. Loop and
-Scan: unrolled when their iterations are known at compile time, refused by node name otherwise. Every result is compared
-with onnxruntime: float32 at 1e-5 relative + 1e-6 absolute (the same ops in the same order, a
-GRU's sigmoids and tanh through keel's polynomials, a few ulp apart)."""
+Scan: unrolled when their iterations are known at compile time, refused by node name otherwise.
+Every result is compared with onnxruntime: float32 at 1e-5 relative + 1e-6 absolute (the same
+ops in the same order, a GRU's sigmoids and tanh through keel's polynomials, a few ulp
+apart)."""
 from __future__ import annotations
 
 import subprocess

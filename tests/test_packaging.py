@@ -46,7 +46,8 @@ def installed(tmp_path_factory):
                            "--no-build-isolation", "--no-index", "--target", prefix, source],
                           capture_output=True, text=True, timeout=600, cwd=source)
     assert proc.returncode == 0, proc.stderr
-    env = {**os.environ, "PYTHONPATH": str(prefix), "PATH": f"{prefix / 'bin'}:{os.environ['PATH']}"}
+    env = {**os.environ, "PYTHONPATH": str(prefix),
+           "PATH": f"{prefix / 'bin'}:{os.environ['PATH']}"}
     return prefix, env
 
 

@@ -67,9 +67,10 @@ def samples(feeds: dict, inputs: list[tuple[str, UOp]]) -> list[dict]:
 
 def measure(roots: list[UOp], runs: list[dict]) -> dict[UOp, float]:
     """The largest |value| of every float tensor in the graph under `roots`, over the sample
-    runs (each a feed dict by input name). Values are dropped as soon as their last reader is done, and a
-    reduction of a product (a conv, a matmul) contracts with einsum instead of materializing the
-    product; the product's magnitude is bounded by its operands' (recorded for it)."""
+    runs (each a feed dict by input name). Values are dropped as soon as their last reader is
+    done, and a reduction of a product (a conv, a matmul) contracts with einsum instead of
+    materializing the product; the product's magnitude is bounded by its operands' (recorded
+    for it)."""
     order = UOp(Ops.SINK, src=tuple(roots)).toposort()[:-1]
     fused = _contracted_products(order)
     largest: dict[UOp, float] = {}

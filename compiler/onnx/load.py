@@ -181,7 +181,8 @@ def _known(node: onnx.NodeProto, opset: int, local: set) -> bool:
         return True
     if node.domain not in ("", "ai.onnx"):
         return False
-    return node.op_type in OPS or node.op_type in CONTROL or _schema_with_function(node.op_type, opset) is not None
+    return node.op_type in OPS or node.op_type in CONTROL or \
+        _schema_with_function(node.op_type, opset) is not None
 
 
 def _schema_with_function(op_type: str, opset: int):
@@ -219,7 +220,7 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
             raise CompileError(f"{flag} names unknown input(s) {sorted(unknown)}; inputs are "
                                f"{[i.name for i in proto.graph.input]}")
     vals: dict[str, Tensor | None] = {"": None}
-    initializers(proto.graph, vals)
+    _initializers(proto.graph, vals)
     inputs = []
     for vi in proto.graph.input:
         if vi.name in input_values:  # frozen: a constant, so branches on it fold
@@ -251,7 +252,7 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
     return Graph(inputs, outputs, {"opset": opset, **meta}, *_origins(proto.graph.node, vals))
 
 
-def initializers(graph: onnx.GraphProto, vals) -> None:
+def _initializers(graph: onnx.GraphProto, vals) -> None:
     """A graph's (or an If branch's) initializers into `vals`, as weights."""
     for init in graph.initializer:
         onnx_dtype(init.data_type, f"initializer {init.name!r}")
@@ -335,7 +336,7 @@ def _build(nodes, vals: dict, base: Ctx, functions: dict) -> None:
 
 def _build_graph(graph: onnx.GraphProto, env, ctx: Ctx, functions: dict) -> None:
     """A subgraph (an If branch, a Loop or Scan body) into `env`: its initializers, its nodes."""
-    initializers(graph, env)
+    _initializers(graph, env)
     _build(graph.node, env, ctx, functions)
 
 
