@@ -17,6 +17,8 @@ from onnx import helper
 
 from tests.graphs import make_model
 
+# building and installing keel: ~20 s of pip on 2 cores
+pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
 
 def _sources() -> list[str]:
