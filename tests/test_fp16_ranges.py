@@ -172,6 +172,10 @@ def test_compile_cli_says_ranges_are_unchecked_or_which_tensors_stay_fp32(tmp_pa
     bad = subprocess.run(base[:-1] + ["--calibrate", tmp_path / "cal.npz"], cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--calibrate needs --float16" in bad.stderr
+    cpu = subprocess.run(base[:5] + ["--target", "cpu-avx2", "--float16", "--calibrate",
+                                     tmp_path / "cal.npz"], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
+    assert cpu.returncode == 0 and "--target cpu-avx2 keeps activations in fp32" in cpu.stderr
 
 
 @pytest.mark.slow

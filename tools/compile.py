@@ -158,6 +158,9 @@ def main(argv=None) -> int:
               + " (summed over workers)", file=sys.stderr)
     if args.float16 and TARGETS[args.target].half_activations:
         print_fp16_ranges(art.meta["fp16_ranges"])
+    elif args.calibrate:
+        print(f"fp16: --target {args.target} keeps activations in fp32: --calibrate had nothing "
+              f"to check", file=sys.stderr)
     size = os.path.getsize(args.output)
     print(f"wrote {args.output}: {size / 2**20:.1f} MiB, {len(art.launches)} launches, "
           f"arena {art.arena_bytes / 2**20:.2f} MiB (lower bound "
