@@ -18,6 +18,7 @@ from qcom import cmdstream as cs
 from qcom import texture
 from qcom.execute import Executor
 from qcom.program import SHADER_UNIT, Program, parse
+from runner.faults import bringup
 
 R = cs.REGISTERS
 
@@ -43,6 +44,7 @@ class Gpu:
     def __init__(self):
         self.executor = Executor()
         self.programs: dict[bytes, Program] = {}  # shader object bytes -> parsed
+        self.wrong = bringup("gpu.answer") == "wrong"
 
     def __call__(self, packets, mem) -> None:
         """Execute one submission (the mock's on_submit)."""
@@ -89,6 +91,9 @@ class Gpu:
         if said != groups:
             raise GpuFault(f"{where}: groups {said}, the NDRANGE registers give {groups}")
         self.executor.run(prog, args, gs, ls)
+        if self.wrong and args and args[0][0] == "buffer":
+            word = ctypes.c_uint32.from_address(args[0][1])
+            word.value ^= 0xFFFFFFFF
 
     def _arg(self, mem, state: dict, kind: str, value: int, where: str) -> tuple:
         if kind == "buffer":

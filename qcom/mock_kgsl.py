@@ -25,6 +25,9 @@ Fault injection, per submission of this driver (counted from 1 across contexts),
 KEEL_MOCK_FAULTS with runner/faults.py's syntax: hang@N never retires (the dispatches do not
 run), fault@N faults the context, slow@N:MS retires MS milliseconds late. `hang` and `delay_s`
 do the same for every submission.
+
+Bring-up faults (KEEL_MOCK_BRINGUP, runner/faults.py's SITES): kgsl.open=ERRNO fails open(),
+kgsl.chip=ID reports another chip, kgsl.context=ERRNO and kgsl.alloc=ERRNO fail those ioctls.
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ from typing import Callable
 
 from qcom import cmdstream, kgsl
 from qcom.mock_gpu import Gpu, GpuFault
-from runner.faults import from_env
+from runner.faults import bringup, bringup_errno, from_env
 
 GPU_BASE = 0x1_0000_0000  # where the mock's GPU virtual addresses start
 FAULTS_VAR = "KEEL_MOCK_FAULTS"  # the runtime core's variable: one syntax for every mock
@@ -47,6 +50,12 @@ FAULTS_VAR = "KEEL_MOCK_FAULTS"  # the runtime core's variable: one syntax for e
 
 def _fail(code: int, why: str):
     raise OSError(code, f"{os.strerror(code)}: {why}")
+
+
+def _injected(site: str, what: str) -> None:
+    code = bringup_errno(site)
+    if code is not None:
+        _fail(code, f"{what} (KEEL_MOCK_BRINGUP {site})")
 
 
 @dataclass
@@ -107,7 +116,8 @@ class MockKgsl:
 
     def __init__(self, chip_id: int = 0x06030001, gpu_id: int = 630,
                  on_submit: Callable | None = None):
-        self.chip_id, self.gpu_id = chip_id, gpu_id
+        chip = bringup("kgsl.chip")
+        self.chip_id, self.gpu_id = int(chip, 16) if chip else chip_id, gpu_id
         self.on_submit = Gpu() if on_submit is None else on_submit
         self.hang, self.delay_s = False, 0.0
         self.faults, self.count = from_env(FAULTS_VAR, ("hang", "fault", "slow")), 0  # count: submissions so far
@@ -119,6 +129,7 @@ class MockKgsl:
 
     # --- the entry point ---
     def open(self, path: str) -> int:
+        _injected("kgsl.open", path)
         fd = 1000 + len(self.fds)
         self.fds.add(fd)
         return fd
@@ -175,6 +186,7 @@ class MockKgsl:
         return self.contexts[ctx_id]
 
     def _drawctxt_create(self, a) -> None:
+        _injected("kgsl.context", "context creation")
         kind = (a.flags & kgsl.CONTEXT_TYPE_MASK) >> kgsl.CONTEXT_TYPE_SHIFT
         if kind not in (0, kgsl.CONTEXT_TYPE_CL):
             _fail(errno.EINVAL, f"context type {kind}: the mock runs compute (CL) contexts")
@@ -187,6 +199,7 @@ class MockKgsl:
 
     # --- memory ---
     def _gpuobj_alloc(self, a) -> None:
+        _injected("kgsl.alloc", f"allocation of {a.size} bytes")
         if a.size == 0:
             _fail(errno.EINVAL, "allocation of 0 bytes")
         size = -(-a.size // kgsl.PAGE) * kgsl.PAGE

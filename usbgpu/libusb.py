@@ -113,6 +113,7 @@ class Usb:
     def __init__(self, lib, vid: int, pid: int, alt: int, stream_eps: tuple[int, ...],
                  streams: int):
         self.lib, self.handle, self.ctx = lib, ffi.NULL, ffi.NULL
+        self.ids = (vid, pid)
         ctx = ffi.new("libusb_context **")
         check(lib.libusb_init(ctx), "libusb_init")
         self.ctx = ctx[0]

@@ -1,0 +1,443 @@
+"""tools/doctor.py's stages, one list per device, in bring-up order (docs/doctor.md).
+
+Each stage is a function of a Probe that returns what it measured or raises; it calls one layer
+of the driver and names the call it is in (`p.call`), so a failure points at that layer. State a
+later stage needs (an open device, a context, a loaded model) is kept in `p.state`, and whatever
+must be released is pushed on `p.state["close"]`.
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import shutil
+import statistics
+import time
+
+from tools.doctor import (Failure, Stage, against_cpu, int8_fma, int8_fma_answer, known_answer,
+                          qdq_conv, relu_mul, relu_mul_answer, small_net)
+
+ROOT_OR_UDEV = ("run as root, or give your user the device (a udev rule, or chmod 666 on the "
+                "node); on Android also check SELinux: `dmesg | grep avc` names the denial")
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms"
+
+
+# ---- qcom: KGSL on the Adreno 630 ---------------------------------------------------------------
+
+def _kgsl_open(p):
+    from qcom import kgsl
+    k = p.call(f"open({kgsl.DEVICE_PATH})", kgsl.Kgsl)
+    p.state["kgsl"] = k
+    p.state["close"].append(k.close)
+    return f"fd {k.fd} on {type(k.driver).__name__}"
+
+
+def _kgsl_properties(p):
+    from qcom import kgsl
+    k = p.state["kgsl"]
+    info = p.call("IOCTL_KGSL_DEVICE_GETPROPERTY(DEVICE_INFO)", k.devinfo)
+    v = p.call("IOCTL_KGSL_DEVICE_GETPROPERTY(VERSION)", k.version)
+    p.state["properties"].update(
+        chip_id=f"{info.chip_id:#010x}", gpu_id=info.gpu_id, gmem_bytes=info.gmem_sizebytes,
+        mmu_enabled=info.mmu_enabled, driver=f"{v.drv_major}.{v.drv_minor}",
+        device_version=f"{v.dev_major}.{v.dev_minor}")
+    measured = (f"chip {info.chip_id:#010x} (gpu_id {info.gpu_id}), GMEM "
+                f"{info.gmem_sizebytes >> 10} KiB, MMU {'on' if info.mmu_enabled else 'off'}, "
+                f"driver {v.drv_major}.{v.drv_minor}, device {v.dev_major}.{v.dev_minor}")
+    if info.chip_id & kgsl.CHIP_MASK not in kgsl.VALIDATED_CHIPS:
+        raise Failure(measured, "unvalidated chip",
+                      "this GPU is not the comma 3X's Adreno 630: keel's qcom backend refuses "
+                      "it (qcom/kgsl.py VALIDATED_CHIPS); use device 'opencl' here")
+    if not info.mmu_enabled:
+        raise Failure(measured, "no MMU", "KGSL runs without its IOMMU: GPU addresses would be "
+                      "physical; check the kernel's kgsl/iommu configuration")
+    return measured
+
+
+def _kgsl_context(p):
+    k = p.state["kgsl"]
+    flags = k.context_flags()
+    ctx = p.call("IOCTL_KGSL_DRAWCTXT_CREATE", k.context_create)
+    p.state["ctx"] = ctx
+    p.state["close"].append(lambda: k.context_destroy(ctx))
+    return f"context {ctx} with flags {flags:#010x} (CL type, no GMEM, no fault tolerance)"
+
+
+def _kgsl_memory(p):
+    k = p.state["kgsl"]
+    obj = p.call("IOCTL_KGSL_GPUOBJ_ALLOC", k.alloc, 1 << 16)
+    view = p.call("mmap(GPU object)", k.mmap, obj)
+    pattern = bytes(range(256)) * 4
+    view[:len(pattern)] = pattern
+    again = p.call("mmap(GPU object) again", k.mmap, obj)
+    if again[:len(pattern)] != pattern:
+        raise Failure("a second mapping of the object does not see what the first wrote",
+                      "incoherent mapping", "the KGSL mmap offset (object id pages) maps another "
+                      "object: check the kernel's kgsl_mmap")
+    host = mmap.mmap(-1, 4096)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(host))
+    user = p.call("IOCTL_KGSL_GPUOBJ_IMPORT(user memory)", k.import_user, addr, 4096)
+    p.call("IOCTL_KGSL_GPUOBJ_FREE", k.free, user.id)
+    p.state["objects"] = [obj]
+    p.state["close"].append(lambda: k.free(obj.id))
+    return (f"64 KiB object {obj.id} at GPU {obj.gpuaddr:#x} mapped twice, coherent; a page "
+            f"of user memory imported at GPU {user.gpuaddr:#x} and freed")
+
+
+def _submit_words(p, words: list[int], what: str) -> tuple[int, object]:
+    """One IB holding `words` on the stage's context: (its timestamp, the IB's GPU object)."""
+    from qcom.cmdstream import decode
+    k = p.state["kgsl"]
+    ib = p.call("IOCTL_KGSL_GPUOBJ_ALLOC(IB)", k.alloc, 4096)
+    p.state["close"].append(lambda: k.free(ib.id))
+    spans = [(ib.gpuaddr, ib.size)] + [(o.gpuaddr, o.size) for o in p.state["objects"]]
+    decode(words, spans)  # a malformed stream is keel's bug, named here before the GPU sees it
+    p.call("mmap(IB)", k.mmap, ib)[:4 * len(words)] = b"".join(w.to_bytes(4, "little")
+                                                               for w in words)
+    ts = p.call(f"IOCTL_KGSL_GPU_COMMAND({what})", k.submit, p.state["ctx"],
+                [(ib.gpuaddr, 4 * len(words))])
+    return ts, ib
+
+
+def _marker_words(target: int, marker: int) -> list[int]:
+    from qcom.cmdstream import OPCODES, lohi, pkt7
+    return (pkt7(OPCODES["CP_NOP"], 0) + pkt7(OPCODES["CP_MEM_WRITE"], *lohi(target), marker)
+            + pkt7(OPCODES["CP_WAIT_MEM_WRITES"]) + pkt7(OPCODES["CP_WAIT_FOR_IDLE"]))
+
+
+def _kgsl_nop(p):
+    k, target = p.state["kgsl"], p.state["objects"][0]
+    marker = 0x6B65656C  # "keel"
+    view = k.mmap(target)
+    view[:4] = bytes(4)
+    start = time.monotonic()
+    ts, _ = _submit_words(p, _marker_words(target.gpuaddr, marker), "NOP + timestamp write")
+    retired = p.call("IOCTL_KGSL_DEVICE_WAITTIMESTAMP_CTXTID", k.wait_until, p.state["ctx"], ts,
+                     start + 2.0)
+    took = time.monotonic() - start
+    if not retired:
+        raise Failure(f"timestamp {ts} not retired within 2 s", "not retired",
+                      "the CP did not run the IB: check `dmesg | grep -i kgsl` for a GPU fault "
+                      "or hang, and that the ringbuffer is not stalled by another context")
+    got = int.from_bytes(view[:4], "little")
+    if got != marker:
+        raise Failure(f"timestamp {ts} retired but the marker word holds {got:#x}, expected "
+                      f"{marker:#x}", "memory not written", "the CP_MEM_WRITE address or the "
+                      "object's GPU mapping is wrong: compare GPUOBJ_INFO's gpuaddr with the IB")
+    return f"timestamp {ts} retired in {_ms(took)}, marker written"
+
+
+def _kgsl_deadline(p):
+    k, target = p.state["kgsl"], p.state["objects"][0]
+    late_ms = 50  # a bounded wait that returns later than this past its deadline overran it
+    ts, _ = _submit_words(p, _marker_words(target.gpuaddr, 1), "NOP for the deadline")
+    start = time.monotonic()
+    done = p.call("Kgsl.wait_until(1 s)", k.wait_until, p.state["ctx"], ts, start + 1.0)
+    took = time.monotonic() - start
+    if took > 1.0 + late_ms / 1e3:
+        raise Failure(f"a wait with a 1 s deadline returned after {_ms(took)}", "overran",
+                      "KGSL's WAITTIMESTAMP ignores its timeout: every run's deadline is "
+                      "at risk; report the kernel version")
+    if not done:
+        raise Failure(f"timestamp {ts} not retired by its 1 s deadline (returned on time, "
+                      f"after {_ms(took)})", "DeviceTimeout", "a NOP takes more than 1 s: "
+                      "the GPU is busy or throttled; check `dmesg | grep -i kgsl`")
+    tiny = time.monotonic()
+    p.call("Kgsl.wait_until(a passed deadline)", k.wait_until, p.state["ctx"], ts, tiny - 1e-3)
+    tiny_took = time.monotonic() - tiny
+    if tiny_took > late_ms / 1e3:
+        raise Failure(f"a wait whose deadline had passed took {_ms(tiny_took)}", "overran",
+                      "READTIMESTAMP blocks: check the kernel's kgsl timestamp ioctls")
+    return f"retired within its 1 s deadline ({_ms(took)}); a passed deadline returns at once"
+
+
+def _kgsl_dispatch(p):
+    """relu(x) * x, one kernel, through the vendor compiler (the mock's own binaries under
+    KEEL_KGSL=mock), the binary parser, the recorder and one submission."""
+    return known_answer(p.state, "qcom", "qcom", relu_mul, relu_mul_answer)
+
+
+def _qcom_model(p):
+    # qcom blobs compute in half: the fp16 bound of tests/test_qcom_device.py's conv_net
+    return against_cpu(p.state, "small_net", small_net, "qcom", "qcom", 1e-2, 1e-2)
+
+
+KGSL_ERRNO = {"ENOENT": "no /dev/kgsl-3d0: not a Qualcomm device, or the kgsl driver is not "
+                        "loaded (`ls -l /dev/kgsl*`, `dmesg | grep -i kgsl`)",
+              "EACCES": ROOT_OR_UDEV, "EPERM": ROOT_OR_UDEV}
+
+
+def qcom() -> list[Stage]:
+    return [
+        Stage("qcom.open", "/dev/kgsl-3d0 opens read-write", _kgsl_open, KGSL_ERRNO),
+        Stage("qcom.properties", "a validated chip (Adreno 630, 0x0603000x) with its MMU on",
+              _kgsl_properties, {"": "the GETPROPERTY ioctl failed: compare the kernel's "
+                                     "msm_kgsl.h with qcom/kgsl.py (tests/test_qcom_uapi.py)"}),
+        Stage("qcom.context", "a CL context with keel's flags", _kgsl_context,
+              {"EINVAL": "the kernel refuses keel's context flags: check its msm_kgsl.h "
+                         "CONTEXT_* bits against qcom/kgsl.py", "": "see dmesg for kgsl"}),
+        Stage("qcom.memory", "alloc, mmap (twice, coherent), user-memory import, free",
+              _kgsl_memory, {"ENOMEM": "the GPU's memory is exhausted: close other GPU users "
+                             "(the UI, camerad) and retry", "": "check `dmesg | grep -i kgsl`"}),
+        Stage("qcom.nop", "an IB of CP_NOP + CP_MEM_WRITE retires within 2 s and writes its "
+              "marker", _kgsl_nop, {"EDEADLK": "the context faulted: `dmesg | grep -i kgsl` "
+                                    "shows the fault address"}),
+        Stage("qcom.deadline", "a 1 s wait returns on time, retired; a passed deadline returns "
+              "at once", _kgsl_deadline),
+        Stage("qcom.dispatch", "relu(x)*x, one kernel: vendor compiler, parser, recorder, "
+              "submit; equal to numpy", _kgsl_dispatch, {
+                  "wrong answer": "the kernel ran but computed something else: the parsed "
+                  "registers or instruction length (qcom/vendor.py) disagree with the binary; "
+                  "send the bundle", "EDEADLK": "the dispatch faulted the GPU: see dmesg for "
+                  "the fault address (a wrong SP_CS_* register or constant layout)"},
+              deadline_s=120.0),
+        Stage("qcom.model", "a conv net within fp16 tolerance (1e-2) of its CPU build, with "
+              "latency", _qcom_model, {"wrong answer": "single kernels pass but a graph does "
+                                       "not: barriers (CP_WAIT_FOR_IDLE) or images; run "
+                                       "tools/bisect.py on the model"}, deadline_s=300.0),
+    ]
+
+
+# ---- dsp: FastRPC to the cDSP, or qemu-hexagon ----------------------------------------------------
+
+def _mock_dsp() -> bool:
+    return os.environ.get("KEEL_FASTRPC", "").strip() == "mock"
+
+
+def _dsp_node(p):
+    import ctypes as c
+
+    from dsp import build, fastrpc
+    if _mock_dsp():
+        why = p.call("dsp.build.missing", build.missing)
+        if why:
+            raise Failure(why, "ENOENT", "install the Hexagon toolchain and qemu-user "
+                          "(scripts/setup.sh), or unset KEEL_FASTRPC to use the device's DSP")
+        elf = p.call("dsp.build.runtime_elf", build.runtime_elf)
+        return f"{shutil.which('qemu-hexagon')}, runtime {elf.name} built for qemu-hexagon"
+    fd = p.call(f"open({fastrpc.RPC_NODE})", os.open, fastrpc.RPC_NODE, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        p.call("FASTRPC_IOCTL_GETINFO(cDSP)", fastrpc._ioctl, fd, fastrpc.GETINFO,
+               c.c_uint32(fastrpc.CDSP), "selecting the cDSP")
+    finally:
+        os.close(fd)
+    return f"{fastrpc.RPC_NODE} open, GETINFO selected domain {fastrpc.CDSP} (cDSP)"
+
+
+def _dsp_memory(p):
+    from dsp.device import transport
+    link = p.call("transport()", transport)
+    p.state["close"].append(link.close)
+    shm = p.call("alloc(1 MiB) (ION + dma-buf, or a memfd)", link.alloc, 1 << 20)
+    pattern = bytes(range(256)) * 16
+    shm[:len(pattern)] = pattern
+    if shm[:len(pattern)] != pattern:
+        raise Failure("the shared buffer does not hold what was written", "incoherent")
+    return f"1 MiB shared buffer on {type(link).__name__}, written and read back"
+
+
+def _dsp_session(p):
+    """The PD, the skel through remotectl and the programs loaded: Model.load on device dsp."""
+    from runner import Model
+    from tools.doctor import blob
+    path = blob(p.state, "int8_fma", int8_fma, "dsp")
+    start = time.monotonic()
+    m = p.call("Model.load(device='dsp')", Model.load, path, device="dsp")
+    p.state["close"].append(m.close)
+    p.state["model"] = m
+    return f"session open and programs loaded in {_ms(time.monotonic() - start)}"
+
+
+def _dsp_invoke(p):
+    import numpy as np
+    m = p.state["model"]
+    feeds = {k: np.zeros(s, d) for k, (s, d) in m.inputs.items()}
+    times = []
+    for _ in range(20):
+        t = time.perf_counter()
+        p.call("FASTRPC_IOCTL_INVOKE (Model.run)", m.run, feeds, timeout_ms=5000)
+        times.append(time.perf_counter() - t)
+    return (f"20 invokes of a one-kernel graph: round trip median {_ms(statistics.median(times))}"
+            f", max {_ms(max(times))}")
+
+
+def _dsp_known_answer(p):
+    return known_answer(p.state, "dsp", "dsp", int8_fma, int8_fma_answer)
+
+
+def _dsp_model(p):
+    # integer arithmetic with one requantization each: the same code on both, so exact
+    return against_cpu(p.state, "qdq_conv", qdq_conv, "dsp", "dsp", 0.0, 0.0)
+
+
+def dsp() -> list[Stage]:
+    return [
+        Stage("dsp.node", "/dev/adsprpc-smd opens and GETINFO selects the cDSP (mock: "
+              "qemu-hexagon and the runtime build)", _dsp_node,
+              {"ENOENT": "no FastRPC node: not a Qualcomm device, or adsprpc is not loaded "
+                         "(`ls -l /dev/adsprpc*`, `dmesg | grep -i adsprpc`)",
+               "EACCES": ROOT_OR_UDEV, "EPERM": ROOT_OR_UDEV}, deadline_s=120.0),
+        Stage("dsp.memory", "1 MiB of shared memory (ION, shared as a dma-buf)", _dsp_memory,
+              {"absent": "no /dev/ion: this kernel uses dma-buf heaps, which keel's FastRPC "
+                         "layer does not speak yet (docs/dsp.md)", "": ROOT_OR_UDEV}),
+        Stage("dsp.session", "an unsigned PD created, the skel opened through remotectl, the "
+              "programs loaded", _dsp_session,
+              {"unsigned": "signed PD required: build a testsig for this device's serial "
+                           "(testsig-<serial>.so in /dsp), or firmware that allows unsigned PDs",
+               "skel": "the DSP's loader could not open the skel: check KEEL_DSP_SKEL and "
+                       "`python -m dsp.build`", "": "see `dmesg | grep -i adsprpc`"},
+              deadline_s=180.0),
+        Stage("dsp.invoke", "20 invokes of a one-kernel graph answer, with their round trip",
+              _dsp_invoke, {"DeviceTimeout": "the DSP took the invoke and never answered: "
+                            "the PD is stuck; `dmesg | grep -i adsprpc`, then reboot the DSP "
+                            "(reboot the device)"}, deadline_s=150.0),
+        Stage("dsp.known_answer", "max(a*b+c, a) on int8 (HVX), equal to numpy",
+              _dsp_known_answer, {"wrong answer": "the HVX kernel ran but computed something "
+                                  "else: send the bundle (the blob's hash names the program)"},
+              deadline_s=60.0),
+        Stage("dsp.model", "a QDQ conv equal to its CPU build, with latency", _dsp_model,
+              {"wrong answer": "single kernels pass but a graph does not: run tools/bisect.py "
+               "on the model"}, deadline_s=300.0),
+    ]
+
+
+# ---- amd: an RX 7900 behind an ASM2464 -------------------------------------------------------------
+
+def _usb(p):
+    from usbgpu import pci
+    lib = p.call("libusb_init (usbgpu.pci.open_lib)", pci.open_lib)
+    usb = p.call("libusb_open_device_with_vid_pid (ASM24xx ids)", pci._open, lib)
+    ids = "{:04x}:{:04x}".format(*usb.ids)
+    p.state["properties"]["usb_id"] = ids
+    p.call("libusb_close", usb.close)
+    return f"bridge {ids} opened, interface claimed (UAS alt setting, streams) and released"
+
+
+def _pcie(p):
+    from usbgpu import pci
+    dev = p.call("UsbPci (enumerate the PCIe tree, size BARs)", pci.UsbPci)
+    p.state["pci"] = dev
+    p.state["close"].append(dev.close)
+    vid, did = dev.cfg_read(pci.VENDOR, 2), dev.cfg_read(pci.VENDOR + 2, 2)
+    bars = ", ".join(f"BAR{i} {size >> 20} MiB" for i, (_, size) in sorted(dev.bars.items()))
+    p.state["properties"].update(pci_id=f"{vid:04x}:{did:04x}", bus=dev.bus,
+                                 bars={i: s for i, (_, s) in dev.bars.items()})
+    if vid != 0x1002:
+        raise Failure(f"function {vid:04x}:{did:04x} on bus {dev.bus}", "not AMD",
+                      "the display function behind the bridge is not an AMD GPU")
+    return f"GPU {vid:04x}:{did:04x} on bus {dev.bus} behind bridges {dev.path}; {bars}"
+
+
+def _gpu(p):
+    from am.driver import Gpu
+    gpu = p.call("am.driver.Gpu (VRAM location registers)", Gpu, p.state["pci"], steps=())
+    p.state["gpu"] = gpu
+    return gpu
+
+
+def _discovery(p):
+    gpu = _gpu(p)
+    p.call("am.driver.discover (BAR0, below the top of VRAM)", gpu.step, "discovery")
+    ips = ", ".join(f"{ip.name if hasattr(ip, 'name') else ip.hw_id} "
+                    f"{'.'.join(map(str, ip.version))}" for ip in gpu.ips.values())
+    p.state["properties"]["ip_versions"] = {f"{k[0]}.{k[1]}": ".".join(map(str, ip.version))
+                                            for k, ip in gpu.ips.items()}
+    return f"{len(gpu.ips)} IP blocks: {ips}"
+
+
+def _firmware(p):
+    from am import firmware
+    gpu = p.state["gpu"]
+    p.call(f"am.firmware.load_all ({firmware.folder()})", gpu.step, "firmware")
+    files = ", ".join(f"{f.name} ({len(f.parts)} parts)" for f in gpu.fws)
+    return f"{len(gpu.fws)} files parsed: {files}"
+
+
+def _step(name: str, what: str):
+    def run(p):
+        p.call(what, p.state["gpu"].step, name)
+        return f"{name} done"
+    return run
+
+
+def _nop(p):
+    from am.driver import BOOT_TIMEOUT_S
+    gpu = p.state["gpu"]
+    start = time.monotonic()
+    p.call("doorbell + RELEASE_MEM poll (Gpu.post)", gpu.post, [], b"", start + BOOT_TIMEOUT_S)
+    return f"an empty submission's RELEASE_MEM signalled in {_ms(time.monotonic() - start)}"
+
+
+def _vram(p):
+    gpu, n = p.state["gpu"], 3 << 20
+    deadline = time.monotonic() + 30.0
+    va = p.call("Gpu.alloc (page table update + TLB flush)", gpu.alloc, n, deadline)
+    data = bytes(os.urandom(n))
+    p.call("Gpu.upload (DMA_DATA from the staging memory)", gpu.upload, va, data, deadline)
+    back = bytearray(64 << 10)
+    p.call("Gpu.download", gpu.download, va + n - len(back), memoryview(back), deadline)
+    if bytes(back) != data[-len(back):]:
+        raise Failure("the last 64 KiB of a 3 MiB buffer read back differ from what was written",
+                      "wrong memory", "the page table maps the buffer's 2 MiB and 4 KiB pages "
+                      "to the wrong VRAM: send the bundle")
+    return f"3 MiB at GPU {va:#x} (2 MiB + 4 KiB pages) written and read back"
+
+
+def _amd_known_answer(p):
+    for fn in p.state["close"]:  # the model brings the GPU up itself: release this one first
+        fn()
+    p.state["close"].clear()
+    return known_answer(p.state, "amd", "amd", relu_mul, relu_mul_answer)
+
+
+def _amd_model(p):
+    # the same OpenCL C semantics in fp32 on both: summation order alone differs
+    return against_cpu(p.state, "small_net", small_net, "amd", "amd", 1e-4, 1e-5)
+
+
+AMD_USB = {"no ASM24xx": "no bridge on USB: check the cable, power, and `lsusb` for 174c:2464; "
+                         "on Linux the uas driver must let go (run as root)",
+           "LIBUSB_ERROR_ACCESS": ROOT_OR_UDEV, "LIBUSB_ERROR_BUSY": "another process or the "
+           "kernel's uas driver holds the enclosure: run as root so keel can detach it"}
+
+
+def amd() -> list[Stage]:
+    psp_next = {"refused": "the PSP refused a firmware image: its version does not match this "
+                "GPU, or the bridge runs stock firmware; the message names the file",
+                "": "the bring-up step named in the call did not complete: send the bundle"}
+    return [
+        Stage("amd.usb", "an ASM24xx bridge (174c:2464 or 2d01:3666) opens, its interface claimed",
+              _usb, AMD_USB),
+        Stage("amd.pcie", "the link up: an AMD display function behind the bridge, BARs sized",
+              _pcie, {"no display-class": "the PCIe link behind the bridge is down: the GPU "
+                      "has no power (PCIe 8-pin cables), is not seated, or the bridge runs stock "
+                      "firmware", "": "send the bundle"}, deadline_s=30.0),
+        Stage("amd.discovery", "the IP discovery table read and checked", _discovery,
+              {"": "the table near the top of VRAM is unreadable: BAR0 does not reach the top of "
+               "VRAM (enable resizable BAR) or VRAM is not initialised"}, deadline_s=30.0),
+        Stage("amd.firmware", "every firmware file the IP versions need, found and parsed",
+              _firmware, {"": "install linux-firmware's amdgpu/ files (README \"AMD GPU over "
+                          "USB\") or point KEEL_AMD_FIRMWARE at them"}),
+        Stage("amd.mm_hub", "doorbell aperture, MM hub VM context 0 on keel's page table, TLB "
+              "flushed", _step("mm_hub", "Gpu._start_mm"), psp_next, deadline_s=30.0),
+        Stage("amd.psp", "the PSP boots sOS and loads SMU, PFP/ME/MEC/IMU/RLC; MEC started",
+              _step("psp", "am.boot.Psp.bring_up"), psp_next, deadline_s=120.0),
+        Stage("amd.gc_hub", "GC hub context 0, L2/TLB, SH_MEM, doorbell routing",
+              _step("gc_hub", "Gpu._gc_hub"), psp_next, deadline_s=30.0),
+        Stage("amd.queue", "the compute queue mapped from its MQD, the page tables written "
+              "through it", _step("queue", "Gpu._queue"), psp_next, deadline_s=30.0),
+        Stage("amd.nop", "an empty submission on the compute queue signals", _nop,
+              {"DeviceTimeout": "the queue does not run: MEC not started or the doorbell not "
+               "routed; send the bundle"}, deadline_s=15.0),
+        Stage("amd.vram", "3 MiB through the VM (2 MiB and 4 KiB pages) written and read back",
+              _vram, deadline_s=60.0),
+        Stage("amd.known_answer", "relu(x)*x, one kernel, equal to numpy", _amd_known_answer,
+              {"wrong answer": "the kernel ran but computed something else: the code object "
+               "or its kernargs (am/graph.py); send the bundle"}, deadline_s=180.0),
+        Stage("amd.model", "a conv net within 1e-4 of its CPU build, with latency", _amd_model,
+              {"wrong answer": "single kernels pass but a graph does not: run tools/bisect.py "
+               "on the model"}, deadline_s=300.0),
+    ]
