@@ -18,7 +18,8 @@ VRAM (BAR0), doorbells (BAR2) and registers (BAR5), with
 Faults (KEEL_MOCK_FAULTS, runner/faults.py) by submission, counted in doorbells that carry a
 RELEASE_MEM: hang@N (the queue stops), unplug@N (the enclosure disappears from the USB bus),
 fault@N (the submission's indirect buffer loses its mapping: a VM fault), fwerr@N (the Nth
-firmware image is refused by the PSP). A fault inside the mock (a malformed
+firmware image is refused by the PSP). KEEL_MOCK_BRINGUP=amd.discovery=corrupt (runner/faults.py)
+gives the IP discovery table a wrong checksum. A fault inside the mock (a malformed
 packet, an unmapped address) surfaces as GpuFault, a DeviceError, from the
 USB call that rang the doorbell; hardware would stop the queue and the host would time out.
 """
@@ -28,7 +29,7 @@ import struct
 
 from am import discovery, mock_gc, pm4, psp, regs, standin, vm
 from am.mock_gpu import GPU_BASE, PAGE, CommandProcessor, GpuFault, Memory
-from runner.faults import from_env
+from runner.faults import bringup, from_env
 from usbgpu.mock import Config, MockBridge, MockLibusb, Port
 
 VRAM_BYTES = 512 << 20  # a 24 GiB card's first 512 MiB: what fits a test host's memory
@@ -299,6 +300,8 @@ class MockGpu:
         self.vram = Memory(VRAM_BYTES)
         self.vram.alloc(VRAM_BYTES)  # every VRAM address is mapped (the FB aperture)
         table = discovery.build(IPS)
+        if bringup("amd.discovery") == "corrupt":
+            table = table[:-1] + bytes([table[-1] ^ 0xFF])
         self.vram.write(GPU_BASE + VRAM_BYTES - discovery.DISCOVERY_TMR_OFFSET, table)
         self.regs = self._initial()
         self.bridge: MockBridge | None = None

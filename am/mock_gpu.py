@@ -27,6 +27,7 @@ import struct
 from am import elf, pm4
 from runner import cl
 from runner.errors import DeviceError
+from runner.faults import bringup
 
 GPU_BASE = 0x8000_0000_0000  # where the mock's GPU virtual addresses start
 PAGE = 4096
@@ -84,6 +85,7 @@ class CommandProcessor:
         self.code: dict[int, elf.CodeObject] = {}  # by base address
         self.dispatches = 0
         self.check = None  # called before each dispatch: the mock GPU's SH_MEM check
+        self.wrong = bringup("gpu.answer") == "wrong"  # flip each dispatch's first output word
 
     def run(self, address: int, dwords: int, depth: int = 0) -> None:
         self.execute(pm4.words(self.mem.read(address, 4 * dwords)), depth)
@@ -106,7 +108,10 @@ class CommandProcessor:
             elif p.op == pm4.DMA_DATA:
                 self.pocl.finish()  # CP_SYNC: earlier dispatches' writes land first
                 src, dst = p.body[1] | p.body[2] << 32, p.body[3] | p.body[4] << 32
-                self.mem.write(dst, self.mem.read(src, p.body[5] & pm4.DMA_MAX))
+                n = p.body[5] & pm4.DMA_MAX
+                self.mem.write(dst, self.mem.read(src, n))
+                for base in [b for b in self.code if dst <= b < dst + n]:
+                    del self.code[base]  # a new code object over an old one (a later load)
             elif p.op == pm4.RELEASE_MEM:
                 self.pocl.finish()
                 self.mem.write(p.body[2] | p.body[3] << 32,
@@ -140,6 +145,9 @@ class CommandProcessor:
         glob = tuple(g * w for g, w in zip(groups, local))
         self.pocl.run(co.source, k.name, pointers, glob, local)
         self.dispatches += 1
+        if self.wrong and pointers:  # KEEL_MOCK_BRINGUP gpu.answer=wrong
+            self.pocl.finish()
+            self.mem.write(pointers[0], bytes(b ^ 0xFF for b in self.mem.read(pointers[0], 4)))
 
     def _code_object(self, entry: int) -> tuple[elf.CodeObject, int]:
         """The code object holding `entry`: the ELF header on a page at or below it."""

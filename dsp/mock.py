@@ -12,6 +12,10 @@ How it stands in for FastRPC (dsp/fastrpc.py):
 The kernels, the buffer layout and the numerics are the DSP's; what differs is the transport, and
 time: qemu does not model the DSP's cycles, so a profiled invoke reports qemu's packet counts (and
 HVX instruction counts) per kernel instead: the cost model's signal, not a latency.
+
+Bring-up faults (KEEL_MOCK_BRINGUP, runner/faults.py's SITES): fastrpc.pd=ERRNO refuses the
+session as FastRPC refuses an unsigned PD; fastrpc.answer=wrong flips the first byte of the last
+io slot in every answer after the load's (a wrong known answer).
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import weakref
 
 from dsp.build import runtime_elf
 from runner.errors import DeviceError, DeviceTimeout
+from runner.faults import bringup, bringup_errno
 
 QEMU = "qemu-hexagon"
 REPLY = struct.Struct("<4I")  # seq, status, nticks, 0 (dsp/runtime.c Reply); then nticks u64
@@ -40,6 +45,7 @@ class QemuTransport:
         self.procs: list = []  # the running process, if any (a list the finalizer shares)
         self.buf = b""
         self.shm = None
+        self.last_slot = None  # fastrpc.answer=wrong: the io slot every answer corrupts
         self.fds: list[int] = []
         self._finalizer = weakref.finalize(self, _stop, self.procs, self.fds)
 
@@ -57,6 +63,11 @@ class QemuTransport:
     def open(self, programs, weights: int, arena: int, slots: list[int], table: bytes,
              deadline: float) -> None:
         """Start the DSP side on `programs`; `table` is the launch table (dsp/runtime.c)."""
+        refused = bringup_errno("fastrpc.pd")
+        if refused is not None:
+            from dsp.fastrpc import refused_pd
+            raise refused_pd(f"{QEMU} (KEEL_MOCK_BRINGUP fastrpc.pd)", refused)
+        self.last_slot = slots[-1] if bringup("fastrpc.answer") == "wrong" else None
         so, tab = _memfd("keel-dsp-programs", 0), _memfd("keel-dsp-table", 0)
         self.fds += [so, tab]
         os.write(so, programs)
@@ -103,6 +114,8 @@ class QemuTransport:
             if len(self.buf) < end:
                 break
             out.append((seq, status, list(struct.unpack_from(f"<{n}Q", self.buf, REPLY.size))))
+            if seq and self.last_slot is not None:
+                self.shm[self.last_slot] ^= 0xFF
             self.buf = self.buf[end:]
         return out
 

@@ -308,6 +308,8 @@ def dsp() -> list[Stage]:
 
 def _usb(p):
     from usbgpu import pci
+    if os.environ.get("KEEL_USB") == "mock":  # as am/device.py: the mock GPU behind the bridge
+        import am.mock_device  # noqa: F401
     lib = p.call("libusb_init (usbgpu.pci.open_lib)", pci.open_lib)
     usb = p.call("libusb_open_device_with_vid_pid (ASM24xx ids)", pci._open, lib)
     ids = "{:04x}:{:04x}".format(*usb.ids)
@@ -356,10 +358,10 @@ def _firmware(p):
     return f"{len(gpu.fws)} files parsed: {files}"
 
 
-def _step(name: str, what: str):
+def _step(name: str, what: str, done: str):
     def run(p):
         p.call(what, p.state["gpu"].step, name)
-        return f"{name} done"
+        return done
     return run
 
 
@@ -398,6 +400,9 @@ def _amd_model(p):
     return against_cpu(p.state, "small_net", small_net, "amd", "amd", 1e-4, 1e-5)
 
 
+LINK_DOWN = ("the PCIe link behind the bridge is down (nothing answers past the bridge's own "
+             "port): the GPU has no power (its 8-pin cables), is not seated, or the bridge runs "
+             "stock firmware")
 AMD_USB = {"no ASM24xx": "no bridge on USB: check the cable, power, and `lsusb` for 174c:2464; "
                          "on Linux the uas driver must let go (run as root)",
            "LIBUSB_ERROR_ACCESS": ROOT_OR_UDEV, "LIBUSB_ERROR_BUSY": "another process or the "
@@ -412,9 +417,8 @@ def amd() -> list[Stage]:
         Stage("amd.usb", "an ASM24xx bridge (174c:2464 or 2d01:3666) opens, its interface claimed",
               _usb, AMD_USB),
         Stage("amd.pcie", "the link up: an AMD display function behind the bridge, BARs sized",
-              _pcie, {"no display-class": "the PCIe link behind the bridge is down: the GPU "
-                      "has no power (PCIe 8-pin cables), is not seated, or the bridge runs stock "
-                      "firmware", "": "send the bundle"}, deadline_s=30.0),
+              _pcie, {"no display-class": LINK_DOWN, "unsupported request": LINK_DOWN,
+                      "": "send the bundle"}, deadline_s=30.0),
         Stage("amd.discovery", "the IP discovery table read and checked", _discovery,
               {"": "the table near the top of VRAM is unreadable: BAR0 does not reach the top of "
                "VRAM (enable resizable BAR) or VRAM is not initialised"}, deadline_s=30.0),
@@ -422,13 +426,18 @@ def amd() -> list[Stage]:
               _firmware, {"": "install linux-firmware's amdgpu/ files (README \"AMD GPU over "
                           "USB\") or point KEEL_AMD_FIRMWARE at them"}),
         Stage("amd.mm_hub", "doorbell aperture, MM hub VM context 0 on keel's page table, TLB "
-              "flushed", _step("mm_hub", "Gpu._start_mm"), psp_next, deadline_s=30.0),
+              "flushed", _step("mm_hub", "Gpu._start_mm",
+              "doorbell aperture open; MM hub context 0 maps the staging memory; TLB flushed"), psp_next, deadline_s=30.0),
         Stage("amd.psp", "the PSP boots sOS and loads SMU, PFP/ME/MEC/IMU/RLC; MEC started",
-              _step("psp", "am.boot.Psp.bring_up"), psp_next, deadline_s=120.0),
+              _step("psp", "am.boot.Psp.bring_up", "sOS booted "
+              "(bootloader components), its ring up, TOC, SMU, TMR, PFP/ME/MEC/IMU/RLC loaded, "
+              "RLC autoload complete, MEC pipe 0 started"), psp_next, deadline_s=120.0),
         Stage("amd.gc_hub", "GC hub context 0, L2/TLB, SH_MEM, doorbell routing",
-              _step("gc_hub", "Gpu._gc_hub"), psp_next, deadline_s=30.0),
+              _step("gc_hub", "Gpu._gc_hub", "GC hub "
+              "context 0 on the table, L2 and TLB set up and flushed, SH_MEM, doorbells routed"), psp_next, deadline_s=30.0),
         Stage("amd.queue", "the compute queue mapped from its MQD, the page tables written "
-              "through it", _step("queue", "Gpu._queue"), psp_next, deadline_s=30.0),
+              "through it", _step("queue", "Gpu._queue", "queue mapped "
+              "(ME 1 pipe 0 queue 0), tables written through it, GC range opened"), psp_next, deadline_s=30.0),
         Stage("amd.nop", "an empty submission on the compute queue signals", _nop,
               {"DeviceTimeout": "the queue does not run: MEC not started or the doorbell not "
                "routed; send the bundle"}, deadline_s=15.0),
