@@ -111,10 +111,12 @@ def run_stage(stage: Stage, state: dict) -> dict:
 
 
 def _code(e: BaseException) -> str:
-    """The errno name, else the error's type (DeviceTimeout, DeviceError, ConfigError, ...)."""
+    """The errno name (of an OSError, or the one a driver's DeviceError names), else the error's
+    type (DeviceTimeout, ConfigError, ...)."""
+    from runner.errors import DeviceError
     if isinstance(e, OSError) and e.errno:
         return errno.errorcode.get(e.errno, str(e.errno))
-    m = ERRNO.search(str(e))
+    m = ERRNO.search(str(e)) if isinstance(e, DeviceError) else None
     return m.group(1) if m else type(e).__name__
 
 
@@ -204,20 +206,23 @@ def compare(got, want, rtol: float, atol: float, what: str) -> str:
     return f"max abs error {err:.3g} (bound {bound:.3g})"
 
 
-def against_cpu(state: dict, name: str, make, target: str, device: str, rtol: float,
-                atol: float, runs: int = 20, **options) -> str:
+def against_cpu(p, name: str, make, target: str, device: str, rtol: float, atol: float,
+                runs: int = 20, **options) -> str:
     """A small model on `device` against its CPU build, then the median and worst latency."""
     import numpy as np
 
     from runner import Model
+    state = p.state
     model, old = make(), state.pop("model", None)
     if old is not None:  # one model on the device at a time (the amd enclosure has one GPU)
         old.close()
     feeds = _feeds(model)
-    want = Model.load(blob(state, name, make, "cpu"), device="cpu").run(feeds)
-    m = Model.load(blob(state, name, make, target, **options), device=device)
+    want = Model.load(p.call("compile (CPU build)", blob, state, name, make, "cpu"),
+                      device="cpu").run(feeds)
+    path = p.call(f"compile ({target})", blob, state, name, make, target, **options)
+    m = p.call(f"Model.load(device={device!r})", Model.load, path, device=device)
     state["close"].append(m.close)
-    got = m.run(feeds, timeout_ms=10_000)
+    got = p.call("Model.run", m.run, feeds, timeout_ms=10_000)
     errs = [compare(got[k], want[k], rtol, atol, k) for k in want]
     times = []
     for _ in range(runs):
@@ -305,16 +310,17 @@ def qdq_conv():
                   inits, opset=13)
 
 
-def known_answer(state: dict, device: str, target: str, make, want_fn) -> str:
+def known_answer(p, device: str, target: str, make, want_fn) -> str:
     """The one-kernel model through the device's own load, submit and wait, equal to numpy."""
     import numpy as np
 
     from runner import Model
-    m = Model.load(blob(state, make.__name__, make, target), device=device)
-    state["close"].append(m.close)
-    state["model"] = m
+    path = p.call(f"compile ({target})", blob, p.state, make.__name__, make, target)
+    m = p.call(f"Model.load(device={device!r})", Model.load, path, device=device)
+    p.state["close"].append(m.close)
+    p.state["model"] = m
     feeds = _feeds(make())
-    got = m.run(feeds, timeout_ms=10_000)["y"]
+    got = p.call("Model.run", m.run, feeds, timeout_ms=10_000)["y"]
     want = want_fn(**feeds)
     bad = np.flatnonzero(got.reshape(-1) != want.reshape(-1))
     if bad.size:

@@ -157,12 +157,12 @@ def _kgsl_deadline(p):
 def _kgsl_dispatch(p):
     """relu(x) * x, one kernel, through the vendor compiler (the mock's own binaries under
     KEEL_KGSL=mock), the binary parser, the recorder and one submission."""
-    return known_answer(p.state, "qcom", "qcom", relu_mul, relu_mul_answer)
+    return known_answer(p, "qcom", "qcom", relu_mul, relu_mul_answer)
 
 
 def _qcom_model(p):
     # qcom blobs compute in half: the fp16 bound of tests/test_qcom_device.py's conv_net
-    return against_cpu(p.state, "small_net", small_net, "qcom", "qcom", 1e-2, 1e-2)
+    return against_cpu(p, "small_net", small_net, "qcom", "qcom", 1e-2, 1e-2)
 
 
 KGSL_ERRNO = {"ENOENT": "no /dev/kgsl-3d0: not a Qualcomm device, or the kgsl driver is not "
@@ -258,19 +258,19 @@ def _dsp_invoke(p):
     times = []
     for _ in range(20):
         t = time.perf_counter()
-        p.call("FASTRPC_IOCTL_INVOKE (Model.run)", m.run, feeds, timeout_ms=5000)
+        p.call("FASTRPC_IOCTL_INVOKE (Model.run)", m.run, feeds, timeout_ms=2000)
         times.append(time.perf_counter() - t)
     return (f"20 invokes of a one-kernel graph: round trip median {_ms(statistics.median(times))}"
             f", max {_ms(max(times))}")
 
 
 def _dsp_known_answer(p):
-    return known_answer(p.state, "dsp", "dsp", int8_fma, int8_fma_answer)
+    return known_answer(p, "dsp", "dsp", int8_fma, int8_fma_answer)
 
 
 def _dsp_model(p):
     # integer arithmetic with one requantization each: the same code on both, so exact
-    return against_cpu(p.state, "qdq_conv", qdq_conv, "dsp", "dsp", 0.0, 0.0)
+    return against_cpu(p, "qdq_conv", qdq_conv, "dsp", "dsp", 0.0, 0.0)
 
 
 def dsp() -> list[Stage]:
@@ -392,12 +392,12 @@ def _amd_known_answer(p):
     for fn in p.state["close"]:  # the model brings the GPU up itself: release this one first
         fn()
     p.state["close"].clear()
-    return known_answer(p.state, "amd", "amd", relu_mul, relu_mul_answer)
+    return known_answer(p, "amd", "amd", relu_mul, relu_mul_answer)
 
 
 def _amd_model(p):
     # the same OpenCL C semantics in fp32 on both: summation order alone differs
-    return against_cpu(p.state, "small_net", small_net, "amd", "amd", 1e-4, 1e-5)
+    return against_cpu(p, "small_net", small_net, "amd", "amd", 1e-4, 1e-5)
 
 
 LINK_DOWN = ("the PCIe link behind the bridge is down (nothing answers past the bridge's own "
