@@ -163,3 +163,31 @@ def test_a_misspelt_fault_site_is_refused(sims, capsys, monkeypatch):
     status, rep = run(capsys, "--device", "qcom")
     row = _check_named(rep, "qcom", "open", "ConfigError")
     assert status == 1 and "kgsl.opne" in row["measured"]
+
+
+def test_device_tests_are_skipped_with_the_doctors_reason(sims, monkeypatch):
+    """tests/device/conftest.py's gate: the first failing stage before the model stage, with its
+    call, status and next step, is the skip reason; a device whose earlier stages pass runs."""
+    monkeypatch.setenv("KEEL_MOCK_BRINGUP", "kgsl.chip=0x06040001")
+    reason = doctor.verdict("qcom")
+    assert reason.startswith("doctor: qcom.properties failed") and "0x06040001" in reason
+    assert "use device 'opencl'" in reason
+    monkeypatch.setenv("KEEL_MOCK_BRINGUP", "gpu.answer=wrong")
+    assert doctor.verdict("qcom").startswith("doctor: qcom.dispatch failed (Model.run: wrong")
+    monkeypatch.delenv("KEEL_MOCK_BRINGUP")
+    assert doctor.verdict("qcom") is None
+
+
+def test_the_hardware_gate_names_the_missing_device_node(monkeypatch):
+    """On a machine without an Adreno (every CI machine) the gate, which unsets KEEL_KGSL, stops
+    at qcom.open with ENOENT."""
+    import os
+
+    from tests.device import conftest
+    if os.path.exists("/dev/kgsl-3d0"):
+        pytest.skip("this machine has a KGSL device: the gate would run the real doctor")
+    monkeypatch.setenv("KEEL_KGSL", "mock")  # the gate must not use it
+    monkeypatch.setattr(conftest, "_verdicts", {})
+    with pytest.raises(pytest.skip.Exception, match=r"doctor: qcom.open failed \(open\(/dev/"
+                       r"kgsl-3d0\): ENOENT\).*kgsl driver"):
+        conftest.doctor_gate("qcom")

@@ -172,6 +172,18 @@ PROPERTIES: dict = {}
 BLOBS: dict = {}
 
 
+def verdict(device: str) -> str | None:
+    """Why `device`'s model tests cannot mean anything here: the doctor's first failing stage
+    before the last one (`<device>.model`, which the model tests themselves repeat), with its
+    call, status and next step; None when every earlier stage passed."""
+    rows, last = run_device(device, keep_going=False, say=lambda row: None), stages(device)[-1]
+    bad = next((r for r in rows if r["status"] == "fail" and r["stage"] != last.name), None)
+    if bad is None:
+        return None
+    return (f"doctor: {bad['stage']} failed ({bad.get('call') or '-'}: {bad.get('code')}): "
+            f"{bad['measured']}; next: {bad.get('next')}")
+
+
 # ---- blobs the stages run -------------------------------------------------------------------
 
 def blob(state: dict, name: str, make, target: str, **options) -> Path:

@@ -156,7 +156,7 @@ def _models():
         yield name, model, feeds, False, 1e-3, 1e-5
 
 
-def test_whole_models_match_the_cpu_backend_and_report_latency(dev, monkeypatch):
+def test_whole_models_match_the_cpu_backend_and_report_latency(doctor_qcom, dev, monkeypatch):
     from runner import Model
     from tests.graphs import assert_close, compiled_blob
     for name, model, feeds, fp16, rtol, atol in _models():
