@@ -7,7 +7,9 @@ payload) runs the kernel that state names: the program in the shader object (qco
 constants (buffer addresses, texture slots), the images the descriptors describe
 (qcom/texture.py), the sizes in HLSQ_CS_NDRANGE_*. Nothing comes from anywhere but GPU memory and
 the stream, so a wrong address, descriptor or size in what the device recorded shows up as a
-fault or a wrong result. CP_MEM_WRITE writes its payload. Anything it cannot make sense of is a
+fault or a wrong result. CP_MEM_WRITE writes its payload. CP_WAIT_REG_MEM polling memory
+blocks the stream until the word compares as asked: the call returns the packets from the wait
+on, which MockKgsl runs again each time it is asked for a timestamp (register polls pass). Anything it cannot make sense of is a
 GpuFault, which kills the context as a real page fault does.
 """
 from __future__ import annotations
@@ -46,14 +48,15 @@ class Gpu:
         self.programs: dict[bytes, Program] = {}  # shader object bytes -> parsed
         self.wrong = bringup("gpu.answer") == "wrong"
 
-    def __call__(self, packets, mem) -> None:
-        """Execute one submission (the mock's on_submit)."""
+    def __call__(self, packets, mem) -> list | None:
+        """Execute one submission (the mock's on_submit); the packets not yet run when a
+        CP_WAIT_REG_MEM blocks, else None."""
         loads = [self._program(mem, *_source(pk.payload)) for pk in packets
                  if pk.kind == cs.TYPE7 and pk.name.startswith("CP_LOAD_STATE6")
                  and _state(pk.payload) == (cs.SB6_CS_SHADER, cs.ST6_SHADER)]
         self.executor.prepare(loads)
         regs, state = {}, {}
-        for pk in packets:
+        for i, pk in enumerate(packets):
             if pk.kind == cs.TYPE4:
                 regs.update({pk.code + i: v for i, v in enumerate(pk.payload)})
             elif pk.name.startswith("CP_LOAD_STATE6"):
@@ -62,6 +65,9 @@ class Gpu:
                 self._dispatch(mem, regs, state, pk)
             elif pk.name == "CP_MEM_WRITE":
                 memory_writes([pk], mem)
+            elif pk.name == "CP_WAIT_REG_MEM" and not _polled(pk.payload, mem):
+                return packets[i:]
+        return None
 
     def _program(self, mem, addr: int, units: int) -> Program:
         raw = bytes(mem.view(addr, units * SHADER_UNIT))
@@ -118,6 +124,23 @@ def memory_writes(packets, mem) -> None:
         if pk.kind == cs.TYPE7 and pk.name == "CP_MEM_WRITE":
             dst = mem.words(pk.payload[0] | pk.payload[1] << 32, len(pk.payload) - 2)
             dst[:] = _u32(pk.payload[2:])
+
+
+# CP_WAIT_REG_MEM dword 0 bits 0-2 (adreno_pm4.xml cp_cond_function, mirror/mesa@8334434e):
+# (value & mask) OP reference
+_COMPARE = {0: lambda v, r: True, 1: lambda v, r: v < r, 2: lambda v, r: v <= r,
+            3: lambda v, r: v == r, 4: lambda v, r: v != r, 5: lambda v, r: v >= r,
+            6: lambda v, r: v > r}
+
+
+def _polled(payload, mem) -> bool:
+    """Whether a CP_WAIT_REG_MEM lets the stream go on: dwords address lo/hi, reference, mask."""
+    if not payload[0] & cs.WAIT_POLL_MEMORY:
+        return True
+    value = mem.words(payload[1] | payload[2] << 32, 1)[0] & payload[4]
+    if payload[0] & 7 not in _COMPARE:
+        raise GpuFault(f"CP_WAIT_REG_MEM function {payload[0] & 7}")
+    return _COMPARE[payload[0] & 7](value, payload[3])
 
 
 def _state(payload) -> tuple[int, int]:

@@ -99,6 +99,7 @@ class Context:
     def __init__(self, flags: int):
         self.flags, self.queued, self.faulted = flags, 0, ""  # faulted: why, once it has
         self.retire_at: dict[int, float] = {}  # timestamp -> monotonic time it retires; inf: hung
+        self.blocked: dict[int, tuple] = {}  # timestamp -> (packets left at a wait, late by s)
 
     def retired(self) -> int:
         now, ts = time.monotonic(), 0
@@ -263,14 +264,17 @@ class MockKgsl:
         self.submissions.append((a.context_id, ctx.queued, packets))
         fault = self.faults.at(self.count)
         kind, delay = fault and fault.kind, fault.ms / 1000 if fault else 0.0
+        rest = None
         try:
             if kind == "fault":
                 raise GpuFault(f"injected page fault ({FAULTS_VAR} fault@{self.count})")
             if kind != "hang" and not self.hang and self.on_submit is not None:
-                self.on_submit(packets, self.mem)
+                rest = self.on_submit(packets, self.mem)
         except Exception as e:  # noqa: BLE001 - whatever the GPU trips on loses the context
             ctx.faulted = f"{type(e).__name__}: {e}"
-        hung = self.hang or kind == "hang"
+        if rest:
+            ctx.blocked[ctx.queued] = (rest, self.delay_s + delay)
+        hung = self.hang or kind == "hang" or bool(rest)
         ctx.retire_at[ctx.queued] = float("inf") if hung else \
             time.monotonic() + self.delay_s + delay
         a.timestamp = ctx.queued
@@ -285,8 +289,22 @@ class MockKgsl:
         except (cmdstream.StreamError, GpuFault) as e:
             _fail(errno.EINVAL, f"IB {i} at {c.gpuaddr:#x}: {e}")
 
+    def _resume(self, ctx: Context) -> None:
+        """Run blocked submissions on from their wait, in order, as far as the memory allows."""
+        for ts in sorted(ctx.blocked):
+            packets, late = ctx.blocked.pop(ts)
+            try:
+                rest = self.on_submit(packets, self.mem)
+            except Exception as e:  # noqa: BLE001 - as in _gpu_command
+                ctx.faulted, rest = f"{type(e).__name__}: {e}", None
+            if rest:
+                ctx.blocked[ts] = (rest, late)
+                return
+            ctx.retire_at[ts] = time.monotonic() + late
+
     def _cmdstream_readtimestamp_ctxtid(self, a) -> None:
         ctx = self._context(a.context_id)
+        self._resume(ctx)
         kinds = {kgsl.TIMESTAMP_CONSUMED: ctx.retired, kgsl.TIMESTAMP_RETIRED: ctx.retired,
                  kgsl.TIMESTAMP_QUEUED: lambda: ctx.queued}
         if a.type not in kinds:
@@ -295,6 +313,7 @@ class MockKgsl:
 
     def _device_waittimestamp_ctxtid(self, a) -> None:
         ctx = self._context(a.context_id)
+        self._resume(ctx)
         if ctx.faulted:
             _fail(errno.EDEADLK, f"context {a.context_id} faulted: {ctx.faulted}")
         if not kgsl.ts_reached(ctx.queued, a.timestamp):

@@ -21,6 +21,9 @@ ROOT_OR_UDEV = ("run as root, or give your user the device (a udev rule, or chmo
                 "node); on Android also check SELinux: `dmesg | grep avc` names the denial")
 
 
+LATE_S = 0.050  # a bounded wait returning later than this past its deadline overran it
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3f} ms"
 
@@ -131,27 +134,43 @@ def _kgsl_nop(p):
 
 
 def _kgsl_deadline(p):
+    """An IB that waits (CP_WAIT_REG_MEM) for a word the host has not written yet: a 10 ms wait
+    must give up on time, as the device's DeviceTimeout does; once the host writes the word, the
+    IB must run on and retire within 1 s."""
+    from qcom.cmdstream import OPCODES, WAIT_POLL_MEMORY, lohi, pkt7
     k, target = p.state["kgsl"], p.state["objects"][0]
-    late_ms = 50  # a bounded wait that returns later than this past its deadline overran it
-    ts, _ = _submit_words(p, _marker_words(target.gpuaddr, 1), "NOP for the deadline")
+    view, gate, marker = k.mmap(target), target.gpuaddr + 64, 0x676F  # "go"
+    view[64:68], view[:4] = bytes(4), bytes(4)
+    equal = 3  # cp_cond_function WRITE_EQ: (word & mask) == reference
+    words = pkt7(OPCODES["CP_WAIT_REG_MEM"], WAIT_POLL_MEMORY | equal, *lohi(gate), 1,
+                 0xFFFFFFFF, 16) + _marker_words(target.gpuaddr, marker)
+    ts, _ = _submit_words(p, words, "IB gated on a memory word")
+    start = time.monotonic()
+    done = p.call("Kgsl.wait_until(10 ms)", k.wait_until, p.state["ctx"], ts, start + 0.010)
+    tiny = time.monotonic() - start
+    if done:
+        raise Failure(f"the gated IB retired before its gate was opened (marker "
+                      f"{int.from_bytes(view[:4], 'little'):#x})", "did not wait",
+                      "CP_WAIT_REG_MEM did not block: its payload layout (qcom/cmdstream.py) "
+                      "is wrong for this CP")
+    if tiny > 0.010 + LATE_S:
+        raise Failure(f"a 10 ms wait returned after {_ms(tiny)}", "overran",
+                      "KGSL's WAITTIMESTAMP overruns its timeout: every run's deadline is at "
+                      "risk; report the kernel version")
+    view[64:68] = (1).to_bytes(4, "little")
     start = time.monotonic()
     done = p.call("Kgsl.wait_until(1 s)", k.wait_until, p.state["ctx"], ts, start + 1.0)
     took = time.monotonic() - start
-    if took > 1.0 + late_ms / 1e3:
+    if took > 1.0 + LATE_S:
         raise Failure(f"a wait with a 1 s deadline returned after {_ms(took)}", "overran",
-                      "KGSL's WAITTIMESTAMP ignores its timeout: every run's deadline is "
-                      "at risk; report the kernel version")
+                      "KGSL's WAITTIMESTAMP overruns its timeout: report the kernel version")
     if not done:
-        raise Failure(f"timestamp {ts} not retired by its 1 s deadline (returned on time, "
-                      f"after {_ms(took)})", "DeviceTimeout", "a NOP takes more than 1 s: "
-                      "the GPU is busy or throttled; check `dmesg | grep -i kgsl`")
-    tiny = time.monotonic()
-    p.call("Kgsl.wait_until(a passed deadline)", k.wait_until, p.state["ctx"], ts, tiny - 1e-3)
-    tiny_took = time.monotonic() - tiny
-    if tiny_took > late_ms / 1e3:
-        raise Failure(f"a wait whose deadline had passed took {_ms(tiny_took)}", "overran",
-                      "READTIMESTAMP blocks: check the kernel's kgsl timestamp ioctls")
-    return f"retired within its 1 s deadline ({_ms(took)}); a passed deadline returns at once"
+        raise Failure(f"timestamp {ts} not retired within 1 s of opening its gate (the wait "
+                      f"returned on time, after {_ms(took)})", "DeviceTimeout",
+                      "the CP does not see the host's write (a cached mapping?) or the GPU is "
+                      "busy; check `dmesg | grep -i kgsl`")
+    return (f"closed gate: the 10 ms wait gave up on time ({_ms(tiny)}), as DeviceTimeout; "
+            f"gate opened: retired in {_ms(took)}")
 
 
 def _kgsl_dispatch(p):
@@ -185,8 +204,8 @@ def qcom() -> list[Stage]:
         Stage("qcom.nop", "an IB of CP_NOP + CP_MEM_WRITE retires within 2 s and writes its "
               "marker", _kgsl_nop, {"EDEADLK": "the context faulted: `dmesg | grep -i kgsl` "
                                     "shows the fault address"}),
-        Stage("qcom.deadline", "a 1 s wait returns on time, retired; a passed deadline returns "
-              "at once", _kgsl_deadline),
+        Stage("qcom.deadline", "a 10 ms wait on an IB gated on memory gives up on time; "
+              "opened, it retires within 1 s", _kgsl_deadline),
         Stage("qcom.dispatch", "relu(x)*x, one kernel: vendor compiler, parser, recorder, "
               "submit; equal to numpy", _kgsl_dispatch, {
                   "wrong answer": "the kernel ran but computed something else: the parsed "
