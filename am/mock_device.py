@@ -18,8 +18,9 @@ VRAM (BAR0), doorbells (BAR2) and registers (BAR5), with
 Faults (KEEL_MOCK_FAULTS, runner/faults.py) by submission, counted in doorbells that carry a
 RELEASE_MEM: hang@N (the queue stops), unplug@N (the enclosure disappears from the USB bus),
 fault@N (the submission's indirect buffer loses its mapping: a VM fault), fwerr@N (the Nth
-firmware image is refused by the PSP). KEEL_MOCK_BRINGUP=amd.discovery=corrupt (runner/faults.py)
-gives the IP discovery table a wrong checksum. A fault inside the mock (a malformed
+firmware image is refused by the PSP). KEEL_MOCK_BRINGUP (runner/faults.py): amd.discovery=corrupt
+gives the IP discovery table a wrong checksum, amd.tlb=mm (or gc) leaves that hub's TLB
+invalidations unacknowledged, amd.queue=inactive ignores the queue's activation. A fault inside the mock (a malformed
 packet, an unmapped address) surfaces as GpuFault, a DeviceError, from the
 USB call that rang the doorbell; hardware would stop the queue and the host would time out.
 """
@@ -312,6 +313,8 @@ class MockGpu:
         self.running, self.rptr, self.mec_pc, self.mec_latched = False, 0, 0, None
         self.sh_mem: dict[int, dict[int, int]] = {}  # VMID -> SH_MEM_CONFIG/BASES
         self.faults = from_env(FAULTS_VAR, KINDS)
+        self.stuck_tlb = (bringup("amd.tlb") or "").upper()  # the hub whose TLB never acks
+        self.dead_queue = bringup("amd.queue") == "inactive"
 
     # ---- BARs -----------------------------------------------------------------------------------
     def mem_read(self, bar: int, offset: int) -> int:
@@ -351,6 +354,8 @@ class MockGpu:
         if reg in (regs.SH_MEM_CONFIG, regs.SH_MEM_BASES):  # banked per VMID
             self.sh_mem.setdefault(self._vmid(), {})[reg] = value
             return
+        if reg == regs.CP_HQD_ACTIVE and self.dead_queue:
+            return
         if reg == regs.CP_HQD_ACTIVE and value & 1 and not self.regs.get(reg, 0) & 1:
             mock_gc.check_queue(self.regs, self.space.read)  # the CP reads the MQD to map it
         if reg == regs.CP_HQD_DEQUEUE_REQUEST and value & 0xF:
@@ -359,7 +364,7 @@ class MockGpu:
         if reg == regs.CP_HQD_PQ_RPTR:  # the driver (re)starting the queue
             self.rptr = value
         for space in (self.space, self.mm):  # done at once: ACK has the VMIDs asked for
-            if reg == space.hub.inv_req:
+            if reg == space.hub.inv_req and space.hub.name != self.stuck_tlb:
                 if value & 1 and value & regs.INVALIDATE_ALL == regs.INVALIDATE_ALL:
                     space.invalidate()
                 self.regs[space.hub.inv_ack] = value & 0xFFFF

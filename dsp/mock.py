@@ -14,7 +14,8 @@ time: qemu does not model the DSP's cycles, so a profiled invoke reports qemu's 
 HVX instruction counts) per kernel instead: the cost model's signal, not a latency.
 
 Bring-up faults (KEEL_MOCK_BRINGUP, runner/faults.py's SITES): fastrpc.pd=ERRNO refuses the
-session as FastRPC refuses an unsigned PD; fastrpc.answer=wrong flips the first byte of the last
+session as FastRPC refuses an unsigned PD; fastrpc.memory=ERRNO fails the shared buffer's
+allocation as ION's would; fastrpc.answer=wrong flips the first byte of the last
 io slot in every answer after the load's (a wrong known answer).
 """
 from __future__ import annotations
@@ -54,6 +55,11 @@ class QemuTransport:
         return self.procs[0]
 
     def alloc(self, nbytes: int) -> mmap.mmap:
+        refused = bringup_errno("fastrpc.memory")
+        if refused is not None:
+            raise DeviceError(f"allocating {nbytes} bytes of shared memory: "
+                              f"{os.strerror(refused)} (errno {refused}) (KEEL_MOCK_BRINGUP "
+                              f"fastrpc.memory)")
         fd = _memfd("keel-dsp-shared", nbytes)
         self.shm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED)
         self.shm_fd, self.shm_bytes = fd, nbytes

@@ -85,6 +85,9 @@ SITES = {
     "usb.device": "absent: no bridge answers on the mock USB bus",
     "usb.link": "down: the mock bridge's PCIe link never trains (nothing answers behind it)",
     "amd.discovery": "corrupt: the mock GPU's IP discovery table fails its checksum",
+    "amd.tlb": "mm or gc: the mock GPU never acknowledges that hub's TLB invalidation",
+    "amd.queue": "inactive: the mock GPU ignores the compute queue's activation",
+    "fastrpc.memory": "the emulated DSP's shared buffer allocation fails with this errno name",
 }
 
 

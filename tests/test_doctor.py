@@ -79,20 +79,26 @@ FAULTS = [
     ("qcom", "deadline", {"KEEL_MOCK_FAULTS": "slow@2:3000"}, "DeviceTimeout"),
     ("qcom", "dispatch", {"KEEL_MOCK_BRINGUP": "gpu.answer=wrong"}, "wrong answer"),
     ("qcom", "model", {"KEEL_MOCK_FAULTS": "fault@4"}, "EDEADLK"),  # a GPU fault in the graph
-    ("dsp", "session", {"KEEL_MOCK_BRINGUP": "fastrpc.pd=EACCES"}, "DeviceError"),
+    ("dsp", "memory", {"KEEL_MOCK_BRINGUP": "fastrpc.memory=ENOMEM"}, "ENOMEM"),
+    ("dsp", "session", {"KEEL_MOCK_BRINGUP": "fastrpc.pd=EACCES"}, "EACCES"),
     ("dsp", "invoke", {"KEEL_MOCK_FAULTS": "hang@1"}, "DeviceTimeout"),
     ("dsp", "known_answer", {"KEEL_MOCK_BRINGUP": "fastrpc.answer=wrong"}, "wrong answer"),
     ("dsp", "model", {"KEEL_MOCK_FAULTS": "fault@21"}, "DeviceError"),  # only the model's 21st
     ("amd", "usb", {"KEEL_MOCK_BRINGUP": "usb.device=absent"}, "DeviceError"),
     ("amd", "pcie", {"KEEL_MOCK_BRINGUP": "usb.link=down"}, "DeviceError"),
     ("amd", "discovery", {"KEEL_MOCK_BRINGUP": "amd.discovery=corrupt"}, "DeviceError"),
+    ("amd", "mm_hub", {"KEEL_MOCK_BRINGUP": "amd.tlb=mm"}, "DeviceTimeout"),
     ("amd", "psp", {"KEEL_MOCK_FAULTS": "fwerr@1"}, "DeviceError"),
+    ("amd", "gc_hub", {"KEEL_MOCK_BRINGUP": "amd.tlb=gc"}, "DeviceTimeout"),
+    ("amd", "queue", {"KEEL_MOCK_BRINGUP": "amd.queue=inactive"}, "DeviceTimeout"),
     ("amd", "known_answer", {"KEEL_MOCK_BRINGUP": "gpu.answer=wrong"}, "wrong answer"),
     ("amd", "model", {"KEEL_MOCK_FAULTS": "fault@2"}, "GpuFault"),  # a VM fault in the graph
 ]
 NEXT = {"kgsl.open=ENOENT": "kgsl driver", "kgsl.open=EPERM": "udev rule",
         "kgsl.open=EACCES": "SELinux", "fastrpc.pd=EACCES": "testsig",
-        "usb.link=down": "link behind the bridge is down", "kgsl.chip=0x06040001": "opencl"}
+        "usb.link=down": "link behind the bridge is down", "kgsl.chip=0x06040001": "opencl",
+        "amd.tlb=mm": "MM hub never acknowledged", "amd.tlb=gc": "GC hub never acknowledged",
+        "amd.queue=inactive": "MEC is not running", "fastrpc.memory=ENOMEM": "ION system heap"}
 
 
 def _check_named(rep: dict, device: str, stage: str, code: str) -> dict:

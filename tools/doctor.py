@@ -44,7 +44,7 @@ SIM_VARS = {"qcom": "KEEL_KGSL", "dsp": "KEEL_FASTRPC", "amd": "KEEL_USB"}
 SOURCES = ("runner", "qcom", "dsp", "am", "usbgpu", "compiler", "tools")
 DMESG = re.compile(r"kgsl|adreno|adsprpc|fastrpc|cdsp|smmu|ion|usb|uas|asm24|amdgpu|pcie|avc",
                    re.I)
-ERRNO = re.compile(r"\b(E[A-Z0-9]{2,})\b")
+ERRNO = re.compile(r"\b(E[A-Z0-9]{2,})\b|errno (\d+)")  # kgsl.py's and fastrpc.py's spellings
 
 
 class Failure(Exception):
@@ -117,7 +117,9 @@ def _code(e: BaseException) -> str:
     if isinstance(e, OSError) and e.errno:
         return errno.errorcode.get(e.errno, str(e.errno))
     m = ERRNO.search(str(e)) if isinstance(e, DeviceError) else None
-    return m.group(1) if m else type(e).__name__
+    if m is None:
+        return type(e).__name__
+    return m.group(1) or errno.errorcode.get(int(m.group(2)), m.group(2))
 
 
 def _next(stage: Stage, code: str, text: str) -> str:

@@ -301,7 +301,10 @@ def dsp() -> list[Stage]:
                "EACCES": ROOT_OR_UDEV, "EPERM": ROOT_OR_UDEV}, deadline_s=120.0),
         Stage("dsp.memory", "1 MiB of shared memory (ION, shared as a dma-buf)", _dsp_memory,
               {"absent": "no /dev/ion: this kernel uses dma-buf heaps, which keel's FastRPC "
-                         "layer does not speak yet (docs/dsp.md)", "": ROOT_OR_UDEV}),
+                         "layer does not speak yet (docs/dsp.md)",
+               "ENOMEM": "the ION system heap is exhausted: stop other DSP and camera users "
+                         "(or reboot) and retry", "EACCES": ROOT_OR_UDEV, "EPERM": ROOT_OR_UDEV,
+               "": "see `dmesg | grep -i ion`"}),
         Stage("dsp.session", "an unsigned PD created, the skel opened through remotectl, the "
               "programs loaded", _dsp_session,
               {"unsigned": "signed PD required: build a testsig for this device's serial "
@@ -428,10 +431,19 @@ AMD_USB = {"no ASM24xx": "no bridge on USB: check the cable, power, and `lsusb` 
            "kernel's uas driver holds the enclosure: run as root so keel can detach it"}
 
 
+def _hub(name: str) -> dict:
+    return {"TLB invalidation": f"the {name} hub never acknowledged a TLB invalidation: its VM "
+            f"context 0 or L2/TLB setup (am/driver.py, am/gc.py) is not what this GPU expects; "
+            f"send the bundle", "": "the bring-up step named in the call did not complete: "
+            "send the bundle"}
+
+
 def amd() -> list[Stage]:
     psp_next = {"refused": "the PSP refused a firmware image: its version does not match this "
                 "GPU, or the bridge runs stock firmware; the message names the file",
                 "": "the bring-up step named in the call did not complete: send the bundle"}
+    queue_next = {"GPU queue": "the compute queue never ran its packets: MEC is not running, or "
+                  "the MQD or doorbell routing is wrong (am/mqd.py, am/gc.py); send the bundle"}
     return [
         Stage("amd.usb", "an ASM24xx bridge (174c:2464 or 2d01:3666) opens, its interface claimed",
               _usb, AMD_USB),
@@ -446,17 +458,20 @@ def amd() -> list[Stage]:
                           "USB\") or point KEEL_AMD_FIRMWARE at them"}),
         Stage("amd.mm_hub", "doorbell aperture, MM hub VM context 0 on keel's page table, TLB "
               "flushed", _step("mm_hub", "Gpu._start_mm",
-              "doorbell aperture open; MM hub context 0 maps the staging memory; TLB flushed"), psp_next, deadline_s=30.0),
+              "doorbell aperture open; MM hub context 0 maps the staging memory; TLB flushed"),
+              _hub("MM"), deadline_s=30.0),
         Stage("amd.psp", "the PSP boots sOS and loads SMU, PFP/ME/MEC/IMU/RLC; MEC started",
               _step("psp", "am.boot.Psp.bring_up", "sOS booted "
               "(bootloader components), its ring up, TOC, SMU, TMR, PFP/ME/MEC/IMU/RLC loaded, "
               "RLC autoload complete, MEC pipe 0 started"), psp_next, deadline_s=120.0),
         Stage("amd.gc_hub", "GC hub context 0, L2/TLB, SH_MEM, doorbell routing",
               _step("gc_hub", "Gpu._gc_hub", "GC hub "
-              "context 0 on the table, L2 and TLB set up and flushed, SH_MEM, doorbells routed"), psp_next, deadline_s=30.0),
+              "context 0 on the table, L2 and TLB set up and flushed, SH_MEM, doorbells routed"),
+              _hub("GC"), deadline_s=30.0),
         Stage("amd.queue", "the compute queue mapped from its MQD, the page tables written "
               "through it", _step("queue", "Gpu._queue", "queue mapped "
-              "(ME 1 pipe 0 queue 0), tables written through it, GC range opened"), psp_next, deadline_s=30.0),
+              "(ME 1 pipe 0 queue 0), tables written through it, GC range opened"),
+              queue_next, deadline_s=30.0),
         Stage("amd.nop", "an empty submission on the compute queue signals", _nop,
               {"DeviceTimeout": "the queue does not run: MEC not started or the doorbell not "
                "routed; send the bundle"}, deadline_s=15.0),
