@@ -27,7 +27,7 @@ import struct
 from am import elf, pm4
 from runner import cl
 from runner.errors import DeviceError
-from runner.faults import bringup
+from runner.faults import bringup_from
 
 GPU_BASE = 0x8000_0000_0000  # where the mock's GPU virtual addresses start
 PAGE = 4096
@@ -85,13 +85,17 @@ class CommandProcessor:
         self.code: dict[int, elf.CodeObject] = {}  # by base address
         self.dispatches = 0
         self.check = None  # called before each dispatch: the mock GPU's SH_MEM check
-        self.wrong = bringup("gpu.answer") == "wrong"  # flip each dispatch's first output word
+        # KEEL_MOCK_BRINGUP gpu.answer=wrong[@K]: flip the first output word of each dispatch
+        # from the Kth of a doorbell's batch on
+        self.wrong_from, self.nth = bringup_from("gpu.answer", "wrong"), 0
 
     def run(self, address: int, dwords: int, depth: int = 0) -> None:
         self.execute(pm4.words(self.mem.read(address, 4 * dwords)), depth)
 
     def execute(self, words: list[int], depth: int = 0) -> None:
         packets = pm4.decode(words)
+        if not depth:
+            self.nth = 0
         for p in packets:
             if p.op == pm4.SET_SH_REG:
                 for i, v in enumerate(p.body[1:]):
@@ -145,7 +149,8 @@ class CommandProcessor:
         glob = tuple(g * w for g, w in zip(groups, local))
         self.pocl.run(co.source, k.name, pointers, glob, local)
         self.dispatches += 1
-        if self.wrong and pointers:  # KEEL_MOCK_BRINGUP gpu.answer=wrong
+        self.nth += 1
+        if self.wrong_from and self.nth >= self.wrong_from and pointers:
             self.pocl.finish()
             self.mem.write(pointers[0], bytes(b ^ 0xFF for b in self.mem.read(pointers[0], 4)))
 

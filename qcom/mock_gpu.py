@@ -3,14 +3,19 @@
 It keeps the register file the stream writes and the state CP_LOAD_STATE6 loads (shader,
 constants, texture descriptors, samplers), and at each CP_RUN_OPENCL (groups in
 HLSQ_CS_KERNEL_GROUP_X..Z, how vendor OpenCL binaries are launched) or CP_EXEC_CS (groups in its
-payload) runs the kernel that state names: the program in the shader object (qcom/program.py), the parameters read from the loaded
-constants (buffer addresses, texture slots), the images the descriptors describe
-(qcom/texture.py), the sizes in HLSQ_CS_NDRANGE_*. Nothing comes from anywhere but GPU memory and
-the stream, so a wrong address, descriptor or size in what the device recorded shows up as a
-fault or a wrong result. CP_MEM_WRITE writes its payload. CP_WAIT_REG_MEM polling memory
-blocks the stream until the word compares as asked: the call returns the packets from the wait
-on, which MockKgsl runs again each time it is asked for a timestamp (register polls pass). Anything it cannot make sense of is a
-GpuFault, which kills the context as a real page fault does.
+payload) runs the kernel that state names: the program in the shader object (qcom/program.py),
+the parameters read from the loaded constants (buffer addresses, texture slots), the images the
+descriptors describe (qcom/texture.py), the sizes in HLSQ_CS_NDRANGE_*. Nothing comes from
+anywhere but GPU memory and the stream, so a wrong address, descriptor or size in what the device recorded shows up as a
+fault or a wrong result. CP_MEM_WRITE writes its payload. CP_WAIT_REG_MEM polling memory blocks
+the stream until the word compares as asked: the call returns the packets from the wait on, which
+MockKgsl runs again each time it is asked for a timestamp (register polls pass). Anything it
+cannot make sense of is a GpuFault, which kills the context as a real page fault does.
+
+Bring-up faults (KEEL_MOCK_BRINGUP, runner/faults.py's SITES): gpu.answer=wrong flips the first
+word of each dispatch's first buffer (the one it writes), a wrong known answer (wrong@K: only
+from the Kth dispatch of a submission on, a fault only deeper graphs show); gpu.image=fault
+faults every image access, as a bad texture descriptor does.
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ from qcom import cmdstream as cs
 from qcom import texture
 from qcom.execute import Executor
 from qcom.program import SHADER_UNIT, Program, parse
-from runner.faults import bringup
+from runner.faults import bringup, bringup_from
 
 R = cs.REGISTERS
 
@@ -46,7 +51,8 @@ class Gpu:
     def __init__(self):
         self.executor = Executor()
         self.programs: dict[bytes, Program] = {}  # shader object bytes -> parsed
-        self.wrong = bringup("gpu.answer") == "wrong"
+        self.wrong_from = bringup_from("gpu.answer", "wrong")
+        self.image_fault = bringup("gpu.image") == "fault"
 
     def __call__(self, packets, mem) -> list | None:
         """Execute one submission (the mock's on_submit); the packets not yet run when a
@@ -55,7 +61,7 @@ class Gpu:
                  if pk.kind == cs.TYPE7 and pk.name.startswith("CP_LOAD_STATE6")
                  and _state(pk.payload) == (cs.SB6_CS_SHADER, cs.ST6_SHADER)]
         self.executor.prepare(loads)
-        regs, state = {}, {}
+        regs, state, self.nth = {}, {}, 0
         for i, pk in enumerate(packets):
             if pk.kind == cs.TYPE4:
                 regs.update({pk.code + i: v for i, v in enumerate(pk.payload)})
@@ -97,13 +103,16 @@ class Gpu:
         if said != groups:
             raise GpuFault(f"{where}: groups {said}, the NDRANGE registers give {groups}")
         self.executor.run(prog, args, gs, ls)
-        if self.wrong and args and args[0][0] == "buffer":
+        self.nth += 1
+        if self.wrong_from and self.nth >= self.wrong_from and args[0][0] == "buffer":
             word = ctypes.c_uint32.from_address(args[0][1])
             word.value ^= 0xFFFFFFFF
 
     def _arg(self, mem, state: dict, kind: str, value: int, where: str) -> tuple:
         if kind == "buffer":
             return ("buffer", *host_address(mem, value, 1))
+        if self.image_fault:
+            raise GpuFault(f"{where}: texture slot {value}: injected (KEEL_MOCK_BRINGUP gpu.image)")
         descs, count = state.get((cs.SB6_CS_TEX, cs.ST6_CONSTANTS), (0, 0))
         samp, nsamp = state.get((cs.SB6_CS_TEX, cs.ST6_SHADER), (0, 0))
         if value >= count or nsamp < 1:

@@ -79,7 +79,9 @@ SITES = {
     "kgsl.chip": "the chip id the mock KGSL reports (hex)",
     "kgsl.context": "context creation fails with this errno name",
     "kgsl.alloc": "GPU object allocation fails with this errno name",
-    "gpu.answer": "wrong: the qcom and amd mock GPUs flip the first word each dispatch writes",
+    "gpu.answer": "wrong (or wrong@K: from the Kth dispatch of a submission on): the qcom and "
+                  "amd mock GPUs flip the first word each such dispatch writes",
+    "gpu.image": "fault: the qcom mock GPU faults on every image access",
     "fastrpc.pd": "the emulated DSP refuses its process (the unsigned PD) with this errno name",
     "fastrpc.answer": "wrong: the emulated DSP's answers flip the first byte of the last io slot",
     "usb.device": "absent: no bridge answers on the mock USB bus",
@@ -102,6 +104,17 @@ def bringup(site: str) -> str | None:
         if name == site:
             found = value
     return found
+
+
+def bringup_from(site: str, word: str) -> int | None:
+    """K for `site`=`word`@K (1 for a bare `word`), or None when the site is not set."""
+    value = bringup(site)
+    if value is None:
+        return None
+    name, _, k = value.partition("@")
+    if name != word or (k and not k.isdigit()) or k == "0":
+        raise ConfigError(f"{BRINGUP_VAR}: {site}={value!r}; expected {word} or {word}@K, K >= 1")
+    return int(k or 1)
 
 
 def bringup_errno(site: str) -> int | None:

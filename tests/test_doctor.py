@@ -16,7 +16,8 @@ from tools import doctor
 from usbgpu.mock import MockLibusb
 
 STAGES = {
-    "qcom": ["open", "properties", "context", "memory", "nop", "deadline", "dispatch", "model"],
+    "qcom": ["open", "properties", "context", "memory", "nop", "deadline", "dispatch", "image",
+             "model", "openpilot"],
     "dsp": ["node", "memory", "session", "invoke", "known_answer", "model"],
     "amd": ["usb", "pcie", "discovery", "firmware", "mm_hub", "psp", "gc_hub", "queue", "nop",
             "vram", "known_answer", "model"],
@@ -62,12 +63,12 @@ def test_every_stage_passes_on_the_simulators_and_the_bundle_holds_the_report(si
         report = json.load(tar.extractfile("keel-doctor/report.json"))
     assert names == {"report.json", "os.txt", "dmesg.txt", "properties.json", "keel.json"}
     assert report["keel"]["source_sha256"] == doctor.source_hash()
-    # relu_mul (qcom, amd), small_net (cpu, qcom, amd), int8_fma (dsp), qdq_conv (cpu, dsp)
-    assert len(report["blobs"]) == 8 and all(len(h) == 64 for h in report["blobs"].values())
+    # relu_mul (qcom, amd), two_matmuls and openpilot (cpu, qcom), small_net (cpu, qcom, amd),
+    # int8_fma (dsp), qdq_conv (cpu, dsp)
+    assert len(report["blobs"]) == 12 and all(len(h) == 64 for h in report["blobs"].values())
 
 
-# (device, stage, how the fault is injected, what the report must say); the submission numbers
-# in KEEL_MOCK_FAULTS count from the device's bring-up (docs/doctor.md says which stage submits)
+# (device, stage, how the fault is injected, the status the report must name)
 FAULTS = [
     ("qcom", "open", {"KEEL_MOCK_BRINGUP": "kgsl.open=ENOENT"}, "ENOENT"),
     ("qcom", "open", {"KEEL_MOCK_BRINGUP": "kgsl.open=EPERM"}, "EPERM"),
@@ -78,12 +79,15 @@ FAULTS = [
     ("qcom", "nop", {"KEEL_MOCK_FAULTS": "hang@1"}, "not retired"),  # a NOP that never retires
     ("qcom", "deadline", {"KEEL_MOCK_FAULTS": "slow@2:3000"}, "DeviceTimeout"),
     ("qcom", "dispatch", {"KEEL_MOCK_BRINGUP": "gpu.answer=wrong"}, "wrong answer"),
-    ("qcom", "model", {"KEEL_MOCK_FAULTS": "fault@4"}, "EDEADLK"),  # a GPU fault in the graph
+    ("qcom", "image", {"KEEL_MOCK_BRINGUP": "gpu.image=fault"}, "EDEADLK"),
+    # wrong from the third dispatch of a submission on: only a graph that deep shows it
+    ("qcom", "model", {"KEEL_MOCK_BRINGUP": "gpu.answer=wrong@3"}, "wrong answer"),
     ("dsp", "memory", {"KEEL_MOCK_BRINGUP": "fastrpc.memory=ENOMEM"}, "ENOMEM"),
     ("dsp", "session", {"KEEL_MOCK_BRINGUP": "fastrpc.pd=EACCES"}, "EACCES"),
     ("dsp", "invoke", {"KEEL_MOCK_FAULTS": "hang@1"}, "DeviceTimeout"),
     ("dsp", "known_answer", {"KEEL_MOCK_BRINGUP": "fastrpc.answer=wrong"}, "wrong answer"),
-    ("dsp", "model", {"KEEL_MOCK_FAULTS": "fault@21"}, "DeviceError"),  # only the model's 21st
+    # each Model counts its own invokes: dsp.invoke makes 20, dsp.known_answer 1, dsp.model 101
+    ("dsp", "model", {"KEEL_MOCK_FAULTS": "fault@21"}, "DeviceError"),
     ("amd", "usb", {"KEEL_MOCK_BRINGUP": "usb.device=absent"}, "DeviceError"),
     ("amd", "pcie", {"KEEL_MOCK_BRINGUP": "usb.link=down"}, "DeviceError"),
     ("amd", "discovery", {"KEEL_MOCK_BRINGUP": "amd.discovery=corrupt"}, "DeviceError"),
@@ -92,13 +96,15 @@ FAULTS = [
     ("amd", "gc_hub", {"KEEL_MOCK_BRINGUP": "amd.tlb=gc"}, "DeviceTimeout"),
     ("amd", "queue", {"KEEL_MOCK_BRINGUP": "amd.queue=inactive"}, "DeviceTimeout"),
     ("amd", "known_answer", {"KEEL_MOCK_BRINGUP": "gpu.answer=wrong"}, "wrong answer"),
-    ("amd", "model", {"KEEL_MOCK_FAULTS": "fault@2"}, "GpuFault"),  # a VM fault in the graph
+    # the enclosure counts graph submissions: amd.known_answer makes 1, amd.model the rest
+    ("amd", "model", {"KEEL_MOCK_FAULTS": "fault@2"}, "GpuFault"),
 ]
 NEXT = {"kgsl.open=ENOENT": "kgsl driver", "kgsl.open=EPERM": "udev rule",
         "kgsl.open=EACCES": "SELinux", "fastrpc.pd=EACCES": "testsig",
         "usb.link=down": "link behind the bridge is down", "kgsl.chip=0x06040001": "opencl",
         "amd.tlb=mm": "MM hub never acknowledged", "amd.tlb=gc": "GC hub never acknowledged",
-        "amd.queue=inactive": "MEC is not running", "fastrpc.memory=ENOMEM": "ION system heap"}
+        "amd.queue=inactive": "MEC is not running", "fastrpc.memory=ENOMEM": "ION system heap",
+        "gpu.image=fault": "texture descriptor"}
 
 
 def _check_named(rep: dict, device: str, stage: str, code: str) -> dict:

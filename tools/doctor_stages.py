@@ -15,7 +15,7 @@ import statistics
 import time
 
 from tools.doctor import (Failure, Stage, against_cpu, int8_fma, int8_fma_answer, known_answer,
-                          qdq_conv, relu_mul, relu_mul_answer, small_net)
+                          openpilot, qdq_conv, relu_mul, relu_mul_answer, small_net, two_matmuls)
 
 ROOT_OR_UDEV = ("run as root, or give your user the device (a udev rule, or chmod 666 on the "
                 "node); on Android also check SELinux: `dmesg | grep avc` names the denial")
@@ -179,6 +179,28 @@ def _kgsl_dispatch(p):
     return known_answer(p, "qcom", "qcom", relu_mul, relu_mul_answer)
 
 
+def _kgsl_image(p):
+    """Two kernels through an image: the first writes it, the second reads it (and the weights
+    are images too), against the CPU build."""
+    from runner.blob import read_blob
+    from tools.doctor import blob
+    path = p.call("compile (qcom)", blob, p.state, "two_matmuls", two_matmuls, "qcom")
+    images = [b for b in read_blob(path).buffers.values() if b.image is not None]
+    if not any(b.region == "arena" for b in images):
+        raise Failure(f"the qcom blob holds {len(images)} images, none written by a kernel",
+                      "no image", "keel's compiler stopped choosing images for this model "
+                      "(compiler/schedule/storage.py): a keel bug, not the device's")
+    # fp16 storage and arithmetic on qcom against fp32 on the CPU: 64 and 256 terms summed
+    return f"{len(images)} images; " + against_cpu(p, "two_matmuls", two_matmuls, "qcom", "qcom",
+                                                   1e-2, 1e-2)
+
+
+def _qcom_openpilot(p):
+    # fp16 on qcom against the CPU build's fp32 compute: tests/test_qcom_device.py's bound
+    return against_cpu(p, "openpilot", openpilot, "qcom", "qcom", 5e-2, 5e-2, budget_s=5.0,
+                       float16=True)
+
+
 def _qcom_model(p):
     # qcom blobs compute in half: the fp16 bound of tests/test_qcom_device.py's conv_net
     return against_cpu(p, "small_net", small_net, "qcom", "qcom", 1e-2, 1e-2)
@@ -213,10 +235,21 @@ def qcom() -> list[Stage]:
                   "send the bundle", "EDEADLK": "the dispatch faulted the GPU: see dmesg for "
                   "the fault address (a wrong SP_CS_* register or constant layout)"},
               deadline_s=120.0),
+        Stage("qcom.image", "an image written by one kernel and read by the next, within fp16 "
+              "tolerance (1e-2) of the CPU build", _kgsl_image, {
+                  "EDEADLK": "an image access faulted the GPU: the texture descriptor or sampler "
+                  "(qcom/texture.py) is wrong for this chip; see dmesg for the fault address",
+                  "wrong answer": "images read back wrong: the descriptor's pitch, format or "
+                  "tiling (qcom/texture.py); send the bundle"}, deadline_s=300.0),
         Stage("qcom.model", "a conv net within fp16 tolerance (1e-2) of its CPU build, with "
               "latency", _qcom_model, {"wrong answer": "single kernels pass but a graph does "
-                                       "not: barriers (CP_WAIT_FOR_IDLE) or images; run "
-                                       "tools/bisect.py on the model"}, deadline_s=300.0),
+                                       "not: barriers (CP_WAIT_FOR_IDLE); run tools/bisect.py "
+                                       "on the model"}, deadline_s=300.0),
+        Stage("qcom.openpilot", "the openpilot-shaped model (fp16 weights) within 5e-2 of its "
+              "CPU build, with latency", _qcom_openpilot,
+              {"wrong answer": "run tools/bisect.py on the model to find the first node that "
+               "diverges", "DeviceTimeout": "the model did not finish in 60 s: the GPU is "
+               "throttled or hung; check `dmesg | grep -i kgsl`"}, deadline_s=600.0),
     ]
 
 
