@@ -42,8 +42,8 @@ from tools.cli import Parser  # noqa: E402
 DEVICES = ("qcom", "dsp", "amd")
 SIM_VARS = {"qcom": "KEEL_KGSL", "dsp": "KEEL_FASTRPC", "amd": "KEEL_USB"}
 SOURCES = ("runner", "qcom", "dsp", "am", "usbgpu", "compiler", "tools")
-DMESG = re.compile(r"kgsl|adreno|adsprpc|fastrpc|cdsp|smmu|ion|usb|uas|asm24|amdgpu|pcie|avc",
-                   re.I)
+DMESG = re.compile(r"(?<![a-z0-9])(kgsl|adreno|adsprpc|fastrpc|cdsp|smmu|ion|usb|uas|asm2[34]"
+                   r"\w*|amdgpu|pcie\w*|avc)(?![a-z])", re.I)  # the kernel's lines about them
 ERRNO = re.compile(r"\b(E[A-Z0-9]{2,})\b|errno (\d+)")  # kgsl.py's and fastrpc.py's spellings
 
 
@@ -250,7 +250,7 @@ def against_cpu(p, name: str, make, target: str, device: str, rtol: float, atol:
         times.append(time.perf_counter() - t)
     p99 = f", p99 {np.percentile(times, 99) * 1e3:.3f} ms" if len(times) >= 100 else ""
     return (f"{'; '.join(errs)}; latency median {np.median(times) * 1e3:.3f} ms{p99}, "
-            f"max {max(times) * 1e3:.3f} ms over {len(times)} runs")
+            f"max {max(times) * 1e3:.3f} ms over {len(times)} run{'s' * (len(times) > 1)}")
 
 
 def _feeds(model) -> dict:
@@ -435,7 +435,8 @@ def bundle(path: Path, rep: dict) -> None:
         "os.txt": "\n".join([f"uname: {' '.join(platform.uname())}",
                              _read("/proc/version"), _read("/etc/os-release"),
                              f"python {sys.version}"]),
-        "dmesg.txt": "\n".join(ln for ln in dmesg.splitlines() if DMESG.search(ln)) or dmesg,
+        "dmesg.txt": "\n".join(ln for ln in dmesg.splitlines() if DMESG.search(ln))
+                     or f"no line of dmesg names kgsl, adsprpc, usb, amdgpu, ...: {dmesg[:300]}",
         "properties.json": json.dumps(rep["properties"], indent=1),
         "keel.json": json.dumps({**rep["keel"], "blobs": rep["blobs"],
                                  "env": {k: v for k, v in os.environ.items()
