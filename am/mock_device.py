@@ -18,11 +18,12 @@ VRAM (BAR0), doorbells (BAR2) and registers (BAR5), with
 Faults (KEEL_MOCK_FAULTS, runner/faults.py) by submission, counted in doorbells that carry a
 RELEASE_MEM: hang@N (the queue stops), unplug@N (the enclosure disappears from the USB bus),
 fault@N (the submission's indirect buffer loses its mapping: a VM fault), fwerr@N (the Nth
-firmware image is refused by the PSP). KEEL_MOCK_BRINGUP (runner/faults.py): amd.discovery=corrupt
-gives the IP discovery table a wrong checksum, amd.tlb=mm (or gc) leaves that hub's TLB
-invalidations unacknowledged, amd.queue=inactive ignores the queue's activation. A fault inside the mock (a malformed
+firmware image is refused by the PSP). A fault inside the mock (a malformed
 packet, an unmapped address) surfaces as GpuFault, a DeviceError, from the
 USB call that rang the doorbell; hardware would stop the queue and the host would time out.
+Bring-up faults (KEEL_MOCK_BRINGUP, runner/faults.py's SITES): amd.discovery=corrupt gives the IP
+discovery table a wrong checksum, amd.tlb=mm (or gc) leaves that hub's TLB invalidations
+unacknowledged, amd.queue=inactive ignores the queue's activation.
 """
 from __future__ import annotations
 

@@ -6,11 +6,12 @@ HLSQ_CS_KERNEL_GROUP_X..Z, how vendor OpenCL binaries are launched) or CP_EXEC_C
 payload) runs the kernel that state names: the program in the shader object (qcom/program.py),
 the parameters read from the loaded constants (buffer addresses, texture slots), the images the
 descriptors describe (qcom/texture.py), the sizes in HLSQ_CS_NDRANGE_*. Nothing comes from
-anywhere but GPU memory and the stream, so a wrong address, descriptor or size in what the device recorded shows up as a
-fault or a wrong result. CP_MEM_WRITE writes its payload. CP_WAIT_REG_MEM polling memory blocks
-the stream until the word compares as asked: the call returns the packets from the wait on, which
-MockKgsl runs again each time it is asked for a timestamp (register polls pass). Anything it
-cannot make sense of is a GpuFault, which kills the context as a real page fault does.
+anywhere but GPU memory and the stream, so a wrong address, descriptor or size in what the
+device recorded shows up as a fault or a wrong result. CP_MEM_WRITE writes its payload.
+CP_WAIT_REG_MEM polling memory blocks the stream until the word compares as asked: the call
+returns the packets from the wait on, which MockKgsl runs again each time it is asked for a
+timestamp (register polls pass). Anything it cannot make sense of is a GpuFault, which kills the
+context as a real page fault does.
 
 Bring-up faults (KEEL_MOCK_BRINGUP, runner/faults.py's SITES): gpu.answer=wrong flips the first
 word of each dispatch's first buffer (the one it writes), a wrong known answer (wrong@K: only

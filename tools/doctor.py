@@ -129,7 +129,8 @@ def _next(stage: Stage, code: str, text: str) -> str:
     return stage.next.get("", "see docs/doctor.md for this stage")
 
 
-def run_device(device: str, keep_going: bool, say) -> list[dict]:
+def run_device(device: str, keep_going: bool, say) -> tuple[list[dict], dict]:
+    """The device's stage rows, and the state they left: its properties and blob hashes."""
     stages_, state = stages(device), {"close": [], "properties": {}, "blobs": {}}
     rows, passed = [], set()
     try:
@@ -149,9 +150,7 @@ def run_device(device: str, keep_going: bool, say) -> list[dict]:
                 break
     finally:
         _close(state)
-    PROPERTIES[device] = state["properties"]
-    BLOBS.update(state["blobs"])
-    return rows
+    return rows, state
 
 
 def _close(state: dict) -> None:
@@ -170,15 +169,11 @@ def _quiet(fn) -> None:
         pass
 
 
-PROPERTIES: dict = {}
-BLOBS: dict = {}
-
-
 def verdict(device: str) -> str | None:
     """Why `device`'s model tests cannot mean anything here: the doctor's first failing stage
     before the last one (`<device>.model`, which the model tests themselves repeat), with its
     call, status and next step; None when every earlier stage passed."""
-    rows, last = run_device(device, keep_going=False, say=lambda row: None), stages(device)[-1]
+    rows, last = run_device(device, keep_going=False, say=lambda row: None)[0], stages(device)[-1]
     bad = next((r for r in rows if r["status"] == "fail" and r["stage"] != last.name), None)
     if bad is None:
         return None
@@ -293,7 +288,8 @@ def small_net():
     rng = np.random.default_rng(0)
     return _model([helper.make_node("Conv", ["x", "w1", "b1"], ["c"], pads=[1, 1, 1, 1],
                                     strides=[2, 2]),
-                   helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Flatten", ["r"], ["f"]),
+                   helper.make_node("Relu", ["c"], ["r"]),
+                   helper.make_node("Flatten", ["r"], ["f"]),
                    helper.make_node("Gemm", ["f", "w2"], ["g"], transB=1),
                    helper.make_node("Softmax", ["g"], ["y"])],
                   [("x", (1, 3, 16, 16), "float32")], [("y", (1, 10), "float32")],
@@ -414,7 +410,7 @@ def _run(argv: list[str], timeout: float = 5.0) -> str:
         return f"{argv[0]}: {e}"
 
 
-def report(rows: list[dict], devices: list[str]) -> dict:
+def report(rows: list[dict], devices: list[str], properties: dict, blobs: dict) -> dict:
     failed = next((r for r in rows if r["status"] == "fail"), None)
     return {"ok": failed is None and bool(rows), "failed_stage": failed and failed["stage"],
             "devices": devices, "stages": rows,
@@ -422,7 +418,7 @@ def report(rows: list[dict], devices: list[str]) -> dict:
             "keel": {"version": keel_version(), "source_sha256": source_hash()},
             "host": {"platform": platform.platform(), "machine": platform.machine(),
                      "python": platform.python_version()},
-            "properties": PROPERTIES, "blobs": BLOBS}
+            "properties": properties, "blobs": blobs}
 
 
 def bundle(path: Path, rep: dict) -> None:
@@ -476,18 +472,20 @@ def main(argv=None) -> int:
     p.add_argument("--keep-going", action="store_true",
                    help="run every stage whose prerequisites passed, not just up to a failure")
     args = p.parse_args(argv)
-    PROPERTIES.clear()
-    BLOBS.clear()
     devices = list(DEVICES) if args.device == "all" else [args.device]
     rows: list[dict] = []
+    properties, blobs = {}, {}
     for d in devices:
         if not args.json:
             sim = os.environ.get(SIM_VARS[d], "")
             print(f"== {d} ({f'{SIM_VARS[d]}={sim}' if sim else 'hardware'})")
-        rows += run_device(d, args.keep_going, (lambda r: None) if args.json else show)
+        got, state = run_device(d, args.keep_going, (lambda r: None) if args.json else show)
+        rows += got
+        properties[d] = state["properties"]
+        blobs.update(state["blobs"])
         if any(r["status"] == "fail" for r in rows) and not args.keep_going:
             break
-    rep = report(rows, devices)
+    rep = report(rows, devices, properties, blobs)
     if args.bundle:
         bundle(args.bundle, rep)
     if args.json:

@@ -28,7 +28,7 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3f} ms"
 
 
-# ---- qcom: KGSL on the Adreno 630 ---------------------------------------------------------------
+# ---- qcom: KGSL on the Adreno 630 ------------------------------------------------------
 
 def _kgsl_open(p):
     from qcom import kgsl
@@ -216,44 +216,53 @@ def qcom() -> list[Stage]:
         Stage("qcom.open", "/dev/kgsl-3d0 opens read-write", _kgsl_open, KGSL_ERRNO),
         Stage("qcom.properties", "a validated chip (Adreno 630, 0x0603000x) with its MMU on",
               _kgsl_properties, {"": "the GETPROPERTY ioctl failed: compare the kernel's "
-                                     "msm_kgsl.h with qcom/kgsl.py (tests/test_qcom_uapi.py)"}),
+                                     "msm_kgsl.h with qcom/kgsl.py (tests/test_qcom_uapi.py)"},
+              needs=("qcom.open",)),
         Stage("qcom.context", "a CL context with keel's flags", _kgsl_context,
               {"EINVAL": "the kernel refuses keel's context flags: check its msm_kgsl.h "
-                         "CONTEXT_* bits against qcom/kgsl.py", "": "see dmesg for kgsl"}),
+                         "CONTEXT_* bits against qcom/kgsl.py", "": "see dmesg for kgsl"},
+              needs=("qcom.open",)),
         Stage("qcom.memory", "alloc, mmap (twice, coherent), user-memory import, free",
               _kgsl_memory, {"ENOMEM": "the GPU's memory is exhausted: close other GPU users "
-                             "(the UI, camerad) and retry", "": "check `dmesg | grep -i kgsl`"}),
+                             "(the UI, camerad) and retry", "": "check `dmesg | grep -i kgsl`"},
+              needs=("qcom.open",)),
         Stage("qcom.nop", "an IB of CP_NOP + CP_MEM_WRITE retires within 2 s and writes its "
               "marker", _kgsl_nop, {"EDEADLK": "the context faulted: `dmesg | grep -i kgsl` "
-                                    "shows the fault address"}),
+                                    "shows the fault address"},
+              needs=("qcom.context", "qcom.memory")),
         Stage("qcom.deadline", "a 10 ms wait on an IB gated on memory gives up on time; "
-              "opened, it retires within 1 s", _kgsl_deadline),
+              "opened, it retires within 1 s", _kgsl_deadline,
+              needs=("qcom.context", "qcom.memory")),
         Stage("qcom.dispatch", "relu(x)*x, one kernel: vendor compiler, parser, recorder, "
               "submit; equal to numpy", _kgsl_dispatch, {
                   "wrong answer": "the kernel ran but computed something else: the parsed "
                   "registers or instruction length (qcom/vendor.py) disagree with the binary; "
                   "send the bundle", "EDEADLK": "the dispatch faulted the GPU: see dmesg for "
                   "the fault address (a wrong SP_CS_* register or constant layout)"},
-              deadline_s=120.0),
+              deadline_s=120.0,
+              needs=("qcom.properties",)),
         Stage("qcom.image", "an image written by one kernel and read by the next, within fp16 "
               "tolerance (1e-2) of the CPU build", _kgsl_image, {
                   "EDEADLK": "an image access faulted the GPU: the texture descriptor or sampler "
                   "(qcom/texture.py) is wrong for this chip; see dmesg for the fault address",
                   "wrong answer": "images read back wrong: the descriptor's pitch, format or "
-                  "tiling (qcom/texture.py); send the bundle"}, deadline_s=300.0),
+                  "tiling (qcom/texture.py); send the bundle"}, deadline_s=300.0,
+              needs=("qcom.properties",)),
         Stage("qcom.model", "a conv net within fp16 tolerance (1e-2) of its CPU build, with "
               "latency", _qcom_model, {"wrong answer": "single kernels pass but a graph does "
                                        "not: barriers (CP_WAIT_FOR_IDLE); run tools/bisect.py "
-                                       "on the model"}, deadline_s=300.0),
+                                       "on the model"}, deadline_s=300.0,
+              needs=("qcom.properties",)),
         Stage("qcom.openpilot", "the openpilot-shaped model (fp16 weights) within 5e-2 of its "
               "CPU build, with latency", _qcom_openpilot,
               {"wrong answer": "run tools/bisect.py on the model to find the first node that "
                "diverges", "DeviceTimeout": "the model did not finish in 60 s: the GPU is "
-               "throttled or hung; check `dmesg | grep -i kgsl`"}, deadline_s=600.0),
+               "throttled or hung; check `dmesg | grep -i kgsl`"}, deadline_s=600.0,
+              needs=("qcom.properties",)),
     ]
 
 
-# ---- dsp: FastRPC to the cDSP, or qemu-hexagon ----------------------------------------------------
+# ---- dsp: FastRPC to the cDSP, or qemu-hexagon --------------------------------------------
 
 def _mock_dsp() -> bool:
     return os.environ.get("KEEL_FASTRPC", "").strip() == "mock"
@@ -337,29 +346,34 @@ def dsp() -> list[Stage]:
                          "layer does not speak yet (docs/dsp.md)",
                "ENOMEM": "the ION system heap is exhausted: stop other DSP and camera users "
                          "(or reboot) and retry", "EACCES": ROOT_OR_UDEV, "EPERM": ROOT_OR_UDEV,
-               "": "see `dmesg | grep -i ion`"}),
+               "": "see `dmesg | grep -i ion`"},
+              needs=("dsp.node",)),
         Stage("dsp.session", "an unsigned PD created, the skel opened through remotectl, the "
               "programs loaded", _dsp_session,
               {"unsigned": "signed PD required: build a testsig for this device's serial "
                            "(testsig-<serial>.so in /dsp), or firmware that allows unsigned PDs",
                "skel": "the DSP's loader could not open the skel: check KEEL_DSP_SKEL and "
                        "`python -m dsp.build`", "": "see `dmesg | grep -i adsprpc`"},
-              deadline_s=180.0),
+              deadline_s=180.0,
+              needs=("dsp.node",)),
         Stage("dsp.invoke", "20 invokes of a one-kernel graph answer, with their round trip",
               _dsp_invoke, {"DeviceTimeout": "the DSP took the invoke and never answered: "
                             "the PD is stuck; `dmesg | grep -i adsprpc`, then reboot the DSP "
-                            "(reboot the device)"}, deadline_s=150.0),
+                            "(reboot the device)"}, deadline_s=150.0,
+              needs=("dsp.session",)),
         Stage("dsp.known_answer", "max(a*b+c, a) on int8 (HVX), equal to numpy",
               _dsp_known_answer, {"wrong answer": "the HVX kernel ran but computed something "
                                   "else: send the bundle (the blob's hash names the program)"},
-              deadline_s=60.0),
+              deadline_s=60.0,
+              needs=("dsp.node",)),
         Stage("dsp.model", "a QDQ conv equal to its CPU build, with latency", _dsp_model,
               {"wrong answer": "single kernels pass but a graph does not: run tools/bisect.py "
-               "on the model"}, deadline_s=300.0),
+               "on the model"}, deadline_s=300.0,
+              needs=("dsp.node",)),
     ]
 
 
-# ---- amd: an RX 7900 behind an ASM2464 -------------------------------------------------------------
+# ---- amd: an RX 7900 behind an ASM2464 ---------------------------------------------------
 
 def _usb(p):
     from usbgpu import pci
@@ -507,13 +521,17 @@ def amd() -> list[Stage]:
               queue_next, deadline_s=30.0),
         Stage("amd.nop", "an empty submission on the compute queue signals", _nop,
               {"DeviceTimeout": "the queue does not run: MEC not started or the doorbell not "
-               "routed; send the bundle"}, deadline_s=15.0),
+               "routed; send the bundle"}, deadline_s=15.0,
+              needs=("amd.queue",)),
         Stage("amd.vram", "3 MiB through the VM (2 MiB and 4 KiB pages) written and read back",
-              _vram, deadline_s=60.0),
+              _vram, deadline_s=60.0,
+              needs=("amd.queue",)),
         Stage("amd.known_answer", "relu(x)*x, one kernel, equal to numpy", _amd_known_answer,
               {"wrong answer": "the kernel ran but computed something else: the code object "
-               "or its kernargs (am/graph.py); send the bundle"}, deadline_s=180.0),
+               "or its kernargs (am/graph.py); send the bundle"}, deadline_s=180.0,
+              needs=("amd.queue",)),
         Stage("amd.model", "a conv net within 1e-4 of its CPU build, with latency", _amd_model,
               {"wrong answer": "single kernels pass but a graph does not: run tools/bisect.py "
-               "on the model"}, deadline_s=300.0),
+               "on the model"}, deadline_s=300.0,
+              needs=("amd.queue",)),
     ]
