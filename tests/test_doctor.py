@@ -154,10 +154,24 @@ def test_keep_going_runs_what_does_not_depend_on_the_failure_and_skips_the_rest(
                                                                                  monkeypatch):
     monkeypatch.setenv("KEEL_MOCK_BRINGUP", "kgsl.open=EPERM,usb.device=absent")
     status, rep = run(capsys, "--device", "all", "--keep-going")
+    by = {r["stage"]: r for r in rep["stages"]}
+    assert status == 1 and by["qcom.open"]["status"] == "fail"
+    assert by["amd.usb"]["status"] == "fail"  # --keep-going went on to the next devices
+    assert all(by[f"qcom.{s}"]["status"] == "skip" for s in STAGES["qcom"][1:])
+    assert by["qcom.nop"]["measured"] == "not run: qcom.context did not pass"
+
+
+@needs_clang
+@needs_tool("qemu-user", "qemu-hexagon")
+def test_keep_going_runs_the_stages_whose_prerequisites_passed(sims, capsys, monkeypatch):
+    """A refused PD: the shared memory still checks out, the invoke (which needs the session) is
+    skipped, and the model stages, which open sessions of their own, are refused too."""
+    monkeypatch.setenv("KEEL_MOCK_BRINGUP", "fastrpc.pd=EACCES")
+    status, rep = run(capsys, "--device", "dsp", "--keep-going")
     by = {r["stage"]: r["status"] for r in rep["stages"]}
-    assert status == 1 and by["qcom.open"] == "fail" and by["amd.usb"] == "fail"
-    assert all(by[f"qcom.{s}"] == "skip" for s in STAGES["qcom"][1:])
-    assert by["dsp.node"] in ("pass", "fail")  # dsp ran: --keep-going went past qcom
+    assert status == 1 and rep["failed_stage"] == "dsp.session"
+    assert by == {"dsp.node": "pass", "dsp.memory": "pass", "dsp.session": "fail",
+                  "dsp.invoke": "skip", "dsp.known_answer": "fail", "dsp.model": "fail"}
 
 
 def test_a_stage_that_never_returns_fails_at_its_deadline():

@@ -129,9 +129,11 @@ def _next(stage: Stage, code: str, text: str) -> str:
     return stage.next.get("", "see docs/doctor.md for this stage")
 
 
-def run_device(device: str, keep_going: bool, say) -> tuple[list[dict], dict]:
-    """The device's stage rows, and the state they left: its properties and blob hashes."""
-    stages_, state = stages(device), {"close": [], "properties": {}, "blobs": {}}
+def run_device(device: str, keep_going: bool, say, last: bool = True) -> tuple[list[dict], dict]:
+    """The device's stage rows (without its last stage unless `last`), and the state they left:
+    its properties and blob hashes."""
+    stages_ = stages(device)[:None if last else -1]
+    state = {"close": [], "properties": {}, "blobs": {}}
     rows, passed = [], set()
     try:
         for i, stage in enumerate(stages_):
@@ -171,10 +173,10 @@ def _quiet(fn) -> None:
 
 def verdict(device: str) -> str | None:
     """Why `device`'s model tests cannot mean anything here: the doctor's first failing stage
-    before the last one (`<device>.model`, which the model tests themselves repeat), with its
+    before the last one (the biggest model, which the model tests themselves run), with its
     call, status and next step; None when every earlier stage passed."""
-    rows, last = run_device(device, keep_going=False, say=lambda row: None)[0], stages(device)[-1]
-    bad = next((r for r in rows if r["status"] == "fail" and r["stage"] != last.name), None)
+    rows = run_device(device, keep_going=False, say=lambda row: None, last=False)[0]
+    bad = next((r for r in rows if r["status"] == "fail"), None)
     if bad is None:
         return None
     return (f"doctor: {bad['stage']} failed ({bad.get('call') or '-'}: {bad.get('code')}): "
