@@ -23,7 +23,8 @@ packet, an unmapped address) surfaces as GpuFault, a DeviceError, from the
 USB call that rang the doorbell; hardware would stop the queue and the host would time out.
 Bring-up faults (KEEL_MOCK_BRINGUP, runner/faults.py's SITES): amd.discovery=corrupt gives the IP
 discovery table a wrong checksum, amd.tlb=mm (or gc) leaves that hub's TLB invalidations
-unacknowledged, amd.queue=inactive ignores the queue's activation.
+unacknowledged, amd.queue=inactive ignores the queue's activation, amd.huge=alias maps every
+4 KiB page of a 2 MiB leaf to the leaf's first page (a GPU that reads PDB0 leaves otherwise).
 """
 from __future__ import annotations
 
@@ -118,7 +119,8 @@ class Space:
             leaf = self.tlb.get(page)
             if leaf is None:
                 _, e, size = self.walk(va)
-                leaf = e & ~vm.ADDRESS | (e & vm.ADDRESS) + (va & size - 1 & ~0xFFF)
+                inside = 0 if self.gpu.huge_alias else va & size - 1 & ~0xFFF
+                leaf = e & ~vm.ADDRESS | (e & vm.ADDRESS) + inside
                 self.tlb[page] = leaf
             if not leaf & (vm.WRITEABLE if write else vm.READABLE):
                 raise GpuFault(f"GPU protection fault (VMID 0) at 0x{va:x}: leaf 0x{leaf:x} does "
@@ -316,6 +318,7 @@ class MockGpu:
         self.faults = from_env(FAULTS_VAR, KINDS)
         self.stuck_tlb = (bringup("amd.tlb") or "").upper()  # the hub whose TLB never acks
         self.dead_queue = bringup("amd.queue") == "inactive"
+        self.huge_alias = bringup("amd.huge") == "alias"
 
     # ---- BARs -----------------------------------------------------------------------------------
     def mem_read(self, bar: int, offset: int) -> int:

@@ -89,6 +89,7 @@ SITES = {
     "amd.discovery": "corrupt: the mock GPU's IP discovery table fails its checksum",
     "amd.tlb": "mm or gc: the mock GPU never acknowledges that hub's TLB invalidation",
     "amd.queue": "inactive: the mock GPU ignores the compute queue's activation",
+    "amd.huge": "alias: the mock GPU maps every 4 KiB page of a 2 MiB leaf to its first one",
     "fastrpc.memory": "the emulated DSP's shared buffer allocation fails with this errno name",
 }
 

@@ -82,6 +82,8 @@ FAULTS = [
     ("qcom", "image", {"KEEL_MOCK_BRINGUP": "gpu.image=fault"}, "EDEADLK"),
     # wrong from the third dispatch of a submission on: only a graph that deep shows it
     ("qcom", "model", {"KEEL_MOCK_BRINGUP": "gpu.answer=wrong@3"}, "wrong answer"),
+    # ... and from the seventh: only the openpilot-shaped model has more than six kernels
+    ("qcom", "openpilot", {"KEEL_MOCK_BRINGUP": "gpu.answer=wrong@7"}, "wrong answer"),
     ("dsp", "memory", {"KEEL_MOCK_BRINGUP": "fastrpc.memory=ENOMEM"}, "ENOMEM"),
     ("dsp", "session", {"KEEL_MOCK_BRINGUP": "fastrpc.pd=EACCES"}, "EACCES"),
     ("dsp", "invoke", {"KEEL_MOCK_FAULTS": "hang@1"}, "DeviceTimeout"),
@@ -95,16 +97,18 @@ FAULTS = [
     ("amd", "psp", {"KEEL_MOCK_FAULTS": "fwerr@1"}, "DeviceError"),
     ("amd", "gc_hub", {"KEEL_MOCK_BRINGUP": "amd.tlb=gc"}, "DeviceTimeout"),
     ("amd", "queue", {"KEEL_MOCK_BRINGUP": "amd.queue=inactive"}, "DeviceTimeout"),
+    ("amd", "nop", {"KEEL_MOCK_FAULTS": "hang@1"}, "DeviceTimeout"),  # a NOP never retires
+    ("amd", "vram", {"KEEL_MOCK_BRINGUP": "amd.huge=alias"}, "wrong memory"),
     ("amd", "known_answer", {"KEEL_MOCK_BRINGUP": "gpu.answer=wrong"}, "wrong answer"),
-    # the enclosure counts graph submissions: amd.known_answer makes 1, amd.model the rest
-    ("amd", "model", {"KEEL_MOCK_FAULTS": "fault@2"}, "GpuFault"),
+    # the enclosure counts IB submissions: amd.nop makes 1, amd.known_answer 1, amd.model the rest
+    ("amd", "model", {"KEEL_MOCK_FAULTS": "fault@3"}, "GpuFault"),
 ]
 NEXT = {"kgsl.open=ENOENT": "kgsl driver", "kgsl.open=EPERM": "udev rule",
         "kgsl.open=EACCES": "SELinux", "fastrpc.pd=EACCES": "testsig",
         "usb.link=down": "link behind the bridge is down", "kgsl.chip=0x06040001": "opencl",
         "amd.tlb=mm": "MM hub never acknowledged", "amd.tlb=gc": "GC hub never acknowledged",
         "amd.queue=inactive": "MEC is not running", "fastrpc.memory=ENOMEM": "ION system heap",
-        "gpu.image=fault": "texture descriptor"}
+        "gpu.image=fault": "texture descriptor", "amd.huge=alias": "maps 2 MiB pages"}
 
 
 def _check_named(rep: dict, device: str, stage: str, code: str) -> dict:

@@ -435,11 +435,19 @@ def _step(name: str, what: str, done: str):
 
 
 def _nop(p):
+    """An indirect buffer holding one NOP, submitted as a graph is (INDIRECT_BUFFER, then the
+    RELEASE_MEM the host polls for)."""
+    from am import pm4
     from am.driver import BOOT_TIMEOUT_S
-    gpu = p.state["gpu"]
+    gpu, deadline = p.state["gpu"], time.monotonic() + BOOT_TIMEOUT_S
+    words = pm4.nop(4)
+    ib = p.call("Gpu.alloc (the IB's page)", gpu.alloc, 4096, deadline)
+    p.call("Gpu.upload (the IB)", gpu.upload, ib, b"".join(w.to_bytes(4, "little")
+                                                           for w in words), deadline)
     start = time.monotonic()
-    p.call("doorbell + RELEASE_MEM poll (Gpu.post)", gpu.post, [], b"", start + BOOT_TIMEOUT_S)
-    return f"an empty submission's RELEASE_MEM signalled in {_ms(time.monotonic() - start)}"
+    p.call("INDIRECT_BUFFER + RELEASE_MEM (Gpu.post)", gpu.post,
+           pm4.indirect_buffer(ib, len(words)), b"", start + BOOT_TIMEOUT_S)
+    return f"an IB of one NOP ran and its RELEASE_MEM signalled in {_ms(time.monotonic() - start)}"
 
 
 def _vram(p):
@@ -448,13 +456,16 @@ def _vram(p):
     va = p.call("Gpu.alloc (page table update + TLB flush)", gpu.alloc, n, deadline)
     data = bytes(os.urandom(n))
     p.call("Gpu.upload (DMA_DATA from the staging memory)", gpu.upload, va, data, deadline)
-    back = bytearray(64 << 10)
-    p.call("Gpu.download", gpu.download, va + n - len(back), memoryview(back), deadline)
-    if bytes(back) != data[-len(back):]:
-        raise Failure("the last 64 KiB of a 3 MiB buffer read back differ from what was written",
-                      "wrong memory", "the page table maps the buffer's 2 MiB and 4 KiB pages "
-                      "to the wrong VRAM: send the bundle")
-    return f"3 MiB at GPU {va:#x} (2 MiB + 4 KiB pages) written and read back"
+    piece = 64 << 10
+    for at, pages in ((0, "2 MiB"), (n - piece, "4 KiB")):  # one piece on each kind of leaf
+        back = bytearray(piece)
+        p.call("Gpu.download", gpu.download, va + at, memoryview(back), deadline)
+        if bytes(back) != data[at:at + piece]:
+            raise Failure(f"64 KiB at offset {at:#x} of a 3 MiB buffer (its {pages} pages) read "
+                          f"back differ from what was written", "wrong memory",
+                          f"the page table maps {pages} pages to the wrong VRAM (am/vm.py): "
+                          f"send the bundle")
+    return f"3 MiB at GPU {va:#x} written; 64 KiB on its 2 MiB and on its 4 KiB pages read back"
 
 
 def _amd_known_answer(p):
@@ -519,7 +530,7 @@ def amd() -> list[Stage]:
               "through it", _step("queue", "Gpu._queue", "queue mapped "
               "(ME 1 pipe 0 queue 0), tables written through it, GC range opened"),
               queue_next, deadline_s=30.0),
-        Stage("amd.nop", "an empty submission on the compute queue signals", _nop,
+        Stage("amd.nop", "an IB holding a NOP runs on the compute queue and signals", _nop,
               {"DeviceTimeout": "the queue does not run: MEC not started or the doorbell not "
                "routed; send the bundle"}, deadline_s=15.0,
               needs=("amd.queue",)),
