@@ -1,4 +1,4 @@
-/* What keel's two DSP-side programs share: the emulated DSP (dsp/runtime.c, a Linux program
+/* What keel's two DSP-side programs share: the emulated DSP (sim/dsp/runtime.c, a Linux program
    for qemu-hexagon) and the skel (dsp/skel.c, the library a cDSP user PD loads). Both hold one
    compiled graph (its keel_graph and keel_launch), one shared buffer and the launch table, and
    answer an invoke {seq, flags} with {seq, status, nticks, 0} and nticks u64 costs.

@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("compiler", "runner", "tools", "models", "qcom", "dsp", "am", "usbgpu")
+PACKAGES = ("compiler", "runner", "tools", "models", "qcom", "dsp", "am", "usbgpu", "sim")
 MAX_FILE_LINES = 500
 MAX_FUNCTION_LINES = 60
 

@@ -103,10 +103,8 @@ class CRenderer(CStyle):
     give 0/-1 integer masks), `__builtin_convertvector` for casts, a plain cast for bit casts."""
 
     def __init__(self, target=None):
-        if target is not None and target.device == "dsp":
-            # each kernel its own function, never inlined into the entry points: the DSP's
-            # profile counts and tests/test_dsp.py's disassembly are per kernel symbol (a call
-            # per launch costs nothing against a kernel)
+        if target is not None and target.kernel_symbols:
+            # the DSP's profile counts and tests/test_dsp.py's disassembly are per kernel symbol
             self.kernel_prefix = "static __attribute__((noinline)) void"
 
     def kernel_piece(self, lin: list[UOp], param_dtypes: list[DType]) -> tuple[str, frozenset]:
