@@ -27,7 +27,7 @@ from pathlib import Path
 
 from compiler import cache as disk
 from compiler.errors import CompileError
-from runner import targets
+from runner import abi, targets
 from runner.targets import Target
 
 CLANG = "clang-19"
@@ -40,7 +40,7 @@ CODE_FLAGS = ("-O2", "-fno-unroll-loops", "-ffreestanding", "-fno-math-errno",
               "-ffp-contract=fast", "-fPIC")
 LINK_FLAGS = ("-shared", "-nostdlib")
 TIMEOUT = 1800  # seconds for one compiler process: the largest model's kernels take ~30 s
-ENTRY_UNIT = "keel_graph"  # renderers/c.py's unit of entry points; every other unit is a kernel
+ENTRY_UNIT = abi.GRAPH  # renderers/c.py's unit of entry points; every other unit is a kernel
 
 
 # the targets whose programs are C this module builds, with their triples and flags

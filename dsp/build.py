@@ -24,7 +24,8 @@ from runner.targets import TARGETS
 CLANG = "clang-19"
 PACKAGES = {"qemu-hexagon": "qemu-user", CLANG: "clang-19", "ld.lld-19": "lld-19"}  # -> Debian
 HERE = Path(__file__).parent
-LIBC = HERE.parent / "runner" / "freestanding.h"  # included by sim/dsp/runtime.c
+RUNNER = HERE.parent / "runner"
+LIBC, ABI = RUNNER / "freestanding.h", RUNNER / "keel_abi.h"  # included by the programs
 DSP = TARGETS["dsp"].toolchain
 HVX = (*DSP.code_flags, "-O2", "-Wall", "-Werror", "-ffreestanding", "-nostdlib", *DSP.link_flags)
 # the DSP's loader maps a library section by section: every section on its own 4 KiB page (what
@@ -63,9 +64,10 @@ def skel_so() -> Path:
 
 
 def build(name: str, source: Path, flags: tuple, *extra: str, script: str = "") -> Path:
-    """`source` (which may include skel.c, graph_runner.h and freestanding.h) built once per text
-    and flags, into the cache's dsp/ folder (a private one with caching off)."""
-    parts = (source, HERE / "skel.c", HERE / "graph_runner.h", LIBC)
+    """`source` (which may include skel.c, graph_runner.h, keel_abi.h and freestanding.h) built
+    once per text and flags, into the cache's dsp/ folder (a private one with caching off)."""
+    parts = (source, HERE / "skel.c", HERE / "graph_runner.h", ABI, LIBC)
+    extra = (f"-I{HERE}", f"-I{RUNNER}", *extra)
     text = b"".join(p.read_bytes() for p in parts)
     key = hashlib.sha256(text + " ".join((*flags, *extra, script)).encode()).hexdigest()[:16]
     out = cache.workdir("dsp") / f"{name}-{key}"

@@ -161,4 +161,4 @@ def runtime_elf() -> Path:
     why = build.missing()
     if why:
         raise DeviceError(f"KEEL_FASTRPC=mock needs {why}")
-    return build.build("runtime", RUNTIME_C, RUNTIME, f"-I{build.HERE}", f"-I{build.LIBC.parent}")
+    return build.build("runtime", RUNTIME_C, RUNTIME)
