@@ -4,11 +4,13 @@ KEEL_CACHE_DIR names the root (default ~/.cache/keel). KEEL_CACHE_DIR= (empty) t
 off: the compiler's (compiler/cache.py), the parsed qcom programs (qcom/store.py), the OpenCL
 program binaries beside a blob (`<blob>.clcache`, runner/opencl.py and qcom/store.py), the DSP
 programs (dsp/build.py), the simulators' host libraries (sim/qcom/hostcl.py) and PoCL's own
-kernel cache under them (runner/cl.py). What must be a file to run at all (a DSP program, a host
-library) is then built in a private temporary folder, removed when the process exits.
+kernel cache under them (runner/cl.py; with caching on, PoCL keeps ~/.cache/pocl as it always
+does). What must be a file to run at all (a DSP program, a host library, PoCL's kernels) is then
+built in a private temporary folder, removed when the process exits.
 
 Folders under the root, one per cache: the compiler's kernels/, objects/, units/ and valid/;
-qcom/, dsp/, hostcl/ and pocl/.
+qcom/, dsp/, hostcl/ and tools/bench.py's bench/; the tests' onnx_backend/ and models/
+(tests/onnx_backend.py, tests/graphs.py).
 """
 from __future__ import annotations
 

@@ -39,7 +39,7 @@ def simulator(var: str):
     try:
         return getattr(importlib.import_module(module), name)
     except ModuleNotFoundError as e:
-        if not (e.name or "").startswith("sim"):
+        if (e.name or "").split(".")[0] != "sim":
             raise
         raise ConfigError(f"{var}=mock: the simulators (package `sim`) are not installed here; "
                           f"unset {var} to use the hardware") from None
