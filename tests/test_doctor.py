@@ -9,11 +9,11 @@ import tarfile
 
 import pytest
 
-from am import standin
-from am.mock_device import IPS
+from sim.am import standin
+from sim.am.mock_device import IPS
 from tests.deps import needs_clang, needs_tool
 from tools import doctor
-from usbgpu.mock import MockLibusb
+from sim.usb.mock import MockLibusb
 
 STAGES = {
     "qcom": ["open", "properties", "context", "memory", "nop", "deadline", "dispatch", "image",

@@ -1,4 +1,6 @@
-"""tools/doctor.py's stages, one list per device, in bring-up order (docs/doctor.md).
+"""tools/doctor.py's stages, one list per device, in bring-up order (docs/doctor.md), and what
+they share: the vocabulary (Stage, Failure, Probe), the small models they run and the checks of
+their answers.
 
 Each stage is a function of a Probe that returns what it measured or raises; it calls one layer
 of the driver and names the call it is in (`p.call`), so a failure points at that layer. State a
@@ -8,14 +10,255 @@ must be released is pushed on `p.state["close"]`.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import mmap
 import os
 import shutil
 import statistics
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
 
-from tools.doctor import (Failure, Stage, against_cpu, int8_fma, int8_fma_answer, known_answer,
-                          openpilot, qdq_conv, relu_mul, relu_mul_answer, small_net, two_matmuls)
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = ("runner", "qcom", "dsp", "am", "usbgpu", "sim", "compiler", "tools")
+
+
+class Failure(Exception):
+    """A stage's own verdict: what it got instead, with its status and the next thing to check."""
+
+    def __init__(self, got: str, status: str = "wrong", next_step: str = ""):
+        super().__init__(got)
+        self.status, self.next_step = status, next_step
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str  # "<device>.<step>"
+    expect: str
+    run: Callable  # (Probe) -> what it measured (str)
+    next: dict = field(default_factory=dict)  # status or message word -> next step; "" default
+    deadline_s: float = 10.0
+    needs: tuple = ()  # earlier stages of the device that must have passed (default: all)
+
+
+class Probe:
+    """What a stage sees: the device's shared state, and `call` to name the call it is in."""
+
+    def __init__(self, state: dict):
+        self.state, self.current = state, ""
+
+    def call(self, name: str, fn, *args, **kwargs):
+        self.current = name
+        return fn(*args, **kwargs)
+
+
+def source_hash() -> str:
+    """SHA-256 over keel's sources (path and bytes), so a report names the exact code it ran."""
+    h = hashlib.sha256()
+    for pkg in SOURCES:
+        for p in sorted((ROOT / pkg).rglob("*")):
+            if p.suffix in (".py", ".c", ".h") and "__pycache__" not in p.parts:
+                h.update(str(p.relative_to(ROOT)).encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+# ---- checks the stages share --------------------------------------------------------------
+
+def blob(state: dict, name: str, make, target: str, **options) -> Path:
+    """`make()`'s ONNX model compiled for `target`, cached under KEEL_CACHE_DIR/doctor by a hash
+    of the model, target and options, and rebuilt when keel's sources changed; its hash is kept
+    for the report."""
+    import onnx  # noqa: F401  the compiler's dependency, needed only by stages that compile
+
+    from compiler.blob import write_blob
+    from compiler.pipeline import compile_model
+    model = make()
+    key = hashlib.sha256(model.SerializeToString() + repr((target, sorted(options.items())))
+                         .encode()).hexdigest()
+    folder = Path(os.environ.get("KEEL_CACHE_DIR") or Path.home() / ".cache" / "keel") / "doctor"
+    path, sources = folder / f"{name}-{target}-{key[:16]}.blob", source_hash()
+    stamp = path.with_suffix(".sources")  # one blob per model and target, rebuilt after edits
+    if not path.exists() or not stamp.exists() or stamp.read_text() != sources:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        write_blob(compile_model(model, target=target, **options), tmp)
+        os.replace(tmp, path)
+        stamp.write_text(sources)
+    state["blobs"][path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return path
+
+
+def compare(got, want, rtol: float, atol: float, what: str) -> str:
+    import numpy as np
+    err = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64)))) if got.size \
+        else 0.0
+    bound = atol + rtol * float(np.max(np.abs(want))) if want.size else atol
+    if got.shape != want.shape or not err <= bound:
+        raise Failure(f"{what}: max abs error {err:.3g} against the CPU build, bound {bound:.3g} "
+                      f"(shape {got.shape}, expected {want.shape})", "wrong answer")
+    return f"max abs error {err:.3g} (bound {bound:.3g})"
+
+
+def against_cpu(p, name: str, make, target: str, device: str, rtol: float, atol: float,
+                runs: int = 100, budget_s: float | None = None, **options) -> str:
+    """A model on `device` against its CPU build, then its latency over `runs` runs (a fixed
+    count: the simulators' faults are counted in submissions), or as many as fit in `budget_s`
+    (one at least)."""
+    import numpy as np
+
+    from runner import Model
+    state = p.state
+    model, old = make(), state.pop("model", None)
+    if old is not None:  # one model on the device at a time (the amd enclosure has one GPU)
+        old.close()
+    feeds = _feeds(model)
+    want = Model.load(p.call("compile (CPU build)", blob, state, name, make, "cpu"),
+                      device="cpu").run(feeds)
+    path = p.call(f"compile ({target})", blob, state, name, make, target, **options)
+    m = p.call(f"Model.load(device={device!r})", Model.load, path, device=device)
+    state["close"].append(m.close)
+    got = p.call("Model.run", m.run, feeds, timeout_ms=60_000)
+    errs = [compare(got[k], want[k], rtol, atol, k) for k in want]
+    times, end = [], time.monotonic() + (budget_s or float("inf"))
+    while len(times) < runs and (not times or time.monotonic() < end):
+        t = time.perf_counter()
+        m.run(feeds, timeout_ms=60_000)
+        times.append(time.perf_counter() - t)
+    p99 = f", p99 {np.percentile(times, 99) * 1e3:.3f} ms" if len(times) >= 100 else ""
+    return (f"{'; '.join(errs)}; latency median {np.median(times) * 1e3:.3f} ms{p99}, "
+            f"max {max(times) * 1e3:.3f} ms over {len(times)} run{'s' * (len(times) > 1)}")
+
+
+def _feeds(model) -> dict:
+    import numpy as np
+    from onnx import helper
+    rng, out = np.random.default_rng(1), {}
+    for v in model.graph.input:
+        t = v.type.tensor_type
+        shape = [d.dim_value for d in t.shape.dim]
+        dtype = helper.tensor_dtype_to_np_dtype(t.elem_type)
+        out[v.name] = (rng.integers(-100, 100, shape) if dtype.kind == "i" else
+                       rng.standard_normal(shape)).astype(dtype)
+    return out
+
+
+def _model(nodes, inputs, outputs, inits=None, opset: int = 17):
+    import numpy as np
+    from onnx import helper, numpy_helper
+    vi = lambda n, s, d: helper.make_tensor_value_info(  # noqa: E731
+        n, helper.np_dtype_to_tensor_dtype(np.dtype(d)), s)
+    graph = helper.make_graph(nodes, "doctor", [vi(*i) for i in inputs],
+                              [vi(*o) for o in outputs],
+                              [numpy_helper.from_array(a, n) for n, a in (inits or {}).items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def relu_mul():
+    """y = relu(x) * x: one kernel, exact in fp32 and fp16, so its answer is known."""
+    from onnx import helper
+    return _model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Mul", ["r", "x"],
+                                                                            ["y"])],
+                  [("x", (4, 64), "float32")], [("y", (4, 64), "float32")])
+
+
+def small_net():
+    """Conv (stride 2, padded) -> Relu -> Flatten -> Gemm -> Softmax: a float network in small,
+    three kernels or more on every GPU target."""
+    import numpy as np
+    from onnx import helper
+    rng = np.random.default_rng(0)
+    return _model([helper.make_node("Conv", ["x", "w1", "b1"], ["c"], pads=[1, 1, 1, 1],
+                                    strides=[2, 2]),
+                   helper.make_node("Relu", ["c"], ["r"]),
+                   helper.make_node("Flatten", ["r"], ["f"]),
+                   helper.make_node("Gemm", ["f", "w2"], ["g"], transB=1),
+                   helper.make_node("Softmax", ["g"], ["y"])],
+                  [("x", (1, 3, 16, 16), "float32")], [("y", (1, 10), "float32")],
+                  {"w1": rng.standard_normal((16, 3, 3, 3)).astype(np.float32) * 0.3,
+                   "b1": rng.standard_normal(16).astype(np.float32) * 0.1,
+                   "w2": rng.standard_normal((10, 16 * 8 * 8)).astype(np.float32) * 0.05})
+
+
+def two_matmuls():
+    """MatMul -> Relu -> MatMul: on qcom its weights, and the intermediate one kernel writes and
+    the next reads, are images."""
+    import numpy as np
+    from onnx import helper
+    rng = np.random.default_rng(3)
+    return _model([helper.make_node("MatMul", ["x", "w1"], ["h"]),
+                   helper.make_node("Relu", ["h"], ["r"]),
+                   helper.make_node("MatMul", ["r", "w2"], ["y"])],
+                  [("x", (1, 64), "float32")], [("y", (1, 16), "float32")],
+                  {"w1": rng.standard_normal((64, 256)).astype(np.float32) * 0.1,
+                   "w2": rng.standard_normal((256, 16)).astype(np.float32) * 0.1})
+
+
+def openpilot():
+    from models.openpilot import make_openpilot
+    return make_openpilot(float16=True)
+
+
+def int8_fma(n: int = 4096):
+    """max(a * b + c, a) on int8: wrapping int8 arithmetic, one HVX vector per 128 lanes."""
+    import numpy as np
+    from onnx import helper
+    c = (np.arange(n) % 7 - 3).astype(np.int8)
+    return _model([helper.make_node("Mul", ["a", "b"], ["p"]),
+                   helper.make_node("Add", ["p", "c"], ["s"]),
+                   helper.make_node("Max", ["s", "a"], ["y"])],
+                  [("a", (n,), "int8"), ("b", (n,), "int8")], [("y", (n,), "int8")], {"c": c})
+
+
+def qdq_conv():
+    """DequantizeLinear -> Conv -> Relu -> QuantizeLinear on uint8: a quantizer's QDQ model in
+    small, run in integers."""
+    import numpy as np
+    from onnx import helper
+    rng = np.random.default_rng(2)
+    f32 = lambda v: np.array(v, np.float32)  # noqa: E731
+    nodes = [helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["x"]),
+             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"]),
+             helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("QuantizeLinear", ["r", "ys", "yz"], ["y"])]
+    inits = {"xs": f32(0.02), "xz": np.uint8(128), "ws": f32(0.01), "wz": np.int8(0),
+             "wq": rng.integers(-60, 60, (8, 4, 3, 3)).astype(np.int8),
+             "ys": f32(0.05), "yz": np.uint8(0)}
+    return _model(nodes, [("xq", (1, 4, 16, 16), "uint8")], [("y", (1, 8, 16, 16), "uint8")],
+                  inits, opset=13)
+
+
+def known_answer(p, device: str, target: str, make, want_fn) -> str:
+    """The one-kernel model through the device's own load, submit and wait, equal to numpy."""
+    import numpy as np
+
+    from runner import Model
+    path = p.call(f"compile ({target})", blob, p.state, make.__name__, make, target)
+    m = p.call(f"Model.load(device={device!r})", Model.load, path, device=device)
+    p.state["close"].append(m.close)
+    p.state["model"] = m
+    feeds = _feeds(make())
+    got = p.call("Model.run", m.run, feeds, timeout_ms=10_000)["y"]
+    want = want_fn(**feeds)
+    bad = np.flatnonzero(got.reshape(-1) != want.reshape(-1))
+    if bad.size:
+        i = int(bad[0])
+        raise Failure(f"{bad.size} of {want.size} values differ from numpy, first at {i}: got "
+                      f"{got.reshape(-1)[i]!r}, expected {want.reshape(-1)[i]!r}", "wrong answer")
+    return f"{want.size} values equal to numpy"
+
+
+def relu_mul_answer(x):
+    import numpy as np
+    return np.maximum(x, 0) * x
+
+
+def int8_fma_answer(a, b):
+    import numpy as np
+    c = (np.arange(a.size) % 7 - 3).astype(np.int8)
+    return np.maximum(a * b + c, a)  # numpy's int8 arithmetic wraps, as the kernel's does
+
 
 ROOT_OR_UDEV = ("run as root, or give your user the device (a udev rule, or chmod 666 on the "
                 "node); on Android also check SELinux: `dmesg | grep avc` names the denial")
@@ -50,6 +293,7 @@ def _kgsl_properties(p):
     measured = (f"chip {info.chip_id:#010x} (gpu_id {info.gpu_id}), GMEM "
                 f"{info.gmem_sizebytes >> 10} KiB, MMU {'on' if info.mmu_enabled else 'off'}, "
                 f"driver {v.drv_major}.{v.drv_minor}, device {v.dev_major}.{v.dev_minor}")
+    p.current = "the chip id against qcom/kgsl.py VALIDATED_CHIPS"
     if info.chip_id & kgsl.CHIP_MASK not in kgsl.VALIDATED_CHIPS:
         raise Failure(measured, "unvalidated chip",
                       "this GPU is not the comma 3X's Adreno 630: keel's qcom backend refuses "
@@ -183,7 +427,6 @@ def _kgsl_image(p):
     """Two kernels through an image: the first writes it, the second reads it (and the weights
     are images too), against the CPU build."""
     from runner.blob import read_blob
-    from tools.doctor import blob
     path = p.call("compile (qcom)", blob, p.state, "two_matmuls", two_matmuls, "qcom")
     images = [b for b in read_blob(path).buffers.values() if b.image is not None]
     if not any(b.region == "arena" for b in images):
@@ -264,21 +507,17 @@ def qcom() -> list[Stage]:
 
 # ---- dsp: FastRPC to the cDSP, or qemu-hexagon --------------------------------------------
 
-def _mock_dsp() -> bool:
-    return os.environ.get("KEEL_FASTRPC", "").strip() == "mock"
-
-
 def _dsp_node(p):
     import ctypes as c
 
     from dsp import build, fastrpc
-    if _mock_dsp():
+    from runner.simulators import simulator
+    if simulator("KEEL_FASTRPC") is not None:  # the emulated DSP: its tools stand for the node
         why = p.call("dsp.build.missing", build.missing)
         if why:
             raise Failure(why, "ENOENT", "install the Hexagon toolchain and qemu-user "
                           "(scripts/setup.sh), or unset KEEL_FASTRPC to use the device's DSP")
-        elf = p.call("dsp.build.runtime_elf", build.runtime_elf)
-        return f"{shutil.which('qemu-hexagon')}, runtime {elf.name} built for qemu-hexagon"
+        return ", ".join(shutil.which(tool) for tool in build.PACKAGES)
     fd = p.call(f"open({fastrpc.RPC_NODE})", os.open, fastrpc.RPC_NODE, os.O_RDONLY | os.O_CLOEXEC)
     try:
         p.call("FASTRPC_IOCTL_GETINFO(cDSP)", fastrpc._ioctl, fd, fastrpc.GETINFO,
@@ -303,7 +542,6 @@ def _dsp_memory(p):
 def _dsp_session(p):
     """The PD, the skel through remotectl and the programs loaded: Model.load on device dsp."""
     from runner import Model
-    from tools.doctor import blob
     path = blob(p.state, "int8_fma", int8_fma, "dsp")
     start = time.monotonic()
     m = p.call("Model.load(device='dsp')", Model.load, path, device="dsp")
@@ -337,7 +575,7 @@ def _dsp_model(p):
 def dsp() -> list[Stage]:
     return [
         Stage("dsp.node", "/dev/adsprpc-smd opens and GETINFO selects the cDSP (mock: "
-              "qemu-hexagon and the runtime build)", _dsp_node,
+              "qemu-hexagon, clang-19 and lld-19 found)", _dsp_node,
               {"ENOENT": "no FastRPC node: not a Qualcomm device, or adsprpc is not loaded "
                          "(`ls -l /dev/adsprpc*`, `dmesg | grep -i adsprpc`)",
                "EACCES": ROOT_OR_UDEV, "EPERM": ROOT_OR_UDEV}, deadline_s=120.0),
@@ -377,8 +615,6 @@ def dsp() -> list[Stage]:
 
 def _usb(p):
     from usbgpu import pci
-    if os.environ.get("KEEL_USB") == "mock":  # as am/device.py: the mock GPU behind the bridge
-        import am.mock_device  # noqa: F401
     lib = p.call("libusb_init (usbgpu.pci.open_lib)", pci.open_lib)
     usb = p.call("libusb_open_device_with_vid_pid (ASM24xx ids)", pci._open, lib)
     ids = "{:04x}:{:04x}".format(*usb.ids)
@@ -546,3 +782,8 @@ def amd() -> list[Stage]:
                "on the model"}, deadline_s=300.0,
               needs=("amd.queue",)),
     ]
+
+
+
+def stages(device: str) -> list[Stage]:
+    return {"qcom": qcom, "dsp": dsp, "amd": amd}[device]()
