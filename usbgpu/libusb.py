@@ -169,13 +169,13 @@ class Usb:
     def _pump(self, ts, deadline: float) -> None:
         tv = ffi.new("struct timeval *")
         while any(t.status == PENDING for t in ts):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise DeviceError(f"USB transfers not done by their deadline "
-                                  f"({sum(t.status == PENDING for t in ts)} of {len(ts)} pending)")
-            tv.tv_sec, tv.tv_usec = 0, int(min(left, 0.01) * 1e6)
+            left = deadline - time.monotonic()  # read first: what completed by then counts
+            tv.tv_sec, tv.tv_usec = 0, int(min(max(left, 0), 0.01) * 1e6)
             check(self.lib.libusb_handle_events_timeout_completed(self.ctx, tv, ffi.NULL),
                   "libusb_handle_events")
+            if left <= 0 and any(t.status == PENDING for t in ts):
+                raise DeviceError(f"USB transfers not done by their deadline "
+                                  f"({sum(t.status == PENDING for t in ts)} of {len(ts)} pending)")
         bad = next((t for t in ts if t.status != COMPLETED), None)
         if bad is not None:
             raise DeviceError(f"USB transfer on endpoint 0x{bad.endpoint:02x}: "
