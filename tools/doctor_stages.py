@@ -69,8 +69,6 @@ def blob(state: dict, name: str, make, target: str, **options) -> Path:
     """`make()`'s ONNX model compiled for `target`, cached under KEEL_CACHE_DIR/doctor by a hash
     of the model, target and options, and rebuilt when keel's sources changed; its hash is kept
     for the report."""
-    import onnx  # noqa: F401  the compiler's dependency, needed only by stages that compile
-
     from compiler.blob import write_blob
     from compiler.pipeline import compile_model
     model = make()
