@@ -23,10 +23,10 @@ from compiler.artifact import Buffer, Image
 from compiler.ir.dtypes import DType, dtypes
 from compiler.ir.uop import Ops, UOp
 from compiler.target import Target
+from runner.format import DEVICE_REGIONS  # io buffers keep the layout and dtype the caller sees
 
 F16, F32 = dtypes.float16, dtypes.float32
 F16_MAX = float(np.finfo(np.float16).max)
-DEVICE_REGIONS = ("arena", "weights")  # io buffers keep the layout and dtype the caller sees
 
 # (region, dtype, shape, the tensor stored) -> (storage dtype, image layout or None)
 StoragePolicy = Callable[..., tuple[DType, "Image | None"]]
