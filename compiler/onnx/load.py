@@ -194,7 +194,7 @@ def _schema_with_function(op_type: str, opset: int):
 
 
 def _all_nodes(graph: onnx.GraphProto):
-    """Every node, those of If branches (subgraphs) included."""
+    """Every node, those of subgraphs (If branches, Loop and Scan bodies) included."""
     for n in graph.node:
         yield n
         for a in n.attribute:
@@ -253,7 +253,7 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
 
 
 def _initializers(graph: onnx.GraphProto, vals) -> None:
-    """A graph's (or an If branch's) initializers into `vals`, as weights."""
+    """A graph's (or a subgraph's) initializers into `vals`, as weights."""
     for init in graph.initializer:
         onnx_dtype(init.data_type, f"initializer {init.name!r}")
         try:
