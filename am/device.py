@@ -12,7 +12,6 @@ repeats load() (the blob stays mapped), so a replugged GPU runs the model again.
 """
 from __future__ import annotations
 
-import os
 import time
 
 from am import elf, graph, pm4
@@ -43,8 +42,6 @@ class AmdDevice(HostDevice):
 
     def _bring_up(self, deadline: float) -> None:
         from usbgpu.pci import UsbPci
-        if os.environ.get("KEEL_USB") == "mock":
-            import am.mock_device  # noqa: F401  registers the mock GPU behind the mock bridge
         if self.gpu is not None:
             self.gpu.close()
             self.gpu = None

@@ -70,23 +70,50 @@ def bar0_read(pci: PciDevice, offset: int, n: int) -> bytes:
 
 
 class Gpu:
-    def __init__(self, pci: PciDevice, fw_dir=None):
-        self.pci = pci
+    # the bring-up in order; tools/doctor.py runs them one at a time (steps=()) to name the one
+    # that fails
+    STEPS = ("discovery", "firmware", "mm_hub", "psp", "gc_hub", "queue")
+
+    def __init__(self, pci: PciDevice, fw_dir=None, steps=STEPS):
+        self.pci, self.fw_dir = pci, fw_dir
         self.window_bus, self.window_bytes = pci.window
         self.vram_bytes = pci.bars[0][1]
         self.fb = self.reg(regs.GCMC_VM_FB_LOCATION_BASE) << 24
         self.phys = self.reg(regs.GCMC_VM_FB_OFFSET) << 24  # VRAM offset 0's physical address
-        self.ips = discover(pci)
-        gc.doorbell_aperture(self)
         self.window, self.va_top, self.top = VM_AT, VM_AT + pci.staging[1], HEAP_AT
+        for name in steps:
+            self.step(name)
+
+    def step(self, name: str) -> None:
+        {"discovery": self._discovery, "firmware": self._firmware, "mm_hub": self._mm_hub,
+         "psp": self._psp, "gc_hub": self._gc_hub, "queue": self._queue}[name]()
+
+    def _discovery(self) -> None:
+        self.ips = discover(self.pci)
+
+    def _firmware(self) -> None:
+        """Every file the discovered IP versions need, read and parsed before the GPU is touched."""
+        self.fws = firmware.load_all(self.ips, self.fw_dir)
+
+    def _mm_hub(self) -> None:
+        gc.doorbell_aperture(self)
         self._start_mm(time.monotonic() + BOOT_TIMEOUT_S)
-        boot.Psp(self, firmware.load_all(self.ips, fw_dir)).bring_up()
+
+    def _psp(self) -> None:
+        boot.Psp(self, self.fws).bring_up()
+
+    def _gc_hub(self) -> None:
         deadline = time.monotonic() + BOOT_TIMEOUT_S
-        self._context0(regs.GC_HUB, pci.staging[1] // PAGE)
+        self._context0(regs.GC_HUB, self.pci.staging[1] // PAGE)
         gc.hub_caches(self, self.phys + SCRATCH_AT, self.phys + DUMMY_AT)
         self._flush_tlb(deadline, regs.GC_HUB)
         gc.sh_mem(self)
         gc.gc_doorbells(self)
+
+    def _queue(self) -> None:
+        """The compute queue mapped from its MQD, then the page tables written so far cleared
+        and filled through it and the GC hub's whole range opened."""
+        deadline = time.monotonic() + BOOT_TIMEOUT_S
         self.wptr, self.seq = 0, 0
         self.seen = {SIGNAL_AT: 0, TIMELINE_AT: 0}  # what the window's u64 slots hold
         self.queue = mqd.Queue(self.fb + MQD_AT, self.window, RING_BYTES, self.fb + RPTR_AT,

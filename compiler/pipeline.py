@@ -12,6 +12,7 @@ from compiler import toolchain
 from compiler.artifact import Artifact
 from compiler.blob import share_weights
 from compiler.codegen.build import Built, Job, build_all
+from compiler.codegen.ranges import SAFE_MAX, Fp32Keep, keep_fp32, measure, samples
 from compiler.ir.dtypes import dtypes
 from compiler.ir.uop import UOp
 from compiler.onnx.load import load_onnx
@@ -63,12 +64,13 @@ class Stages:
 def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None = None,
                   float16: bool = False, stages: Stages | None = None,
                   images: bool | None = None, on_weights=None,
-                  input_values: dict | None = None) -> Artifact:
+                  input_values: dict | None = None,
+                  calibration: dict | None = None) -> Artifact:
     """images: GPU targets only, read eligible buffers as 2D images (None: the target's default).
     on_weights: called with (weights region, section sizes) once they are final, while the
     programs still build (blob.BlobWriter.weights writes them then).
-    input_values: {input name: value}, inputs frozen to constants (the blob does not take
-    them; an If whose condition they decide folds).
+    input_values: {input name: value}, inputs frozen to constants (an If on them folds).
+    calibration: float16's sample inputs by name, which decide what stays fp32 (_calibrate).
     A target with variants (`cpu`) is built once per variant from one frontend and schedule:
     the first variant's Artifact is returned, the others in its `variants` (one blob)."""
     st, tgt = stages or Stages(), get_target(target)
@@ -88,11 +90,13 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
             origins.setdefault(u, i)
         kernels = _copies_for_shared_outputs(outs, kernels)
         kernels, last = _layouts(kernels, realized, set(outs), targets[0])
+        keep = _calibrate(calibration if float16 else None, graph, kernels, outs, targets[0], st)
         plans = []  # per variant: (target, its buffers, one job per distinct kernel, launches)
         for t in targets:
             bufs = Buffers(graph.inputs, list(zip([n for n, _ in graph.outputs], outs)),
-                           device_storage(t, float16, images), t.buffer_align)
-            plans.append((t, bufs, *_jobs(kernels, bufs, last, t)))
+                           device_storage(t, float16, images, frozenset(keep.buffers)),
+                           t.buffer_align)
+            plans.append((t, bufs, *_jobs(kernels, bufs, last, t, keep.kernels)))
         st.count("schedule", kernels=len(kernels), programs=sum(len(p[2]) for p in plans))
     done, early = _kernels(plans, st)
     builds = [(t, bufs, _launch(bufs, {k: done[i, k] for k in jobs}, uses, st), uses)
@@ -108,11 +112,45 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
             for (t, bufs, _, _), code in zip(builds, codes)]
     meta = {"producer": f"keel {VERSION}", "float16": float16, **graph.meta,
             "flops": builds[0][1].flops,
+            **({"fp16_ranges": _fp16_report(keep, graph.nodes, origins)}
+               if float16 else {}),
             "stage_seconds": {k: round(v, 4) for k, v in st.times.items()}}
     for a, (_, _, _, uses) in zip(arts, builds):
         a.meta, a.provenance = meta, provenance(uses, graph.nodes, origins)
     arts[0].variants = arts[1:]
     return arts[0]
+
+
+def _calibrate(calibration: dict | None, graph, kernels: list[Kernel], outs: list[UOp],
+               tgt: Target, st: Stages) -> Fp32Keep:
+    """float16 with sample inputs (by name: an input's shape, or a leading axis of samples
+    more): the tensors and kernels that stay fp32 (codegen/ranges.py); meta "fp16_ranges"
+    reports them. Nothing without samples, or where activations are fp32 anyway."""
+    if not calibration or not tgt.half_activations:
+        return Fp32Keep()
+    feeds = samples(calibration, graph.inputs)
+    with st("calibrate", samples=len(feeds)):
+        return keep_fp32(kernels, set(outs), measure(outs, feeds), len(feeds))
+
+
+def _fp16_report(keep: Fp32Keep, nodes: list, origins: dict[UOp, int]) -> dict:
+    """meta "fp16_ranges": whether sample ranges were checked, and each tensor kept fp32: the
+    ONNX node that builds it (an op's inner tensor, an STFT's real part, is its node's) and its
+    largest magnitude over the samples."""
+    owner = dict(origins)
+    for u, i in sorted(origins.items(), key=lambda ui: ui[1]):
+        stack = list(u.src)
+        while stack:
+            x = stack.pop()
+            if x not in owner:
+                owner[x] = i
+                stack.extend(x.src)
+    kept = sorted(keep.largest.items(), key=lambda ul: owner.get(ul[0], -1))
+    return {"calibrated": keep.samples > 0, "samples": keep.samples, "safe_max": SAFE_MAX,
+            "kernels_fp32": len(keep.kernels),
+            "kept_fp32": [{"node": nodes[owner[u]][0] if u in owner else None,
+                           "op_type": nodes[owner[u]][1] if u in owner else None,
+                           "largest": m} for u, m in kept]}
 
 
 def _kernels(plans: list, st: Stages) -> tuple[dict[tuple, Built], list]:
@@ -229,9 +267,10 @@ class Use:
     key: tuple
 
 
-def _jobs(kernels: list[Kernel], bufs: Buffers, last: set,
-          tgt: Target) -> tuple[dict[tuple, Job], list[Use]]:
-    """One job per distinct canonical kernel, and the launches that use them."""
+def _jobs(kernels: list[Kernel], bufs: Buffers, last: set, tgt: Target,
+          fp32: set = frozenset()) -> tuple[dict[tuple, Job], list[Use]]:
+    """One job per distinct canonical kernel, and the launches that use them. `fp32`: roots of
+    kernels that compute in fp32 under float16 (codegen/ranges.py)."""
     jobs: dict[tuple, Job] = {}
     uses = []
     for k in kernels:
@@ -240,11 +279,12 @@ def _jobs(kernels: list[Kernel], bufs: Buffers, last: set,
             continue
         layouts = [bufs.layout_of(out)] + [bufs.layout(u) for u in k.inputs]
         key, ck = canonical(k, layouts, last)
+        key = (key, k.root in fp32)
         if key not in jobs:
             packable = {j: u.size for j, (u, lay) in enumerate(zip(k.inputs, layouts[1:]), 1)
                         if lay.region == "weights" and lay.image is None and tgt.pack_weights}
             arena = {j for j, lay in enumerate(layouts) if lay.region == "arena"}
             jobs[key] = Job(ck, [dtypes.from_np(lay.dtype) for lay in layouts], tgt, packable,
-                            arena)
+                            arena, k.root in fp32)
         uses.append(Use(k, out, key))
     return jobs, uses

@@ -2,32 +2,32 @@
 
 The device lays one shared buffer out as [weights | arena | io slot 0 | io slot 1 | ...], each part
 on a 128-byte boundary (HVX vector alignment), hands it and the programs to the DSP-side runtime
-once at load (dsp/runtime.c), and then only invokes: {sequence number, flags} out, {sequence
+once at load (dsp/skel.c), and then only invokes: {sequence number, flags} out, {sequence
 number, status, per-kernel ticks} back. io slots are views of that buffer (io_buffer); a slot bound
 to other host memory is copied in at submit (inputs) or out at completion (outputs), as a FastRPC
 client copies a buffer that is not ION memory.
 
 The transport is chosen by KEEL_FASTRPC: unset or "device", FastRPC on the comma device's cDSP
 (dsp/fastrpc.py); "mock", the same runtime built for Linux and run under qemu-hexagon
-(dsp/mock.py). Faults from KEEL_MOCK_FAULTS (runner/faults.py) apply to the mock only: hang@N makes
-the emulated DSP spin without answering, fault@N makes it answer with a failure, slow@N:MS holds
-its answer back MS ms.
+(sim/dsp/mock.py). Faults from KEEL_MOCK_FAULTS (runner/faults.py) apply to the mock only: hang@N
+makes the emulated DSP spin without answering, fault@N makes it answer with a failure, slow@N:MS
+holds its answer back MS ms.
 """
 from __future__ import annotations
 
-import os
 import struct
 import time
 
 import numpy as np
 
 from runner.device import Device, wait_until
-from runner.errors import BlobError, ConfigError, DeviceError
+from runner.errors import BlobError, DeviceError
 from runner.faults import Faults, from_env
+from runner.simulators import simulator
 
 TRANSPORT_VAR, FAULTS_VAR = "KEEL_FASTRPC", "KEEL_MOCK_FAULTS"
 ALIGN = 128  # HVX vector: the runtime's loads of a buffer's first vector are aligned ones
-FLAG_PROFILE, FLAG_HANG, FLAG_FAULT = 1, 2, 4  # dsp/runtime.c
+FLAG_PROFILE, FLAG_HANG, FLAG_FAULT = 1, 2, 4  # dsp/graph_runner.h, sim/dsp/runtime.c
 LOAD_S = 60.0  # the runtime answers once its library is loaded (qemu start included)
 # qemu-hexagon interprets every packet: a run takes one to two orders of magnitude longer than
 # on the DSP, so under KEEL_FASTRPC=mock a Model's default deadline is this many times longer
@@ -62,15 +62,12 @@ def launch_table(blob, weights: int, arena: int, slots: list[int]) -> bytes:
 
 
 def transport():
-    kind = os.environ.get(TRANSPORT_VAR, "device").strip() or "device"
-    if kind == "mock":
-        from dsp.mock import QemuTransport
-        return QemuTransport()
-    if kind == "device":
-        from dsp.fastrpc import FastRpcTransport
-        return FastRpcTransport()
-    raise ConfigError(f"{TRANSPORT_VAR} must be 'device' (FastRPC) or 'mock' (qemu-hexagon), "
-                      f"got {kind!r}")
+    """FastRPC, or qemu-hexagon with KEEL_FASTRPC=mock (runner/simulators.py)."""
+    mock = simulator(TRANSPORT_VAR)
+    if mock:
+        return mock()
+    from dsp.fastrpc import FastRpcTransport
+    return FastRpcTransport()
 
 
 class DspDevice(Device):
@@ -84,7 +81,7 @@ class DspDevice(Device):
             raise BlobError(f"device 'dsp' runs target 'dsp' blobs, blob target is {target!r}")
 
     def load(self, blob) -> None:
-        mock = os.environ.get(TRANSPORT_VAR, "").strip() == "mock"
+        mock = simulator(TRANSPORT_VAR) is not None
         self._faults = from_env(FAULTS_VAR) if mock else Faults({})
         self.deadline_scale = EMULATED_DEADLINE_SCALE if mock else 1.0
         self._link = transport()

@@ -18,7 +18,7 @@ Per Model.load, once:
      listener); its method LOAD receives the buffer's layout, the launch table and the name
      PROGRAMS, which it dlopens (read through the listener again).
 Per run(): one FASTRPC_IOCTL_INVOKE of method RUN with {seq, flags} in and the runtime's answer
-out (dsp/runtime.c), on a worker thread, so that wait() keeps its deadline: the ioctl blocks
+out (dsp/skel.c), on a worker thread, so that wait() keeps its deadline: the ioctl blocks
 until the DSP answers. recover() ends the PD (adsp_current_process exit, which also ends the
 listener's wait), abandons the session (its fd) and builds a new one.
 """
@@ -244,11 +244,7 @@ class FastRpcTransport:
         try:
             fcntl.ioctl(self.rpc, INIT_ATTRS, init)
         except OSError as e:
-            raise DeviceError(
-                f"the cDSP refused an unsigned protection domain from {self.shell} "
-                f"({os.strerror(e.errno)}, errno {e.errno}): this device's DSP firmware runs "
-                f"signed code only; it needs a test signature (testsig-<serial>.so in /dsp) or "
-                f"firmware that allows unsigned PDs") from None
+            raise refused_pd(self.shell, e.errno) from None
 
     def _open_skel(self) -> int:
         uri = f"file:///{SKEL}?keel_dsp_skel_handle_invoke&_modver=1.0&_dom=cdsp\0".encode()
@@ -334,6 +330,13 @@ class FastRpcTransport:
         if self.shm is not None:
             self.shm.close()
             self.shm = None
+
+
+def refused_pd(shell: str, code: int) -> DeviceError:
+    return DeviceError(
+        f"the cDSP refused an unsigned protection domain from {shell} ({os.strerror(code)}, "
+        f"errno {code}): this device's DSP firmware runs signed code only; it needs a test "
+        f"signature (testsig-<serial>.so in /dsp) or firmware that allows unsigned PDs")
 
 
 def _catch(fn, value: bool = False):

@@ -1,9 +1,10 @@
 /* The math helpers a `dsp` programs library needs and the Hexagon v65 has no instruction for,
-   compiled into every programs library (compiler/toolchain.py, target "dsp": appended to its
+   compiled into every programs library (runner/targets.py HEXAGON sources, appended to its
    one translation unit, since ld.lld-19 concatenates the Hexagon attribute sections of two
    objects into one that llvm-objdump cannot read), hidden: the
    programs then import nothing but what the DSP's C library surely has (memcpy, memmove,
-   memset, the integer division helpers; dsp/build.py IMPORTS), on the DSP and under qemu alike.
+   memset, the integer division helpers: runner/targets.py DSP_C_LIBRARY), on the DSP and under
+   qemu alike.
 
    clang lowers float division, float <-> integer conversions, fma, exp's and log's polynomials
    (compiler/codegen/transcendental.py) to v65 instructions; square roots become calls:

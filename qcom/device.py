@@ -1,7 +1,7 @@
 """The qcom device (device="qcom"): qcom blobs on the Adreno 630 through KGSL, with no vendor
 runtime on the per-run path (runner/device.py's contract v2).
 
-load():   open KGSL (the kernel, or qcom/mock_kgsl.py with KEEL_KGSL=mock), refuse unvalidated
+load():   open KGSL (the kernel, or sim/qcom/mock_kgsl.py with KEEL_KGSL=mock), refuse unvalidated
           chips, get the programs (qcom/store.py: the blob's embedded ones when they were
           built for this chip and driver, else built once and cached by chip, driver and source), allocate GPU objects (arena, weights, one per io slot, shaders, a zeroed
           border-colour table, the timeline word, the command ring), create a context and record

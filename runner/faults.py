@@ -16,6 +16,7 @@ submission.
 """
 from __future__ import annotations
 
+import errno
 import os
 import re
 from dataclasses import dataclass
@@ -65,3 +66,64 @@ def parse(text: str, var: str, kinds: tuple[str, ...] = KINDS) -> Faults:
 
 def from_env(var: str, kinds: tuple[str, ...] = KINDS) -> Faults:
     return parse(os.environ.get(var, ""), var, kinds)
+
+
+# Bring-up faults: what a simulator does wrong at one layer of its device's bring-up, so that
+# tools/doctor.py's tests can show each of its stages catching the fault it exists for. Read from
+#     KEEL_MOCK_BRINGUP=kgsl.open=EPERM,usb.link=down
+# by the mock that owns the site, at the call the site names; a site not listed here is a
+# ConfigError (a misspelt fault must not pass as a healthy device).
+BRINGUP_VAR = "KEEL_MOCK_BRINGUP"
+SITES = {
+    "kgsl.open": "the mock KGSL's open() fails with this errno name (ENOENT, EPERM, EACCES)",
+    "kgsl.chip": "the chip id the mock KGSL reports (hex)",
+    "kgsl.context": "context creation fails with this errno name",
+    "kgsl.alloc": "GPU object allocation fails with this errno name",
+    "gpu.answer": "wrong (or wrong@K: from the Kth dispatch of a submission on): the qcom and "
+                  "amd mock GPUs flip the first word each such dispatch writes",
+    "gpu.image": "fault: the qcom mock GPU faults on every image access",
+    "fastrpc.pd": "the emulated DSP refuses its process (the unsigned PD) with this errno name",
+    "fastrpc.answer": "wrong: the emulated DSP's answers flip the first byte of the last io slot",
+    "usb.device": "absent: no bridge answers on the mock USB bus",
+    "usb.link": "down: the mock bridge's PCIe link never trains (nothing answers behind it)",
+    "amd.discovery": "corrupt: the mock GPU's IP discovery table fails its checksum",
+    "amd.tlb": "mm or gc: the mock GPU never acknowledges that hub's TLB invalidation",
+    "amd.queue": "inactive: the mock GPU ignores the compute queue's activation",
+    "amd.huge": "alias: the mock GPU maps every 4 KiB page of a 2 MiB leaf to its first one",
+    "fastrpc.memory": "the emulated DSP's shared buffer allocation fails with this errno name",
+}
+
+
+def bringup(site: str) -> str | None:
+    """The value KEEL_MOCK_BRINGUP gives `site`, or None."""
+    found = None
+    for entry in filter(None, (e.strip() for e in os.environ.get(BRINGUP_VAR, "").split(","))):
+        name, _, value = entry.partition("=")
+        if name not in SITES or not value:
+            raise ConfigError(f"{BRINGUP_VAR}: bad entry {entry!r}; expected SITE=VALUE with a "
+                              f"site among {', '.join(SITES)}")
+        if name == site:
+            found = value
+    return found
+
+
+def bringup_from(site: str, word: str) -> int | None:
+    """K for `site`=`word`@K (1 for a bare `word`), or None when the site is not set."""
+    value = bringup(site)
+    if value is None:
+        return None
+    name, _, k = value.partition("@")
+    if name != word or (k and not k.isdigit()) or k == "0":
+        raise ConfigError(f"{BRINGUP_VAR}: {site}={value!r}; expected {word} or {word}@K, K >= 1")
+    return int(k or 1)
+
+
+def bringup_errno(site: str) -> int | None:
+    """The errno KEEL_MOCK_BRINGUP names for `site` (ConfigError for an unknown name)."""
+    name = bringup(site)
+    if name is None:
+        return None
+    code = getattr(errno, name, None)
+    if not isinstance(code, int):
+        raise ConfigError(f"{BRINGUP_VAR}: {site}={name!r} is not an errno name (EPERM, ...)")
+    return code

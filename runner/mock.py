@@ -17,13 +17,13 @@ import time
 import weakref
 from collections import deque
 
+from runner.abi import LAUNCH
 from runner.cpu import CpuDevice, _symbol, ffi, host_memory, release_host_memory, shutdown
 from runner.device import HostDevice, Span
 from runner.errors import DeviceError
 from runner.faults import from_env
 
 FAULTS_VAR = "KEEL_MOCK_FAULTS"
-LAUNCH = "keel_launch"
 JOIN_S = 5.0  # a replay in flight when recover() stops the worker finishes within one run
 
 

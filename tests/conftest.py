@@ -10,6 +10,10 @@ from tests.deps import CI, MISSING
 # The runner's default is every core, which differs between machines: tests that care set
 # KEEL_THREADS themselves (1 and 2), the rest run threaded at 2 on any machine.
 os.environ["KEEL_THREADS"] = "2"
+# keel.backend (the ONNX suite) compiles x86-64-v3 alone: the suite checks ops, not ISA levels,
+# and a `cpu` blob (both levels) costs ~3x the compile of one cold (docs/perf.md, "One `cpu`
+# blob"); tests/test_variants.py runs both levels against onnxruntime
+os.environ["KEEL_BACKEND_TARGET"] = "cpu-avx2"
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -166,7 +166,7 @@ def keel_load(model: onnx.ModelProto, target: str = "cpu", threads=(None,), **co
 
 def compiled_blob(model: onnx.ModelProto, target: str = "cpu", **compile_kwargs) -> pathlib.Path:
     """The blob of `model`, compiled once per compiler version across test files and workers:
-    cached beside the ONNX suite's blobs (tests/onnx_backend.py, keyed by the compile path's
+    cached beside the ONNX suite's blobs (keel/backend.py, keyed by the compile path's
     sources), under the hash of the model, the target and the options. Whole models cost tens of
     seconds each, and several test files run the same ones."""
     import hashlib
@@ -174,7 +174,7 @@ def compiled_blob(model: onnx.ModelProto, target: str = "cpu", **compile_kwargs)
 
     from compiler.blob import write_blob
     from compiler.pipeline import compile_model
-    from tests.onnx_backend import _cache_dir
+    from keel.backend import cache_dir
 
     # the options as compile_model sees them, defaults filled in: float16=False and no float16
     # argument are one blob
@@ -183,7 +183,7 @@ def compiled_blob(model: onnx.ModelProto, target: str = "cpu", **compile_kwargs)
     del options.arguments["model"]
     key = hashlib.sha256(model.SerializeToString() + repr(sorted(options.arguments.items()))
                          .encode()).hexdigest()[:24]
-    folder = _cache_dir() or pathlib.Path(tempfile.mkdtemp(prefix="keel-test-"))
+    folder = cache_dir() or pathlib.Path(tempfile.mkdtemp(prefix="keel-test-"))
     path = folder / "models" / f"{key}.blob"
     path.parent.mkdir(parents=True, exist_ok=True)
     # A second worker that wants the same model waits for the first instead of compiling it

@@ -1,8 +1,10 @@
-"""ONNX If (compiler/onnx/load.py `_if`): folded when its condition is known at compile time (a
-constant, a value computed from shapes, an input frozen with --input-value), both branches run
-and selected when they agree in shape, refused by node name otherwise. Every result is compared
-with onnxruntime: float32 at 1e-5 relative + 1e-6 absolute (the same ops in the same order, a
-GRU's sigmoids and tanh through keel's polynomials, a few ulp apart)."""
+"""ONNX control flow (compiler/onnx/control.py). If: folded when its condition is known at compile
+time (a constant, a value computed from shapes, an input frozen with --input-value), both
+branches run and selected when they agree in shape, refused by node name otherwise. Loop and
+Scan: unrolled when their iterations are known at compile time, refused by node name otherwise.
+Every result is compared with onnxruntime: float32 at 1e-5 relative + 1e-6 absolute (the same
+ops in the same order, a GRU's sigmoids and tanh through keel's polynomials, a few ulp
+apart)."""
 from __future__ import annotations
 
 import subprocess
@@ -119,6 +121,21 @@ def test_if_with_differently_shaped_branches_on_a_run_time_value_is_refused_by_n
         assert words in text, text
 
 
+def test_if_whose_untaken_branch_cannot_build_for_these_shapes_says_to_freeze_the_input():
+    """silero's VAD: the 8 kHz branch does not build for 16 kHz frame sizes. With a run-time
+    condition both branches must build, so the refusal names the If, the branch and why."""
+    then = branch("then", [helper.make_node("Reshape", ["x", "s6"], ["t"])],
+                  [("t", None, np.float32)], {"s6": np.array([6], np.int64)})
+    other = branch("else", [helper.make_node("Reshape", ["x", "s16"], ["e"])],
+                   [("e", None, np.float32)], {"s16": np.array([16], np.int64)})
+    model = _if_model([], [("cond", (), np.bool_)], then, other)
+    with pytest.raises(CompileError) as e:
+        compile_model(model, TARGET)
+    for words in ("If node 'the_if'", "['cond']", "its else_branch does not build here",
+                  "--input-value"):
+        assert words in str(e.value), str(e.value)
+
+
 @pytest.mark.parametrize("sr", [16000, 8000])
 def test_voice_activity_net_folds_its_sample_rate_if_with_input_value(sr, tmp_path):
     """The whole user path: tools/compile.py --input-value sr=..., then the runner; the blob no
@@ -151,18 +168,65 @@ def test_bad_input_values_name_the_input_and_what_it_takes(values, words):
     assert all(w in str(e.value) for w in words), str(e.value)
 
 
-def test_loop_and_scan_are_refused_naming_the_node():
+def _doubling_loop(cond_out: str = "cond_in"):
+    """Loop(M=3): acc = acc + acc + i each iteration, scanning out each acc; the body's
+    condition is `cond_out` (its cond input, or a run-time test)."""
     body = helper.make_graph(
-        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
-         helper.make_node("Add", ["acc_in", "acc_in"], ["acc_out"])], "body",
+        [helper.make_node("Greater", ["acc_in", "limit"], ["big"]),
+         helper.make_node("Not", ["big"], ["small"]),
+         helper.make_node("Identity", [cond_out], ["cond_out"]),
+         helper.make_node("Cast", ["i"], ["i_f"], to=onnx.TensorProto.FLOAT),
+         helper.make_node("Add", ["acc_in", "acc_in"], ["twice"]),
+         helper.make_node("Add", ["twice", "i_f"], ["acc_out"]),
+         helper.make_node("Identity", ["acc_out"], ["scanned"])], "body",
         [helper.make_tensor_value_info("i", onnx.TensorProto.INT64, []),
          helper.make_tensor_value_info("cond_in", onnx.TensorProto.BOOL, []),
          helper.make_tensor_value_info("acc_in", onnx.TensorProto.FLOAT, [2])],
         [helper.make_tensor_value_info("cond_out", onnx.TensorProto.BOOL, []),
-         helper.make_tensor_value_info("acc_out", onnx.TensorProto.FLOAT, [2])])
-    model = make_model([helper.make_node("Loop", ["n", "", "x"], ["y"], body=body,
-                                         name="doubling_loop")],
-                       [("x", (2,), np.float32)], [("y", (2,), np.float32)],
-                       {"n": np.array(3, np.int64)})
-    with pytest.raises(CompileError, match=r"Loop \(node 'doubling_loop', opset 17\)"):
+         helper.make_tensor_value_info("acc_out", onnx.TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("scanned", onnx.TensorProto.FLOAT, [2])])
+    return make_model([helper.make_node("Loop", ["n", "", "x"], ["y", "ys"], body=body,
+                                        name="doubling_loop")],
+                      [("x", (2,), np.float32)], [("y", (2,), np.float32),
+                                                  ("ys", (3, 2), np.float32)],
+                      {"n": np.array(3, np.int64), "limit": np.array(1e6, np.float32)})
+
+
+def test_a_loop_of_known_trip_count_is_unrolled():
+    _check(_doubling_loop(), {"x": np.array([1.5, -2.0], np.float32)})
+
+
+def test_a_loop_whose_condition_is_computed_at_run_time_is_refused_by_name():
+    with pytest.raises(CompileError, match=r"Loop node 'doubling_loop' \(opset 17\): its body's "
+                                           r"condition depends on run-time values"):
+        compile_model(_doubling_loop("small"), TARGET)
+
+
+@pytest.mark.parametrize("reverse", [0, 1])
+def test_a_scan_is_unrolled_over_its_axis(reverse):
+    """A running sum over axis 1 of x, forward or backward, with each step's state scanned out
+    along axis 1 (a GRU-free recurrence, as Scan-based exports write it)."""
+    body = helper.make_graph(
+        [helper.make_node("Add", ["sum_in", "next"], ["sum_out"]),
+         helper.make_node("Tanh", ["sum_out"], ["scan_out"])], "body",
+        [helper.make_tensor_value_info("sum_in", onnx.TensorProto.FLOAT, [3]),
+         helper.make_tensor_value_info("next", onnx.TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("sum_out", onnx.TensorProto.FLOAT, [3]),
+         helper.make_tensor_value_info("scan_out", onnx.TensorProto.FLOAT, [3])])
+    node = helper.make_node("Scan", ["init", "x"], ["y", "z"], body=body, num_scan_inputs=1,
+                            scan_input_axes=[1], scan_input_directions=[reverse],
+                            scan_output_axes=[1], name="running_sum")
+    model = make_model([node], [("init", (3,), np.float32), ("x", (3, 5), np.float32)],
+                       [("y", (3,), np.float32), ("z", (3, 5), np.float32)])
+    rng = np.random.default_rng(reverse)
+    _check(model, {"init": rng.standard_normal(3).astype(np.float32),
+                   "x": rng.standard_normal((3, 5)).astype(np.float32)})
+
+
+def test_a_loop_beyond_the_unroll_limit_is_refused_naming_the_node():
+    model = _doubling_loop()
+    model.graph.initializer[0].CopyFrom(onnx.numpy_helper.from_array(np.array(5000, np.int64),
+                                                                      "n"))
+    with pytest.raises(CompileError, match=r"Loop node 'doubling_loop' \(opset 17\): 5000 "
+                                           r"iterations; keel unrolls at most 1024"):
         compile_model(model, TARGET)

@@ -22,6 +22,7 @@ from compiler.pipeline import compile_model
 from dsp import build
 from runner import Model
 from runner.model import DEFAULT_TIMEOUT_MS
+from runner.targets import DSP_C_LIBRARY
 from tests.deps import needs
 from tests.graphs import assert_close, compiled_blob, make_model, ort_run, single_node_model
 
@@ -101,7 +102,8 @@ def test_an_op_the_dsp_runtime_cannot_run_is_a_compile_error_naming_it():
 
 
 def test_the_emulated_runtime_provides_exactly_what_programs_may_import():
-    """dsp/runtime.c's LIBC table stands in for the DSP's C library: the compiler's check
-    (dsp/build.py IMPORTS) must allow no more and no less than it resolves."""
-    table = (build.HERE / "runtime.c").read_text().split("LIBC[] = {")[1].split("};")[0]
-    assert set(re.findall(r"EXPORT\((\w+)\)", table)) == build.IMPORTS
+    """sim/dsp/runtime.c's LIBC table stands in for the DSP's C library: the compiler's check
+    (runner/targets.py DSP_C_LIBRARY) must allow no more and no less than it resolves."""
+    runtime = build.HERE.parent / "sim" / "dsp" / "runtime.c"
+    table = runtime.read_text().split("LIBC[] = {")[1].split("};")[0]
+    assert set(re.findall(r"EXPORT\((\w+)\)", table)) == DSP_C_LIBRARY

@@ -10,7 +10,8 @@ import pytest
 from qcom import kgsl
 from qcom.cmdstream import OPCODES, lohi, pkt7
 from qcom.errors import DeviceError
-from qcom.mock_kgsl import GpuFault, MockKgsl
+from runner.errors import ConfigError
+from sim.qcom.mock_kgsl import GpuFault, MockKgsl
 
 
 @pytest.fixture
@@ -241,5 +242,27 @@ def test_real_device_absent_is_a_named_error(monkeypatch):
 
 def test_an_unknown_kgsl_driver_name_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("KEEL_KGSL", "mok")
-    with pytest.raises(DeviceError, match=r"KEEL_KGSL='mok': expected one of \['', 'mock'\]"):
+    with pytest.raises(ConfigError, match=r"KEEL_KGSL='mok': expected 'mock' .* or unset"):
         kgsl.Kgsl()
+
+
+def test_an_ib_waiting_on_memory_retires_only_once_the_host_writes_the_word():
+    """CP_WAIT_REG_MEM (poll memory, equal): the mock GPU holds the stream at the wait until the
+    word matches, as tools/doctor.py's deadline stage relies on (a gate the host opens)."""
+    import time as _time
+
+    from qcom import kgsl as _kgsl
+    from qcom.cmdstream import OPCODES, WAIT_POLL_MEMORY, lohi, pkt7
+    from sim.qcom.mock_kgsl import MockKgsl
+    k = _kgsl.Kgsl(MockKgsl())
+    ctx, obj = k.context_create(), k.alloc(4096)
+    view, ib = k.mmap(obj), k.alloc(4096)
+    words = pkt7(OPCODES["CP_WAIT_REG_MEM"], WAIT_POLL_MEMORY | 3, *lohi(obj.gpuaddr + 64), 1,
+                 0xFFFFFFFF, 16) + pkt7(OPCODES["CP_MEM_WRITE"], *lohi(obj.gpuaddr), 7)
+    k.mmap(ib)[:4 * len(words)] = b"".join(w.to_bytes(4, "little") for w in words)
+    ts = k.submit(ctx, [(ib.gpuaddr, 4 * len(words))])
+    assert not k.wait_until(ctx, ts, _time.monotonic() + 0.02)
+    assert view[:4] == bytes(4)  # nothing after the wait ran
+    view[64:68] = (1).to_bytes(4, "little")
+    assert k.wait_until(ctx, ts, _time.monotonic() + 1.0)
+    assert int.from_bytes(view[:4], "little") == 7

@@ -1,11 +1,16 @@
 """Compile an ONNX model into one keel blob.
 
   python tools/compile.py MODEL.onnx -o OUT.blob [--target cpu] [--input-shape NAME=d0,d1,...]...
-                          [--input-value NAME=v0,v1,...]... [--float16] [--embed-binaries]
-                          [--verbose]
+                          [--input-value NAME=v0,v1,...]... [--float16 [--calibrate FEEDS.npz]]
+                          [--embed-binaries] [--verbose]
 
 --input-value freezes an input to a constant: the blob no longer takes it, and what depends on
 it folds (an If on a sample-rate input builds only the branch it takes).
+
+--calibrate FEEDS.npz (with --float16): sample inputs, one array per input name (a leading axis
+of samples allowed), run through keel's interpreter; every tensor beyond half's safe range stays
+fp32 with the kernel that computes it, and the compile says which. Without it, --float16 on a
+target that stores activations as half says their ranges are unchecked.
 
 --embed-binaries (--target qcom, on the device): builds every kernel with this device's vendor
 OpenCL compiler, parses the binaries and stores the parsed programs in the blob's manifest meta
@@ -20,6 +25,8 @@ import argparse
 import os
 import sys
 import time
+
+import numpy as np
 
 # the repository root, so the tool runs from a checkout without installing keel
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -77,6 +84,31 @@ def report(stage: str, secs: float, counts: dict) -> None:
     print(f"  {stage:<10} {secs:8.2f} s" + (f"  ({what})" if what else ""), file=sys.stderr)
 
 
+def load_calibration(path: str) -> dict:
+    try:
+        with np.load(path) as npz:
+            return {k: npz[k] for k in npz.files}
+    except (OSError, ValueError, EOFError, AttributeError) as e:  # not a file, not an .npz
+        raise CompileError(f"--calibrate {path}: expected an .npz with one array per input "
+                           f"({type(e).__name__}: {e})") from None
+
+
+def print_fp16_ranges(r: dict) -> None:
+    """What --float16 did about half's range: unchecked, or which tensors stayed fp32."""
+    if not r["calibrated"]:
+        print("fp16: activation ranges are unchecked (no --calibrate): a value beyond half's "
+              "+-65504 becomes inf", file=sys.stderr)
+        return
+    kept = r["kept_fp32"]
+    print(f"fp16: ranges calibrated on {r['samples']} sample(s): {len(kept)} tensor(s) beyond "
+          f"+-{r['safe_max']:g} stay fp32, {r['kernels_fp32']} kernel(s) compute in fp32"
+          + (":" if kept else ""), file=sys.stderr)
+    for k in kept:
+        what = f"{k['op_type']} node {k['node']!r}" if k["node"] else "a tensor of no node"
+        print(f"  {what}: largest |x| {k['largest']:.3g}",
+              file=sys.stderr)
+
+
 def main(argv=None) -> int:
     ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("model", help="ONNX model file")
@@ -87,6 +119,8 @@ def main(argv=None) -> int:
     ap.add_argument("--input-value", action="append", type=parse_value, default=[],
                     metavar="NAME=v0,v1,...", help="freeze an input to a constant (repeatable)")
     ap.add_argument("--float16", action="store_true", help="store weights and activations as fp16")
+    ap.add_argument("--calibrate", metavar="FEEDS.npz",
+                    help="--float16: keep tensors these sample inputs push beyond half in fp32")
     ap.add_argument("--embed-binaries", action="store_true",
                     help="qcom, on the device: embed this GPU's parsed kernel binaries")
     ap.add_argument("--verbose", action="store_true",
@@ -94,14 +128,17 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.embed_binaries and args.target != "qcom":
         ap.error(f"--embed-binaries needs --target qcom, not {args.target}")
+    if args.calibrate and not args.float16:
+        ap.error("--calibrate needs --float16")
     stages = Stages(progress=Progress(), report=report if args.verbose else None)
     t0 = time.perf_counter()
     try:
         with BlobWriter(args.output) as out:  # checks the output before the compile
+            calibration = load_calibration(args.calibrate) if args.calibrate else None
             art = compile_model(args.model, target=args.target,
                                 input_shapes=dict(args.input_shape), float16=args.float16,
                                 stages=stages, on_weights=out.weights,
-                                input_values=dict(args.input_value))
+                                input_values=dict(args.input_value), calibration=calibration)
             if args.embed_binaries:
                 art.meta[store.EMBED_KEY] = store.embed_here(bytes(art.programs).decode())
             out.finish(art)
@@ -119,6 +156,11 @@ def main(argv=None) -> int:
         inner = {k: v for k, v in stages.times.items() if k in ("optimize", "lower", "linearize", "kernel text")}
         print("  in kernels: " + ", ".join(f"{k} {v:.2f} s" for k, v in inner.items())
               + " (summed over workers)", file=sys.stderr)
+    if args.float16 and TARGETS[args.target].half_activations:
+        print_fp16_ranges(art.meta["fp16_ranges"])
+    elif args.calibrate:
+        print(f"fp16: --target {args.target} keeps activations in fp32: --calibrate had nothing "
+              f"to check", file=sys.stderr)
     size = os.path.getsize(args.output)
     print(f"wrote {args.output}: {size / 2**20:.1f} MiB, {len(art.launches)} launches, "
           f"arena {art.arena_bytes / 2**20:.2f} MiB (lower bound "

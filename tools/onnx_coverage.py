@@ -33,7 +33,7 @@ NOTES = """\
   compiler/codegen/transcendental.py for their accuracy bounds.
 - Graph inputs that an op needs as values at compile time (a Reshape's shape, a reduction's
   axes, Pad's pads, TopK's k, ...) are bound as constants by the backend from the values each
-  run receives (tests/onnx_backend.py); keel compiles static shapes.
+  run receives (keel/backend.py); keel compiles static shapes.
 - Ops that ONNX defines by a function body (Attention, the losses, RMSNormalization,
   RotaryEmbedding, ...) and that keel has no direct implementation of are built from that body.
 - Control flow: `If` is built at compile time. A condition known then (a constant, a value
@@ -42,9 +42,14 @@ NOTES = """\
   in anything. A condition known only at run time builds both branches and selects each output
   with a Where: both run, so their outputs must agree in shape and dtype, and otherwise the
   compile is refused with a CompileError naming the If node, its outputs' two shapes and the
-  inputs its condition depends on. `Loop` and `Scan` are not supported: a model that uses them
-  (at any depth, inside an If branch too) is refused, naming each such node and its opset.
-- Out of scope, and why: training ops; sequence/optional/map and string types; Loop/Scan;
+  inputs its condition depends on. `Loop` and `Scan` are unrolled (compiler/onnx/control.py):
+  a Loop whose trip count and per-iteration condition are known at compile time (a `for` loop,
+  a Range's function body; a trip count from a graph input can be frozen with --input-value),
+  and a Scan of opset 9 or later over its static scan axis, at most 1024 iterations each. A
+  Loop whose condition is computed from run-time values, one beyond 1024 iterations, one that
+  runs no iteration but has scan outputs, and Scan-8 (a batch axis and sequence_lens) are
+  refused with a CompileError naming the node.
+- Out of scope, and why: training ops; sequence/optional/map and string types; Scan-8;
   float8/int4/int2/float4/bfloat16 types; the ai.onnx.ml and preview domains; and ops whose
   output shape depends on input values (NonZero, Compress, Unique, NonMaxSuppression,
   ImageDecoder), since keel compiles static shapes.

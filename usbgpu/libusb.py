@@ -6,7 +6,7 @@ libusb-1.0-0 on Linux and Homebrew's libusb on macOS. tests/test_usbgpu_libusb.p
 header's struct libusb_transfer with clang and checks cffi's layout against it.
 
 `lib` is pluggable like qcom/kgsl.py's ioctl entry point: the real library, or
-usbgpu/mock.py's MockLibusb (KEEL_USB=mock), which implements the same functions over the same
+sim/usb/mock.py's MockLibusb (KEEL_USB=mock), which implements the same functions over the same
 struct libusb_transfer bytes. Every call that can fail raises DeviceError naming the call and
 libusb's error name; every transfer carries a timeout, and a batch that is not done by its
 deadline is cancelled and reported, never waited on forever.
@@ -113,6 +113,7 @@ class Usb:
     def __init__(self, lib, vid: int, pid: int, alt: int, stream_eps: tuple[int, ...],
                  streams: int):
         self.lib, self.handle, self.ctx = lib, ffi.NULL, ffi.NULL
+        self.ids = (vid, pid)
         ctx = ffi.new("libusb_context **")
         check(lib.libusb_init(ctx), "libusb_init")
         self.ctx = ctx[0]
@@ -168,13 +169,13 @@ class Usb:
     def _pump(self, ts, deadline: float) -> None:
         tv = ffi.new("struct timeval *")
         while any(t.status == PENDING for t in ts):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise DeviceError(f"USB transfers not done by their deadline "
-                                  f"({sum(t.status == PENDING for t in ts)} of {len(ts)} pending)")
-            tv.tv_sec, tv.tv_usec = 0, int(min(left, 0.01) * 1e6)
+            left = deadline - time.monotonic()  # read first: what completed by then counts
+            tv.tv_sec, tv.tv_usec = 0, int(min(max(left, 0), 0.01) * 1e6)
             check(self.lib.libusb_handle_events_timeout_completed(self.ctx, tv, ffi.NULL),
                   "libusb_handle_events")
+            if left <= 0 and any(t.status == PENDING for t in ts):
+                raise DeviceError(f"USB transfers not done by their deadline "
+                                  f"({sum(t.status == PENDING for t in ts)} of {len(ts)} pending)")
         bad = next((t for t in ts if t.status != COMPLETED), None)
         if bad is not None:
             raise DeviceError(f"USB transfer on endpoint 0x{bad.endpoint:02x}: "

@@ -40,6 +40,7 @@ class Job:
     target: Target
     packable: dict[int, int]  # parameter -> element count: weights pack.py may reorder
     arena: set[int]  # parameters in the arena (vectorize.py may read past their ends)
+    float32: bool = False  # compute in fp32 on a half-compute target (codegen/ranges.py)
 
 
 @dataclass
@@ -84,7 +85,7 @@ def job_digest(job: Job) -> str | None:
     if not cache.graph_digest(UOp(Ops.SINK, src=(job.kernel.root, *job.kernel.inputs)), h):
         return None
     h.update(repr((job.param_dtypes, job.target, sorted(job.packable.items()),
-                   sorted(job.arena))).encode())
+                   sorted(job.arena), job.float32)).encode())
     return h.hexdigest()
 
 
@@ -144,7 +145,7 @@ def build_kernel(job: Job, st) -> Built:
             k = merge_dims(k, params)
             plan = plan_cpu(k, params, tgt, job.packable)
     with st("lower"):
-        rw = Rewriter(first_rules(k, job.param_dtypes, tgt))
+        rw = Rewriter(first_rules(k, job.param_dtypes, tgt, job.float32))
         sink = simplify(lower_kernel(k, params, job.param_dtypes, plan, rw), rw, tgt)
         sink, packings = pack_weights(sink, job.packable)
         sink = vectorize(sink, rw, job.arena)
@@ -164,10 +165,12 @@ HALF_FIRST_RULES = storage_casts + demote_half + symbolic
 HALF_COMPUTE_RULES = promote_for_half_compute + transcendental_rules + symbolic
 
 
-def first_rules(k: Kernel, param_dtypes: list[DType], tgt: Target) -> PatternMatcher:
+def first_rules(k: Kernel, param_dtypes: list[DType], tgt: Target,
+                float32: bool = False) -> PatternMatcher:
     """The rules lowering simplifies with. Without a float16 buffer or value, half_rules never
-    apply, and asking them at every node costs time."""
-    if tgt.half_compute:
+    apply, and asking them at every node costs time. `float32`: a half-compute target's kernel
+    that computes in fp32 anyway (its values pass half's safe range)."""
+    if tgt.half_compute and not float32:
         return HALF_FIRST_RULES
     half = dtypes.float16 in param_dtypes or any(u.dtype is dtypes.float16 for u in
                                                  k.root.toposort(leaves=set(k.inputs)))

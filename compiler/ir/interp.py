@@ -60,7 +60,8 @@ UNARY = {
 REDUCE = {Ops.ADD: np.sum, Ops.MAX: np.max, Ops.MIN: np.min, Ops.MUL: np.prod}
 
 
-def _eval(u: UOp, s: list[np.ndarray], env: dict) -> np.ndarray:
+def eval_node(u: UOp, s: list[np.ndarray], env: dict) -> np.ndarray:
+    """One node's value from its sources' values `s` (env: graph inputs by name)."""
     op, arg, dt = u.op, u.arg, u.dtype.np
     if op is Ops.CONST:
         return np.array(arg, dt)
@@ -110,5 +111,5 @@ def _cast(x: np.ndarray, dt: np.dtype) -> np.ndarray:
 def evaluate(root: UOp, env: dict | None = None) -> np.ndarray:
     vals: dict[UOp, np.ndarray] = {}
     for u in root.toposort():
-        vals[u] = _eval(u, [vals[x] for x in u.src], env or {})
+        vals[u] = eval_node(u, [vals[x] for x in u.src], env or {})
     return np.asarray(vals[root])

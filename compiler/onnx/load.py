@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections import ChainMap
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -19,8 +18,9 @@ from compiler import cache
 from compiler.errors import CompileError, StaticInputError
 from compiler.ir.interp import evaluate
 from compiler.ir.tensor import Tensor
-from compiler.ir.uop import Ops, UOp
+from compiler.ir.uop import UOp
 from compiler.onnx import ops  # noqa: F401  (registers every op into OPS)
+from compiler.onnx.control import CONTROL, Body
 from compiler.onnx.metadata import model_meta
 from compiler.onnx.registry import MAX_OPSET, MIN_OPSET, ONNX_CODES, OPS, Ctx, onnx_dtype
 
@@ -262,7 +262,8 @@ def _known(node: onnx.NodeProto, opset: int, local: set) -> bool:
         return True
     if node.domain not in ("", "ai.onnx"):
         return False
-    return node.op_type in OPS or node.op_type == "If" or _schema_with_function(node.op_type, opset) is not None
+    return node.op_type in OPS or node.op_type in CONTROL or \
+        _schema_with_function(node.op_type, opset) is not None
 
 
 def _schema_with_function(op_type: str, opset: int):
@@ -274,7 +275,7 @@ def _schema_with_function(op_type: str, opset: int):
 
 
 def _all_nodes(graph: onnx.GraphProto):
-    """Every node, those of If branches (subgraphs) included."""
+    """Every node, those of subgraphs (If branches, Loop and Scan bodies) included."""
     for n in graph.node:
         yield n
         for a in n.attribute:
@@ -334,7 +335,7 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
 
 
 def _initializers(graph: onnx.GraphProto, vals) -> None:
-    """A graph's (or an If branch's) initializers into `vals`, as weights."""
+    """A graph's (or a subgraph's) initializers into `vals`, as weights."""
     for init in graph.initializer:
         onnx_dtype(init.data_type, f"initializer {init.name!r}")
         try:
@@ -396,8 +397,8 @@ def _build(nodes, vals: dict, base: Ctx, functions: dict) -> None:
         if missing:
             raise CompileError(f"{ctx.where()}: input(s) {missing} are not produced by any node")
         local = functions.get((node.domain, node.op_type))
-        if local is None and node.domain in ("", "ai.onnx") and node.op_type == "If":
-            outs = _if(ctx, args, vals, functions)
+        if local is None and node.domain in ("", "ai.onnx") and node.op_type in CONTROL:
+            outs = CONTROL[node.op_type](Body(ctx, vals, functions, _build_graph), args)
         elif local is None and node.domain in ("", "ai.onnx") and node.op_type in OPS:
             try:
                 outs = OPS[node.op_type](ctx, args, attrs(node))
@@ -415,49 +416,10 @@ def _build(nodes, vals: dict, base: Ctx, functions: dict) -> None:
                     _bounded(t.shape, f"{ctx.where()}: output {name!r}")
 
 
-def _if(ctx: Ctx, args: list, scope, functions: dict) -> list:
-    """ONNX If. A condition known at compile time (a constant, a value computed from shapes, an
-    input frozen with --input-value) builds the branch it takes and nothing else. Otherwise
-    both branches are built and each output selects between them (Where): both run, which
-    needs their outputs to agree in shape and dtype; a pair that does not is refused."""
-    node, cond = ctx.node, args[0]
-    if cond is None:
-        raise CompileError(f"{ctx.where()}: input cond is required")
-    branch = {a.name: a.g for a in node.attribute if a.name in ("then_branch", "else_branch")}
-    known = ctx.constant(cond)
-    if known is not None:
-        if known.size != 1:
-            raise CompileError(f"{ctx.where()}: its condition has {known.size} elements, not 1")
-        taken = "then_branch" if known.reshape(-1)[0] else "else_branch"
-        return _branch(ctx, branch[taken], scope, functions)
-    then, other = (_branch(ctx, branch[b], scope, functions) for b in ("then_branch", "else_branch"))
-    inputs = sorted({n.arg[0] for n in cond.uop.toposort() if n.op is Ops.INPUT})
-    for name, t, e in zip(node.output, then, other):
-        if not (isinstance(t, Tensor) and isinstance(e, Tensor)) or \
-                (t.shape, t.dtype) != (e.shape, e.dtype):
-            raise CompileError(
-                f"{ctx.where()}: its condition depends on graph input(s) {inputs}, and its "
-                f"branches give output {name!r} as {_kind(t)} and {_kind(e)}: keel runs both "
-                f"branches and selects, which needs one shape and dtype; freeze the input "
-                f"with --input-value NAME=V so the condition folds")
-    pick = cond.reshape(())
-    return [pick.where(t, e) for t, e in zip(then, other)]
-
-
-def _kind(t) -> str:
-    return f"{t.shape} {t.dtype.name}" if isinstance(t, Tensor) else "no tensor"
-
-
-def _branch(ctx: Ctx, graph: onnx.GraphProto, scope, functions: dict) -> list:
-    """An If branch's outputs: its nodes built in a scope of their own that sees the outer one."""
-    env = ChainMap({}, scope)
+def _build_graph(graph: onnx.GraphProto, env, ctx: Ctx, functions: dict) -> None:
+    """A subgraph (an If branch, a Loop or Scan body) into `env`: its initializers, its nodes."""
     _initializers(graph, env)
     _build(graph.node, env, ctx, functions)
-    missing = [o.name for o in graph.output if env.get(o.name) is None]
-    if missing:
-        raise CompileError(f"{ctx.where()}: branch {graph.name!r} output(s) {missing} are not "
-                           f"produced by any node")
-    return [env[o.name] for o in graph.output]
 
 
 def _expand_function(ctx: Ctx, args: list, local, functions: dict) -> list:

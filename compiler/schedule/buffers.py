@@ -52,7 +52,7 @@ class Buffers:
         self.life: dict[int, list[int]] = {}
 
     def _new(self, region: str, offset: int, u: UOp, name: str = "") -> Buffer:
-        dt, image = self.storage(region, u.dtype, u.shape)
+        dt, image = self.storage(region, u.dtype, u.shape, u)
         b = Buffer(len(self.table), region, offset, storage_nbytes(dt, u.shape, image), dt.name,
                    tuple(u.shape), name, image)
         self.table[b.id] = b
@@ -81,7 +81,7 @@ class Buffers:
         """The layout of the buffer that `u` is or will be read from."""
         if u in self.node_buf:
             return self.layout_of(self.node_buf[u])
-        dt, image = self.storage("weights", u.dtype, u.shape)
+        dt, image = self.storage("weights", u.dtype, u.shape, u)
         return Layout("weights", dt.name, image)
 
     def layout_of(self, bid: int) -> Layout:

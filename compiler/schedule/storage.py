@@ -21,27 +21,41 @@ import numpy as np
 
 from compiler.artifact import Buffer, Image
 from compiler.ir.dtypes import DType, dtypes
+from compiler.ir.uop import Ops, UOp
 from compiler.target import Target
+from runner.format import DEVICE_REGIONS  # io buffers keep the layout and dtype the caller sees
 
 F16, F32 = dtypes.float16, dtypes.float32
-DEVICE_REGIONS = ("arena", "weights")  # io buffers keep the layout and dtype the caller sees
+F16_MAX = float(np.finfo(np.float16).max)
 
-# (region, dtype, shape) -> (storage dtype, image layout or None)
-StoragePolicy = Callable[[str, DType, tuple], tuple[DType, "Image | None"]]
+# (region, dtype, shape, the tensor stored) -> (storage dtype, image layout or None)
+StoragePolicy = Callable[..., tuple[DType, "Image | None"]]
 
 
-def device_storage(target: Target, float16: bool = False,
-                   images: bool | None = None) -> StoragePolicy:
-    """The storage policy for buffers on `target`. images=None follows the target's default."""
+def device_storage(target: Target, float16: bool = False, images: bool | None = None,
+                   keep_fp32: frozenset = frozenset()) -> StoragePolicy:
+    """The storage policy for buffers on `target`. images=None follows the target's default.
+    keep_fp32: tensors stored fp32 under float16 (codegen/ranges.py: beyond half's safe range on
+    the calibration samples); a weight beyond half's range always is."""
     use_images = target.images if images is None else images
 
-    def policy(region: str, dtype: DType, shape: tuple) -> tuple[DType, Image | None]:
+    def policy(region: str, dtype: DType, shape: tuple,
+               node: UOp | None = None) -> tuple[DType, Image | None]:
         if region not in DEVICE_REGIONS:
             return dtype, None
-        if float16 and dtype is F32 and (region == "weights" or target.half_activations):
+        if float16 and dtype is F32 and (region == "weights" or target.half_activations) and \
+                node not in keep_fp32 and not beyond_half(node):
             dtype = F16
         return dtype, image_layout(target, dtype, shape) if use_images else None
     return policy
+
+
+def beyond_half(node: UOp | None) -> bool:
+    """A weight with a value half cannot hold (it would be stored as inf)."""
+    if node is None or node.op is not Ops.WEIGHT:
+        return False
+    data = node.arg.data
+    return data.size > 0 and bool(np.nanmax(np.abs(data), initial=0.0) > F16_MAX)
 
 
 def image_layout(target: Target, dtype: DType, shape: tuple) -> Image | None:

@@ -23,7 +23,8 @@ RUNS = 50
 
 
 @pytest.mark.parametrize("name", ["int8", "conv"])
-def test_model_matches_onnxruntime_on_the_cdsp_and_prints_latency(name, tmp_path, monkeypatch):
+def test_model_matches_onnxruntime_on_the_cdsp_and_prints_latency(name, doctor_dsp, tmp_path,
+                                                                  monkeypatch):
     from compiler.blob import write_blob
     from compiler.pipeline import compile_model
     from runner import Model

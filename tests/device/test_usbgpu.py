@@ -59,7 +59,7 @@ def test_ip_discovery_reads_gfx11():
         pci.close()
 
 
-def test_a_model_loads_and_runs_beside_the_cpu():
+def test_a_model_loads_and_runs_beside_the_cpu(doctor_amd):
     from runner import Model
     from tests.graphs import assert_close, compiled_blob, random_feeds, single_node_model
     w = np.random.default_rng(0).standard_normal((64, 32, 3, 3)).astype(np.float32)

@@ -1,5 +1,5 @@
-"""The emulated DSP (KEEL_FASTRPC=mock): dsp/runtime.c built as a static Hexagon v65 Linux program
-and run under qemu-hexagon, with the real HVX and scalar-FP kernels of the blob.
+"""The emulated DSP (KEEL_FASTRPC=mock): sim/dsp/runtime.c built as a static Hexagon v65 Linux
+program and run under qemu-hexagon, with the real HVX and scalar-FP kernels of the blob.
 
 How it stands in for FastRPC (dsp/fastrpc.py):
   shared buffer   a memfd both sides map MAP_SHARED (FastRPC: an ION / dma-buf buffer mapped
@@ -12,6 +12,11 @@ How it stands in for FastRPC (dsp/fastrpc.py):
 The kernels, the buffer layout and the numerics are the DSP's; what differs is the transport, and
 time: qemu does not model the DSP's cycles, so a profiled invoke reports qemu's packet counts (and
 HVX instruction counts) per kernel instead: the cost model's signal, not a latency.
+
+Bring-up faults (KEEL_MOCK_BRINGUP, runner/faults.py's SITES): fastrpc.pd=ERRNO refuses the
+session as FastRPC refuses an unsigned PD; fastrpc.memory=ERRNO fails the shared buffer's
+allocation as ION's would; fastrpc.answer=wrong flips the first byte of the last
+io slot in every answer after the load's (a wrong known answer).
 """
 from __future__ import annotations
 
@@ -23,12 +28,17 @@ import subprocess
 import tempfile
 import time
 import weakref
+from pathlib import Path
 
-from dsp.build import runtime_elf
+from dsp import build
 from runner.errors import DeviceError, DeviceTimeout
+from runner.faults import bringup, bringup_errno
 
 QEMU = "qemu-hexagon"
-REPLY = struct.Struct("<4I")  # seq, status, nticks, 0 (dsp/runtime.c Reply); then nticks u64
+RUNTIME_C = Path(__file__).with_name("runtime.c")
+# KEEL_QEMU: per-kernel costs from qemu's packet and HVX counters instead of the cycle counter
+RUNTIME = ("--target=hexagon-unknown-linux-musl", *build.HVX, "-static", "-DKEEL_QEMU")
+REPLY = struct.Struct("<4I")  # seq, status, nticks, 0 (runtime.c Reply); then nticks u64
 STOP_S = 2.0
 
 
@@ -40,6 +50,7 @@ class QemuTransport:
         self.procs: list = []  # the running process, if any (a list the finalizer shares)
         self.buf = b""
         self.shm = None
+        self.last_slot = None  # fastrpc.answer=wrong: the io slot every answer corrupts
         self.fds: list[int] = []
         self._finalizer = weakref.finalize(self, _stop, self.procs, self.fds)
 
@@ -48,6 +59,11 @@ class QemuTransport:
         return self.procs[0]
 
     def alloc(self, nbytes: int) -> mmap.mmap:
+        refused = bringup_errno("fastrpc.memory")
+        if refused is not None:
+            raise DeviceError(f"allocating {nbytes} bytes of shared memory: "
+                              f"{os.strerror(refused)} (errno {refused}) (KEEL_MOCK_BRINGUP "
+                              f"fastrpc.memory)")
         fd = _memfd("keel-dsp-shared", nbytes)
         self.shm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED)
         self.shm_fd, self.shm_bytes = fd, nbytes
@@ -56,7 +72,12 @@ class QemuTransport:
 
     def open(self, programs, weights: int, arena: int, slots: list[int], table: bytes,
              deadline: float) -> None:
-        """Start the DSP side on `programs`; `table` is the launch table (dsp/runtime.c)."""
+        """Start the DSP side on `programs`; `table` is the launch table (runtime.c)."""
+        refused = bringup_errno("fastrpc.pd")
+        if refused is not None:
+            from dsp.fastrpc import refused_pd
+            raise refused_pd(f"{QEMU} (KEEL_MOCK_BRINGUP fastrpc.pd)", refused)
+        self.last_slot = slots[-1] if bringup("fastrpc.answer") == "wrong" else None
         so, tab = _memfd("keel-dsp-programs", 0), _memfd("keel-dsp-table", 0)
         self.fds += [so, tab]
         os.write(so, programs)
@@ -103,6 +124,8 @@ class QemuTransport:
             if len(self.buf) < end:
                 break
             out.append((seq, status, list(struct.unpack_from(f"<{n}Q", self.buf, REPLY.size))))
+            if seq and self.last_slot is not None:
+                self.shm[self.last_slot] ^= 0xFF
             self.buf = self.buf[end:]
         return out
 
@@ -150,3 +173,11 @@ def _stop(procs: list, fds: list) -> None:
     for fd in fds:
         os.close(fd)
     fds.clear()
+
+
+def runtime_elf() -> Path:
+    """runtime.c (which includes dsp/skel.c) built for qemu-hexagon."""
+    why = build.missing()
+    if why:
+        raise DeviceError(f"KEEL_FASTRPC=mock needs {why}")
+    return build.build("runtime", RUNTIME_C, RUNTIME)

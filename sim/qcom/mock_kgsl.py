@@ -17,7 +17,7 @@ the two sizes):
 
 GPU memory is memfd-backed, so mmap() returns a second mapping of the very bytes the "GPU" sees.
 Execution: `on_submit(packets, memory)` runs each decoded submission; by default that is
-qcom/mock_gpu.py's Gpu, which executes every dispatch's OpenCL C (PoCL, or clang `_Float16` for
+sim/qcom/mock_gpu.py's Gpu, which executes every dispatch's OpenCL C (PoCL, or clang `_Float16` for
 half programs) over this memory. An on_submit that raises marks the context faulted, as a GPU
 page fault does: later waits and submissions on it give EDEADLK with the reason.
 
@@ -25,6 +25,9 @@ Fault injection, per submission of this driver (counted from 1 across contexts),
 KEEL_MOCK_FAULTS with runner/faults.py's syntax: hang@N never retires (the dispatches do not
 run), fault@N faults the context, slow@N:MS retires MS milliseconds late. `hang` and `delay_s`
 do the same for every submission.
+
+Bring-up faults (KEEL_MOCK_BRINGUP, runner/faults.py's SITES): kgsl.open=ERRNO fails open(),
+kgsl.chip=ID reports another chip, kgsl.context=ERRNO and kgsl.alloc=ERRNO fail those ioctls.
 """
 from __future__ import annotations
 
@@ -38,8 +41,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from qcom import cmdstream, kgsl
-from qcom.mock_gpu import Gpu, GpuFault
-from runner.faults import from_env
+from sim.qcom.mock_gpu import Gpu, GpuFault
+from runner.faults import bringup, bringup_errno, from_env
 
 GPU_BASE = 0x1_0000_0000  # where the mock's GPU virtual addresses start
 FAULTS_VAR = "KEEL_MOCK_FAULTS"  # the runtime core's variable: one syntax for every mock
@@ -47,6 +50,12 @@ FAULTS_VAR = "KEEL_MOCK_FAULTS"  # the runtime core's variable: one syntax for e
 
 def _fail(code: int, why: str):
     raise OSError(code, f"{os.strerror(code)}: {why}")
+
+
+def _injected(site: str, what: str) -> None:
+    code = bringup_errno(site)
+    if code is not None:
+        _fail(code, f"{what} (KEEL_MOCK_BRINGUP {site})")
 
 
 @dataclass
@@ -90,6 +99,7 @@ class Context:
     def __init__(self, flags: int):
         self.flags, self.queued, self.faulted = flags, 0, ""  # faulted: why, once it has
         self.retire_at: dict[int, float] = {}  # timestamp -> monotonic time it retires; inf: hung
+        self.blocked: dict[int, tuple] = {}  # timestamp -> (packets left at a wait, late by s)
 
     def retired(self) -> int:
         now, ts = time.monotonic(), 0
@@ -107,7 +117,8 @@ class MockKgsl:
 
     def __init__(self, chip_id: int = 0x06030001, gpu_id: int = 630,
                  on_submit: Callable | None = None):
-        self.chip_id, self.gpu_id = chip_id, gpu_id
+        chip = bringup("kgsl.chip")
+        self.chip_id, self.gpu_id = int(chip, 16) if chip else chip_id, gpu_id
         self.on_submit = Gpu() if on_submit is None else on_submit
         self.hang, self.delay_s = False, 0.0
         self.faults, self.count = from_env(FAULTS_VAR, ("hang", "fault", "slow")), 0  # count: submissions so far
@@ -119,6 +130,7 @@ class MockKgsl:
 
     # --- the entry point ---
     def open(self, path: str) -> int:
+        _injected("kgsl.open", path)
         fd = 1000 + len(self.fds)
         self.fds.add(fd)
         return fd
@@ -175,6 +187,7 @@ class MockKgsl:
         return self.contexts[ctx_id]
 
     def _drawctxt_create(self, a) -> None:
+        _injected("kgsl.context", "context creation")
         kind = (a.flags & kgsl.CONTEXT_TYPE_MASK) >> kgsl.CONTEXT_TYPE_SHIFT
         if kind not in (0, kgsl.CONTEXT_TYPE_CL):
             _fail(errno.EINVAL, f"context type {kind}: the mock runs compute (CL) contexts")
@@ -187,6 +200,7 @@ class MockKgsl:
 
     # --- memory ---
     def _gpuobj_alloc(self, a) -> None:
+        _injected("kgsl.alloc", f"allocation of {a.size} bytes")
         if a.size == 0:
             _fail(errno.EINVAL, "allocation of 0 bytes")
         size = -(-a.size // kgsl.PAGE) * kgsl.PAGE
@@ -250,14 +264,17 @@ class MockKgsl:
         self.submissions.append((a.context_id, ctx.queued, packets))
         fault = self.faults.at(self.count)
         kind, delay = fault and fault.kind, fault.ms / 1000 if fault else 0.0
+        rest = None
         try:
             if kind == "fault":
                 raise GpuFault(f"injected page fault ({FAULTS_VAR} fault@{self.count})")
             if kind != "hang" and not self.hang and self.on_submit is not None:
-                self.on_submit(packets, self.mem)
+                rest = self.on_submit(packets, self.mem)
         except Exception as e:  # noqa: BLE001 - whatever the GPU trips on loses the context
             ctx.faulted = f"{type(e).__name__}: {e}"
-        hung = self.hang or kind == "hang"
+        if rest:
+            ctx.blocked[ctx.queued] = (rest, self.delay_s + delay)
+        hung = self.hang or kind == "hang" or bool(rest)
         ctx.retire_at[ctx.queued] = float("inf") if hung else \
             time.monotonic() + self.delay_s + delay
         a.timestamp = ctx.queued
@@ -272,8 +289,22 @@ class MockKgsl:
         except (cmdstream.StreamError, GpuFault) as e:
             _fail(errno.EINVAL, f"IB {i} at {c.gpuaddr:#x}: {e}")
 
+    def _resume(self, ctx: Context) -> None:
+        """Run blocked submissions on from their wait, in order, as far as the memory allows."""
+        for ts in sorted(ctx.blocked):
+            packets, late = ctx.blocked.pop(ts)
+            try:
+                rest = self.on_submit(packets, self.mem)
+            except Exception as e:  # noqa: BLE001 - as in _gpu_command
+                ctx.faulted, rest = f"{type(e).__name__}: {e}", None
+            if rest:
+                ctx.blocked[ts] = (rest, late)
+                return
+            ctx.retire_at[ts] = time.monotonic() + late
+
     def _cmdstream_readtimestamp_ctxtid(self, a) -> None:
         ctx = self._context(a.context_id)
+        self._resume(ctx)
         kinds = {kgsl.TIMESTAMP_CONSUMED: ctx.retired, kgsl.TIMESTAMP_RETIRED: ctx.retired,
                  kgsl.TIMESTAMP_QUEUED: lambda: ctx.queued}
         if a.type not in kinds:
@@ -282,6 +313,7 @@ class MockKgsl:
 
     def _device_waittimestamp_ctxtid(self, a) -> None:
         ctx = self._context(a.context_id)
+        self._resume(ctx)
         if ctx.faulted:
             _fail(errno.EDEADLK, f"context {a.context_id} faulted: {ctx.faulted}")
         if not kgsl.ts_reached(ctx.queued, a.timestamp):

@@ -1,19 +1,24 @@
-"""The standard `onnx.backend.base` interface over keel, for onnx.backend.test.BackendTest.
+"""The standard `onnx.backend.base` interface over keel, as onnxruntime.backend is for
+onnxruntime (and what onnx.backend.test.BackendTest runs: tests/test_onnx_backend.py).
 
-    rep = onnx_backend.prepare(model)      # compiles to a blob, loads it with runner.Model
+    import keel.backend as backend
+    rep = backend.prepare(model)           # compiles to a blob, loads it with runner.Model
     outputs = rep.run([x, y])              # graph outputs, in graph order
+    backend.run_model(model, [x, y]), backend.run_node(node, [x, y])
 
-A rep runs the blob through the runner exactly as a user's blob runs. keel compiles for static
-shapes, so a rep compiles once per input signature: eagerly in prepare() when the model's inputs
-are fully static, otherwise on the first run() that sees a new signature. A graph input that the
-compiler needs as a value (the `shape` of a Reshape, the `axes` of a reduction: StaticInputError)
-is bound as a constant from the values run() receives, so the signature includes its value.
+A rep runs the blob through the runner exactly as a user's blob runs, compiled for TARGET
+(`KEEL_BACKEND_TARGET`, default `cpu`: every x86-64 host; the test suite compiles `cpu-avx2`
+alone, tests/conftest.py). keel compiles for static shapes, so a rep compiles once per input
+signature: eagerly in prepare() when the model's inputs are fully static, otherwise on the
+first run() that sees a new signature. A graph input that the compiler needs as a value (the
+`shape` of a Reshape, the `axes` of a reduction: StaticInputError) is bound as a constant from
+the values run() receives, so the signature includes its value.
 
 Two cache layers, both under KEEL_CACHE_DIR (default ~/.cache/keel; KEEL_CACHE_DIR="" turns both
 off):
 - here, whole blobs in onnx_backend/<digest>/: a folder per hash of exactly the sources a blob can
-  depend on (_source_digest; the newest few folders are kept), keyed by the model bytes and the
-  bound shapes and constants. A hit skips the compiler altogether.
+  depend on (_source_digest; the newest few folders are kept), keyed by the model bytes, the
+  target and the bound shapes and constants. A hit skips the compiler altogether.
 - beneath it, the compiler's own per-kernel cache (compiler/cache.py: kernels/ and objects/),
   keyed by each canonical kernel and the codegen sources, and by each kernel's C source and the C
   compiler. After an edit that misses this layer (any compile path source changes the digest),
@@ -22,8 +27,9 @@ off):
 """
 from __future__ import annotations
 
+import ast
 import hashlib
-import modulefinder
+import os
 import shutil
 import subprocess
 import tempfile
@@ -39,32 +45,57 @@ from compiler.pipeline import compile_model
 from compiler.errors import StaticInputError
 from runner import Model
 
-REPO = Path(__file__).resolve().parent.parent
-COMPILE_PATH = [REPO / "compiler" / "pipeline.py", REPO / "compiler" / "blob.py"]
+ROOT = Path(__file__).resolve().parent.parent  # the checkout, or site-packages when installed
+COMPILE_PATH = ["compiler.pipeline", "compiler.blob"]
 KEEP_VERSIONS = 3  # cache folders of older compiler versions beyond this many are removed
+TARGET = os.environ.get("KEEL_BACKEND_TARGET", "cpu")
 
-
-# x86-64-v3 alone, what `cpu` built before it held two levels: the suite checks ops, not ISA
-# levels, and a `cpu` blob (both levels) costs ~3x the compile of one cold (docs/perf.md, "One
-# `cpu` blob"); tests/test_variants.py runs both levels against onnxruntime
-TARGET = "cpu-avx2"
 
 def _source_digest() -> str:
-    """Hash of every repo module the compile path imports (statically, functions' imports too:
+    """Hash of every keel module the compile path imports (statically, functions' imports too:
     all of compiler/ and the part of runner/ that defines the blob format) and of the C
     compiler's version. A blob cached by another version is never served, and edits that cannot
     change a blob (tools/, tests/, the runner's devices) keep the cache warm. The finer layer is
     the compiler's own per-kernel cache (module docstring): an edit that misses here still
     rebuilds only the kernels it changed."""
-    finder = modulefinder.ModuleFinder(path=[str(REPO)])  # repo modules only: no stdlib scan
-    for script in COMPILE_PATH:
-        finder.run_script(str(script))
-    files = {Path(m.__file__) for m in finder.modules.values() if m.__file__} | set(COMPILE_PATH)
     h = hashlib.sha256(_cc_version())
-    for p in sorted(files):
-        h.update(str(p.relative_to(REPO)).encode())
+    for p in sorted(_imported_files(COMPILE_PATH)):
+        h.update(str(p.relative_to(ROOT)).encode())
         h.update(p.read_bytes())
     return h.hexdigest()[:16]
+
+
+def _imported_files(modules: list[str]) -> set[Path]:
+    """The files of `modules` and of every keel module they import, transitively, read from
+    their source (the `import` and `from ... import` statements anywhere in it), with the
+    __init__.py of every package on the way (importing a module runs them)."""
+    seen: set[Path] = set()
+    todo = list(modules)
+    while todo:
+        name = todo.pop()
+        parts = name.split(".")
+        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))  # packages run first
+        path = _module_file(name)
+        if path is None or path in seen:
+            continue
+        seen.add(path)
+        for node in ast.walk(ast.parse(path.read_bytes())):
+            if isinstance(node, ast.Import):
+                todo.extend(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                todo.extend([node.module] + [f"{node.module}.{a.name}" for a in node.names])
+    return seen
+
+
+def _module_file(name: str) -> Path | None:
+    """A keel module's file (a package's __init__.py), or None for anything else."""
+    if name.split(".")[0] not in ("compiler", "runner"):
+        return None
+    base = ROOT.joinpath(*name.split("."))
+    for p in (base.with_suffix(".py"), base / "__init__.py"):
+        if p.is_file():
+            return p
+    return None
 
 
 def _cc_version() -> bytes:
@@ -74,7 +105,8 @@ def _cc_version() -> bytes:
     return b""
 
 
-def _cache_dir() -> Path | None:
+def cache_dir() -> Path | None:
+    """This compiler version's folder of whole blobs (None: caching is off)."""
     root = cache.root()
     if root is None:
         return None
@@ -130,7 +162,7 @@ class KeelRep(BackendRep):
         consts = {n: values[n] for n in sorted(self.constant_inputs)}
         shapes = {n: tuple(shapes[n]) for n in self.input_names
                   if n in shapes and n not in consts}
-        key = hashlib.sha256(repr(sorted(shapes.items())).encode())
+        key = hashlib.sha256(repr((TARGET, sorted(shapes.items()))).encode())
         for n, v in consts.items():
             key.update(f"{n}:{v.dtype}:{v.shape}".encode() + v.tobytes())
         key = key.digest()
@@ -140,7 +172,7 @@ class KeelRep(BackendRep):
 
     def _load(self, key: bytes, shapes: dict, consts: dict) -> Model:
         model = _with_constants(self.model, consts)
-        cache = _cache_dir()
+        cache = cache_dir()
         if cache is None:
             with tempfile.TemporaryDirectory(prefix="keel-backend-") as tmp:
                 path = Path(tmp) / "model.blob"
@@ -178,7 +210,7 @@ def _static_shapes(model: onnx.ModelProto, inits: set) -> dict | None:
         if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
             return None
         dims = vi.type.tensor_type.shape.dim
-        if not all(d.HasField("dim_value") for d in dims):
+        if not all(d.HasField("dim_value") and d.dim_value >= 0 for d in dims):  # -1: dynamic
             return None
         shapes[vi.name] = tuple(d.dim_value for d in dims)
     return shapes

@@ -11,9 +11,9 @@ VRAM (BAR0), doorbells (BAR2) and registers (BAR5), with
     the driver must invalidate; the system aperture onto VRAM at the FB location and the AGP
     aperture; any other address, an invalid entry or a missing permission is a GpuFault naming
     the address;
-  * one compute queue (CP_HQD_* registers, mapped from its MQD: am/mock_gc.py checks them
+  * one compute queue (CP_HQD_* registers, mapped from its MQD: sim/am/mock_gc.py checks them
     against each other at activation): a doorbell write with the new write pointer, routed by
-    NBIO, runs the ring's packets up to it on am/mock_gpu.py's command processor (kernels on
+    NBIO, runs the ring's packets up to it on sim/am/mock_gpu.py's command processor (kernels on
     PoCL, each dispatch only with SH_MEM apertures for its VMID).
 Faults (KEEL_MOCK_FAULTS, runner/faults.py) by submission, counted in doorbells that carry a
 RELEASE_MEM: hang@N (the queue stops), unplug@N (the enclosure disappears from the USB bus),
@@ -21,15 +21,20 @@ fault@N (the submission's indirect buffer loses its mapping: a VM fault), fwerr@
 firmware image is refused by the PSP). A fault inside the mock (a malformed
 packet, an unmapped address) surfaces as GpuFault, a DeviceError, from the
 USB call that rang the doorbell; hardware would stop the queue and the host would time out.
+Bring-up faults (KEEL_MOCK_BRINGUP, runner/faults.py's SITES): amd.discovery=corrupt gives the IP
+discovery table a wrong checksum, amd.tlb=mm (or gc) leaves that hub's TLB invalidations
+unacknowledged, amd.queue=inactive ignores the queue's activation, amd.huge=alias maps every
+4 KiB page of a 2 MiB leaf to the leaf's first page (a GPU that reads PDB0 leaves otherwise).
 """
 from __future__ import annotations
 
 import struct
 
-from am import discovery, mock_gc, pm4, psp, regs, standin, vm
-from am.mock_gpu import GPU_BASE, PAGE, CommandProcessor, GpuFault, Memory
-from runner.faults import from_env
-from usbgpu.mock import Config, MockBridge, MockLibusb, Port
+from am import discovery, pm4, psp, regs, vm
+from sim.am import mock_gc, standin
+from sim.am.mock_gpu import GPU_BASE, PAGE, CommandProcessor, GpuFault, Memory
+from runner.faults import bringup, from_env
+from sim.usb.mock import Config, MockBridge, MockLibusb, Port
 
 VRAM_BYTES = 512 << 20  # a 24 GiB card's first 512 MiB: what fits a test host's memory
 DOORBELL_BYTES, MMIO_BYTES = 2 << 20, 1 << 20
@@ -115,7 +120,8 @@ class Space:
             leaf = self.tlb.get(page)
             if leaf is None:
                 _, e, size = self.walk(va)
-                leaf = e & ~vm.ADDRESS | (e & vm.ADDRESS) + (va & size - 1 & ~0xFFF)
+                inside = 0 if self.gpu.huge_alias else va & size - 1 & ~0xFFF
+                leaf = e & ~vm.ADDRESS | (e & vm.ADDRESS) + inside
                 self.tlb[page] = leaf
             if not leaf & (vm.WRITEABLE if write else vm.READABLE):
                 raise GpuFault(f"GPU protection fault (VMID 0) at 0x{va:x}: leaf 0x{leaf:x} does "
@@ -189,7 +195,7 @@ class Psp:
     the TOC's size, after the SMU firmware), LOAD_IP_FW (after the TMR, except the SMU's),
     AUTOLOAD_RLC (once RLC_G, IMU and RS64 MEC with its stack are in; then
     RLC_RLCS_BOOTLOAD_STATUS says complete). Every image must carry the type it is loaded as
-    (am/standin.py's tag: the real PSP checks a signature); the PSP reads and writes through
+    (sim/am/standin.py's tag: the real PSP checks a signature); the PSP reads and writes through
     the MM hub's VM context 0 (its system aperture onto VRAM, its page table onto the bridge's
     SRAM, where the images are staged), with that hub's TLB and L2 on. A refusal is a non-zero status; an injected fwerr@N refuses
     the Nth firmware image (bootloader components and LOAD_IP_FW alike)."""
@@ -299,6 +305,8 @@ class MockGpu:
         self.vram = Memory(VRAM_BYTES)
         self.vram.alloc(VRAM_BYTES)  # every VRAM address is mapped (the FB aperture)
         table = discovery.build(IPS)
+        if bringup("amd.discovery") == "corrupt":
+            table = table[:-1] + bytes([table[-1] ^ 0xFF])
         self.vram.write(GPU_BASE + VRAM_BYTES - discovery.DISCOVERY_TMR_OFFSET, table)
         self.regs = self._initial()
         self.bridge: MockBridge | None = None
@@ -309,6 +317,9 @@ class MockGpu:
         self.running, self.rptr, self.mec_pc, self.mec_latched = False, 0, 0, None
         self.sh_mem: dict[int, dict[int, int]] = {}  # VMID -> SH_MEM_CONFIG/BASES
         self.faults = from_env(FAULTS_VAR, KINDS)
+        self.stuck_tlb = (bringup("amd.tlb") or "").upper()  # the hub whose TLB never acks
+        self.dead_queue = bringup("amd.queue") == "inactive"
+        self.huge_alias = bringup("amd.huge") == "alias"
 
     # ---- BARs -----------------------------------------------------------------------------------
     def mem_read(self, bar: int, offset: int) -> int:
@@ -348,6 +359,8 @@ class MockGpu:
         if reg in (regs.SH_MEM_CONFIG, regs.SH_MEM_BASES):  # banked per VMID
             self.sh_mem.setdefault(self._vmid(), {})[reg] = value
             return
+        if reg == regs.CP_HQD_ACTIVE and self.dead_queue:
+            return
         if reg == regs.CP_HQD_ACTIVE and value & 1 and not self.regs.get(reg, 0) & 1:
             mock_gc.check_queue(self.regs, self.space.read)  # the CP reads the MQD to map it
         if reg == regs.CP_HQD_DEQUEUE_REQUEST and value & 0xF:
@@ -356,7 +369,7 @@ class MockGpu:
         if reg == regs.CP_HQD_PQ_RPTR:  # the driver (re)starting the queue
             self.rptr = value
         for space in (self.space, self.mm):  # done at once: ACK has the VMIDs asked for
-            if reg == space.hub.inv_req:
+            if reg == space.hub.inv_req and space.hub.name != self.stuck_tlb:
                 if value & 1 and value & regs.INVALIDATE_ALL == regs.INVALIDATE_ALL:
                     space.invalidate()
                 self.regs[space.hub.inv_ack] = value & 0xFFFF
@@ -469,4 +482,6 @@ def make_enclosure() -> MockLibusb:
     return gpu.usb
 
 
-MockLibusb.factory = make_enclosure  # KEEL_USB=mock opens this enclosure
+def enclosure() -> MockLibusb:
+    """The process's one mock enclosure, which KEEL_USB=mock opens (runner/simulators.py)."""
+    return MockLibusb.shared(make_enclosure)

@@ -27,6 +27,7 @@ import struct
 from am import elf, pm4
 from runner import cl
 from runner.errors import DeviceError
+from runner.faults import bringup_from
 
 GPU_BASE = 0x8000_0000_0000  # where the mock's GPU virtual addresses start
 PAGE = 4096
@@ -72,7 +73,7 @@ class Memory:
 
 
 class CommandProcessor:
-    """`space` is every address the CP reaches (am/mock_device.py's MMU: the GART, VRAM and
+    """`space` is every address the CP reaches (sim/am/mock_device.py's MMU: the GART, VRAM and
     system memory through apertures), with `run(va)` for a kernel buffer's VRAM range; `memory`
     the VRAM that kernels' buffers live in (without a `space`, its own addresses)."""
 
@@ -84,12 +85,17 @@ class CommandProcessor:
         self.code: dict[int, elf.CodeObject] = {}  # by base address
         self.dispatches = 0
         self.check = None  # called before each dispatch: the mock GPU's SH_MEM check
+        # KEEL_MOCK_BRINGUP gpu.answer=wrong[@K]: flip the first output word of each dispatch
+        # from the Kth of a doorbell's batch on
+        self.wrong_from, self.nth = bringup_from("gpu.answer", "wrong"), 0
 
     def run(self, address: int, dwords: int, depth: int = 0) -> None:
         self.execute(pm4.words(self.mem.read(address, 4 * dwords)), depth)
 
     def execute(self, words: list[int], depth: int = 0) -> None:
         packets = pm4.decode(words)
+        if not depth:
+            self.nth = 0
         for p in packets:
             if p.op == pm4.SET_SH_REG:
                 for i, v in enumerate(p.body[1:]):
@@ -106,7 +112,10 @@ class CommandProcessor:
             elif p.op == pm4.DMA_DATA:
                 self.pocl.finish()  # CP_SYNC: earlier dispatches' writes land first
                 src, dst = p.body[1] | p.body[2] << 32, p.body[3] | p.body[4] << 32
-                self.mem.write(dst, self.mem.read(src, p.body[5] & pm4.DMA_MAX))
+                n = p.body[5] & pm4.DMA_MAX
+                self.mem.write(dst, self.mem.read(src, n))
+                for base in [b for b in self.code if dst <= b < dst + n]:
+                    del self.code[base]  # a new code object over an old one (a later load)
             elif p.op == pm4.RELEASE_MEM:
                 self.pocl.finish()
                 self.mem.write(p.body[2] | p.body[3] << 32,
@@ -140,6 +149,10 @@ class CommandProcessor:
         glob = tuple(g * w for g, w in zip(groups, local))
         self.pocl.run(co.source, k.name, pointers, glob, local)
         self.dispatches += 1
+        self.nth += 1
+        if self.wrong_from and self.nth >= self.wrong_from and pointers:
+            self.pocl.finish()
+            self.mem.write(pointers[0], bytes(b ^ 0xFF for b in self.mem.read(pointers[0], 4)))
 
     def _code_object(self, entry: int) -> tuple[elf.CodeObject, int]:
         """The code object holding `entry`: the ELF header on a page at or below it."""

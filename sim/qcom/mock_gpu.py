@@ -3,12 +3,20 @@
 It keeps the register file the stream writes and the state CP_LOAD_STATE6 loads (shader,
 constants, texture descriptors, samplers), and at each CP_RUN_OPENCL (groups in
 HLSQ_CS_KERNEL_GROUP_X..Z, how vendor OpenCL binaries are launched) or CP_EXEC_CS (groups in its
-payload) runs the kernel that state names: the program in the shader object (qcom/program.py), the parameters read from the loaded
-constants (buffer addresses, texture slots), the images the descriptors describe
-(qcom/texture.py), the sizes in HLSQ_CS_NDRANGE_*. Nothing comes from anywhere but GPU memory and
-the stream, so a wrong address, descriptor or size in what the device recorded shows up as a
-fault or a wrong result. CP_MEM_WRITE writes its payload. Anything it cannot make sense of is a
-GpuFault, which kills the context as a real page fault does.
+payload) runs the kernel that state names: the program in the shader object (qcom/program.py),
+the parameters read from the loaded constants (buffer addresses, texture slots), the images the
+descriptors describe (qcom/texture.py), the sizes in HLSQ_CS_NDRANGE_*. Nothing comes from
+anywhere but GPU memory and the stream, so a wrong address, descriptor or size in what the
+device recorded shows up as a fault or a wrong result. CP_MEM_WRITE writes its payload.
+CP_WAIT_REG_MEM polling memory blocks the stream until the word compares as asked: the call
+returns the packets from the wait on, which MockKgsl runs again each time it is asked for a
+timestamp (register polls pass). Anything it cannot make sense of is a GpuFault, which kills the
+context as a real page fault does.
+
+Bring-up faults (KEEL_MOCK_BRINGUP, runner/faults.py's SITES): gpu.answer=wrong flips the first
+word of each dispatch's first buffer (the one it writes), a wrong known answer (wrong@K: only
+from the Kth dispatch of a submission on, a fault only deeper graphs show); gpu.image=fault
+faults every image access, as a bad texture descriptor does.
 """
 from __future__ import annotations
 
@@ -16,8 +24,10 @@ import ctypes
 
 from qcom import cmdstream as cs
 from qcom import texture
-from qcom.execute import Executor
-from qcom.program import SHADER_UNIT, Program, parse
+from sim.qcom.execute import Executor
+from qcom.program import SHADER_UNIT, Program
+from sim.qcom.program import parse
+from runner.faults import bringup, bringup_from
 
 R = cs.REGISTERS
 
@@ -43,15 +53,18 @@ class Gpu:
     def __init__(self):
         self.executor = Executor()
         self.programs: dict[bytes, Program] = {}  # shader object bytes -> parsed
+        self.wrong_from = bringup_from("gpu.answer", "wrong")
+        self.image_fault = bringup("gpu.image") == "fault"
 
-    def __call__(self, packets, mem) -> None:
-        """Execute one submission (the mock's on_submit)."""
+    def __call__(self, packets, mem) -> list | None:
+        """Execute one submission (the mock's on_submit); the packets not yet run when a
+        CP_WAIT_REG_MEM blocks, else None."""
         loads = [self._program(mem, *_source(pk.payload)) for pk in packets
                  if pk.kind == cs.TYPE7 and pk.name.startswith("CP_LOAD_STATE6")
                  and _state(pk.payload) == (cs.SB6_CS_SHADER, cs.ST6_SHADER)]
         self.executor.prepare(loads)
-        regs, state = {}, {}
-        for pk in packets:
+        regs, state, self.nth = {}, {}, 0
+        for i, pk in enumerate(packets):
             if pk.kind == cs.TYPE4:
                 regs.update({pk.code + i: v for i, v in enumerate(pk.payload)})
             elif pk.name.startswith("CP_LOAD_STATE6"):
@@ -60,6 +73,9 @@ class Gpu:
                 self._dispatch(mem, regs, state, pk)
             elif pk.name == "CP_MEM_WRITE":
                 memory_writes([pk], mem)
+            elif pk.name == "CP_WAIT_REG_MEM" and not _polled(pk.payload, mem):
+                return packets[i:]
+        return None
 
     def _program(self, mem, addr: int, units: int) -> Program:
         raw = bytes(mem.view(addr, units * SHADER_UNIT))
@@ -89,10 +105,16 @@ class Gpu:
         if said != groups:
             raise GpuFault(f"{where}: groups {said}, the NDRANGE registers give {groups}")
         self.executor.run(prog, args, gs, ls)
+        self.nth += 1
+        if self.wrong_from and self.nth >= self.wrong_from and args[0][0] == "buffer":
+            word = ctypes.c_uint32.from_address(args[0][1])
+            word.value ^= 0xFFFFFFFF
 
     def _arg(self, mem, state: dict, kind: str, value: int, where: str) -> tuple:
         if kind == "buffer":
             return ("buffer", *host_address(mem, value, 1))
+        if self.image_fault:
+            raise GpuFault(f"{where}: texture slot {value}: injected (KEEL_MOCK_BRINGUP gpu.image)")
         descs, count = state.get((cs.SB6_CS_TEX, cs.ST6_CONSTANTS), (0, 0))
         samp, nsamp = state.get((cs.SB6_CS_TEX, cs.ST6_SHADER), (0, 0))
         if value >= count or nsamp < 1:
@@ -113,6 +135,23 @@ def memory_writes(packets, mem) -> None:
         if pk.kind == cs.TYPE7 and pk.name == "CP_MEM_WRITE":
             dst = mem.words(pk.payload[0] | pk.payload[1] << 32, len(pk.payload) - 2)
             dst[:] = _u32(pk.payload[2:])
+
+
+# CP_WAIT_REG_MEM dword 0 bits 0-2 (adreno_pm4.xml cp_cond_function, mirror/mesa@8334434e):
+# (value & mask) OP reference
+_COMPARE = {0: lambda v, r: True, 1: lambda v, r: v < r, 2: lambda v, r: v <= r,
+            3: lambda v, r: v == r, 4: lambda v, r: v != r, 5: lambda v, r: v >= r,
+            6: lambda v, r: v > r}
+
+
+def _polled(payload, mem) -> bool:
+    """Whether a CP_WAIT_REG_MEM lets the stream go on: dwords address lo/hi, reference, mask."""
+    if not payload[0] & cs.WAIT_POLL_MEMORY:
+        return True
+    value = mem.words(payload[1] | payload[2] << 32, 1)[0] & payload[4]
+    if payload[0] & 7 not in _COMPARE:
+        raise GpuFault(f"CP_WAIT_REG_MEM function {payload[0] & 7}")
+    return _COMPARE[payload[0] & 7](value, payload[3])
 
 
 def _state(payload) -> tuple[int, int]:

@@ -17,7 +17,11 @@ requests routed as PCIe does: a config request reaches bus N only through bridge
 secondary..subordinate range holds N, memory requests only through bridges' memory windows into
 an enabled BAR. `Port` is a PCI-to-PCI bridge; the function
 at the end is any object with `config` (a `Config`) and `mem_read/mem_write(bar, offset, ...)`
-(am/mock_device.py's GPU; `Function` here for tests).
+(sim/am/mock_device.py's GPU; `Function` here for tests).
+
+Bring-up faults (KEEL_MOCK_BRINGUP, runner/faults.py's SITES): usb.device=absent puts no bridge
+on the bus; usb.link=down leaves the bridge's PCIe link untrained, so nothing past its own port
+answers a config request.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import struct
 import time
 
 from runner.errors import DeviceError
+from runner.faults import bringup
 import usbgpu.asm24 as asm24
 from usbgpu.libusb import (CANCELLED, COMPLETED, ERROR_NO_DEVICE, NO_DEVICE, TRANSFER_BULK,
                            TRANSFER_BULK_STREAM, ffi)
@@ -97,7 +102,7 @@ class Port:
 
 class Function:
     """A PCI function with memory BARs backed by bytearrays (for tests; the GPU behind the
-    bridge is am/mock_device.py's)."""
+    bridge is sim/am/mock_device.py's)."""
 
     def __init__(self, vid: int, did: int, cls: int, bars: dict[int, tuple]):
         self.config = Config(vid, did, cls, 0, bars)
@@ -122,6 +127,7 @@ class MockBridge:
         self.fill = 0  # where the next long WRITE(16) lands (asm24.SRAM_BYTES's note)
         self.ports, self.function = ports, function
         self.dropped_writes = 0  # posted writes nothing claimed (hardware drops them too)
+        self.link_down = bringup("usb.link") == "down"
 
     def execute(self, cdb: bytes, data_out: bytes | None) -> tuple[bytes, int]:
         """(data in, SCSI status) for one CDB."""
@@ -216,6 +222,8 @@ class MockBridge:
     def _target(self, bus: int):
         """The config space at `bus` (device 0), if the bridges above route there."""
         chain = self.ports + [self.function]
+        if bus > 0 and self.link_down:
+            return None
         if bus >= len(chain) or not all(p.routes_bus(bus) for p in self.ports[:bus]):
             return None
         return chain[bus]
@@ -256,17 +264,16 @@ class MockLibusb:
         self.owned: dict[int, object] = {}  # transfers alive, by address
         self.transfers = 0  # completed, as the host counts them
         self.on_replug = None  # what else power-cycles with the enclosure (the GPU behind it)
-
-    factory = None  # builds the enclosure KEEL_USB=mock opens; am/mock_device.py sets its GPU's
+        self.absent = bringup("usb.device") == "absent"
 
     @classmethod
-    def shared(cls) -> "MockLibusb":
-        """The process's one mock enclosure (KEEL_USB=mock), built by `factory` on first use."""
+    def shared(cls, build=None) -> "MockLibusb":
+        """The process's one mock enclosure (KEEL_USB=mock), made by `build` on first use
+        (sim/am/mock_device.py: enclosure)."""
         if cls._shared is None:
-            if cls.factory is None:
-                raise DeviceError("KEEL_USB=mock: no mock device is registered behind the mock "
-                                  "bridge (am/mock_device.py registers the GPU)")
-            cls._shared = cls.factory()
+            if build is None:
+                raise DeviceError("KEEL_USB=mock: no mock enclosure was opened yet")
+            cls._shared = build()
         return cls._shared
 
     @classmethod
@@ -292,7 +299,7 @@ class MockLibusb:
         pass
 
     def libusb_open_device_with_vid_pid(self, ctx, vid: int, pid: int):
-        if not self.plugged or (vid, pid) != self.ids:
+        if not self.plugged or self.absent or (vid, pid) != self.ids:
             return ffi.NULL
         self.opened = True
         return ffi.cast("libusb_device_handle *", 0x2000)
