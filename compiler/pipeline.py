@@ -75,7 +75,8 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         # multiples, for wider register tiles, measured slower: 2.36 ms at 16, 2.52 at 48)
         graph = load_onnx(model, input_shapes or {}, float16=float16,
                           winograd=targets[0].winograd,
-                          pad_columns=LINE_BYTES // 4 if targets[0].cpu_layouts else 0)
+                          pad_columns=LINE_BYTES // 4 if targets[0].cpu_layouts else 0,
+                          narrow_pad_divisor=targets[0].narrow_pad_divisor)
     with st("schedule"):
         outs, kernels, realized, tracked = schedule([u for _, u in graph.outputs],
                                                     tuple(graph.origins), tgt.recompute_cheap)

@@ -57,6 +57,12 @@ class Target:
     # recomputed on every read instead of stored and read back: memory, not ALUs, bounds a GPU
     # on these models (docs/perf.md, the Adreno 630 cost model). CPUs realize it once.
     recompute_cheap: bool = False
+    # A quantized conv's int32 output channels are padded with zero channels up to whole
+    # 32-lane vectors when that adds at most 1/16 of its work (onnx/ops/quant.py
+    # _whole_vectors), or 1/this when its own vector would be under 16 lanes. On dsp such a
+    # vector is not HVX at all (scalar code, several times the packets): it pays up to half
+    # again the work there.
+    narrow_pad_divisor: int = 16
     # Winograd F(2x2,3x3) for eligible 3x3 convs (onnx/ops/winograd.py): fewer multiplies for more
     # adds and a larger weight, a trade a wide-SIMD CPU wins.
     winograd: bool = False
@@ -113,7 +119,7 @@ TARGETS = {t.name: t for t in (
     # position-independent Hexagon shared object run by the DSP-side runtime (dsp/).
     Target("dsp", renderer="c", device="dsp", vector_bytes=128, float_vector_bytes=4,
            registers=16, l2_bytes=512 << 10, buffer_align=128, cpu_layouts=True,
-           pack_weights=True, shared_object=True),
+           pack_weights=True, shared_object=True, narrow_pad_divisor=2),
 )}
 
 

@@ -189,7 +189,7 @@ def _all_nodes(graph: onnx.GraphProto):
 
 
 def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool = False,
-              pad_columns: int = 0) -> Graph:
+              pad_columns: int = 0, narrow_pad_divisor: int = 16) -> Graph:
     proto, data = _load_proto(model)
     _well_formed(proto, model)
     opset = _opset(proto)
@@ -221,7 +221,8 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
         inputs.append((vi.name, t.uop))
     functions = {(f.domain, f.name): f for f in proto.functions}
     _build(proto.graph.node, vals, Ctx(opset, float16=float16, winograd=winograd,
-                                            pad_columns=pad_columns), functions)
+                                            pad_columns=pad_columns,
+                                            narrow_pad_divisor=narrow_pad_divisor), functions)
     outputs = []
     for vi in proto.graph.output:
         if vals.get(vi.name) is None:

@@ -230,7 +230,8 @@ def integer_contract(ctx, i: list, a: dict, float_op, w_axis: int, out_axis: int
     if wc is not None and wc.ndim == 2 and (xw := _pixels_first(x, wc, 1 if w_axis == 0 else 0)):
         xi, wc = xw
         wq = Tensor.weight(wc)
-    if w_axis == 0 and wc is not None:  # the weight's first axis is the output channel's
+    # the weight's first axis is the output channel's; a grouped conv's channels are its groups'
+    if w_axis == 0 and wc is not None and a.get("group", 1) == 1:
         wq, bq, scale = _whole_vectors(ctx, wq, wc, bq, scale)
     acc = float_op(ctx, [xi, wq.cast(dtypes.int32)] + ([bq] if bq is not None else []), a)
     out_axis %= acc.ndim
@@ -245,10 +246,12 @@ def integer_contract(ctx, i: list, a: dict, float_op, w_axis: int, out_axis: int
 
 def _whole_vectors(ctx, wq: Tensor, wc: np.ndarray, bq: Tensor | None, scale: np.ndarray):
     """(weight, bias, scale) with zero output channels up to a multiple of LANES when that adds
-    at most 1/16 of the work and the bias is constant too; else as they are."""
+    at most 1/16 of the work (1/ctx.narrow_pad_divisor when the count's own vector would be
+    under half of LANES) and the bias is constant too; else as they are."""
     n = wc.shape[0]
     pad, bc = -n % LANES, ctx.constant(bq) if bq is not None else None
-    if not pad or pad * 16 > n or (bq is not None and bc is None):
+    divisor = ctx.narrow_pad_divisor if n % (LANES // 2) else 16
+    if not pad or pad * divisor > n or (bq is not None and bc is None):
         return wq, bq, scale
     wq = Tensor.weight(np.pad(wc, ((0, pad),) + ((0, 0),) * (wc.ndim - 1)))
     bq = Tensor.weight(np.pad(bc, (0, pad))) if bq is not None else None
