@@ -227,6 +227,13 @@ def integer_contract(ctx, i: list, a: dict, float_op, w_axis: int, out_axis: int
         return None  # a float bias, or one quantized with another scale
     xi, wq, bq, n = _int32(x), w.q, bias.q if bias else None, w.q.shape[w_axis]
     wc = ctx.constant(wq)
+    if w_axis == 0 and wc is not None and a.get("group", 1) == 1 and \
+            (padded := _channels_kept(x.q)) is not None:
+        # the input is a padded conv's first channels: read all of them (the padding's
+        # centered values are 0) against zero weights, so no kernel copies the first ones out
+        xi = _int32(Dq(padded, x.zp, x.scale, x.axis))
+        wc = np.pad(wc, ((0, 0), (0, padded.shape[1] - wc.shape[1])) + ((0, 0),) * (wc.ndim - 2))
+        wq = Tensor.weight(wc)
     if wc is not None and wc.ndim == 2 and (xw := _pixels_first(x, wc, 1 if w_axis == 0 else 0)):
         xi, wc = xw
         wq = Tensor.weight(wc)
@@ -276,13 +283,27 @@ def _pixels_first(x: Dq, w: np.ndarray, k_axis: int) -> tuple[Tensor, np.ndarray
     return xi.permute((0, 2, 3, 1)).reshape(x.q.shape), np.take(w, order, axis=k_axis)
 
 
+def _channels_kept(q: Tensor) -> Tensor | None:
+    """The whole tensor when q is the first channels (axis 1) of a conv result padded to whole
+    vectors (_whole_vectors, integer_requantize): its other channels hold the zero point."""
+    u = q.uop
+    if u.op is not Ops.SHRINK or len(u.shape) != 4:
+        return None
+    whole = u.src[0].shape
+    if any(b != (0, n) for d, (b, n) in enumerate(zip(u.arg, whole)) if d != 1) \
+            or u.arg[1][0] != 0:
+        return None
+    return Tensor(u.src[0])
+
+
 def _int32(d: Dq) -> Tensor:
     """A per-tensor quantized value's integers minus its zero point, in int32."""
     zp = int(d.zp.reshape(-1)[0])
     return d.q.cast(dtypes.int32) - zp if zp else d.q.cast(dtypes.int32)
 
 
-def _record(ctx, acc: Tensor, scale: float, bound: int, y: Tensor | None = None) -> Tensor:
+def _record(ctx, acc: Tensor, scale: float, bound: int, y: Tensor | None = None,
+            keep: int = 0) -> Tensor:
     """y (by default acc's float value), recorded as the int32 accumulator `acc` of one scale
     for a QuantizeLinear after it. |acc| <= bound: the accumulator is scaled up by a power of
     two while it stays below 2**30, which leaves the value unchanged and keeps the
@@ -291,7 +312,7 @@ def _record(ctx, acc: Tensor, scale: float, bound: int, y: Tensor | None = None)
     k = max(0, min(16, 30 - int(bound).bit_length()))
     acc, scale = (acc * (1 << k), scale / (1 << k)) if k else (acc, scale)
     y = acc.cast(dtypes.float32) * float(scale) if y is None else y
-    ctx.qdq[y.uop] = Acc(acc, np.array([scale]), 1)
+    ctx.qdq[y.uop] = Acc(acc, np.array([scale]), 1, keep)
     return y
 
 
@@ -321,8 +342,14 @@ def integer_add(ctx, a: Tensor, b: Tensor, y: Tensor) -> None:
     if not (sa and sb):
         return
     s = max(sa, sb)
+    pa, pb = _channels_kept(da.q), _channels_kept(db.q)
+    keep = 0
+    if pa is not None and pb is not None and pa.shape == pb.shape and da.q.shape == db.q.shape:
+        # both the first channels of padded results: add all of them (the padding stays zero)
+        da, db = Dq(pa, da.zp, da.scale, da.axis), Dq(pb, db.zp, db.scale, db.axis)
+        keep = y.shape[1]
     acc = _int32(da) * round(sa / s * 2 ** 20) + _int32(db) * round(sb / s * 2 ** 20)
-    _record(ctx, acc, s / 2 ** 20, 255 << 21, y)
+    _record(ctx, acc, s / 2 ** 20, 255 << 21, y, keep)
 
 
 def integer_mul(ctx, a: Tensor, b: Tensor, y: Tensor) -> None:
