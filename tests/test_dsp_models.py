@@ -15,7 +15,6 @@ import sys
 import numpy as np
 import onnx
 import pytest
-from onnx import numpy_helper
 
 from dsp import build
 from models import quantized
@@ -86,22 +85,13 @@ def test_quantized_mobilenetv2_matches_onnxruntime_on_five_images():
         assert got.argmax() == want.argmax(), seed
 
 
-def _concat_steps(model: onnx.ModelProto) -> float:
-    """The DM output is a float Concat of two dequantized tensors: the larger of their scales."""
-    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    made = {o: n for n in model.graph.node for o in n.output}
-    cat = made[model.graph.output[0].name]
-    assert cat.op_type == "Concat"
-    return max(float(inits[made[x].input[1]]) for x in cat.input)
-
-
 @pytest.mark.slow  # ~2 s per frame under qemu (1.4 M input pixels)
 def test_dm_shaped_model_matches_onnxruntime_on_the_emulated_dsp():
     """The frame's bytes go straight into the stem conv (its DequantizeLinear is the model's
     own), so every conv is HVX; the two Gemms and the Concats are the float ends."""
     model = quantized.dm()
     path = compiled_blob(model, target="dsp")
-    m, step = _load(path), _concat_steps(model)
+    m, step = _load(path), _output_step(model)  # the output Concat is quantized too
     assert _conv_launches_run_hvx(model, path, m, quantized.dm_frame(20)) == 4
     for seed in range(20, 25):
         feeds = quantized.dm_frame(seed)
