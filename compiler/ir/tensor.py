@@ -347,6 +347,12 @@ class Tensor:
         prod = a.reshape(lead + (m, 1, k)) * b.transpose().reshape(lead + (1, n, k))
         return prod.sum([-1], keepdims=False)
 
+    @staticmethod
+    def dot4(bytes4: list[Tensor], words: Tensor) -> Tensor:
+        """Per element, sum over k of uint8 bytes4[k] times the signed byte k of int32 `words`
+        (Ops.DOT4), in int32; every operand has one shape."""
+        return Tensor(UOp(Ops.DOT4, dtypes.int32, tuple(t.uop for t in bytes4) + (words.uop,)))
+
     def conv(self, w: Tensor, strides, dilations, pads, groups: int = 1) -> Tensor:
         """N-d convolution. x: (N, C, *S), w: (Cout, C/g, *K), pads: ((b, a), ...) per spatial dim.
 

@@ -189,7 +189,8 @@ def _all_nodes(graph: onnx.GraphProto):
 
 
 def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool = False,
-              pad_columns: int = 0, narrow_pad_divisor: int = 16) -> Graph:
+              pad_columns: int = 0, narrow_pad_divisor: int = 16,
+              dot4: bool = False) -> Graph:
     proto, data = _load_proto(model)
     _well_formed(proto, model)
     opset = _opset(proto)
@@ -222,7 +223,8 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
     functions = {(f.domain, f.name): f for f in proto.functions}
     _build(proto.graph.node, vals, Ctx(opset, float16=float16, winograd=winograd,
                                             pad_columns=pad_columns,
-                                            narrow_pad_divisor=narrow_pad_divisor), functions)
+                                            narrow_pad_divisor=narrow_pad_divisor, dot4=dot4),
+           functions)
     outputs = []
     for vi in proto.graph.output:
         if vals.get(vi.name) is None:

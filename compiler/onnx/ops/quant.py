@@ -231,7 +231,8 @@ def integer_contract(ctx, i: list, a: dict, float_op, w_axis: int, out_axis: int
             (padded := _channels_kept(x.q)) is not None:
         # the input is a padded conv's first channels: read all of them (the padding's
         # centered values are 0) against zero weights, so no kernel copies the first ones out
-        xi = _int32(Dq(padded, x.zp, x.scale, x.axis))
+        x = Dq(padded, x.zp, x.scale, x.axis)
+        xi = _int32(x)
         wc = np.pad(wc, ((0, 0), (0, padded.shape[1] - wc.shape[1])) + ((0, 0),) * (wc.ndim - 2))
         wq = Tensor.weight(wc)
     if wc is not None and wc.ndim == 2 and (xw := _pixels_first(x, wc, 1 if w_axis == 0 else 0)):
@@ -240,7 +241,8 @@ def integer_contract(ctx, i: list, a: dict, float_op, w_axis: int, out_axis: int
     # the weight's first axis is the output channel's; a grouped conv's channels are its groups'
     if w_axis == 0 and wc is not None and a.get("group", 1) == 1:
         wq, bq, scale = _whole_vectors(ctx, wq, wc, bq, scale)
-    acc = float_op(ctx, [xi, wq.cast(dtypes.int32)] + ([bq] if bq is not None else []), a)
+    if (acc := _dot4_conv(ctx, x, ctx.constant(wq) if wc is not None else None, bq, a)) is None:
+        acc = float_op(ctx, [xi, wq.cast(dtypes.int32)] + ([bq] if bq is not None else []), a)
     out_axis %= acc.ndim
     shape = [scale.size if d == out_axis else 1 for d in range(acc.ndim)]
     y = acc.cast(dtypes.float32) * Tensor.weight(scale.astype(np.float32).reshape(shape))
@@ -249,6 +251,39 @@ def integer_contract(ctx, i: list, a: dict, float_op, w_axis: int, out_axis: int
         y = y.shrink([(0, n) if d == out_axis else (0, s) for d, s in enumerate(acc.shape)])
     ctx.qdq[y.uop] = Acc(acc, scale, out_axis, keep)
     return y
+
+
+def _dot4_conv(ctx, x: Dq, wc: np.ndarray | None, bq: Tensor | None, a: dict) -> Tensor | None:
+    """A 1x1 conv of uint8 activations by constant int8 weights, four input channels per
+    multiply-add (Ops.DOT4; targets with `dot4`): the activations' bytes are read as they are
+    stored, the weights packed four to an int32 word, and the zero point's share,
+    zp * sum(w), subtracted in the bias: sum((q - zp) * w) = sum(q * w) - zp * sum(w). The
+    int32 accumulator is the same. None when the conv is not one."""
+    if not ctx.dot4 or wc is None or x.q.dtype is not dtypes.uint8 or x.q.ndim != 4 \
+            or wc.ndim != 4 or wc.shape[2:] != (1, 1) or wc.shape[1] % 4 or wc.dtype != np.int8 \
+            or a.get("group", 1) != 1 or any(s != 1 for s in a.get("strides", [1, 1])) \
+            or any(a.get("pads", [0] * 4)) or a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        return None
+    bc = ctx.constant(bq) if bq is not None else np.zeros(wc.shape[0], np.int32)
+    if bc is None:
+        return None
+    cout, c = wc.shape[:2]
+    n, _, h, wd = x.q.shape
+    words = np.ascontiguousarray(wc.reshape(cout, c)).view(np.int32)  # (cout, c/4), low byte first
+    bias = bc.reshape(-1).astype(np.int64) - int(x.zp.reshape(-1)[0]) * \
+        wc.reshape(cout, c).astype(np.int64).sum(1)
+    if np.abs(bias).max(initial=0) >= 2 ** 31:
+        return None
+    j, full = c // 4, (n, cout, h, wd, c // 4)
+    # a 1x1 window: the schedule stores the activations channels-last, as a conv's
+    x4 = x.q.window((1, 1), (1, 1), (1, 1)).reshape((n, j, 4, h, wd))
+
+    def byte(k: int) -> Tensor:
+        b = x4.shrink(((0, n), (0, j), (k, k + 1), (0, h), (0, wd))).reshape((n, j, h, wd))
+        return b.permute((0, 2, 3, 1)).reshape((n, 1, h, wd, j)).expand(full)
+    w = Tensor.weight(words).reshape((1, cout, 1, 1, j)).expand(full)
+    acc = Tensor.dot4([byte(k) for k in range(4)], w).sum([4], keepdims=False)
+    return acc + Tensor.weight(bias.astype(np.int32).reshape(1, cout, 1, 1))
 
 
 def _whole_vectors(ctx, wq: Tensor, wc: np.ndarray, bq: Tensor | None, scale: np.ndarray):
