@@ -59,9 +59,9 @@ class Target:
     recompute_cheap: bool = False
     # A quantized conv's int32 output channels are padded with zero channels up to whole
     # 32-lane vectors when that adds at most 1/16 of its work (onnx/ops/quant.py
-    # _whole_vectors), or 1/this when its own vector would be under 16 lanes. On dsp such a
-    # vector is not HVX at all (scalar code, several times the packets): it pays up to half
-    # again the work there.
+    # _whole_vectors), or 1/this when the count is not a multiple of 32. On dsp a narrower
+    # vector is half an HVX register or none (8 lanes: scalar code, several times the
+    # packets): it pays up to half again the work there.
     narrow_pad_divisor: int = 16
     # Quantized 1x1 convs over uint8 activations multiply four bytes at a time (Ops.DOT4, one
     # HVX vrmpy per 32 output channels; onnx/ops/quant.py _dot4_conv)

@@ -235,6 +235,19 @@ def integer_contract(ctx, i: list, a: dict, float_op, w_axis: int, out_axis: int
         xi = _int32(x)
         wc = np.pad(wc, ((0, 0), (0, padded.shape[1] - wc.shape[1])) + ((0, 0),) * (wc.ndim - 2))
         wq = Tensor.weight(wc)
+    if w_axis == 0 and wc is not None and wc.shape[1] == 1 and a.get("group", 1) == wc.shape[0] \
+            == x.q.shape[1] and (padded := _channels_kept(x.q)) is not None:
+        # depthwise over a padded conv's first channels: all of them, one group each, the
+        # padding's against zero weights and bias (its result is the zero point, cut off after)
+        x, pad = Dq(padded, x.zp, x.scale, x.axis), padded.shape[1] - wc.shape[0]
+        xi, a = _int32(x), {**a, "group": padded.shape[1]}
+        wc = np.pad(wc, ((0, pad),) + ((0, 0),) * (wc.ndim - 1))
+        wq = Tensor.weight(wc)
+        if bq is not None:
+            if (bc := ctx.constant(bq)) is None:
+                return None
+            bq = Tensor.weight(np.pad(bc, (0, pad)))
+        scale = np.pad(np.broadcast_to(scale, n), (0, pad), mode="edge")
     if wc is not None and wc.ndim == 2 and (xw := _pixels_first(x, wc, 1 if w_axis == 0 else 0)):
         xi, wc = xw
         wq = Tensor.weight(wc)
@@ -288,11 +301,11 @@ def _dot4_conv(ctx, x: Dq, wc: np.ndarray | None, bq: Tensor | None, a: dict) ->
 
 def _whole_vectors(ctx, wq: Tensor, wc: np.ndarray, bq: Tensor | None, scale: np.ndarray):
     """(weight, bias, scale) with zero output channels up to a multiple of LANES when that adds
-    at most 1/16 of the work (1/ctx.narrow_pad_divisor when the count's own vector would be
-    under half of LANES) and the bias is constant too; else as they are."""
+    at most 1/16 of the work (1/ctx.narrow_pad_divisor when the count is not a multiple of
+    LANES) and the bias is constant too; else as they are."""
     n = wc.shape[0]
     pad, bc = -n % LANES, ctx.constant(bq) if bq is not None else None
-    divisor = ctx.narrow_pad_divisor if n % (LANES // 2) else 16
+    divisor = ctx.narrow_pad_divisor if n % LANES else 16
     if not pad or pad * divisor > n or (bq is not None and bc is None):
         return wq, bq, scale
     wq = Tensor.weight(np.pad(wc, ((0, pad),) + ((0, 0),) * (wc.ndim - 1)))
