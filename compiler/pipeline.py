@@ -77,7 +77,7 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
                           winograd=targets[0].winograd,
                           pad_columns=LINE_BYTES // 4 if targets[0].cpu_layouts else 0,
                           narrow_pad_divisor=targets[0].narrow_pad_divisor,
-                          dot4=targets[0].dot4)
+                          hvx=targets[0].hvx)
     with st("schedule"):
         outs, kernels, realized, tracked = schedule([u for _, u in graph.outputs],
                                                     tuple(graph.origins), tgt.recompute_cheap)

@@ -63,9 +63,11 @@ class Target:
     # vector is half an HVX register or none (8 lanes: scalar code, several times the
     # packets): it pays up to half again the work there.
     narrow_pad_divisor: int = 16
-    # Quantized 1x1 convs over uint8 activations multiply four bytes at a time (Ops.DOT4, one
-    # HVX vrmpy per 32 output channels; onnx/ops/quant.py _dot4_conv)
-    dot4: bool = False
+    # The renderer has HVX forms of the integer idioms: quantized 1x1 convs over uint8
+    # activations multiply four bytes at a time (Ops.DOT4, one vrmpy per 32 output channels;
+    # onnx/ops/quant.py _dot4_conv) and requantization takes the high word of a 32x32 product
+    # in two instructions (Ops.MULHI), where plain int32 lanes take a dozen
+    hvx: bool = False
     # Winograd F(2x2,3x3) for eligible 3x3 convs (onnx/ops/winograd.py): fewer multiplies for more
     # adds and a larger weight, a trade a wide-SIMD CPU wins.
     winograd: bool = False
@@ -123,7 +125,7 @@ TARGETS = {t.name: t for t in (
     Target("dsp", renderer="c", device="dsp", vector_bytes=128, float_vector_bytes=4,
            registers=16, l2_bytes=512 << 10, buffer_align=128, cpu_layouts=True,
            pack_weights=True, shared_object=True, narrow_pad_divisor=2,
-           dot4=True),
+           hvx=True),
 )}
 
 

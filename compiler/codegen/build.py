@@ -146,7 +146,7 @@ def build_kernel(job: Job, st) -> Built:
     with st("lower"):
         rw = Rewriter(first_rules(k, job.param_dtypes, tgt))
         sink = simplify(lower_kernel(k, params, job.param_dtypes, plan, rw), rw, tgt)
-        if tgt.dot4:
+        if tgt.hvx:
             sink = graph_rewrite(sink, DOT4_WORDS)
         sink, packings = pack_weights(sink, job.packable)
         sink = vectorize(sink, rw, job.arena)

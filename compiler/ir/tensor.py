@@ -353,6 +353,11 @@ class Tensor:
         (Ops.DOT4), in int32; every operand has one shape."""
         return Tensor(UOp(Ops.DOT4, dtypes.int32, tuple(t.uop for t in bytes4) + (words.uop,)))
 
+    def mulhi(self, m: Tensor) -> Tensor:
+        """(self * m) >> 32 of int32 tensors (Ops.MULHI): the high word of the exact product."""
+        a, b = broadcast(self, m)
+        return Tensor(UOp(Ops.MULHI, dtypes.int32, (a.uop, b.uop)))
+
     def conv(self, w: Tensor, strides, dilations, pads, groups: int = 1) -> Tensor:
         """N-d convolution. x: (N, C, *S), w: (Cout, C/g, *K), pads: ((b, a), ...) per spatial dim.
 

@@ -190,7 +190,7 @@ def _all_nodes(graph: onnx.GraphProto):
 
 def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool = False,
               pad_columns: int = 0, narrow_pad_divisor: int = 16,
-              dot4: bool = False) -> Graph:
+              hvx: bool = False) -> Graph:
     proto, data = _load_proto(model)
     _well_formed(proto, model)
     opset = _opset(proto)
@@ -223,7 +223,7 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
     functions = {(f.domain, f.name): f for f in proto.functions}
     _build(proto.graph.node, vals, Ctx(opset, float16=float16, winograd=winograd,
                                             pad_columns=pad_columns,
-                                            narrow_pad_divisor=narrow_pad_divisor, dot4=dot4),
+                                            narrow_pad_divisor=narrow_pad_divisor, hvx=hvx),
            functions)
     outputs = []
     for vi in proto.graph.output:

@@ -60,7 +60,7 @@ class Ctx:
     # the weight's outputs to a multiple of this (ops/nn.py _pad_out): whole vectors; 0: never
     pad_columns: int = 0
     narrow_pad_divisor: int = 16  # Target.narrow_pad_divisor
-    dot4: bool = False  # Target.dot4
+    hvx: bool = False  # Target.hvx
     # quantized origins of float values, for the integer QDQ path (onnx/ops/quant.py): shared by
     # every node's Ctx (dataclasses.replace copies the reference)
     qdq: dict = field(default_factory=dict)

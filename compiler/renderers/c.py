@@ -239,7 +239,22 @@ class CRenderer(CStyle):
             return super().alu(u, a)
         if u.op is Ops.DOT4:
             return self.vdot4(u, a)
+        if u.op is Ops.MULHI:
+            return self.vmulhi(u, [self.lanes(x, s, u) for x, s in zip(a, u.src)])
         return self.valu(u, [self.lanes(x, s, u) for x, s in zip(a, u.src)])
+
+    def vmulhi(self, u: UOp, a: list[str]) -> str:
+        """Ops.MULHI on vectors. On HVX, 32 lanes: vmpye + vmpyo accumulated with <<1:sat:shift
+        is floor(a * b / 2^31), exact but where both are -2^31 (the requantization's b is in
+        [2^30, 2^31)); one more shift halves it. Otherwise lane by lane in 64 bits."""
+        vt, n = self.dtype(u.dtype), u.dtype.count
+        if self.hvx and n <= 32:
+            x, y = (_fill32(v, n) for v in a)
+            q31 = (f"(({self.dtype(dtypes.int32.vec(32))})__builtin_HEXAGON_V6_vmpyowh_sacc_128B("
+                   f"__builtin_HEXAGON_V6_vmpyewuh_128B({x}, {y}), {x}, {y}))")
+            return f"({_first(q31, n)} >> 1)"
+        lanes = [f"((int)(((long long)({a[0]})[{i}] * ({a[1]})[{i}]) >> 32))" for i in range(n)]
+        return f"(({vt}){{{', '.join(lanes)}}})"
 
     def vdot4(self, u: UOp, a: list[str]) -> str:
         """Ops.DOT4 on vectors. On HVX, four scalar bytes against 32 words is one vrmpy: the
@@ -249,13 +264,9 @@ class CRenderer(CStyle):
         if self.hvx and n <= 32 and all(s.dtype.count == 1 for s in u.src[:-1]):
             word = a[0] if len(u.src) == 2 else \
                 " | ".join(f"((unsigned)({x}) << {8 * k})" for k, x in enumerate(a[:4]))
-            w = self.lanes(a[-1], u.src[-1], u)
-            if n < 32:  # a narrower vector repeated to fill the register; its first n lanes
-                w = f"__builtin_shufflevector({w}, {w}, {', '.join(str(i % n) for i in range(32))})"
-            out = (f"__builtin_HEXAGON_V6_vrmpybusv_128B(__builtin_HEXAGON_V6_lvsplatw_128B("
-                   f"(int)({word})), {w})")
-            return out if n == 32 else \
-                f"__builtin_shufflevector({out}, {out}, {', '.join(map(str, range(n)))})"
+            w = _fill32(self.lanes(a[-1], u.src[-1], u), n)
+            return _first(f"__builtin_HEXAGON_V6_vrmpybusv_128B(__builtin_HEXAGON_V6_lvsplatw_128B("
+                          f"(int)({word})), {w})", n)
         a = [self.lanes(x, s, u) for x, s in zip(a, u.src)]
         b = dot4_bytes(u, a)
         return dot4_text([f"__builtin_convertvector({x}, {vt})" for x in b[:4]] + [b[4]], vt, vt)
@@ -336,14 +347,27 @@ class Program(str):
         return self
 
 
+def _fill32(v: str, n: int) -> str:
+    """An n-lane 32-bit vector (n <= 32) repeated to fill a 128-byte HVX register."""
+    return v if n == 32 else \
+        f"__builtin_shufflevector({v}, {v}, {', '.join(str(i % n) for i in range(32))})"
+
+
+def _first(v: str, n: int) -> str:
+    """The first n lanes of a 32-lane vector."""
+    return v if n == 32 else f"__builtin_shufflevector({v}, {v}, {', '.join(map(str, range(n)))})"
+
+
 def _typedefs(r: CRenderer, used: frozenset[DType]) -> str:
     """Typedefs of the vector types `used`, and of the masks a select() of them needs (and on
     HVX its store helper)."""
     counts = {d.count for d in used}
     masks = {_int_of(b).vec(n) for n in counts for b in (1, 2, 4, 8)}  # for select()
     vectors = {d for d in used if d.scalar is not dtypes.bool} | masks
+    if r.hvx:  # the register's own type: narrower vectors fill one for HVX's builtins
+        vectors.add(dtypes.int32.vec(32))
     return "".join(r.typedef(d) for d in sorted(vectors, key=lambda d: d.cname)) + \
-        (HVX_STORE_BYTES if r.hvx and dtypes.int32.vec(32) in vectors else "")
+        (HVX_STORE_BYTES if r.hvx else "")
 
 
 # 32 int32 lanes stored as their low bytes (a requantized int8/uint8 result): packed in the

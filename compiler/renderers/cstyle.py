@@ -72,6 +72,8 @@ class CStyle:
             return f"({a[0]} ? {a[1]} : {a[2]})"
         if op is Ops.DOT4:
             return dot4_text(dot4_bytes(u, a), "int", "unsigned")
+        if op is Ops.MULHI:
+            return f"((int)(((long long)({a[0]}) * ({a[1]})) >> 32))"
         if op in (Ops.MAX, Ops.MIN):
             keep, x, y = self.minmax(u, a, "||")
             return f"({keep} ? {x} : {y})"

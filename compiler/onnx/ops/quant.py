@@ -272,7 +272,7 @@ def _dot4_conv(ctx, x: Dq, wc: np.ndarray | None, bq: Tensor | None, a: dict) ->
     stored, the weights packed four to an int32 word, and the zero point's share,
     zp * sum(w), subtracted in the bias: sum((q - zp) * w) = sum(q * w) - zp * sum(w). The
     int32 accumulator is the same. None when the conv is not one."""
-    if not ctx.dot4 or wc is None or x.q.dtype is not dtypes.uint8 or x.q.ndim != 4 \
+    if not ctx.hvx or wc is None or x.q.dtype is not dtypes.uint8 or x.q.ndim != 4 \
             or wc.ndim != 4 or wc.shape[2:] != (1, 1) or wc.shape[1] % 4 or wc.dtype != np.int8 \
             or a.get("group", 1) != 1 or any(s != 1 for s in a.get("strides", [1, 1])) \
             or any(a.get("pads", [0] * 4)) or a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
@@ -450,7 +450,8 @@ def integer_requantize(ctx, x: Tensor, scale: Tensor, zp: Tensor | None, out: DT
         # r = 32 + s, s >= 1: adding 2**(r-1) and shifting by r drops the product's low word,
         # (hi + 2**(s-1)) >> s with hi = (acc * m0) >> 32, exactly. All in int32 lanes, which
         # vectorize where int64 ones do not (HVX has no 64-bit lanes; clang scalarizes them)
-        v = (mulhi(acc.acc, m0, w) + w(1 << (r - 33), np.int32)).shr(w(r - 32, np.int32))
+        hi = acc.acc.mulhi(w(m0, np.int32)) if ctx.hvx else mulhi(acc.acc, m0, w)
+        v = (hi + w(1 << (r - 33), np.int32)).shr(w(r - 32, np.int32))
     else:  # m >= 1/4: the low word rounds too
         v = acc.acc.cast(dtypes.int64) * w(m0, np.int64)
         v = (v + w(1 << (r - 1), np.int64)).shr(w(r, np.int64))
