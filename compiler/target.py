@@ -124,7 +124,7 @@ TARGETS = {t.name: t for t in (
     # position-independent Hexagon shared object run by the DSP-side runtime (dsp/).
     Target("dsp", renderer="c", device="dsp", vector_bytes=128, float_vector_bytes=4,
            registers=16, l2_bytes=512 << 10, buffer_align=128, cpu_layouts=True,
-           pack_weights=True, shared_object=True, narrow_pad_divisor=2,
+           pack_weights=True, shared_object=True, narrow_pad_divisor=1,
            hvx=True),
 )}
 

@@ -43,25 +43,32 @@ def _profiled(m, feeds: dict) -> tuple[dict, list[int], list[int]]:
 
 
 def _conv_launches_run_hvx(model: onnx.ModelProto, path, m, feeds: dict) -> int:
-    """Every launch that computes an ONNX Conv has HVX instructions in its own symbol's
-    disassembly (dsp kernels are not inlined) and executes some under qemu. -> their count.
-    A launch computes a Conv when its provenance lists it or a QuantizeLinear of its output
-    (the integer path computes the accumulator the Q reads, never the Conv's float value)."""
+    """Every launch that may compute an ONNX Conv has HVX instructions in its own symbol's
+    disassembly (dsp kernels are not inlined) and executes some under qemu; -> their count,
+    which is at least the model's Conv count. Such a launch: one whose provenance lists a Conv
+    or a QuantizeLinear of one (the integer path computes the accumulator the Q reads, never
+    the Conv's float value), or any reduction over integer buffers but a pad fill (a launch
+    table's provenance lists each node once, so a conv can go unnamed)."""
     from runner.blob import read_blob
     _, _, hvx = _profiled(m, feeds)
-    code, prov = _functions(_disassemble(path)), read_blob(path).record["provenance"]
+    blob = read_blob(path)
+    code, prov = _functions(_disassemble(path)), blob.record["provenance"]
     nodes = {n.name: n for n in model.graph.node}
     made = {o: n for n in model.graph.node for o in n.output}
+    kinds = {i: np.dtype(b.dtype).kind for i, b in blob.buffers.items()}
     convs = 0
     for i, ln in enumerate(m.blob.launches):
         names = [prov["nodes"][k][0] for k in prov["launches"][i]]
         ops = {nodes[x].op_type for x in names} | {
             made[nodes[x].input[0]].op_type for x in names
             if nodes[x].op_type == "QuantizeLinear" and nodes[x].input[0] in made}
-        if "Conv" in ops:
+        integer_reduction = "_radd_" in ln.kernel and not ln.kernel.endswith("_fill") \
+            and all(kinds[a] in "iu" for a in ln.args)
+        if "Conv" in ops or integer_reduction:
             convs += 1
             assert HVX_ANY.search(code[ln.kernel]), ln.kernel
             assert hvx[i] > 0, ln.kernel
+    assert convs >= sum(n.op_type == "Conv" for n in model.graph.node)
     return convs
 
 
@@ -70,7 +77,7 @@ def test_every_conv_of_a_quantized_mobilenetv2_runs_on_hvx():
     scalar code (8 int32 lanes are not an HVX vector), now pad to 32 lanes."""
     model = quantized.mobilenetv2(size=32, classes=10)
     path = compiled_blob(model, target="dsp")
-    assert _conv_launches_run_hvx(model, path, _load(path), quantized.image(20, 32)) >= 30
+    assert _conv_launches_run_hvx(model, path, _load(path), quantized.image(20, 32)) >= 52
 
 
 @pytest.mark.slow  # ~25 s cold compile, ~5 s per image under qemu
@@ -92,7 +99,7 @@ def test_dm_shaped_model_matches_onnxruntime_on_the_emulated_dsp():
     model = quantized.dm()
     path = compiled_blob(model, target="dsp")
     m, step = _load(path), _output_step(model)  # the output Concat is quantized too
-    assert _conv_launches_run_hvx(model, path, m, quantized.dm_frame(20)) == 4
+    _conv_launches_run_hvx(model, path, m, quantized.dm_frame(20))
     for seed in range(20, 25):
         feeds = quantized.dm_frame(seed)
         got, want = m.run(feeds)["outputs"], ort_run(model, feeds)["outputs"]
@@ -119,3 +126,32 @@ def test_profile_tool_reports_packets_hvx_and_macs_per_kernel_on_the_dsp(capsys)
     for k in s["kernels"]:
         assert k["macs_per_packet"] == pytest.approx(k["macs"] / k["packets"])
     assert max(k["macs_per_packet"] for k in s["kernels"]) > 1  # the convs' kernels
+
+
+def test_quantize_linear_divides_by_its_scale_exactly_on_the_dsp(tmp_path):
+    """On dsp a QuantizeLinear to 8 bits divides by its constant scale as a multiply by the
+    nearest reciprocal and one fused correction (quant._divided): the same quotient, rounded
+    to nearest, as onnxruntime's division, so the same integers, for scales whose reciprocal
+    is not exact, at the halves where rounding decides, a float32 ulp either side of them, and
+    random values over the whole range (and past it, saturating)."""
+    from compiler.blob import write_blob
+    from compiler.pipeline import compile_model
+    from onnx import helper
+    from tests.graphs import make_model
+    scales = [0.03115052543580532, 1 / 3, 0.0078125 * 1.1, 7.3e-3]
+    rng = np.random.default_rng(5)
+    nodes, inits, xs = [], {}, {}
+    for i, s in enumerate(np.float32(scales)):
+        halves = (np.arange(-140, 140) + 0.5).astype(np.float32) * s
+        x = np.concatenate([halves, np.nextafter(halves, np.inf), np.nextafter(halves, -np.inf),
+                            rng.uniform(-300, 300, 4000).astype(np.float32) * s])
+        xs[f"x{i}"] = x.astype(np.float32)
+        inits[f"s{i}"], inits[f"z{i}"] = s, np.uint8(128 + 7 * i)
+        nodes.append(helper.make_node("QuantizeLinear", [f"x{i}", f"s{i}", f"z{i}"], [f"y{i}"]))
+    model = make_model(nodes, [(k, v.shape, np.float32) for k, v in xs.items()],
+                       [(f"y{i}", xs[f"x{i}"].shape, np.uint8) for i in range(len(scales))],
+                       inits, opset=13)
+    write_blob(compile_model(model, target="dsp"), tmp_path / "q.blob")
+    got = _load(tmp_path / "q.blob").run(xs)
+    for k, want in ort_run(model, xs).items():
+        np.testing.assert_array_equal(got[k], want, k)

@@ -67,11 +67,29 @@ def _quantize(ctx, i, a):
     s = qparam(scale, x, axis, block)
     ct = onnx_dtype(a["precision"], ctx.where()) if a.get("precision") else _widest(x, s)
     z = qparam(zp, x, axis, block).cast(dtypes.float32) if zp is not None else None
-    v = x.cast(ct) / s.cast(ct)
     if ct is dtypes.float32 and out.itemsize <= 2:
-        return _round_to(v, z, out)
-    v = v.round_even()
+        return _round_to(_divided(ctx, x.cast(ct), s.cast(ct)), z, out)
+    v = (x.cast(ct) / s.cast(ct)).round_even()
     return saturate(v if z is None else v.cast(dtypes.float32) + z, out)
+
+
+def _divided(ctx, x: Tensor, s: Tensor) -> Tensor:
+    """x / s for a quantization to 8 or 16 bits, which clamps the quotient to |v| < 2**17 next.
+    On HVX targets (whose float is the scalar unit, where a division is a dozen dependent
+    packets) by one constant float32 s: x clamped to 2**20 |s| (the same clamped result; no
+    infinity or overflow below), q = x * y with y the float32 nearest 1/s, then
+    q + (x - q * s) * y, each multiply-add fused (the renderer's -ffp-contract=fast): the
+    residual is exact, and the corrected quotient is x / s rounded to nearest (Markstein's
+    theorem: y within half an ulp of 1/s, q within one ulp of x / s). NaN stays NaN."""
+    sc = ctx.constant(s) if ctx.hvx else None
+    if sc is None or sc.size != 1 or not 0 < abs(float(sc.reshape(-1)[0])) < 2.0 ** 100:
+        return x / s
+    s0 = float(sc.reshape(-1)[0])
+    bound = float(np.float32(abs(s0) * 2 ** 20))
+    x = x.maximum(-bound).minimum(bound)
+    y = Tensor.full(float(np.float32(1 / np.float64(s0))), dtypes.float32)
+    q = x * y
+    return q + (x - q * s) * y
 
 
 MAGIC = 1.5 * 2 ** 23  # float32's ulp is 1 from 2**23 to 2**24
