@@ -65,7 +65,7 @@ class Target:
     narrow_pad_divisor: int = 16
     # The renderer has HVX forms of the integer idioms: quantized 1x1 convs over uint8
     # activations multiply four bytes at a time (Ops.DOT4, one vrmpy per 32 output channels;
-    # onnx/ops/quant.py _dot4_conv) and requantization takes the high word of a 32x32 product
+    # onnx/ops/quant_hvx.py) and requantization takes the high word of a 32x32 product
     # in two instructions (Ops.MULHI), where plain int32 lanes take a dozen
     hvx: bool = False
     # Winograd F(2x2,3x3) for eligible 3x3 convs (onnx/ops/winograd.py): fewer multiplies for more

@@ -222,9 +222,11 @@ class CRenderer(CStyle):
         if val.dtype.count == 1:
             return super().render_store(body, u)
         p, idx = body.ref(u.src[0]), body.ref(u.src[1])
-        if self.hvx and val.dtype.count == 32 and val.dtype.scalar.itemsize == 1 and val.op is Ops.CAST \
-                and val.src[0].dtype.scalar.itemsize == 4:  # the low bytes of 32 int32 lanes
-            return body.emit(f"keel_store_bytes32({p} + {idx}, (int32x32)({body.ref(val.src[0])}));")
+        if self.hvx and val.dtype.count == 32 and val.dtype.scalar.itemsize == 1 \
+                and val.op is Ops.CAST and val.src[0].dtype.scalar.itemsize == 4:
+            # the low bytes of 32 int32 lanes
+            lanes = body.ref(val.src[0])
+            return body.emit(f"keel_store_bytes32({p} + {idx}, (int32x32)({lanes}));")
         body.emit(f"*({val.dtype.cname}_u *)({p} + {idx}) = {body.ref(val)};")
 
     def render_prefetch(self, body: Body, u: UOp) -> None:
@@ -318,11 +320,10 @@ class CRenderer(CStyle):
         """32 bytes or halfwords widened to 32-bit lanes from the whole 128-byte vector at their
         address: HVX's in-order unpacks (lower half first), where clang-19 assembles a 32- or
         64-byte vector lane by lane from scalar loads (and takes seconds to compile it)."""
-        signed = src.kind == "i"
+        u = "" if src.kind == "i" else "u"
         v = whole
-        if src.itemsize == 1:
-            v = f"__builtin_HEXAGON_V6_lo_128B(__builtin_HEXAGON_V6_vunpack{'b' if signed else 'ub'}_128B({v}))"
-        v = f"__builtin_HEXAGON_V6_lo_128B(__builtin_HEXAGON_V6_vunpack{'h' if signed else 'uh'}_128B({v}))"
+        for part in (["b"] if src.itemsize == 1 else []) + ["h"]:
+            v = f"__builtin_HEXAGON_V6_lo_128B(__builtin_HEXAGON_V6_vunpack{u}{part}_128B({v}))"
         return f"(({self.dtype(dt)})({v}))"
 
     def select(self, mask: str, a: str, b: str, dt: DType, mask_bytes: int = 4) -> str:
@@ -388,9 +389,10 @@ static inline void keel_store_bytes32(void *p, int32x32 v) {
       __builtin_HEXAGON_V6_vandvrt_128B(hi, -1), __builtin_HEXAGON_V6_vandvrt_128B(lo, -1)), -1);
   __builtin_HEXAGON_V6_vS32b_qpred_ai_128B(__builtin_HEXAGON_V6_vandvrt_128B(first, -1), base, rot);
   if (end > 128) {
-    hvx rest = __builtin_HEXAGON_V6_vandqrt_128B(__builtin_HEXAGON_V6_pred_scalar2_128B(end - 128), -1);
-    __builtin_HEXAGON_V6_vS32b_qpred_ai_128B(__builtin_HEXAGON_V6_vandvrt_128B(rest, -1), base + 1,
-                                            rot);
+    hvx rest = __builtin_HEXAGON_V6_vandqrt_128B(
+        __builtin_HEXAGON_V6_pred_scalar2_128B(end - 128), -1);
+    __builtin_HEXAGON_V6_vS32b_qpred_ai_128B(__builtin_HEXAGON_V6_vandvrt_128B(rest, -1),
+                                            base + 1, rot);
   }
 }
 """

@@ -187,7 +187,8 @@ class CStyle:
     def render_load(self, body: Body, u: UOp) -> None:
         expr = f"{body.ref(u.src[0])}[{body.ref(u.src[1])}]"
         if u.dtype.itemsize != u.src[0].dtype.itemsize:  # bytes read as a word (DOT4's)
-            expr = f"(*(const {self.dtype(u.dtype)} *)({body.ref(u.src[0])} + {body.ref(u.src[1])}))"
+            p, idx = body.ref(u.src[0]), body.ref(u.src[1])
+            expr = f"(*(const {self.dtype(u.dtype)} *)({p} + {idx}))"
         if len(u.src) == 3:
             expr = f"({body.ref(u.src[2])} ? {expr} : {self.literal(0, u.dtype)})"
         body.bind(u, expr)
