@@ -94,6 +94,8 @@ def _eval(u: UOp, s: list[np.ndarray], env: dict) -> np.ndarray:
         return np.where(s[0], s[1], s[2]).astype(dt)
     if op is Ops.DOT4:
         return dot4(s[:4], s[4]).astype(dt)
+    if op is Ops.MUL16:
+        return (s[0] * s[1]).astype(dt)
     if op is Ops.MULHI:
         return ((s[0].astype(np.int64) * s[1].astype(np.int64)) >> 32).astype(dt)
     with np.errstate(all="ignore"):

@@ -358,11 +358,19 @@ class Tensor:
         a, b = broadcast(self, m)
         return Tensor(UOp(Ops.MULHI, dtypes.int32, (a.uop, b.uop)))
 
-    def conv(self, w: Tensor, strides, dilations, pads, groups: int = 1) -> Tensor:
+    def mul16(self, b: Tensor) -> Tensor:
+        """self * b of int32 tensors whose b fits 16 signed bits (Ops.MUL16): HVX multiplies a
+        word by a halfword, and accumulates it, in one instruction."""
+        a, b = broadcast(self, b)
+        return Tensor(UOp(Ops.MUL16, dtypes.int32, (a.uop, b.uop)))
+
+    def conv(self, w: Tensor, strides, dilations, pads, groups: int = 1,
+             product=None) -> Tensor:
         """N-d convolution. x: (N, C, *S), w: (Cout, C/g, *K), pads: ((b, a), ...) per spatial dim.
 
         The kernel's iteration space is (N, g, Cout/g, *OS, C/g, *K) with the last 1+len(K)
         axes reduced; the input is a WINDOW view of the padded input, so no im2col buffer exists.
+        `product(x, w)`: the multiply (Tensor.mul16 for quantized weights on HVX targets).
         """
         nsp = len(w.shape) - 2
         n, c = self.shape[:2]
@@ -374,7 +382,7 @@ class Tensor:
         x = x.permute((0, 1, 2) + tuple(range(4, 4 + nsp)) + (3,) + tuple(range(4 + nsp, 4 + 2 * nsp)))
         full = (n, groups, cout // groups) + osp + (cg,) + ks
         wv = w.reshape((1, groups, cout // groups) + (1,) * nsp + (cg,) + ks)
-        prod = x.expand(full) * wv.expand(full)
+        prod = (product or Tensor.__mul__)(x.expand(full), wv.expand(full))
         out = prod.sum(list(range(3 + nsp, 4 + 2 * nsp)), keepdims=False)
         return out.reshape((n, cout) + osp)
 

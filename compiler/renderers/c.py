@@ -243,7 +243,22 @@ class CRenderer(CStyle):
             return self.vdot4(u, a)
         if u.op is Ops.MULHI:
             return self.vmulhi(u, [self.lanes(x, s, u) for x, s in zip(a, u.src)])
+        if self.hvx and u.dtype.count == 32 and (u.op is Ops.MUL16 or u.op is Ops.ADD and any(
+                s.op is Ops.MUL16 and s.dtype.count == 32 for s in u.src)):
+            return self.vmul16(u, a)
         return self.valu(u, [self.lanes(x, s, u) for x, s in zip(a, u.src)])
+
+    def vmul16(self, u: UOp, a: list[str]) -> str:
+        """Ops.MUL16 on 32 HVX lanes, and an ADD of one to another value: one `vmpyie(Vu.w,
+        Vv.h)` accumulate, word times the halfword that holds the small operand, where a 32x32
+        multiply is two instructions and the add a third."""
+        if u.op is Ops.MUL16:
+            acc, m = f"(({self.dtype(u.dtype)}){{0}})", u
+        else:
+            k = next(i for i, s in enumerate(u.src) if s.op is Ops.MUL16)
+            acc, m = self.lanes(a[1 - k], u.src[1 - k], u), u.src[k]
+        x, w = (self.lanes(self.body.ref(s), s, u) for s in m.src)
+        return f"__builtin_HEXAGON_V6_vmpyiewh_acc_128B({acc}, {x}, {w})"
 
     def vmulhi(self, u: UOp, a: list[str]) -> str:
         """Ops.MULHI on vectors. On HVX, 32 lanes: vmpye + vmpyo accumulated with <<1:sat:shift

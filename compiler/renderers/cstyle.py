@@ -72,6 +72,8 @@ class CStyle:
             return f"({a[0]} ? {a[1]} : {a[2]})"
         if op is Ops.DOT4:
             return dot4_text(dot4_bytes(u, a), "int", "unsigned")
+        if op is Ops.MUL16:
+            return f"({a[0]} * {a[1]})"
         if op is Ops.MULHI:
             return f"((int)(((long long)({a[0]}) * ({a[1]})) >> 32))"
         if op in (Ops.MAX, Ops.MIN):
@@ -137,7 +139,7 @@ class CStyle:
         return f"for ({i} {name} = 0; {name} < {end}; {name}++) {{"
 
     def render_kernel(self, name: str, lin: list[UOp]) -> str:
-        body = Body(self)
+        body = self.body = Body(self)  # self.body: for forms that read an operand's operands
         for u in lin:
             op = u.op
             if op is Ops.PARAM:

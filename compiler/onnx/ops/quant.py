@@ -157,6 +157,8 @@ def _qlinear_conv(ctx, i, a):
 # multiple (squeezenet's 1000) is computed with zero channels up to it, at most 1/16 more work,
 # so its kernel takes whole vectors instead of the widest power of two dividing the count (8)
 LANES = 32
+# the attribute (no ONNX name has a dot) by which integer_contract gives _conv its multiply
+PRODUCT = "keel.product"
 
 
 @dataclass(frozen=True)
@@ -256,6 +258,8 @@ def integer_contract(ctx, i: list, a: dict, float_op, w_axis: int, out_axis: int
         wq, bq, scale = _whole_vectors(ctx, wq, wc, bq, scale)
     if (acc := quant_hvx.dot4_conv(ctx, x.q, int(x.zp.reshape(-1)[0]),
                                    ctx.constant(wq) if wc is not None else None, bq, a)) is None:
+        if ctx.hvx and wq.dtype in (dtypes.int8, dtypes.uint8):  # weights fit a halfword
+            a = {**a, PRODUCT: Tensor.mul16}
         acc = float_op(ctx, [xi, wq.cast(dtypes.int32)] + ([bq] if bq is not None else []), a)
     out_axis %= acc.ndim
     shape = [scale.size if d == out_axis else 1 for d in range(acc.ndim)]
