@@ -36,7 +36,7 @@ def emulated(monkeypatch):
 
 def _profiled(m, feeds: dict) -> tuple[dict, list[int], list[int]]:
     """outputs, per launch packets and HVX instructions (qemu's counters)."""
-    m.device.profile = True
+    profile.counters(m.device, True)
     out = m.run(feeds)
     n = len(m.blob.launches)
     return out, m.device.last_ticks[:n], m.device.last_ticks[n:]

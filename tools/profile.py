@@ -78,7 +78,7 @@ def dsp_counts(path: str, device: str | None = None) -> dict:
         m.timeout_ms = max(m.timeout_ms, 600_000)  # qemu emulates a whole model per run
         for name, arr in random_feeds(m.inputs).items():
             m.input_view(name)[:] = arr
-        m.device.profile = True
+        counters(m.device, True)
         m.run()
         ticks, blob = list(m.device.last_ticks), m.blob
     finally:
@@ -106,6 +106,15 @@ def dsp_counts(path: str, device: str | None = None) -> dict:
             "macs_per_packet": sum(r["macs"] for r in rows) / total if total else 0.0,
             "launches": rows,
             "kernels": sorted(kernels.values(), key=lambda k: -k["packets"])}
+
+
+def counters(device, on: bool) -> None:
+    """The DSP runtime's per-launch counters on or off: `set_profiling` where the device has it
+    (the runtime rewrite of branch w3-r32), else its `profile` flag."""
+    if hasattr(device, "set_profiling"):
+        device.set_profiling(on)
+    else:
+        device.profile = on
 
 
 def print_dsp_table(s: dict) -> None:
