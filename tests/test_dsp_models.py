@@ -72,6 +72,7 @@ def _conv_launches_run_hvx(model: onnx.ModelProto, path, m, feeds: dict) -> int:
     return convs
 
 
+@pytest.mark.slow  # ~7 s cold: quantize, compile and emulate MobileNetV2 at 32x32
 def test_every_conv_of_a_quantized_mobilenetv2_runs_on_hvx():
     """At 32x32 (the same 52 convs, 1/49 of the pixels): the 24-channel convs, which were
     scalar code (8 int32 lanes are not an HVX vector), now pad to 32 lanes."""
@@ -107,6 +108,7 @@ def test_dm_shaped_model_matches_onnxruntime_on_the_emulated_dsp():
         assert np.abs(got - want).max() <= STEPS * step + 1e-6, (seed, step)
 
 
+@pytest.mark.slow  # the 32x32 MobileNetV2's blob (shared with the test above), ~7 s cold alone
 def test_profile_tool_reports_packets_hvx_and_macs_per_kernel_on_the_dsp(capsys):
     """tools/profile.py on a dsp blob: the documented totals are the launches' sums (one
     thread: the critical path is every launch), and each kernel's MACs per packet is its MACs
