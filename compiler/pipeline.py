@@ -81,7 +81,9 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         graph = load_onnx(model, input_shapes or {}, float16=float16,
                           winograd=targets[0].winograd,
                           pad_columns=LINE_BYTES // 4 if targets[0].cpu_layouts else 0,
-                          input_values=input_values)
+                          input_values=input_values,
+                          narrow_pad_divisor=targets[0].narrow_pad_divisor,
+                          hvx=targets[0].hvx)
     with st("schedule"):
         outs, kernels, realized, tracked = schedule([u for _, u in graph.outputs],
                                                     tuple(graph.origins), tgt.recompute_cheap)

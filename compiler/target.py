@@ -56,6 +56,17 @@ class Target:
     # recomputed on every read instead of stored and read back: memory, not ALUs, bounds a GPU
     # on these models (docs/perf.md, the Adreno 630 cost model). CPUs realize it once.
     recompute_cheap: bool = False
+    # A quantized conv's int32 output channels are padded with zero channels up to whole
+    # 32-lane vectors when that adds at most 1/16 of its work (onnx/ops/quant.py
+    # _whole_vectors), or 1/this when the count is not a multiple of 32. On dsp a narrower
+    # vector is half an HVX register or none (8 lanes: scalar code, several times the
+    # packets): it pays up to half again the work there.
+    narrow_pad_divisor: int = 16
+    # The renderer has HVX forms of the integer idioms: quantized 1x1 convs over uint8
+    # activations multiply four bytes at a time (Ops.DOT4, one vrmpy per 32 output channels;
+    # onnx/ops/quant_hvx.py) and requantization takes the high word of a 32x32 product
+    # in two instructions (Ops.MULHI), where plain int32 lanes take a dozen
+    hvx: bool = False
     # Winograd F(2x2,3x3) for eligible 3x3 convs (onnx/ops/winograd.py): fewer multiplies for more
     # adds and a larger weight, a trade a wide-SIMD CPU wins.
     winograd: bool = False
@@ -120,7 +131,8 @@ TARGETS = {t.name: t for t in (
     # position-independent Hexagon shared object run by the DSP-side runtime (dsp/).
     Target("dsp", renderer="c", vector_bytes=128, float_vector_bytes=4,
            registers=16, l2_bytes=512 << 10, buffer_align=128, cpu_layouts=True,
-           pack_weights=True, shared_object=True, kernel_symbols=True),
+           pack_weights=True, shared_object=True, kernel_symbols=True,
+           narrow_pad_divisor=1, hvx=True),
 )}
 
 

@@ -18,6 +18,11 @@ slice per launch and thread, and a host row with the run and its overhead. The d
 not the host's, so each run's launches are drawn from the end of its host overhead (the split
 of the overhead between before and after the launches is not measured). --timeline draws the
 median run's slices as a PNG.
+
+On the DSP (`--device dsp`, or a dsp blob) the runtime counts instead of timing: one profiled
+run, per launch its packets (qemu-hexagon under KEEL_FASTRPC=mock; cycles on the device) and HVX
+instructions, the totals in `packets` (the critical path) and `hvx_instructions`, and a table
+per kernel with its MACs per packet (dsp_counts).
 """
 import os
 import sys
@@ -31,7 +36,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from runner import BlobError, ConfigError, DeviceError, DeviceTimeout, InputError, Model  # noqa
-from runner.blob import launch_nodes  # noqa: E402
+from runner.blob import launch_nodes, read_blob  # noqa: E402
 from tools.cli import Parser, positive_int, report  # noqa: E402
 from tools.png import PALETTE, Canvas, text_width  # noqa: E402
 from tools.run import random_feeds  # noqa: E402
@@ -59,6 +64,68 @@ def profile(path: str, device: str | None = None, runs: int = 20, warmup: int = 
         return {"samples": samples, "blob": m.blob, "device": m.device.name}
     finally:
         m.close()
+
+
+def dsp_counts(path: str, device: str | None = None) -> dict:
+    """One profiled run on the DSP (docs/dsp.md, "Profiling"): per launch, the runtime's two
+    counters. Under qemu-hexagon (KEEL_FASTRPC=mock) they are executed packets and HVX
+    instructions; on the device the first is UPCYCLE cycles. `packets` is the critical path:
+    the runtime runs the launches one after another on one hardware thread, so it is their
+    sum. MACs per launch are the blob's meta flops / 2 (a reduction's multiply-adds; an
+    elementwise launch counts one op per element, half a MAC)."""
+    m = Model.load(path, device)
+    try:
+        m.timeout_ms = max(m.timeout_ms, 600_000)  # qemu emulates a whole model per run
+        for name, arr in random_feeds(m.inputs).items():
+            m.input_view(name)[:] = arr
+        counters(m.device, True)
+        m.run()
+        ticks, blob = list(m.device.last_ticks), m.blob
+    finally:
+        m.close()
+    n = len(blob.launches)
+    packets, hvx = ticks[:n], ticks[n:2 * n]
+    flops = blob.manifest["meta"].get("flops") or [0] * n
+    nodes = launch_nodes(blob)
+    rows = [{"launch": i, "kernel": ln.kernel, "packets": packets[i], "hvx_instructions": hvx[i],
+             "macs": flops[i] // 2, "ops": list(dict.fromkeys(op for _, op in nodes[i]))}
+            for i, ln in enumerate(blob.launches)]
+    kernels: dict[str, dict] = {}
+    for r in rows:
+        k = kernels.setdefault(r["kernel"], {"kernel": r["kernel"], "launches": 0, "packets": 0,
+                                             "hvx_instructions": 0, "macs": 0})
+        k["launches"] += 1
+        for f in ("packets", "hvx_instructions", "macs"):
+            k[f] += r[f]
+    for k in kernels.values():
+        k["macs_per_packet"] = k["macs"] / k["packets"] if k["packets"] else 0.0
+    total = sum(packets)
+    return {"device": "dsp", "counter": "packets" if os.environ.get("KEEL_FASTRPC") == "mock"
+            else "cycles", "packets": total, "hvx_instructions": sum(hvx),
+            "macs": sum(r["macs"] for r in rows),
+            "macs_per_packet": sum(r["macs"] for r in rows) / total if total else 0.0,
+            "launches": rows,
+            "kernels": sorted(kernels.values(), key=lambda k: -k["packets"])}
+
+
+def counters(device, on: bool) -> None:
+    """The DSP runtime's per-launch counters on or off: `set_profiling` where the device has it
+    (the runtime rewrite of branch w3-r32), else its `profile` flag."""
+    if hasattr(device, "set_profiling"):
+        device.set_profiling(on)
+    else:
+        device.profile = on
+
+
+def print_dsp_table(s: dict) -> None:
+    print(f"device dsp ({s['counter']}): {s['packets']:,} on the critical path, "
+          f"{s['hvx_instructions']:,} HVX instructions, {s['macs_per_packet']:.1f} MACs per "
+          f"{s['counter'][:-1]}")
+    print(f"{'kernel':32s} {'launches':>8} {s['counter']:>12} {'HVX':>12} {'MACs':>12} "
+          f"{'MACs/' + s['counter'][:-1]:>14}")
+    for k in s["kernels"]:
+        print(f"{k['kernel']:32s} {k['launches']:8d} {k['packets']:12,} "
+              f"{k['hvx_instructions']:12,} {k['macs']:12,} {k['macs_per_packet']:14.1f}")
 
 
 def launch_bytes(blob) -> list[int]:
@@ -198,6 +265,8 @@ def main() -> int:
     args = ap.parse_args()
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `profile.py x.blob | head` ends quietly
     try:
+        if (args.device or read_blob(args.blob).target) == "dsp":
+            return report(dsp_counts(args.blob, args.device), args.json, print_dsp_table)
         prof = profile(args.blob, args.device, args.runs)
         if args.trace:
             with open(args.trace, "w") as f:

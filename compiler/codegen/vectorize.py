@@ -20,7 +20,7 @@ from compiler.ir.uop import Ops, UOp
 # ops with a direct lane-wise vector form in every C-family target
 LANEWISE = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.MAX, Ops.MIN, Ops.NEG, Ops.CMPLT,
             Ops.CMPEQ, Ops.CMPNE, Ops.WHERE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR,
-            Ops.CAST, Ops.BITCAST, Ops.REDUCE, Ops.STACK, Ops.PICK}
+            Ops.CAST, Ops.BITCAST, Ops.REDUCE, Ops.STACK, Ops.PICK, Ops.DOT4, Ops.MULHI, Ops.MUL16}
 
 
 def _contiguous(idxs: tuple[UOp, ...]) -> bool:

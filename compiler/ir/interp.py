@@ -93,10 +93,23 @@ def eval_node(u: UOp, s: list[np.ndarray], env: dict) -> np.ndarray:
         return np.ascontiguousarray(s[0]).view(dt)
     if op is Ops.WHERE:
         return np.where(s[0], s[1], s[2]).astype(dt)
+    if op is Ops.DOT4:
+        return dot4(s[:4], s[4]).astype(dt)
+    if op is Ops.MUL16:
+        return (s[0] * s[1]).astype(dt)
+    if op is Ops.MULHI:
+        return ((s[0].astype(np.int64) * s[1].astype(np.int64)) >> 32).astype(dt)
     with np.errstate(all="ignore"):
         if op in UNARY:
             return UNARY[op](s[0]).astype(dt)
         return BINARY[op](s[0], s[1]).astype(dt)
+
+
+def dot4(bytes4, words: np.ndarray) -> np.ndarray:
+    """Ops.DOT4: sum over k of uint8 bytes4[k] times the signed byte k of int32 words."""
+    w = np.asarray(words).astype(np.int64)
+    return sum(np.asarray(b).astype(np.int64) * (((w >> (8 * k)) & 0xFF ^ 0x80) - 0x80)
+               for k, b in enumerate(bytes4))
 
 
 def _cast(x: np.ndarray, dt: np.dtype) -> np.ndarray:

@@ -347,11 +347,30 @@ class Tensor:
         prod = a.reshape(lead + (m, 1, k)) * b.transpose().reshape(lead + (1, n, k))
         return prod.sum([-1], keepdims=False)
 
-    def conv(self, w: Tensor, strides, dilations, pads, groups: int = 1) -> Tensor:
+    @staticmethod
+    def dot4(bytes4: list[Tensor], words: Tensor) -> Tensor:
+        """Per element, sum over k of uint8 bytes4[k] times the signed byte k of int32 `words`
+        (Ops.DOT4), in int32; every operand has one shape."""
+        return Tensor(UOp(Ops.DOT4, dtypes.int32, tuple(t.uop for t in bytes4) + (words.uop,)))
+
+    def mulhi(self, m: Tensor) -> Tensor:
+        """(self * m) >> 32 of int32 tensors (Ops.MULHI): the high word of the exact product."""
+        a, b = broadcast(self, m)
+        return Tensor(UOp(Ops.MULHI, dtypes.int32, (a.uop, b.uop)))
+
+    def mul16(self, b: Tensor) -> Tensor:
+        """self * b of int32 tensors whose b fits 16 signed bits (Ops.MUL16): HVX multiplies a
+        word by a halfword, and accumulates it, in one instruction."""
+        a, b = broadcast(self, b)
+        return Tensor(UOp(Ops.MUL16, dtypes.int32, (a.uop, b.uop)))
+
+    def conv(self, w: Tensor, strides, dilations, pads, groups: int = 1,
+             product=None) -> Tensor:
         """N-d convolution. x: (N, C, *S), w: (Cout, C/g, *K), pads: ((b, a), ...) per spatial dim.
 
         The kernel's iteration space is (N, g, Cout/g, *OS, C/g, *K) with the last 1+len(K)
         axes reduced; the input is a WINDOW view of the padded input, so no im2col buffer exists.
+        `product(x, w)`: the multiply (Tensor.mul16 for quantized weights on HVX targets).
         """
         nsp = len(w.shape) - 2
         n, c = self.shape[:2]
@@ -363,7 +382,7 @@ class Tensor:
         x = x.permute((0, 1, 2) + tuple(range(4, 4 + nsp)) + (3,) + tuple(range(4 + nsp, 4 + 2 * nsp)))
         full = (n, groups, cout // groups) + osp + (cg,) + ks
         wv = w.reshape((1, groups, cout // groups) + (1,) * nsp + (cg,) + ks)
-        prod = x.expand(full) * wv.expand(full)
+        prod = (product or Tensor.__mul__)(x.expand(full), wv.expand(full))
         out = prod.sum(list(range(3 + nsp, 4 + 2 * nsp)), keepdims=False)
         return out.reshape((n, cout) + osp)
 

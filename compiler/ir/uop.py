@@ -44,6 +44,12 @@ class Ops(IntEnum):  # IntEnum: hashing an op is C-level, and every UOp key hash
     AND = auto(); OR = auto(); XOR = auto(); SHL = auto(); SHR = auto()
     # ternary
     WHERE = auto()
+    # src = (b0, b1, b2, b3, w): sum over k of uint8 b_k times the signed byte k of int32 w (the
+    # low byte first), in int32: four 8-bit multiply-adds, HVX's vrmpy lane (renderers/c.py);
+    # kernel level also src = (word, w): the four bytes as one uint32 (codegen/build.py)
+    DOT4 = auto()
+    MULHI = auto()  # (a * b) >> 32 of int32 a, b: the high word of the exact 64-bit product
+    MUL16 = auto()  # a * b of int32 a, b where b fits 16 signed bits (a quantized weight)
     # reduction: tensor-level arg = (op, axes) keeping dims; kernel-level src = (value, *ranges)
     REDUCE = auto()
     # kernel level
@@ -65,7 +71,7 @@ class Ops(IntEnum):  # IntEnum: hashing an op is C-level, and every UOp key hash
 UNARY = {Ops.NEG, Ops.RECIP, Ops.SQRT, Ops.EXP2, Ops.EXP, Ops.LOG2, Ops.SIN, Ops.TRUNC, Ops.CAST, Ops.BITCAST}
 BINARY = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.MIN, Ops.POW,
           Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR}
-ALU = UNARY | BINARY | {Ops.WHERE}
+ALU = UNARY | BINARY | {Ops.WHERE, Ops.DOT4, Ops.MULHI, Ops.MUL16}
 COMPARE = {Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE}
 MOVEMENT = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP, Ops.WINDOW}
 COMMUTATIVE = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.MIN, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR}

@@ -284,7 +284,8 @@ def _all_nodes(graph: onnx.GraphProto):
 
 
 def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool = False,
-              pad_columns: int = 0, input_values: dict | None = None) -> Graph:
+              pad_columns: int = 0, input_values: dict | None = None,
+              narrow_pad_divisor: int = 16, hvx: bool = False) -> Graph:
     """input_values: {input name: value}, inputs frozen to constants (they leave the blob's
     inputs, and what depends on them folds, an If's condition included)."""
     proto, data = _load_proto(model)
@@ -319,7 +320,9 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
         inputs.append((vi.name, t.uop))
     functions = {(f.domain, f.name): f for f in proto.functions}
     _build(proto.graph.node, vals, Ctx(opset, float16=float16, winograd=winograd,
-                                            pad_columns=pad_columns), functions)
+                                            pad_columns=pad_columns,
+                                            narrow_pad_divisor=narrow_pad_divisor, hvx=hvx),
+           functions)
     outputs = []
     for vi in proto.graph.output:
         if vals.get(vi.name) is None:

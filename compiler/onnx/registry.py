@@ -59,6 +59,8 @@ class Ctx:
     # CPU targets: a big MatMul, Gemm or Conv by a constant weight with an odd output count pads
     # the weight's outputs to a multiple of this (ops/nn.py _pad_out): whole vectors; 0: never
     pad_columns: int = 0
+    narrow_pad_divisor: int = 16  # Target.narrow_pad_divisor
+    hvx: bool = False  # Target.hvx
     # quantized origins of float values, for the integer QDQ path (onnx/ops/quant.py): shared by
     # every node's Ctx (dataclasses.replace copies the reference)
     qdq: dict = field(default_factory=dict)

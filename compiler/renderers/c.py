@@ -21,7 +21,7 @@ import hashlib
 
 from compiler.artifact import Buffer, Launch
 from compiler.ir.dtypes import DType, dtypes
-from compiler.renderers.cstyle import INFIX, Body, CStyle
+from compiler.renderers.cstyle import INFIX, Body, CStyle, dot4_bytes, dot4_text
 from compiler.ir.uop import Ops, UOp
 from runner import abi
 from runner.abi import GRAPH as ENTRY, GRAPH_MT as ENTRY_MT, LAUNCH, PROFILE
@@ -96,9 +96,18 @@ class CRenderer(CStyle):
     """Vectors use the GCC/clang `vector_size` extension: lane-wise arithmetic and compares (which
     give 0/-1 integer masks), `__builtin_convertvector` for casts, a plain cast for bit casts."""
 
+    hvx = False  # 128-byte HVX vectors (dsp): Ops.DOT4 of 32 int32 lanes is one vrmpy
+    # parameters a vector load may read past (arena buffers: guard bytes at both ends); set per
+    # kernel by codegen/build.py
+    overread: frozenset = frozenset()
+
     def __init__(self, target=None):
+        if target is not None:
+            self.hvx = target.hvx
         if target is not None and target.kernel_symbols:
-            # the DSP's profile counts and tests/test_dsp.py's disassembly are per kernel symbol
+            # each kernel its own function, never inlined into the entry points: the DSP's
+            # profile counts and tests/test_dsp.py's disassembly are per kernel symbol (a call
+            # per launch costs nothing against a kernel)
             self.kernel_prefix = "static __attribute__((noinline)) void"
 
     def kernel_piece(self, lin: list[UOp], param_dtypes: list[DType]) -> tuple[str, frozenset]:
@@ -107,6 +116,7 @@ class CRenderer(CStyle):
         types it declares. `param_dtypes`: every parameter the launch passes, even one whose
         loads simplified away."""
         self.param_dtypes = param_dtypes
+        self.whole = {}  # narrow HVX loads -> the whole 128-byte vector from their address
         text = self.render_kernel("K", lin)
         used = {u.dtype for u in lin if u.dtype.count > 1}
         return text[len(f"{self.kernel_prefix} K"):], frozenset(used)
@@ -197,6 +207,9 @@ class CRenderer(CStyle):
         load = f"(*(const {u.dtype.cname}_u *)({p} + {idx}))"
         if len(u.src) == 3:  # one gate for every lane: nothing is read when it fails
             load = f"({body.ref(u.src[2])} ? {load} : {self.literal(0, u.dtype)})"
+        elif self.hvx and u.dtype.count == 32 and u.dtype.scalar.itemsize in (1, 2) \
+                and u.src[0].arg[0] in self.overread:
+            self.whole[u] = f"(*(const int32x32_u *)({p} + {idx}))"
         body.bind(u, load)
 
     def render_store(self, body: Body, u: UOp) -> None:
@@ -204,6 +217,11 @@ class CRenderer(CStyle):
         if val.dtype.count == 1:
             return super().render_store(body, u)
         p, idx = body.ref(u.src[0]), body.ref(u.src[1])
+        if self.hvx and val.dtype.count == 32 and val.dtype.scalar.itemsize == 1 \
+                and val.op is Ops.CAST and val.src[0].dtype.scalar.itemsize == 4:
+            # the low bytes of 32 int32 lanes
+            lanes = body.ref(val.src[0])
+            return body.emit(f"keel_store_bytes32({p} + {idx}, (int32x32)({lanes}));")
         body.emit(f"*({val.dtype.cname}_u *)({p} + {idx}) = {body.ref(val)};")
 
     def render_prefetch(self, body: Body, u: UOp) -> None:
@@ -216,7 +234,54 @@ class CRenderer(CStyle):
             return f"{a[0]}[{u.arg}]"
         if u.dtype.count == 1 or u.op is Ops.PICK:  # a PICK of vectors indexes an array of them
             return super().alu(u, a)
+        if u.op is Ops.DOT4:
+            return self.vdot4(u, a)
+        if u.op is Ops.MULHI:
+            return self.vmulhi(u, [self.lanes(x, s, u) for x, s in zip(a, u.src)])
+        if self.hvx and u.dtype.count == 32 and (u.op is Ops.MUL16 or u.op is Ops.ADD and any(
+                s.op is Ops.MUL16 and s.dtype.count == 32 for s in u.src)):
+            return self.vmul16(u, a)
         return self.valu(u, [self.lanes(x, s, u) for x, s in zip(a, u.src)])
+
+    def vmul16(self, u: UOp, a: list[str]) -> str:
+        """Ops.MUL16 on 32 HVX lanes, and an ADD of one to another value: one `vmpyie(Vu.w,
+        Vv.h)` accumulate, word times the halfword that holds the small operand, where a 32x32
+        multiply is two instructions and the add a third."""
+        if u.op is Ops.MUL16:
+            acc, m = f"(({self.dtype(u.dtype)}){{0}})", u
+        else:
+            k = next(i for i, s in enumerate(u.src) if s.op is Ops.MUL16)
+            acc, m = self.lanes(a[1 - k], u.src[1 - k], u), u.src[k]
+        x, w = (self.lanes(self.body.ref(s), s, u) for s in m.src)
+        return f"__builtin_HEXAGON_V6_vmpyiewh_acc_128B({acc}, {x}, {w})"
+
+    def vmulhi(self, u: UOp, a: list[str]) -> str:
+        """Ops.MULHI on vectors. On HVX, 32 lanes: vmpye + vmpyo accumulated with <<1:sat:shift
+        is floor(a * b / 2^31), exact but where both are -2^31 (the requantization's b is in
+        [2^30, 2^31)); one more shift halves it. Otherwise lane by lane in 64 bits."""
+        vt, n = self.dtype(u.dtype), u.dtype.count
+        if self.hvx and n <= 32:
+            x, y = (_fill32(v, n) for v in a)
+            q31 = (f"(({self.dtype(dtypes.int32.vec(32))})__builtin_HEXAGON_V6_vmpyowh_sacc_128B("
+                   f"__builtin_HEXAGON_V6_vmpyewuh_128B({x}, {y}), {x}, {y}))")
+            return f"({_first(q31, n)} >> 1)"
+        lanes = [f"((int)(((long long)({a[0]})[{i}] * ({a[1]})[{i}]) >> 32))" for i in range(n)]
+        return f"(({vt}){{{', '.join(lanes)}}})"
+
+    def vdot4(self, u: UOp, a: list[str]) -> str:
+        """Ops.DOT4 on vectors. On HVX, four scalar bytes against 32 words is one vrmpy: the
+        bytes splatted as one word (Vu.ub) times the words' signed bytes (Vv.b), summed per
+        32-bit lane. Otherwise lane-wise C."""
+        vt, n = self.dtype(u.dtype), u.dtype.count
+        if self.hvx and n <= 32 and all(s.dtype.count == 1 for s in u.src[:-1]):
+            word = a[0] if len(u.src) == 2 else \
+                " | ".join(f"((unsigned)({x}) << {8 * k})" for k, x in enumerate(a[:4]))
+            w = _fill32(self.lanes(a[-1], u.src[-1], u), n)
+            return _first(f"__builtin_HEXAGON_V6_vrmpybusv_128B(__builtin_HEXAGON_V6_lvsplatw_128B("
+                          f"(int)({word})), {w})", n)
+        a = [self.lanes(x, s, u) for x, s in zip(a, u.src)]
+        b = dot4_bytes(u, a)
+        return dot4_text([f"__builtin_convertvector({x}, {vt})" for x in b[:4]] + [b[4]], vt, vt)
 
     def operand(self, body: Body, src: UOp, user: UOp) -> str:
         return self.lanes(body.ref(src), src, user)
@@ -251,6 +316,8 @@ class CRenderer(CStyle):
             keep, x, y = self.minmax(u, a, "|")
             return self.select(keep, x, y, dt, mask_bytes=dt.scalar.itemsize)
         if op is Ops.CAST:
+            if u.src[0] in self.whole and dt.scalar.itemsize == 4:
+                return self.unpacked(u.src[0].dtype.scalar, dt, self.whole[u.src[0]])
             return f"__builtin_convertvector({a[0]}, {vt})"
         if op is Ops.BITCAST:
             return f"(({vt})({a[0]}))"
@@ -258,6 +325,16 @@ class CRenderer(CStyle):
             sym = "<<" if op is Ops.SHL else ">>"
             return f"({a[0]} {sym} ({a[1]} & {dt.scalar.bits - 1}))"
         raise NotImplementedError(f"C renderer cannot vectorize {op}")
+
+    def unpacked(self, src: DType, dt: DType, whole: str) -> str:
+        """32 bytes or halfwords widened to 32-bit lanes from the whole 128-byte vector at their
+        address: HVX's in-order unpacks (lower half first), where clang-19 assembles a 32- or
+        64-byte vector lane by lane from scalar loads (and takes seconds to compile it)."""
+        u = "" if src.kind == "i" else "u"
+        v = whole
+        for part in (["b"] if src.itemsize == 1 else []) + ["h"]:
+            v = f"__builtin_HEXAGON_V6_lo_128B(__builtin_HEXAGON_V6_vunpack{u}{part}_128B({v}))"
+        return f"(({self.dtype(dt)})({v}))"
 
     def select(self, mask: str, a: str, b: str, dt: DType, mask_bytes: int = 4) -> str:
         """Lane-wise mask ? a : b as bit operations (C has no vector ternary)."""
@@ -281,12 +358,54 @@ class Program(str):
         return self
 
 
+def _fill32(v: str, n: int) -> str:
+    """An n-lane 32-bit vector (n <= 32) repeated to fill a 128-byte HVX register."""
+    return v if n == 32 else \
+        f"__builtin_shufflevector({v}, {v}, {', '.join(str(i % n) for i in range(32))})"
+
+
+def _first(v: str, n: int) -> str:
+    """The first n lanes of a 32-lane vector."""
+    return v if n == 32 else f"__builtin_shufflevector({v}, {v}, {', '.join(map(str, range(n)))})"
+
+
 def _typedefs(r: CRenderer, used: frozenset[DType]) -> str:
-    """Typedefs of the vector types `used`, and of the masks a select() of them needs."""
+    """Typedefs of the vector types `used`, and of the masks a select() of them needs (and on
+    HVX its store helper)."""
     counts = {d.count for d in used}
     masks = {_int_of(b).vec(n) for n in counts for b in (1, 2, 4, 8)}  # for select()
     vectors = {d for d in used if d.scalar is not dtypes.bool} | masks
-    return "".join(r.typedef(d) for d in sorted(vectors, key=lambda d: d.cname))
+    if r.hvx:  # the register's own type: narrower vectors fill one for HVX's builtins
+        vectors.add(dtypes.int32.vec(32))
+    return "".join(r.typedef(d) for d in sorted(vectors, key=lambda d: d.cname)) + \
+        (HVX_STORE_BYTES if r.hvx else "")
+
+
+# 32 int32 lanes stored as their low bytes (a requantized int8/uint8 result): packed in the
+# vector (two vpacke) and written with masked aligned stores into the one or two 128-byte blocks
+# the 32 bytes span, where clang-19 goes through the stack, a word at a time.
+HVX_STORE_BYTES = """
+static inline void keel_store_bytes32(void *p, int32x32 v) {
+  typedef long hvx __attribute__((__vector_size__(128)));
+  hvx h = __builtin_HEXAGON_V6_vpackeh_128B((hvx)v, (hvx)v);
+  hvx b = __builtin_HEXAGON_V6_vpackeb_128B(h, h);
+  unsigned off = (unsigned)p & 127, end = off + 32;
+  hvx rot = __builtin_HEXAGON_V6_vlalignb_128B(b, b, off);
+  hvx *base = (hvx *)((unsigned)p & ~127u);
+  hvx lo = __builtin_HEXAGON_V6_vandqrt_128B(__builtin_HEXAGON_V6_pred_scalar2_128B(off), -1);
+  hvx hi = __builtin_HEXAGON_V6_vandqrt_128B(__builtin_HEXAGON_V6_pred_scalar2v2_128B(
+      end < 128 ? end : 128), -1);
+  hvx first = __builtin_HEXAGON_V6_vandqrt_128B(__builtin_HEXAGON_V6_pred_and_n_128B(
+      __builtin_HEXAGON_V6_vandvrt_128B(hi, -1), __builtin_HEXAGON_V6_vandvrt_128B(lo, -1)), -1);
+  __builtin_HEXAGON_V6_vS32b_qpred_ai_128B(__builtin_HEXAGON_V6_vandvrt_128B(first, -1), base, rot);
+  if (end > 128) {
+    hvx rest = __builtin_HEXAGON_V6_vandqrt_128B(
+        __builtin_HEXAGON_V6_pred_scalar2_128B(end - 128), -1);
+    __builtin_HEXAGON_V6_vS32b_qpred_ai_128B(__builtin_HEXAGON_V6_vandvrt_128B(rest, -1),
+                                            base + 1, rot);
+  }
+}
+"""
 
 
 def _entries(r: CRenderer, launches: list[Launch], buffers: dict[int, Buffer],

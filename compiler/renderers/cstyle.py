@@ -14,6 +14,23 @@ INFIX = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.CMPLT: "<"
          Ops.CMPEQ: "==", Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^"}
 
 
+def dot4_bytes(u: UOp, a: list[str]) -> list[str]:
+    """A DOT4's operands with its four bytes apart: a word's (src = (word, w)) shifted out."""
+    if len(u.src) == 5:
+        return a
+    return [f"(({a[0]} >> {8 * k}) & 255)" for k in range(4)] + [a[1]]
+
+
+def dot4_text(a: list[str], ints: str, word: str) -> str:
+    """Ops.DOT4 in C, for scalars or vectors (`ints`: int or an int32 vector type; `word`: the
+    word's type to shift left in, unsigned for scalars, where a signed overflow is undefined):
+    byte k of the word sign-extended by shifting it to the top and back (arithmetic shift)."""
+    w = a[4]
+    terms = [f"(({ints})({b}) * (({ints})(({word})({w}) << {24 - 8 * k}) >> 24))"
+             for k, b in enumerate(a[:4])]
+    return f"({' + '.join(terms)})"
+
+
 def _plain(u: UOp) -> bool:
     """A constant that is not NaN: a max/min with it needs no NaN test."""
     return u.op is Ops.CONST and not (isinstance(u.arg, float) and math.isnan(u.arg))
@@ -53,6 +70,12 @@ class CStyle:
             return f"(-({a[0]}))" if dt is not dtypes.bool else f"(!{a[0]})"
         if op is Ops.WHERE:
             return f"({a[0]} ? {a[1]} : {a[2]})"
+        if op is Ops.DOT4:
+            return dot4_text(dot4_bytes(u, a), "int", "unsigned")
+        if op is Ops.MUL16:
+            return f"({a[0]} * {a[1]})"
+        if op is Ops.MULHI:
+            return f"((int)(((long long)({a[0]}) * ({a[1]})) >> 32))"
         if op in (Ops.MAX, Ops.MIN):
             keep, x, y = self.minmax(u, a, "||")
             return f"({keep} ? {x} : {y})"
@@ -116,7 +139,7 @@ class CStyle:
         return f"for ({i} {name} = 0; {name} < {end}; {name}++) {{"
 
     def render_kernel(self, name: str, lin: list[UOp]) -> str:
-        body = Body(self)
+        body = self.body = Body(self)  # self.body: for forms that read an operand's operands
         for u in lin:
             op = u.op
             if op is Ops.PARAM:
@@ -165,6 +188,9 @@ class CStyle:
 
     def render_load(self, body: Body, u: UOp) -> None:
         expr = f"{body.ref(u.src[0])}[{body.ref(u.src[1])}]"
+        if u.dtype.itemsize != u.src[0].dtype.itemsize:  # bytes read as a word (DOT4's)
+            p, idx = body.ref(u.src[0]), body.ref(u.src[1])
+            expr = f"(*(const {self.dtype(u.dtype)} *)({p} + {idx}))"
         if len(u.src) == 3:
             expr = f"({body.ref(u.src[2])} ? {expr} : {self.literal(0, u.dtype)})"
         body.bind(u, expr)

@@ -108,8 +108,11 @@ class Buffers:
         for b in args:
             self.life.setdefault(b, [step, step])[1] = step
         self.launches.append(Launch(k.name, tuple(args), plan.global_size, plan.local))
-        # work per launch, for GFLOP/s in profiles: a multiply-add per reduced element
-        self.flops.append(2 * prod(plan.full_shape) if plan.reduce_dims else prod(plan.full_shape))
+        # work per launch, for GFLOP/s in profiles: a multiply-add per reduced element (four
+        # for a DOT4's, which multiplies four bytes)
+        per = 4 if any(n.op is Ops.DOT4 for n in k.root.toposort(leaves=set(k.inputs))) else 1
+        self.flops.append(2 * per * prod(plan.full_shape) if plan.reduce_dims
+                          else prod(plan.full_shape))
 
     def plan_arena(self) -> None:
         n_in = len(self.inputs)

@@ -201,7 +201,8 @@ def _conv(ctx, i, a):
             and (value := ctx.constant(w)) is not None:
         y = winograd.conv(x, value, pads)
     else:
-        y = contract(lambda x, w: x.conv(w, strides, dil, pads, group), x, w)
+        product = a.get(quant.PRODUCT)  # the QDQ path's multiply, where it has its own
+        y = contract(lambda x, w: x.conv(w, strides, dil, pads, group, product), x, w)
     y = _cut(y, 1, cout) if extra else y
     if len(i) > 2 and i[2] is not None:
         y = y + _bshape(i[2], y)

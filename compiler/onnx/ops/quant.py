@@ -24,6 +24,7 @@ import numpy as np
 
 from compiler.ir.dtypes import DType, dtypes
 from compiler.ir.uop import Ops
+from compiler.onnx.ops import quant_hvx
 from compiler.onnx.registry import OPS, onnx_dtype, op
 from compiler.ir.tensor import Tensor
 
@@ -67,10 +68,9 @@ def _quantize(ctx, i, a):
     s = qparam(scale, x, axis, block)
     ct = onnx_dtype(a["precision"], ctx.where()) if a.get("precision") else _widest(x, s)
     z = qparam(zp, x, axis, block).cast(dtypes.float32) if zp is not None else None
-    v = x.cast(ct) / s.cast(ct)
     if ct is dtypes.float32 and out.itemsize <= 2:
-        return _round_to(v, z, out)
-    v = v.round_even()
+        return _round_to(quant_hvx.divided(ctx, x.cast(ct), s.cast(ct)), z, out)
+    v = (x.cast(ct) / s.cast(ct)).round_even()
     return saturate(v if z is None else v.cast(dtypes.float32) + z, out)
 
 
@@ -157,6 +157,8 @@ def _qlinear_conv(ctx, i, a):
 # multiple (squeezenet's 1000) is computed with zero channels up to it, at most 1/16 more work,
 # so its kernel takes whole vectors instead of the widest power of two dividing the count (8)
 LANES = 32
+# the attribute (no ONNX name has a dot) by which integer_contract gives _conv its multiply
+PRODUCT = "keel.product"
 
 
 @dataclass(frozen=True)
@@ -227,12 +229,38 @@ def integer_contract(ctx, i: list, a: dict, float_op, w_axis: int, out_axis: int
         return None  # a float bias, or one quantized with another scale
     xi, wq, bq, n = _int32(x), w.q, bias.q if bias else None, w.q.shape[w_axis]
     wc = ctx.constant(wq)
+    if w_axis == 0 and wc is not None and a.get("group", 1) == 1 and \
+            (padded := _channels_kept(x.q)) is not None:
+        # the input is a padded conv's first channels: read all of them (the padding's
+        # centered values are 0) against zero weights, so no kernel copies the first ones out
+        x = Dq(padded, x.zp, x.scale, x.axis)
+        xi = _int32(x)
+        wc = np.pad(wc, ((0, 0), (0, padded.shape[1] - wc.shape[1])) + ((0, 0),) * (wc.ndim - 2))
+        wq = Tensor.weight(wc)
+    if w_axis == 0 and wc is not None and wc.shape[1] == 1 and a.get("group", 1) == wc.shape[0] \
+            == x.q.shape[1] and (padded := _channels_kept(x.q)) is not None:
+        # depthwise over a padded conv's first channels: all of them, one group each, the
+        # padding's against zero weights and bias (its result is the zero point, cut off after)
+        x, pad = Dq(padded, x.zp, x.scale, x.axis), padded.shape[1] - wc.shape[0]
+        xi, a = _int32(x), {**a, "group": padded.shape[1]}
+        wc = np.pad(wc, ((0, pad),) + ((0, 0),) * (wc.ndim - 1))
+        wq = Tensor.weight(wc)
+        if bq is not None:
+            if (bc := ctx.constant(bq)) is None:
+                return None
+            bq = Tensor.weight(np.pad(bc, (0, pad)))
+        scale = np.pad(np.broadcast_to(scale, n), (0, pad), mode="edge")
     if wc is not None and wc.ndim == 2 and (xw := _pixels_first(x, wc, 1 if w_axis == 0 else 0)):
         xi, wc = xw
         wq = Tensor.weight(wc)
-    if w_axis == 0 and wc is not None:  # the weight's first axis is the output channel's
+    # the weight's first axis is the output channel's; a grouped conv's channels are its groups'
+    if w_axis == 0 and wc is not None and a.get("group", 1) == 1:
         wq, bq, scale = _whole_vectors(ctx, wq, wc, bq, scale)
-    acc = float_op(ctx, [xi, wq.cast(dtypes.int32)] + ([bq] if bq is not None else []), a)
+    if (acc := quant_hvx.dot4_conv(ctx, x.q, int(x.zp.reshape(-1)[0]),
+                                   ctx.constant(wq) if wc is not None else None, bq, a)) is None:
+        if ctx.hvx and wq.dtype in (dtypes.int8, dtypes.uint8):  # weights fit a halfword
+            a = {**a, PRODUCT: Tensor.mul16}
+        acc = float_op(ctx, [xi, wq.cast(dtypes.int32)] + ([bq] if bq is not None else []), a)
     out_axis %= acc.ndim
     shape = [scale.size if d == out_axis else 1 for d in range(acc.ndim)]
     y = acc.cast(dtypes.float32) * Tensor.weight(scale.astype(np.float32).reshape(shape))
@@ -245,10 +273,12 @@ def integer_contract(ctx, i: list, a: dict, float_op, w_axis: int, out_axis: int
 
 def _whole_vectors(ctx, wq: Tensor, wc: np.ndarray, bq: Tensor | None, scale: np.ndarray):
     """(weight, bias, scale) with zero output channels up to a multiple of LANES when that adds
-    at most 1/16 of the work and the bias is constant too; else as they are."""
+    at most 1/16 of the work (1/ctx.narrow_pad_divisor when the count is not a multiple of
+    LANES) and the bias is constant too; else as they are."""
     n = wc.shape[0]
     pad, bc = -n % LANES, ctx.constant(bq) if bq is not None else None
-    if not pad or pad * 16 > n or (bq is not None and bc is None):
+    divisor = ctx.narrow_pad_divisor if n % LANES else 16
+    if not pad or pad * divisor > n or (bq is not None and bc is None):
         return wq, bq, scale
     wq = Tensor.weight(np.pad(wc, ((0, pad),) + ((0, 0),) * (wc.ndim - 1)))
     bq = Tensor.weight(np.pad(bc, (0, pad))) if bq is not None else None
@@ -273,13 +303,27 @@ def _pixels_first(x: Dq, w: np.ndarray, k_axis: int) -> tuple[Tensor, np.ndarray
     return xi.permute((0, 2, 3, 1)).reshape(x.q.shape), np.take(w, order, axis=k_axis)
 
 
+def _channels_kept(q: Tensor) -> Tensor | None:
+    """The whole tensor when q is the first channels (axis 1) of a conv result padded to whole
+    vectors (_whole_vectors, integer_requantize): its other channels hold the zero point."""
+    u = q.uop
+    if u.op is not Ops.SHRINK or len(u.shape) != 4:
+        return None
+    whole = u.src[0].shape
+    if any(b != (0, n) for d, (b, n) in enumerate(zip(u.arg, whole)) if d != 1) \
+            or u.arg[1][0] != 0:
+        return None
+    return Tensor(u.src[0])
+
+
 def _int32(d: Dq) -> Tensor:
     """A per-tensor quantized value's integers minus its zero point, in int32."""
     zp = int(d.zp.reshape(-1)[0])
     return d.q.cast(dtypes.int32) - zp if zp else d.q.cast(dtypes.int32)
 
 
-def _record(ctx, acc: Tensor, scale: float, bound: int, y: Tensor | None = None) -> Tensor:
+def _record(ctx, acc: Tensor, scale: float, bound: int, y: Tensor | None = None,
+            keep: int = 0) -> Tensor:
     """y (by default acc's float value), recorded as the int32 accumulator `acc` of one scale
     for a QuantizeLinear after it. |acc| <= bound: the accumulator is scaled up by a power of
     two while it stays below 2**30, which leaves the value unchanged and keeps the
@@ -288,7 +332,7 @@ def _record(ctx, acc: Tensor, scale: float, bound: int, y: Tensor | None = None)
     k = max(0, min(16, 30 - int(bound).bit_length()))
     acc, scale = (acc * (1 << k), scale / (1 << k)) if k else (acc, scale)
     y = acc.cast(dtypes.float32) * float(scale) if y is None else y
-    ctx.qdq[y.uop] = Acc(acc, np.array([scale]), 1)
+    ctx.qdq[y.uop] = Acc(acc, np.array([scale]), 1, keep)
     return y
 
 
@@ -318,8 +362,14 @@ def integer_add(ctx, a: Tensor, b: Tensor, y: Tensor) -> None:
     if not (sa and sb):
         return
     s = max(sa, sb)
+    pa, pb = _channels_kept(da.q), _channels_kept(db.q)
+    keep = 0
+    if pa is not None and pb is not None and pa.shape == pb.shape and da.q.shape == db.q.shape:
+        # both the first channels of padded results: add all of them (the padding stays zero)
+        da, db = Dq(pa, da.zp, da.scale, da.axis), Dq(pb, db.zp, db.scale, db.axis)
+        keep = y.shape[1]
     acc = _int32(da) * round(sa / s * 2 ** 20) + _int32(db) * round(sb / s * 2 ** 20)
-    _record(ctx, acc, s / 2 ** 20, 255 << 21, y)
+    _record(ctx, acc, s / 2 ** 20, 255 << 21, y, keep)
 
 
 def integer_mul(ctx, a: Tensor, b: Tensor, y: Tensor) -> None:
@@ -372,7 +422,8 @@ def integer_requantize(ctx, x: Tensor, scale: Tensor, zp: Tensor | None, out: DT
         # r = 32 + s, s >= 1: adding 2**(r-1) and shifting by r drops the product's low word,
         # (hi + 2**(s-1)) >> s with hi = (acc * m0) >> 32, exactly. All in int32 lanes, which
         # vectorize where int64 ones do not (HVX has no 64-bit lanes; clang scalarizes them)
-        v = (mulhi(acc.acc, m0, w) + w(1 << (r - 33), np.int32)).shr(w(r - 32, np.int32))
+        hi = acc.acc.mulhi(w(m0, np.int32)) if ctx.hvx else mulhi(acc.acc, m0, w)
+        v = (hi + w(1 << (r - 33), np.int32)).shr(w(r - 32, np.int32))
     else:  # m >= 1/4: the low word rounds too
         v = acc.acc.cast(dtypes.int64) * w(m0, np.int64)
         v = (v + w(1 << (r - 1), np.int64)).shr(w(r, np.int64))
