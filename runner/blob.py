@@ -1,7 +1,7 @@
 """Blob format v3 (docs/blob.md; its definition is runner/format.py): the reader.
 
-`read_blob` maps the file and checks the header, the manifest (structure, types, every field) and
-the layout, picks the variant this host runs (runner/host.py), then checks that variant's
+`read_blob` reads the file into private memory, then checks the header, the manifest (structure,
+types, every field) and the layout, picks the variant this host runs (runner/host.py), then checks that variant's
 SHA-256s, every buffer's bounds, its io slots and its replay table before returning. Nothing in a
 blob runs until all of that has passed.
 
@@ -26,6 +26,7 @@ import numpy as np
 
 from runner.device import TARGETS
 from runner.errors import BlobError, ConfigError
+from runner.files import open_regular
 from runner.format import (CHUNK_BYTES, DTYPES, FILE_SHA256_AT, FLAGS, GRAPH_HEAD, HEADER, LAUNCH,
                            MAGIC, MAX_DIMS, MAX_INT, REGIONS, SECTION_ALIGN, VERSION, BARRIER,
                            file_sha256, section_names, section_offsets, variant_sections)
@@ -69,7 +70,7 @@ class Blob:
     outputs: list[BufferSpec]
     launches: list[LaunchSpec]
     arena_bytes: int
-    weights: memoryview  # zero-copy views into the mapped file
+    weights: memoryview  # zero-copy views into the private copy of the file (read_blob)
     programs: memoryview
     graph: memoryview
     program_names: list[str]  # program index -> kernel name
@@ -79,13 +80,33 @@ def read_blob(path, variant: str | None = None) -> Blob:
     """variant: which of the blob's variants (targets) to load; None: the one this host runs
     best, or KEEL_CPU_VARIANT's (runner/host.py:choose)."""
     try:
-        with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size == 0:
-                raise BlobError(f"{path}: file is empty, expected a keel blob")
-            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        data = _read_private(path)
     except OSError as e:
-        raise BlobError(f"cannot read blob {path}: {e}") from None
-    return parse_blob(memoryview(data), variant)
+        raise BlobError(f"cannot read blob {e.filename or path}: {e.strerror or e}") from None
+    return parse_blob(memoryview(data).toreadonly(), variant)
+
+
+def _read_private(path) -> mmap.mmap:
+    """The file's bytes in anonymous memory: what is hashed is what runs, and a later write,
+    replacement or truncation of the file cannot reach it (a shared mapping would run the new
+    file's weights with the old code, or die of SIGBUS). Costs one copy at load (docs/perf.md,
+    issue 33)."""
+    with open(open_regular(path), "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            raise BlobError(f"{path}: file is empty, expected a keel blob")
+        data = mmap.mmap(-1, size)
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            data.madvise(mmap.MADV_HUGEPAGE)  # fewer page faults while it is filled
+        view, got = memoryview(data), 0
+        while got < size:
+            n = f.readinto(view[got:])
+            if not n:
+                raise BlobError(f"{path}: the file shrank from {size} to {got} bytes while "
+                                f"it was read")
+            got += n
+        view.release()
+    return data
 
 
 def parse_blob(data: memoryview, variant: str | None = None) -> Blob:

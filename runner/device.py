@@ -57,7 +57,7 @@ from typing import Callable
 
 import numpy as np
 
-from runner.errors import AllocError, DeviceError, DeviceTimeout
+from runner.errors import AllocError, ConfigError, DeviceError, DeviceTimeout
 
 # blob target -> device that runs it
 # (a `cpu` blob holds variants cpu-avx2 and cpu-avx512: runner/host.py picks one)
@@ -138,8 +138,11 @@ class Device:
 
 
 def get_device(name: str) -> Device:
+    if not isinstance(name, str):
+        raise ConfigError(f"device: expected a name, one of {sorted(DEVICES)}, got "
+                          f"{type(name).__name__} {name!r}")
     if name not in DEVICES:
-        raise ValueError(f"unknown device {name!r}; expected one of {sorted(DEVICES)}")
+        raise ConfigError(f"unknown device {name!r}; expected one of {sorted(DEVICES)}")
     module, cls = DEVICES[name].split(":")
     return getattr(importlib.import_module(module), cls)()
 

@@ -19,11 +19,11 @@ from onnx import helper
 from compiler.blob import write_blob
 from compiler.errors import CompileError
 from compiler.pipeline import compile_model
-from runner import AllocError, BlobError, ConfigError, Model
+from runner import AllocError, BlobError, ConfigError, InputError, Model
 from runner.blob import parse_blob
 from runner.cpu import threads_from_env
 from runner.opencl import unavailable_reason
-from tests.graphs import keel_run, make_model, ort_run, single_node_model
+from tests.graphs import compiled_blob, keel_run, make_model, ort_run, single_node_model
 from tests.hand_graphs import chain_artifact, write
 
 REPO = Path(__file__).parents[1]
@@ -405,3 +405,196 @@ def test_model_load_takes_paths_only_and_leaves_fds_alone():
         os.fstat(r)  # still open: an int is not taken for a file descriptor
     finally:
         os.close(r), os.close(w)
+
+
+# ---- issue 33: aliasing, validation before writing, untyped run() errors -------------------------
+
+def _recurrent_model() -> onnx.ModelProto:
+    """h_new = h @ w + b: every output element reads a whole row of h, so writing h_new into h
+    while the kernel runs gives wrong values."""
+    rng = np.random.default_rng(3)
+    w = (rng.standard_normal((256, 256)) / 16).astype(np.float32)
+    b = np.ones(256, np.float32)
+    return make_model([helper.make_node("MatMul", ["h", "w"], ["hw"]),
+                       helper.make_node("Add", ["hw", "b"], ["h_new"])],
+                      [("h", (1, 256), "float32")], [("h_new", (1, 256), "float32")],
+                      {"w": w, "b": b})
+
+
+@pytest.fixture(scope="module")
+def recurrent():
+    model = _recurrent_model()
+    return model, Model.load(compiled_blob(model))
+
+
+@pytest.fixture(scope="module")
+def transpose():
+    model = single_node_model("Transpose", [((8, 8), "float32")])
+    return model, Model.load(compiled_blob(model))
+
+
+@pytest.fixture(scope="module")
+def two_inputs_two_outputs():
+    """y0 = a + b, y1 = a - b over (4, 8)."""
+    model = make_model([helper.make_node("Add", ["a", "b"], ["y0"]),
+                        helper.make_node("Sub", ["a", "b"], ["y1"])],
+                       [("a", (4, 8), "float32"), ("b", (4, 8), "float32")],
+                       [("y0", (4, 8), "float32"), ("y1", (4, 8), "float32")])
+    return model, Model.load(compiled_blob(model))
+
+
+def _state(seed=0, shape=(16, 16)):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def test_recurrent_state_written_over_its_own_feed_is_right(recurrent):
+    """m.run({"h": st}, out={"h_new": st}) as modeld writes it: three steps, each equal to
+    onnxruntime's step from the previous state (1e-5: one MatMul of 256 terms, rounding order)."""
+    model, m = recurrent
+    st, ref = _state(0, (1, 256)), _state(0, (1, 256))
+    for _ in range(3):
+        ref = ort_run(model, {"h": ref})["h_new"]
+        got = m.run({"h": st}, out={"h_new": st})["h_new"]
+        assert got is st
+        np.testing.assert_allclose(st, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("how", ["view", "input_view", "bind_input"])
+def test_output_into_the_array_the_run_reads_is_right(transpose, how):
+    model, m = transpose
+    x = _state(1, (8, 8))
+    want = x.T.copy()
+    if how == "view":  # out is a view of the feed (same memory, another array object)
+        buf = x.copy()
+        m.run({"x0": buf}, out={"y": buf.view()})
+    elif how == "input_view":
+        buf = m.input_view("x0")
+        buf[:] = x
+        m.run(out={"y": buf})
+    else:
+        buf = x.copy()
+        m.bind_input("x0", buf)
+        try:
+            m.run(out={"y": buf})
+        finally:
+            m.bind_input("x0", None)
+    np.testing.assert_array_equal(buf, want)  # a transpose is exact
+
+
+def test_two_outputs_in_one_array_is_an_input_error_naming_both(two_inputs_two_outputs):
+    _, m = two_inputs_two_outputs
+    one = np.full((4, 8), 7, np.float32)
+    a, b = np.ones((4, 8), np.float32), np.ones((4, 8), np.float32)
+    with pytest.raises(InputError, match=r"out\['y0'\] and out\['y1'\] share memory"):
+        m.run({"a": a, "b": b}, out={"y0": one, "y1": one})
+    wide = np.full(48, 7, np.float32)  # overlapping by 16 values, not identical
+    with pytest.raises(InputError, match="share memory"):
+        m.run({"a": a, "b": b}, out={"y0": wide[:32].reshape(4, 8), "y1": wide[16:].reshape(4, 8)})
+    assert (wide == 7).all()
+    assert (one == 7).all()
+
+
+def test_a_run_that_fails_on_one_feed_writes_nothing(two_inputs_two_outputs):
+    """Input a is not contiguous (it would be copied into its slot); input b is wrong: the
+    slot of a and the out= arrays keep what they held."""
+    _, m = two_inputs_two_outputs
+    m.input_view("a")[:] = 5
+    a = np.ones((8, 4), np.float32).T  # Fortran order: copied, not bound
+    out = {"y0": np.full((4, 8), 9, np.float32)}
+    with pytest.raises(InputError, match="input 'b'"):
+        m.run({"a": a, "b": np.ones((4, 8), np.float64)}, out=out)
+    assert (m.input_view("a") == 5).all() and (out["y0"] == 9).all()
+    with pytest.raises(InputError, match="out"):
+        m.run({"a": a, "b": np.ones((4, 8), np.float32)}, out={"y0": out["y0"], "bogus": a})
+    assert (m.input_view("a") == 5).all()
+
+
+def test_a_feed_that_is_another_inputs_slot_is_read_before_that_slot_is_written(
+        two_inputs_two_outputs):
+    _, m = two_inputs_two_outputs
+    m.input_view("b")[:] = 2
+    new_b = np.full((8, 4), 3, np.float32).T  # not contiguous: copied into b's slot
+    got = m.run({"a": m.input_view("b"), "b": new_b})
+    assert (got["y0"] == 5).all() and (got["y1"] == -1).all()
+
+
+@pytest.mark.parametrize("timeout", [np.float32(50), np.int64(50), np.float64(50), 50, 1e12])
+def test_numpy_and_large_timeouts_are_accepted(transpose, timeout):
+    _, m = transpose
+    x = _state(2, (8, 8))
+    assert (m.run({"x0": x}, timeout_ms=timeout)["y"] == x.T).all()
+
+
+@pytest.mark.parametrize("timeout", [1e13, 1e300, float("inf"), float("nan"), 0, -1, True,
+                                     "50", np.bool_(True)])
+def test_bad_timeouts_are_input_errors(transpose, timeout):
+    _, m = transpose
+    with pytest.raises(InputError, match="timeout_ms"):
+        m.run({"x0": _state(2, (8, 8))}, timeout_ms=timeout)
+
+
+@pytest.mark.parametrize("feeds,out,words", [
+    ([np.zeros((8, 8), np.float32)], None, "feeds: expected a dict"),
+    ((np.zeros((8, 8), np.float32), np.zeros((8, 8), np.float32)), None, "got tuple"),
+    (np.zeros((8, 8), np.float32), None, "got ndarray"),
+    ({"x0": np.zeros((8, 8), np.float32)}, [np.zeros((8, 8), np.float32)], "out: expected a dict")])
+def test_feeds_and_out_that_are_not_dicts_are_input_errors(transpose, feeds, out, words):
+    _, m = transpose
+    with pytest.raises(InputError, match=words):
+        m.run(feeds, out=out)
+
+
+@pytest.mark.parametrize("device,words", [("nonsense", "unknown device 'nonsense'"),
+                                          (["cpu"], "device: expected a name")])
+def test_a_bad_device_name_is_a_config_error(relu_blob, device, words):
+    with pytest.raises(ConfigError, match=words):
+        Model.load(relu_blob, device=device)
+
+
+def test_a_path_with_nul_is_a_blob_error(tmp_path):
+    with pytest.raises(BlobError, match="NUL"):
+        Model.load(f"{tmp_path}/a\0b.blob")
+
+
+# ---- issue 33: a loaded blob is immune to its file; paths are regular files ---------------------
+
+_AFTER_LOAD = """
+import os, shutil, sys
+import numpy as np
+from runner import Model
+blob, other, how = sys.argv[1:]
+m = Model.load(blob)
+x = np.arange(192, dtype=np.float32).reshape(1, 3, 8, 8) - 96
+before = m.run({"x0": x})["y"].copy()
+if how == "truncate":
+    os.truncate(blob, 100)
+else:  # cp other.blob b.blob: the same inode, new bytes
+    with open(other, "rb") as src, open(blob, "r+b") as dst:
+        shutil.copyfileobj(src, dst)
+for _ in range(3):
+    assert (m.run({"x0": x})["y"] == before).all()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("how", ["truncate", "overwrite"])
+def test_a_loaded_blob_runs_what_was_loaded_after_its_file_changes(tmp_path, how):
+    """The kernels read their weights from the blob: a mapped file's pages would be the new
+    file's (or gone: SIGBUS)."""
+    blob, other = tmp_path / "b.blob", tmp_path / "other.blob"
+    for path, scale in ((blob, 2), (other, 3)):
+        w = np.full((1, 3, 8, 8), scale, np.float32)
+        write_blob(compile_model(single_node_model("Mul", [((1, 3, 8, 8), "float32"), w])), path)
+    proc = subprocess.run([sys.executable, "-c", _AFTER_LOAD, blob, other, how], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout == "ok\n", (proc.returncode, proc.stderr)
+
+
+def test_a_fifo_is_refused_as_a_blob_without_blocking(tmp_path):
+    fifo = tmp_path / "pipe.blob"
+    os.mkfifo(fifo)
+    proc = subprocess.run([sys.executable, "-c", "import sys; from runner import Model\n"
+                           "try: Model.load(sys.argv[1])\n"
+                           "except Exception as e: print(type(e).__name__, e)", fifo],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.stdout.startswith("BlobError") and "a FIFO" in proc.stdout, proc
