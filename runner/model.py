@@ -176,7 +176,7 @@ class Model:
         except DeviceTimeout as e:
             self._broken = True
             raise DeviceTimeout(f"{e} ({timeout_ms} ms after submit)") from None
-        except DeviceError:
+        except BaseException:  # DeviceError, or an interrupt (KeyboardInterrupt) mid-run
             self._broken = True
             raise
         for scratch, arr in plan.staged:

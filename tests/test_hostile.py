@@ -9,6 +9,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -598,3 +599,140 @@ def test_a_fifo_is_refused_as_a_blob_without_blocking(tmp_path):
                            "except Exception as e: print(type(e).__name__, e)", fifo],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.stdout.startswith("BlobError") and "a FIFO" in proc.stdout, proc
+
+
+# ---- issue 33: interrupts, close() and fork() around a run; thread counts -----------------------
+
+@pytest.fixture(scope="module")
+def matmul_blob() -> Path:
+    """A run long enough (milliseconds at 2 threads) to be interrupted in the middle."""
+    w = np.random.default_rng(4).standard_normal((384, 384)).astype(np.float32) / 20
+    return compiled_blob(single_node_model("MatMul", [((384, 384), "float32"), w]))
+
+
+def _script(code: str, *args, threads="2", timeout=120):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "KEEL_THREADS": threads}
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+_INTERRUPTED = """
+import os, random, signal, sys, threading
+import numpy as np
+from runner import Model
+m = Model.load(sys.argv[1])
+x = np.random.default_rng(0).standard_normal((384, 384)).astype(np.float32)
+want = m.run({"x0": x})["y"].copy()
+rng = random.Random(int(sys.argv[2]))
+interrupted = 0
+def interrupted_run():
+    timer = threading.Timer(rng.uniform(0, 0.004), os.kill, (os.getpid(), signal.SIGINT))
+    try:
+        timer.start()
+        m.run({"x0": x})
+        timer.join()  # the signal may land after run() returned
+        m.run({"x0": x})
+    except KeyboardInterrupt:
+        return 1
+    return 0
+for _ in range(25):
+    interrupted += interrupted_run()
+assert (m.run({"x0": x})["y"] == want).all()
+print(interrupted + interrupted_run())  # and exit at once: workers may still be running
+"""
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_an_interrupted_threaded_run_leaves_the_pool_consistent_and_exit_clean(matmul_blob, seed):
+    """SIGINT lands anywhere in run(): the next runs are right and the exit does not crash (a
+    worker still running unloaded code segfaulted it)."""
+    proc = _script(_INTERRUPTED, matmul_blob, seed)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert int(proc.stdout) > 0  # the test did interrupt runs
+
+
+_CLOSED_DURING_RUN = """
+import sys, threading, time
+import numpy as np
+from runner import DeviceError, Model
+m = Model.load(sys.argv[1], device=sys.argv[2])
+x = np.ones((384, 384), np.float32)
+closer = threading.Thread(target=lambda: (time.sleep(0.05), m.close()))
+closer.start()
+runs = 0
+try:
+    while True:
+        m.run({"x0": x})
+        runs += 1
+except DeviceError as e:
+    assert "closed" in str(e), e
+closer.join()
+print(runs)
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", "mock"])
+def test_close_from_another_thread_waits_for_the_run_in_flight(matmul_blob, device):
+    for _ in range(3):
+        proc = _script(_CLOSED_DURING_RUN, matmul_blob, device)
+        assert proc.returncode == 0 and int(proc.stdout) > 0, proc.stderr[-2000:]
+
+
+_FORKED = """
+import os, sys, time
+import numpy as np
+from runner import DeviceError, Model
+m = Model.load(sys.argv[1], device=sys.argv[2])
+x = np.ones((384, 384), np.float32)
+want = m.run({"x0": x})["y"]
+pid = os.fork()
+if pid == 0:
+    t = time.monotonic()
+    try:
+        m.run({"x0": x}, timeout_ms=20000)
+        os._exit(3)
+    except DeviceError as e:
+        ok = "fork" in str(e) and time.monotonic() - t < 1
+    again = Model.load(sys.argv[1], device=sys.argv[2])
+    os._exit(0 if ok and (again.run({"x0": x})["y"] == want).all() else 4)
+_, status = os.waitpid(pid, 0)
+assert (m.run({"x0": x})["y"] == want).all()
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", "mock"])
+def test_a_forked_child_gets_a_clear_error_at_once_and_can_load_again(matmul_blob, device):
+    proc = _script(_FORKED, matmul_blob, device)
+    assert proc.returncode == 0 and proc.stdout.strip() == "0", (proc.stdout, proc.stderr)
+
+
+@pytest.mark.parametrize("value", ["99999", "２", "1_0", "+2", " 0x2"])
+def test_keel_threads_takes_ascii_digits_within_bounds(monkeypatch, value):
+    monkeypatch.setenv("KEEL_THREADS", value)
+    with pytest.raises(ConfigError, match="KEEL_THREADS must be an integer in"):
+        threads_from_env()
+
+
+def test_huge_keel_threads_leaves_no_thread_and_later_loads_work(matmul_blob):
+    proc = _script("import sys, threading\nfrom runner import ConfigError, Model\n"
+                   "try: Model.load(sys.argv[1])\nexcept ConfigError as e: print(e)\n"
+                   "print(threading.active_count())", matmul_blob, threads="99999")
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0 and "KEEL_THREADS" in lines[0] and lines[1] == "1", proc
+
+
+def test_workers_that_cannot_start_are_an_alloc_error_and_are_stopped(monkeypatch):
+    from runner import cpu
+    started, start = [], threading.Thread.start
+    def start_three(self):
+        if len(started) == 3:
+            raise RuntimeError("can't start new thread")
+        start(self)
+        started.append(self)
+    monkeypatch.setattr(threading.Thread, "start", start_three)
+    with pytest.raises(AllocError, match="cannot start 7 worker threads.*started 3"):
+        cpu.Pool(lambda *a: None, 8)
+    for t in started:
+        t.join(5)
+        assert not t.is_alive()
