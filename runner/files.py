@@ -38,3 +38,27 @@ def read_regular(path) -> bytes:
     """The whole of a regular file (open_regular)."""
     with open(open_regular(path), "rb") as f:
         return f.read()
+
+
+def check_output(path, inputs=()) -> None:
+    """Raise FileExistsError unless `path` may be replaced by a regular file: it does not exist
+    or is a regular file, and it is none of `inputs` (the files the tool reads: `-o model.onnx`
+    would replace the model). Replacing a device node, a FIFO or a symlink's name would turn
+    it into a regular file (as root, even /dev/null), and a directory cannot be replaced."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except ValueError:  # a NUL byte
+        raise OSError(errno.EINVAL, "path contains a NUL byte", repr(os.fspath(path))) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise FileExistsError(errno.EEXIST, f"exists and is {kind(st.st_mode)}; not replacing it",
+                              os.fspath(path))
+    for src in inputs:
+        try:
+            same = os.path.samefile(src, path)
+        except (OSError, ValueError):  # the input is missing: its own error says so
+            same = False
+        if same:
+            raise FileExistsError(errno.EEXIST, f"is the input {os.fspath(src)}; not replacing "
+                                  f"it", os.fspath(path))

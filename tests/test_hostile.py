@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -736,3 +737,91 @@ def test_workers_that_cannot_start_are_an_alloc_error_and_are_stopped(monkeypatc
     for t in started:
         t.join(5)
         assert not t.is_alive()
+
+
+# ---- issue 33: tools: one checked open per path, every argument range-checked -------------------
+
+def _quick_tool(*args):
+    """A tool that must answer at once: a FIFO that blocked it would hang here, not pass."""
+    return subprocess.run([sys.executable, *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.mark.parametrize("tool", ["compile", "run", "bisect-model", "bisect-blob", "run-inputs",
+                                  "run-check"])
+def test_a_fifo_given_as_a_path_is_refused_in_one_line(relu_onnx, relu_blob, tmp_path, tool):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    args = {"compile": ["tools/compile.py", fifo, "-o", tmp_path / "o.blob"],
+            "run": ["tools/run.py", fifo],
+            "run-inputs": ["tools/run.py", relu_blob, "--inputs", fifo],
+            "run-check": ["tools/run.py", relu_blob, "--check", fifo],
+            "bisect-model": ["tools/bisect.py", fifo, "cpu"],
+            "bisect-blob": ["tools/bisect.py", relu_onnx, f"{fifo}.blob"]}[tool]
+    if tool == "bisect-blob":
+        os.rename(fifo, f"{fifo}.blob")
+    _one_line_error(_quick_tool(*args), "a FIFO", "expected a regular file")
+
+
+def test_compile_output_can_never_name_its_input(relu_onnx, tmp_path):
+    model = tmp_path / "model.onnx"
+    model.write_bytes(relu_onnx.read_bytes())
+    os.link(model, tmp_path / "hardlink.onnx")
+    for out in (model, tmp_path / "hardlink.onnx", tmp_path / ".." / tmp_path.name / "model.onnx"):
+        _one_line_error(_tool("tools/compile.py", model, "-o", out), "is the input")
+        assert model.read_bytes() == relu_onnx.read_bytes()
+
+
+_FULL_DISK = """
+import errno, os, sys
+def full(fd, data, offset):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+os.pwrite = full
+from tools.compile import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_compiling_onto_a_full_disk_is_exactly_one_line(tmp_path):
+    """The weights are written on a thread while the kernels compile: its error was a thread
+    traceback before the main thread's own line."""
+    model = tmp_path / "mul.onnx"
+    onnx.save(single_node_model("Mul", [((1, 3, 8, 8), "float32"),
+                                        np.full((1, 3, 8, 8), 2, np.float32)]), model)
+    proc = _script(_FULL_DISK, model, "-o", tmp_path / "o.blob")
+    progress = re.compile(r"[a-z ]+: \d+/\d+ \(\d+%\)")  # the compile's status lines
+    proc.stderr = "".join(line for line in proc.stderr.splitlines(keepends=True)
+                          if not progress.fullmatch(line.strip()))
+    _one_line_error(proc, "No space left on device")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mul.onnx"]
+
+
+@pytest.mark.parametrize("args,words", [
+    (["tools/soak.py", "BLOB", "--timeout-ms", "1e20"], "--timeout-ms"),
+    (["tools/soak.py", "BLOB", "--warmup", "-5"], "--warmup"),
+    (["tools/soak.py", "BLOB", "--allow-faults", "-3"], "--allow-faults"),
+    (["tools/soak.py", "BLOB", "--hours", "nan"], "--hours"),
+    (["tools/soak.py", "BLOB", "--runs", "1_0"], "--runs"),
+    (["tools/soak.py", "BLOB", "--log", "nodir/x.jsonl", "--runs", "1"], "nodir/x.jsonl"),
+    (["tools/soak.py", "BLOB", "--log", "BLOB", "--runs", "1"], "is the input"),
+    (["tools/soak.py", "BLOB", "--plot", "nodir/x.png", "--runs", "1"], "nodir/x.png"),
+    (["tools/modeld.py", "BLOB", "--timeout-ms", "1e20"], "--timeout-ms"),
+    (["tools/modeld.py", "BLOB", "--hz", "1e-300"], "--hz"),
+    (["tools/modeld.py", "BLOB", "--frames", "２"], "--frames"),
+    (["tools/run.py", "BLOB", "--bench", "1e3"], "--bench"),
+    (["tools/compile.py", "ONNX", "-o", "x.blob", "--input-shape", "x0=1_0"], "--input-shape")])
+def test_out_of_range_cli_arguments_are_one_line(relu_onnx, relu_blob, tmp_path, args, words):
+    blob = tmp_path / "relu.blob"
+    blob.write_bytes(relu_blob.read_bytes())
+    args = [str(blob) if a == "BLOB" else str(relu_onnx) if a == "ONNX" else a for a in args]
+    args[0] = str(REPO / args[0])
+    proc = subprocess.run([sys.executable, *args], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    _one_line_error(proc, words.replace("BLOB", str(blob)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["relu.blob"]  # no log, no plot
+
+
+def test_bisect_with_a_wrong_shape_input_is_one_line(relu_onnx, tmp_path):
+    np.savez(tmp_path / "x.npz", x0=np.zeros((1, 3, 4, 4), np.float32))
+    _one_line_error(_tool("tools/bisect.py", relu_onnx, "cpu", "--inputs", tmp_path / "x.npz"),
+                    "'x0'", "[1, 3, 8, 8]", "[1, 3, 4, 4]")

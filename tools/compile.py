@@ -26,16 +26,18 @@ from compiler.errors import CompileError  # noqa: E402
 from compiler.target import TARGETS  # noqa: E402
 from qcom import store  # noqa: E402
 from runner.errors import BlobError, DeviceError  # noqa: E402
-from tools.cli import Parser  # noqa: E402
+from tools.cli import Parser, number  # noqa: E402
+
+DIM = number(int, 0, 2**63 - 1)
 
 
 def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
     name, sep, dims = text.rpartition("=")
     try:
-        shape = tuple(int(d) for d in dims.split(","))
-    except ValueError:
+        shape = tuple(DIM(d) for d in dims.split(","))
+    except argparse.ArgumentTypeError:
         shape = ()
-    if not sep or not name or not shape or any(d < 0 for d in shape):
+    if not sep or not name or not shape:
         raise argparse.ArgumentTypeError(f"expected NAME=d0,d1,... with non-negative ints, got {text!r}")
     return name, shape
 
@@ -80,7 +82,7 @@ def main(argv=None) -> int:
     stages = Stages(progress=Progress(), report=report if args.verbose else None)
     t0 = time.perf_counter()
     try:
-        with BlobWriter(args.output) as out:  # checks the output before the compile
+        with BlobWriter(args.output, inputs=[args.model]) as out:  # checked before the compile
             art = compile_model(args.model, target=args.target,
                                 input_shapes=dict(args.input_shape), float16=args.float16,
                                 stages=stages, on_weights=out.weights)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import onnx
 from onnx import numpy_helper
@@ -20,6 +19,8 @@ from compiler.ir.uop import UOp
 from compiler.onnx import ops  # noqa: F401  (registers every op into OPS)
 from compiler.onnx.metadata import model_meta
 from compiler.onnx.registry import MAX_OPSET, MIN_OPSET, ONNX_CODES, OPS, Ctx, onnx_dtype
+
+from runner.files import read_regular
 
 MAX_ELEMENTS = 2**31 - 1
 
@@ -41,13 +42,15 @@ def _load_proto(model) -> tuple[onnx.ModelProto, bytes | None]:
     if isinstance(model, onnx.ModelProto):
         return model, None
     try:
-        data = Path(model).read_bytes()
+        data = read_regular(model)
         proto = onnx.load_from_string(data)
         if any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer):
             return onnx.load(str(model)), None  # onnx finds the weights beside the file
         return proto, data
     except FileNotFoundError:
         raise CompileError(f"model file not found: {model}") from None
+    except OSError as e:  # a FIFO, a directory, a NUL in the path: refused before any read
+        raise CompileError(f"model {e.filename or model}: {e.strerror or e}") from None
     except Exception as e:  # protobuf raises several unrelated types for garbage input
         raise CompileError(f"{model}: not a valid ONNX model ({type(e).__name__}: {e})") from None
 
