@@ -188,6 +188,8 @@ def _variant(a: Artifact, name: str) -> tuple[dict, bytes, bytes]:
     }
     if a.provenance is not None:
         record["provenance"] = a.provenance
+    if a.defaults:
+        record["defaults"] = a.defaults
     return record, bytes(a.programs), graph
 
 

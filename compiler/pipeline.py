@@ -93,6 +93,8 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
     done, early = _kernels(plans, st)
     builds = [(t, bufs, _launch(bufs, {k: done[i, k] for k in jobs}, uses, st), uses)
               for i, (t, bufs, jobs, uses) in enumerate(plans)]
+    defaults = [[[j, bufs.default(graph.defaults[name])] for j, (name, _) in
+                 enumerate(graph.inputs) if name in graph.defaults] for _, bufs, _, _ in builds]
     weights = share_weights([bufs for _, bufs, _, _ in builds])
     if on_weights is not None:
         on_weights(weights)
@@ -105,8 +107,8 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
     meta = {"producer": f"keel {VERSION}", "float16": float16, **graph.meta,
             "flops": builds[0][1].flops,
             "stage_seconds": {k: round(v, 4) for k, v in st.times.items()}}
-    for a, (_, _, _, uses) in zip(arts, builds):
-        a.meta, a.provenance = meta, provenance(uses, graph.nodes, origins)
+    for a, (_, _, _, uses), d in zip(arts, builds, defaults):
+        a.meta, a.provenance, a.defaults = meta, provenance(uses, graph.nodes, origins), d
     arts[0].variants = arts[1:]
     return arts[0]
 

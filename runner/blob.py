@@ -20,7 +20,7 @@ import math
 import mmap
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -74,6 +74,8 @@ class Blob:
     programs: memoryview
     graph: memoryview
     program_names: list[str]  # program index -> kernel name
+    # input index -> the weights buffer of its default value (read when a run does not feed it)
+    defaults: dict[int, BufferSpec] = field(default_factory=dict)
 
 
 def read_blob(path, variant: str | None = None) -> Blob:
@@ -139,12 +141,13 @@ def parse_blob(data: memoryview, variant: str | None = None) -> Blob:
         inputs = _io(record["inputs"], buffers, "input", first_slot=0)
         outputs = _io(record["outputs"], buffers, "output", first_slot=len(record["inputs"]))
         _provenance(record.get("provenance"), len(launches))
+        defaults = _defaults(record.get("defaults", []), inputs, buffers)
         chunks.finish()
     return Blob(target=target, producer=producer, manifest=manifest, variant=name,
                 variants=tuple(names), record=record, buffers=buffers, inputs=inputs,
                 outputs=outputs, launches=launches, arena_bytes=record["arena_bytes"],
                 program_names=record["programs"], weights=weights,
-                programs=_view(data, programs), graph=graph)
+                programs=_view(data, programs), graph=graph, defaults=defaults)
 
 
 def _view(data: memoryview, section: dict) -> memoryview:
@@ -284,6 +287,8 @@ _RECORD = _obj({
     # which ONNX nodes each launch computes (tools: profile, bisect, blobinfo); checked against
     # the replay table in _provenance
     "provenance": _obj({"nodes": _list(_list(_str)), "launches": _list(_list(_int))}),
+    # [input index, weights buffer id]: an input's default value (_defaults)
+    "defaults": _list(_list(_int)),
 })
 
 
@@ -513,6 +518,20 @@ def _io(ids: list[int], buffers: dict[int, BufferSpec], region: str,
     if "" in names or len(set(names)) != len(names):
         raise BlobError(f"manifest {region}s: names must be non-empty and unique, got {names}")
     return slots
+
+
+def _defaults(pairs: list[list[int]], inputs: list[BufferSpec],
+              buffers: dict[int, BufferSpec]) -> dict[int, BufferSpec]:
+    out = {}
+    for k, pair in enumerate(pairs):
+        i, bid = pair if len(pair) == 2 else (None, None)
+        b, spec = buffers.get(bid), inputs[i] if i is not None and i < len(inputs) else None
+        if spec is None or b is None or b.region != "weights" or b.image is not None or \
+                (b.dtype, b.shape) != (spec.dtype, spec.shape) or i in out:
+            raise BlobError(f"manifest defaults[{k}]: expected [input index, weights buffer of "
+                            f"that input's dtype and shape], once per input, got {pair}")
+        out[i] = b
+    return out
 
 
 def _image(b: BufferSpec) -> None:

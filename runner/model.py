@@ -28,6 +28,7 @@ Threads: run() calls on one Model are serialized by a lock: a second caller wait
 """
 from __future__ import annotations
 
+import math
 import numbers
 import os
 import threading
@@ -54,6 +55,13 @@ class Model:
         self._out = [(b.name, b.shape, b.dtype) for b in blob.outputs]
         self._slots = [device.io_buffer(i) for i in range(len(self._in))]
         self._bound_in = list(self._slots)  # what run() without feeds reads, per input
+        # inputs with a default (an ONNX initializer that is also an input): what a run that
+        # does not feed them reads; their slots start holding it
+        self._defaults = {i: np.frombuffer(blob.weights, b.dtype, math.prod(b.shape),
+                                           b.offset).reshape(b.shape)
+                          for i, b in blob.defaults.items()}
+        for i, default in self._defaults.items():
+            self._slots[i][...] = default
         self._lock = threading.Lock()
         self._broken = False  # the last run failed: recover before the next one
         self._closed = False
@@ -223,6 +231,9 @@ class Model:
             raise InputError(f"feeds: expected a dict {{input name: numpy.ndarray}} over inputs "
                              f"{names}, got {type(feeds).__name__}")
         for i, (name, shape, dtype) in enumerate(self._in):
+            if name not in feeds and i in self._defaults:
+                plan.inputs.append((name, self._defaults[i]))
+                continue
             if name not in feeds:
                 raise InputError(f"missing input {name!r} ({dtype} {shape}); "
                                  f"received {sorted(map(str, feeds))}")
@@ -231,8 +242,8 @@ class Model:
                 plan.copies.append((name, self._slots[i], arr))
                 arr = self._slots[i]
             plan.inputs.append((name, arr))
-        if len(feeds) != len(self._in):
-            extra = sorted(map(str, set(feeds) - set(names)))
+        extra = sorted(map(str, set(feeds) - set(names)))
+        if extra:
             raise InputError(f"unexpected inputs {extra}; inputs are {names}")
 
     def _plan_outputs(self, plan: "_Plan", out) -> None:

@@ -825,3 +825,105 @@ def test_bisect_with_a_wrong_shape_input_is_one_line(relu_onnx, tmp_path):
     np.savez(tmp_path / "x.npz", x0=np.zeros((1, 3, 4, 4), np.float32))
     _one_line_error(_tool("tools/bisect.py", relu_onnx, "cpu", "--inputs", tmp_path / "x.npz"),
                     "'x0'", "[1, 3, 8, 8]", "[1, 3, 4, 4]")
+
+
+# ---- issue 33: the compiler: deep graphs, signed zeros, Clip ------------------------------------
+
+def _chain(ops: list[str], consts: dict | None = None) -> onnx.ModelProto:
+    """x -> ops[0] -> ops[1] -> ... -> y over (4, 8); a binary op's second operand is the
+    constant of its name in `consts`."""
+    nodes, prev = [], "x"
+    for k, op in enumerate(ops):
+        out = "y" if k == len(ops) - 1 else f"t{k}"
+        nodes.append(helper.make_node(op, [prev] + ([f"c_{op}"] if consts else []), [out]))
+        prev = out
+    inits = {f"c_{op}": np.array(v, np.float32) for op, v in (consts or {}).items()}
+    return make_model(nodes, [("x", (4, 8), "float32")], [("y", (4, 8), "float32")], inits)
+
+
+def _compiles_and_matches(model: onnx.ModelProto, rtol: float) -> None:
+    x = np.random.default_rng(5).standard_normal((4, 8)).astype(np.float32)
+    got, want = keel_run(model, {"x": x})["y"], ort_run(model, {"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol)
+
+
+def test_a_chain_of_150_unary_nodes_compiles():
+    """It was a RecursionError in codegen/lower.py. 1e-5: each of 25 transcendentals is a
+    polynomial a few ulp from onnxruntime's; they contract (sigmoid, tanh), so errors do not
+    grow along the chain."""
+    _compiles_and_matches(_chain(["Neg", "Sigmoid", "Abs", "Tanh", "Relu", "Exp"] * 25), 1e-5)
+
+
+@pytest.mark.slow
+def test_a_chain_of_10000_elementwise_nodes_compiles_without_recursion():
+    """x -> (x + 0.5) * 0.999 -> ...: a contraction, so rounding differences stay at the last
+    ulp of a value near 500 (1e-5 relative). The lowering, the vectorizer and the shape of the
+    last node recursed as deep as the chain."""
+    _compiles_and_matches(_chain(["Add", "Mul"] * 5000, {"Add": 0.5, "Mul": 0.999}), 1e-5)
+
+
+SIGNED = np.array([-0.0, 0.0, -0.3, 0.3, -0.5, 0.5, -1e-30, 1e-30, np.inf, -np.inf, -1.5, 2.5,
+                   -2.5, 1e30, -1e30, np.nan], np.float32)
+# Sin, Tan, Sinh, Asinh and Atanh are left out: at 1e30 or 1e-30 they differ in value
+# (docs/reliability.md), not only in the sign of zero
+ZERO_SIGN_OPS = ["Abs", "Neg", "Floor", "Ceil", "Round", "Erf", "Tanh", "Atan", "Asin", "Sqrt",
+                 "Relu", "Sign", "Clip", "Identity", "LeakyRelu", "Elu", "Selu", "Celu",
+                 "HardSwish", "Softsign"]
+
+
+def test_signed_zeros_infinities_and_clip_defaults_are_onnxruntimes():
+    """Exactly where onnxruntime is exact (a zero, an infinity, Clip's default bounds: the
+    type's finite extremes), within 1e-5 relative elsewhere (polynomial approximations)."""
+    nodes = [helper.make_node(op, ["x"], [f"y{k}"]) for k, op in enumerate(ZERO_SIGN_OPS)]
+    model = make_model(nodes, [("x", (16,), "float32")],
+                       [(f"y{k}", (16,), "float32") for k in range(len(ZERO_SIGN_OPS))])
+    got, want = keel_run(model, {"x": SIGNED}), ort_run(model, {"x": SIGNED})
+    for k, op in enumerate(ZERO_SIGN_OPS):
+        g, w = got[f"y{k}"], want[f"y{k}"]
+        exact = (w == 0) | ~np.isfinite(w) | (np.abs(w) == np.finfo(np.float32).max)
+        assert (np.signbit(g) == np.signbit(w))[exact & ~np.isnan(w)].all(), (op, SIGNED, g, w)
+        assert_same_nonfinite(np.where(exact, g, 0), np.where(exact, w, 0), op)
+        np.testing.assert_array_equal(g[exact], w[exact], err_msg=op)
+        np.testing.assert_allclose(g[~exact], w[~exact], rtol=1e-5, err_msg=op)
+
+
+# ---- issue 33: graph outputs listed twice, inputs with an initializer --------------------------
+
+def test_a_graph_output_listed_twice_is_one_output():
+    """onnxruntime returns it twice; a dict of outputs holds it once."""
+    model = single_node_model("Relu", [((2, 3), "float32")])
+    model.graph.output.append(model.graph.output[0])
+    x = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
+    m = Model.load(compiled_blob(model))
+    assert list(m.outputs) == ["y"]
+    assert (m.run({"x0": x})["y"] == ort_run(model, {"x0": x})["y"]).all()
+
+
+def _initializer_input(ir_version: int) -> onnx.ModelProto:
+    """y = x + w, where w is an input and an initializer [10, 20, 30]."""
+    model = make_model([helper.make_node("Add", ["x", "w"], ["y"])],
+                       [("x", (3,), "float32"), ("w", (3,), "float32")], [("y", (3,), "float32")],
+                       {"w": np.array([10, 20, 30], np.float32)})
+    model.ir_version = ir_version
+    return model
+
+
+def test_a_feed_overrides_an_initializer_input_as_in_onnxruntime():
+    model, x = _initializer_input(8), np.ones(3, np.float32)
+    m = Model.load(compiled_blob(model))
+    w = np.array([5, 6, 7], np.float32)
+    for feeds in ({"x": x}, {"x": x, "w": w}):
+        assert (m.run(feeds)["y"] == ort_run(model, feeds)["y"]).all(), feeds
+    assert (m.run({"x": x, "w": w})["y"] == [6, 7, 8]).all()
+    m.input_view("x")[:] = x  # without feeds: the slot, which starts holding the default
+    assert (m.run()["y"] == [11, 21, 31]).all()
+    m.input_view("w")[:] = w
+    assert (m.run()["y"] == [6, 7, 8]).all()
+    assert (m.run({"x": x})["y"] == [11, 21, 31]).all()  # a feed dict without w: the default
+
+
+def test_before_ir_4_an_initializer_input_is_a_constant_as_in_onnxruntime():
+    m = Model.load(compiled_blob(_initializer_input(3)))
+    assert list(m.inputs) == ["x"]
+    with pytest.raises(InputError, match="unexpected inputs \\['w'\\]"):
+        m.run({"x": np.ones(3, np.float32), "w": np.ones(3, np.float32)})

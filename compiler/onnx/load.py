@@ -9,6 +9,7 @@ import hashlib
 import math
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import onnx
 from onnx import numpy_helper
 
@@ -33,6 +34,8 @@ class Graph:
     # tensor (an Identity's output is its input's UOp, so it keeps the producer's index)
     nodes: list[tuple[str, str]] = field(default_factory=list)
     origins: dict[UOp, int] = field(default_factory=dict)
+    # inputs with an initializer (IR >= 4): its data, what a run that does not feed it reads
+    defaults: dict[str, object] = field(default_factory=dict)
 
 
 
@@ -205,16 +208,26 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
         raise CompileError(f"--input-shape names unknown input(s) {sorted(unknown)}; inputs are "
                            f"{[i.name for i in proto.graph.input]}")
     vals: dict[str, Tensor | None] = {"": None}
+    arrays = {}
     for init in proto.graph.initializer:
         onnx_dtype(init.data_type, f"initializer {init.name!r}")
         try:
-            vals[init.name] = Tensor.weight(numpy_helper.to_array(init))
+            arrays[init.name] = numpy_helper.to_array(init)
+            vals[init.name] = Tensor.weight(arrays[init.name])
         except (ValueError, TypeError) as e:  # its data does not fill its dims
             raise CompileError(f"initializer {init.name!r}: {e}") from None
-    inputs = []
+    inputs, defaults = [], {}
     for vi in proto.graph.input:
         if vi.name in vals:
-            continue  # an initializer with a default value: a constant of the model
+            if proto.ir_version < 4:  # onnxruntime: before IR 4 it cannot be fed, a constant
+                continue
+            # an input with a default value, as onnxruntime's overridable initializer: a feed
+            # overrides it
+            default = np.ascontiguousarray(arrays[vi.name])
+            t = Tensor.input(vi.name, tuple(default.shape), vals[vi.name].dtype)
+            vals[vi.name], defaults[vi.name] = t, default
+            inputs.append((vi.name, t.uop))
+            continue
         if not vi.type.HasField("tensor_type"):
             raise CompileError(f"input {vi.name!r} is not a tensor; "
                                "keel supports tensor inputs only")
@@ -229,10 +242,12 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
     for vi in proto.graph.output:
         if vals.get(vi.name) is None:
             raise CompileError(f"graph output {vi.name!r} is not produced by any node")
-        outputs.append((vi.name, vals[vi.name].uop))
+        if all(vi.name != name for name, _ in outputs):  # one listed twice is one output
+            outputs.append((vi.name, vals[vi.name].uop))
     props = {p.key: p.value for p in proto.metadata_props}
     meta = model_meta(props, [(name, tuple(u.shape)) for name, u in outputs])
-    return Graph(inputs, outputs, {"opset": opset, **meta}, *_origins(proto.graph.node, vals))
+    return Graph(inputs, outputs, {"opset": opset, **meta}, *_origins(proto.graph.node, vals),
+                 defaults=defaults)
 
 
 def node_name(node: onnx.NodeProto, i: int) -> str:
