@@ -211,8 +211,8 @@ class Model:
         for j, (name, arr) in enumerate(plan.outputs):
             if name not in plan.given:
                 continue
-            other = next((o for o, a in plan.outputs[:j] if o in plan.given and _overlap(a, arr)),
-                         None)
+            other = next((o for o, _ in plan.outputs[:j]
+                          if o in plan.given and _overlap(plan.results[o], arr)), None)
             if other is not None:
                 raise InputError(f"out[{other!r}] and out[{name!r}] share memory: two outputs "
                                  f"cannot be written into one array")

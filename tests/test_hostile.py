@@ -489,6 +489,8 @@ def test_two_outputs_in_one_array_is_an_input_error_naming_both(two_inputs_two_o
     a, b = np.ones((4, 8), np.float32), np.ones((4, 8), np.float32)
     with pytest.raises(InputError, match=r"out\['y0'\] and out\['y1'\] share memory"):
         m.run({"a": a, "b": b}, out={"y0": one, "y1": one})
+    with pytest.raises(InputError, match="share memory"):  # and the feed: y0 would be staged
+        m.run({"a": one, "b": b}, out={"y0": one, "y1": one})
     wide = np.full(48, 7, np.float32)  # overlapping by 16 values, not identical
     with pytest.raises(InputError, match="share memory"):
         m.run({"a": a, "b": b}, out={"y0": wide[:32].reshape(4, 8), "y1": wide[16:].reshape(4, 8)})
