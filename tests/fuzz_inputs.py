@@ -533,16 +533,8 @@ def write_model_blob(model, path: Path) -> None:
 
 
 def load_threads(path: Path, threads: int):
-    from runner import Model
-    before = os.environ.get("KEEL_THREADS")
-    os.environ["KEEL_THREADS"] = str(threads)
-    try:
-        return Model.load(path)
-    finally:
-        if before is None:
-            del os.environ["KEEL_THREADS"]
-        else:
-            os.environ["KEEL_THREADS"] = before
+    from tests.graphs import _load_at
+    return _load_at(path, threads)
 
 
 def _copy(src: Path, dst: Path) -> Path:
