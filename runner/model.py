@@ -292,15 +292,27 @@ class _Plan:
 
 
 def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether two C-contiguous arrays share a byte."""
-    if not a.nbytes or not b.nbytes:
+    """Whether the byte ranges two arrays span meet: exact for contiguous arrays, cautious for
+    strided ones (a copy too many, never a missed overlap)."""
+    if not a.size or not b.size:
         return False
-    pa, pb = a.__array_interface__["data"][0], b.__array_interface__["data"][0]
-    return pa < pb + b.nbytes and pb < pa + a.nbytes
+    (lo_a, hi_a), (lo_b, hi_b) = _span(a), _span(b)
+    return lo_a < hi_b and lo_b < hi_a
 
 
-# threading's lock waits refuse longer timeouts (OverflowError)
-MAX_TIMEOUT_MS = threading.TIMEOUT_MAX * 1000
+def _span(a: np.ndarray) -> tuple[int, int]:
+    lo = hi = a.__array_interface__["data"][0]
+    for n, step in zip(a.shape, a.strides):
+        if step < 0:
+            lo += (n - 1) * step
+        else:
+            hi += (n - 1) * step
+    return lo, hi + a.itemsize
+
+
+# 31 years: what threading's lock waits (OverflowError beyond TIMEOUT_MAX) and the CPU pool's
+# nanosecond deadline (a C long long) both hold
+MAX_TIMEOUT_MS = min(threading.TIMEOUT_MAX * 1000, 1e12)
 
 
 def _checked_timeout(timeout_ms) -> float:

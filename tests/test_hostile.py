@@ -933,3 +933,21 @@ def test_before_ir_4_an_initializer_input_is_a_constant_as_in_onnxruntime():
     assert list(m.inputs) == ["x"]
     with pytest.raises(InputError, match="unexpected inputs \\['w'\\]"):
         m.run({"x": np.ones(3, np.float32), "w": np.ones(3, np.float32)})
+
+
+def test_the_longest_timeout_runs_on_every_thread_count(transpose):
+    """Model.run's bound on timeout_ms is what the CPU pool's nanosecond deadline holds."""
+    from runner.model import MAX_TIMEOUT_MS
+    _, m = transpose
+    x = _state(2, (8, 8))
+    assert (m.run({"x0": x}, timeout_ms=MAX_TIMEOUT_MS)["y"] == x.T).all()
+
+
+def test_a_strided_feed_overlapping_another_inputs_slot_is_read_first(two_inputs_two_outputs):
+    """Both feeds are copied into their slots (not contiguous); b's is a reversed view of a's
+    slot, so it must be read before a's copy writes that slot."""
+    _, m = two_inputs_two_outputs
+    m.input_view("a")[:] = 1
+    b_feed = m.input_view("a")[:, ::-1]
+    got = m.run({"a": np.full((8, 4), 3, np.float32).T, "b": b_feed})
+    assert (got["y0"] == 4).all() and (got["y1"] == 2).all()
