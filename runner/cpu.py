@@ -7,8 +7,8 @@
     unsigned long long keel_ticks(void);   (both for profile(), runner/device.py)
 
 loaded straight from memory and called once per submission, synchronously, inside submit(). Weights are a pointer
-into the mapped blob (zero-copy); the arena is a 64-byte aligned host array, on huge pages from
-2 MiB up (runner.device.aligned_empty).
+into the blob's private copy (zero-copy, runner/blob.py read_blob); the arena is a 64-byte
+aligned host array, on huge pages from 2 MiB up (runner.device.aligned_empty).
 
 Threads: KEEL_THREADS (default: the cores this process may run on). With one thread the runner
 calls keel_graph and starts no thread at all. With n > 1 it starts n-1 workers once, at load; each
@@ -154,9 +154,8 @@ class CpuDevice(HostDevice):
 
 def host_memory(blob) -> tuple:
     """What a host-memory device needs of a blob: (arena array, arena pointer, weights pointer,
-    loaded programs). Weights are read in place, on the blob mapping's small pages: copying them
-    into huge pages gains ResNet-50 ~4% per run but costs every load ~15 ms (openpilot: 73 MiB,
-    no run gain)."""
+    loaded programs). Weights are read in place, in the blob's private copy, which read_blob
+    advises into huge pages (docs/perf.md, issue 33: what that copy costs a load)."""
     arena = aligned_empty((max(blob.arena_bytes, 1),), "uint8")
     lib = Library(blob.programs)
     return arena, ffi.from_buffer("uint8_t[]", arena), \
