@@ -318,9 +318,9 @@ MAX_TIMEOUT_MS = min(threading.TIMEOUT_MAX * 1000, 1e12)
 def _checked_timeout(timeout_ms) -> float:
     if isinstance(timeout_ms, (bool, np.bool_)) or not isinstance(timeout_ms, numbers.Real) or \
             not 0 < timeout_ms <= MAX_TIMEOUT_MS:
-        raise InputError(f"timeout_ms: expected a number in (0, {MAX_TIMEOUT_MS:.6g}], "
-                         f"got {timeout_ms!r}")
-    return float(timeout_ms)
+        raise InputError(f"timeout_ms: expected a positive finite number at most "
+                         f"{MAX_TIMEOUT_MS:.6g}, got {timeout_ms!r}")
+    return timeout_ms.item() if isinstance(timeout_ms, np.generic) else timeout_ms
 
 
 def _checked(what: str, arr, shape: tuple, dtype: np.dtype) -> np.ndarray:
