@@ -82,42 +82,63 @@ def read_blob(path, variant: str | None = None) -> Blob:
     """variant: which of the blob's variants (targets) to load; None: the one this host runs
     best, or KEEL_CPU_VARIANT's (runner/host.py:choose)."""
     try:
-        data = _read_private(path)
+        copy = _PrivateCopy(path)
     except OSError as e:
         raise BlobError(f"cannot read blob {e.filename or path}: {e.strerror or e}") from None
-    return parse_blob(memoryview(data).toreadonly(), variant)
+    try:
+        return parse_blob(memoryview(copy.mem).toreadonly(), variant, copy.fill)
+    finally:
+        os.close(copy.fd)
 
 
-def _read_private(path) -> mmap.mmap:
-    """The file's bytes in anonymous memory: what is hashed is what runs, and a later write,
-    replacement or truncation of the file cannot reach it (a shared mapping would run the new
-    file's weights with the old code, or die of SIGBUS). Costs one copy at load (docs/perf.md,
-    issue 33)."""
-    with open(open_regular(path), "rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            raise BlobError(f"{path}: file is empty, expected a keel blob")
-        data = mmap.mmap(-1, size)
+class _PrivateCopy:
+    """The file's bytes in anonymous memory, read as the reader needs them (fill): what is
+    hashed is what runs, and a later write, replacement or truncation of the file cannot reach
+    it (a shared mapping would run the new file's weights with the old code, or die of SIGBUS).
+    The hashing threads read each chunk just before they hash it, so the copy costs little more
+    than the hashing's own pass (docs/perf.md, issue 33); other variants' sections are never
+    read and their pages never touched."""
+
+    def __init__(self, path):
+        self.path, self.fd = path, open_regular(path)
+        try:
+            self.size = os.fstat(self.fd).st_size
+            if self.size == 0:
+                raise BlobError(f"{path}: file is empty, expected a keel blob")
+            self.mem = mmap.mmap(-1, self.size)
+        except BaseException:
+            os.close(self.fd)
+            raise
         if hasattr(mmap, "MADV_HUGEPAGE"):
-            data.madvise(mmap.MADV_HUGEPAGE)  # fewer page faults while it is filled
-        view, got = memoryview(data), 0
-        while got < size:
-            n = f.readinto(view[got:])
-            if not n:
-                raise BlobError(f"{path}: the file shrank from {size} to {got} bytes while "
-                                f"it was read")
-            got += n
-        view.release()
-    return data
+            self.mem.madvise(mmap.MADV_HUGEPAGE)  # weights on huge pages: fewer TLB misses
+        self.view = memoryview(self.mem)
+
+    def fill(self, start: int, end: int) -> None:
+        pos, end = start, min(end, self.size)
+        while pos < end:
+            n = os.preadv(self.fd, [self.view[pos:end]], pos)
+            if n == 0:
+                raise BlobError(f"{self.path}: the file ended at byte {pos} while it was read; "
+                                f"it had {self.size} bytes when it was opened")
+            pos += n
 
 
-def parse_blob(data: memoryview, variant: str | None = None) -> Blob:
+def parse_blob(data: memoryview, variant: str | None = None, fill=None) -> Blob:
+    """fill(start, end): makes data[start:end] hold the file's bytes before they are read (a
+    private copy filled on demand, read_blob); None: data is complete."""
     data = memoryview(data).cast("B")
-    target, producer, m_start, m_end = _header(data)
+    fill = fill or (lambda start, end: None)
+    fill(0, HEADER.size)
+    target, producer, m_start, m_end = _header(data, fill)
     manifest = _manifest(data[m_start:m_end], target)
     table = manifest["sections"]
     names = [v["target"] for v in manifest["variants"]]
     _check_layout(table, m_start, section_names(names))
+    pos = 0
+    for s in table:  # everything outside the sections: the file digest covers it
+        fill(pos, s["offset"])
+        pos = s["offset"] + s["size"]
+    fill(pos, len(data))
     if file_sha256(data, [(s["offset"], s["size"]) for s in table]) != \
             bytes(data[FILE_SHA256_AT:FILE_SHA256_AT + 32]):
         raise BlobError("file SHA-256 does not match the header (corrupt header, padding or "
@@ -133,7 +154,11 @@ def parse_blob(data: memoryview, variant: str | None = None) -> Blob:
                                         own["offset"] + own["size"] if own["size"] else 0)]
     spans = [(0, shared["size"]), (own["offset"] - shared["offset"], own["size"])]
     # the manifest is now known intact: check its meaning while other threads hash the sections
-    with _ChunkCheck(data, [shared, own, programs, graph]) as chunks:
+    # the replay table is read while the other sections are hashed: read it first, and once
+    g_start, g_end = graph["offset"], graph["offset"] + graph["size"]
+    fill(g_start, g_end)
+    rest = lambda start, end: None if g_start <= start < g_end else fill(start, end)  # noqa: E731
+    with _ChunkCheck(data, [shared, own, programs, graph], rest) as chunks:
         buffers = _buffers(record["buffers"])
         _check_regions(buffers, record, spans)
         graph = _view(data, graph)
@@ -154,7 +179,7 @@ def _view(data: memoryview, section: dict) -> memoryview:
     return data[section["offset"]:section["offset"] + section["size"]]
 
 
-def _header(data: memoryview) -> tuple[str, str, int, int]:
+def _header(data: memoryview, fill) -> tuple[str, str, int, int]:
     if len(data) < HEADER.size:
         raise BlobError(f"file is {len(data)} bytes, shorter than the {HEADER.size}-byte header")
     (magic, version, header_size, flags, file_size, m_offset, m_size, m_sha, _, producer,
@@ -176,6 +201,7 @@ def _header(data: memoryview) -> tuple[str, str, int, int]:
     if m_offset < SECTION_ALIGN or m_offset + m_size != file_size:
         raise BlobError(f"manifest [{m_offset}, {m_offset + m_size}): expected to start at or "
                         f"after {SECTION_ALIGN} and end the {file_size}-byte file")
+    fill(m_offset, file_size)
     if hashlib.sha256(data[m_offset:m_offset + m_size]).digest() != m_sha:
         raise BlobError("manifest SHA-256 does not match the header")
     return target, producer, m_offset, m_offset + m_size
@@ -393,10 +419,15 @@ class _ChunkCheck:
     the calling thread to the remaining chunks, joins the workers and raises on a mismatch.
     Leaving the `with` block early stops the workers after their current chunk."""
 
-    def __init__(self, data: memoryview, table: list[dict]):
-        """Checks the chunks of the sections in `table` (entries of the manifest's table)."""
+    def __init__(self, data: memoryview, table: list[dict], fill=None):
+        """Checks the chunks of the sections in `table` (entries of the manifest's table), each
+        after fill(start, end) of its bytes (parse_blob)."""
         self._jobs = [(s["name"], i, want, _view(data, s)[i * CHUNK_BYTES:][:CHUNK_BYTES])
                       for s in table for i, want in enumerate(s["chunk_sha256"])]
+        self._spans = [(s["offset"] + i * CHUNK_BYTES,
+                        s["offset"] + min((i + 1) * CHUNK_BYTES, s["size"]))
+                       for s in table for i in range(len(s["chunk_sha256"]))]
+        self._fill = fill or (lambda start, end: None)
         self._got: list[str | None] = [None] * len(self._jobs)
         self._todo = iter(range(len(self._jobs)))  # shared: next() on it is atomic under the GIL
         self._stop = False
@@ -418,6 +449,7 @@ class _ChunkCheck:
             for i in self._todo:
                 if self._stop:
                     return
+                self._fill(*self._spans[i])
                 self._got[i] = hashlib.sha256(self._jobs[i][3]).hexdigest()
         except BaseException as e:  # re-raised by finish() in the calling thread
             self._stop = True
