@@ -105,7 +105,7 @@ class _PrivateCopy:
             self.size = os.fstat(self.fd).st_size
             if self.size == 0:
                 raise BlobError(f"{path}: file is empty, expected a keel blob")
-            self.mem = mmap.mmap(-1, self.size)
+            self.mem = mmap.mmap(-1, self.size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         except BaseException:
             os.close(self.fd)
             raise
