@@ -1,9 +1,9 @@
 """Blob format v3 (docs/blob.md; its definition is runner/format.py): the reader.
 
-`read_blob` reads the file into private memory, then checks the header, the manifest (structure,
-types, every field) and the layout, picks the variant this host runs (runner/host.py), then checks that variant's
-SHA-256s, every buffer's bounds, its io slots and its replay table before returning. Nothing in a
-blob runs until all of that has passed.
+`read_blob` reads the file into private memory as it goes (_PrivateCopy) and checks the header,
+the manifest (structure, types, every field) and the layout, picks the variant this host runs
+(runner/host.py), then checks that variant's SHA-256s, every buffer's bounds, its io slots and
+its replay table before returning. Nothing in a blob runs until all of that has passed.
 
 Every byte the chosen variant uses is hashed exactly once: its sections as CHUNK_BYTES chunks
 whose digests the manifest lists (of the shared weights, the chunks its buffers touch),
