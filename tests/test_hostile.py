@@ -722,11 +722,15 @@ def test_keel_threads_takes_ascii_digits_within_bounds(monkeypatch, value):
 
 
 def test_huge_keel_threads_leaves_no_thread_and_later_loads_work(matmul_blob):
-    proc = _script("import sys, threading\nfrom runner import ConfigError, Model\n"
+    proc = _script("import os, sys, threading\nimport numpy as np\n"
+                   "from runner import ConfigError, Model\n"
                    "try: Model.load(sys.argv[1])\nexcept ConfigError as e: print(e)\n"
-                   "print(threading.active_count())", matmul_blob, threads="99999")
+                   "print(threading.active_count())\nos.environ['KEEL_THREADS'] = '2'\n"
+                   "print(Model.load(sys.argv[1]).run({'x0': np.ones((384, 384), np.float32)})"
+                   "['y'].shape)", matmul_blob, threads="99999")
     lines = proc.stdout.splitlines()
-    assert proc.returncode == 0 and "KEEL_THREADS" in lines[0] and lines[1] == "1", proc
+    assert proc.returncode == 0 and "KEEL_THREADS" in lines[0], proc
+    assert lines[1:] == ["1", "(384, 384)"]  # no thread left; a later load runs
 
 
 def test_workers_that_cannot_start_are_an_alloc_error_and_are_stopped(monkeypatch):
