@@ -62,10 +62,13 @@ class Stages:
 
 def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None = None,
                   float16: bool = False, stages: Stages | None = None,
-                  images: bool | None = None, on_weights=None) -> Artifact:
+                  images: bool | None = None, on_weights=None,
+                  overridable: tuple = ()) -> Artifact:
     """images: GPU targets only, read eligible buffers as 2D images (None: the target's default).
     on_weights: called with (weights region, section sizes) once they are final, while the
     programs still build (blob.BlobWriter.weights writes them then).
+    overridable: inputs with an initializer that stay inputs, with it as their default
+    (onnx/load.py load_onnx).
     A target with variants (`cpu`) is built once per variant from one frontend and schedule:
     the first variant's Artifact is returned, the others in its `variants` (one blob)."""
     st, tgt = stages or Stages(), get_target(target)
@@ -75,7 +78,8 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         # multiples, for wider register tiles, measured slower: 2.36 ms at 16, 2.52 at 48)
         graph = load_onnx(model, input_shapes or {}, float16=float16,
                           winograd=targets[0].winograd,
-                          pad_columns=LINE_BYTES // 4 if targets[0].cpu_layouts else 0)
+                          pad_columns=LINE_BYTES // 4 if targets[0].cpu_layouts else 0,
+                          overridable=tuple(overridable))
     with st("schedule"):
         outs, kernels, realized, tracked = schedule([u for _, u in graph.outputs],
                                                     tuple(graph.origins), tgt.recompute_cheap)

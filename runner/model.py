@@ -244,7 +244,10 @@ class Model:
             plan.inputs.append((name, arr))
         extra = sorted(map(str, set(feeds) - set(names)))
         if extra:
-            raise InputError(f"unexpected inputs {extra}; inputs are {names}")
+            constants = sorted(set(extra) & set(self.meta.get("constant_inputs", ())))
+            hint = f" ({constants}: initializers compiled as constants; compile with " \
+                f"--overridable NAME to feed them)" if constants else ""
+            raise InputError(f"unexpected inputs {extra}; inputs are {names}{hint}")
 
     def _plan_outputs(self, plan: "_Plan", out) -> None:
         names = [n for n, _, _ in self._out]

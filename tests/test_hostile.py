@@ -918,9 +918,9 @@ def _initializer_input(ir_version: int) -> onnx.ModelProto:
     return model
 
 
-def test_a_feed_overrides_an_initializer_input_as_in_onnxruntime():
+def test_a_feed_overrides_an_overridable_initializer_input_as_in_onnxruntime():
     model, x = _initializer_input(8), np.ones(3, np.float32)
-    m = Model.load(compiled_blob(model))
+    m = Model.load(compiled_blob(model, overridable=("w",)))
     w = np.array([5, 6, 7], np.float32)
     for feeds in ({"x": x}, {"x": x, "w": w}):
         assert (m.run(feeds)["y"] == ort_run(model, feeds)["y"]).all(), feeds
@@ -932,26 +932,12 @@ def test_a_feed_overrides_an_initializer_input_as_in_onnxruntime():
     assert (m.run({"x": x})["y"] == [11, 21, 31]).all()  # a feed dict without w: the default
 
 
-def test_before_ir_4_an_initializer_input_is_a_constant_as_in_onnxruntime():
-    m = Model.load(compiled_blob(_initializer_input(3)))
+def test_an_initializer_input_is_a_constant_unless_overridable_and_feeding_it_says_how():
+    """A constant keeps shapes static and weights packed (models exported with every weight
+    listed as an input too); feeding it names the option that makes it an input."""
+    m = Model.load(compiled_blob(_initializer_input(8)))
     assert list(m.inputs) == ["x"]
-    with pytest.raises(InputError, match="unexpected inputs \\['w'\\]"):
+    with pytest.raises(InputError, match=r"unexpected inputs \['w'\].*--overridable"):
         m.run({"x": np.ones(3, np.float32), "w": np.ones(3, np.float32)})
-
-
-def test_the_longest_timeout_runs_on_every_thread_count(transpose):
-    """Model.run's bound on timeout_ms is what the CPU pool's nanosecond deadline holds."""
-    from runner.model import MAX_TIMEOUT_MS
-    _, m = transpose
-    x = _state(2, (8, 8))
-    assert (m.run({"x0": x}, timeout_ms=MAX_TIMEOUT_MS)["y"] == x.T).all()
-
-
-def test_a_strided_feed_overlapping_another_inputs_slot_is_read_first(two_inputs_two_outputs):
-    """Both feeds are copied into their slots (not contiguous); b's is a reversed view of a's
-    slot, so it must be read before a's copy writes that slot."""
-    _, m = two_inputs_two_outputs
-    m.input_view("a")[:] = 1
-    b_feed = m.input_view("a")[:, ::-1]
-    got = m.run({"a": np.full((8, 4), 3, np.float32).T, "b": b_feed})
-    assert (got["y0"] == 4).all() and (got["y1"] == 2).all()
+    with pytest.raises(CompileError, match=r"--overridable names \['v'\].*\['w'\]"):
+        compile_model(_initializer_input(8), overridable=("v",))

@@ -1,7 +1,7 @@
 """Compile an ONNX model into one keel blob.
 
   python tools/compile.py MODEL.onnx -o OUT.blob [--target cpu] [--input-shape NAME=d0,d1,...]...
-                          [--float16] [--embed-binaries] [--verbose]
+                          [--overridable NAME]... [--float16] [--embed-binaries] [--verbose]
 
 --embed-binaries (--target qcom, on the device): builds every kernel with this device's vendor
 OpenCL compiler, parses the binaries and stores the parsed programs in the blob's manifest meta
@@ -71,6 +71,9 @@ def main(argv=None) -> int:
     ap.add_argument("--target", default="cpu", choices=sorted(TARGETS))
     ap.add_argument("--input-shape", action="append", type=parse_shape, default=[],
                     metavar="NAME=d0,d1,...", help="bind an input's dynamic dims (repeatable)")
+    ap.add_argument("--overridable", action="append", default=[], metavar="NAME",
+                    help="keep a graph input that has an initializer as an input, with the "
+                         "initializer as its default (repeatable; otherwise it is a constant)")
     ap.add_argument("--float16", action="store_true", help="store weights and activations as fp16")
     ap.add_argument("--embed-binaries", action="store_true",
                     help="qcom, on the device: embed this GPU's parsed kernel binaries")
@@ -85,6 +88,7 @@ def main(argv=None) -> int:
         with BlobWriter(args.output, inputs=[args.model]) as out:  # checked before the compile
             art = compile_model(args.model, target=args.target,
                                 input_shapes=dict(args.input_shape), float16=args.float16,
+                                overridable=args.overridable,
                                 stages=stages, on_weights=out.weights)
             if args.embed_binaries:
                 art.meta[store.EMBED_KEY] = store.embed_here(bytes(art.programs).decode())

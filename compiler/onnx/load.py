@@ -195,7 +195,10 @@ def _all_nodes(graph: onnx.GraphProto):
 
 
 def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool = False,
-              pad_columns: int = 0) -> Graph:
+              pad_columns: int = 0, overridable: tuple = ()) -> Graph:
+    """overridable: graph inputs that also have an initializer to keep as inputs with that
+    default (onnxruntime's overridable initializers); the others are constants of the model,
+    which shapes may depend on and kernels may pack."""
     proto, data = _load_proto(model)
     _well_formed(proto, model)
     opset = _opset(proto)
@@ -216,13 +219,16 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
             vals[init.name] = Tensor.weight(arrays[init.name])
         except (ValueError, TypeError) as e:  # its data does not fill its dims
             raise CompileError(f"initializer {init.name!r}: {e}") from None
+    with_init = [vi.name for vi in proto.graph.input if vi.name in arrays]
+    unknown = sorted(set(overridable) - set(with_init))
+    if unknown:
+        raise CompileError(f"--overridable names {unknown}, which are not graph inputs with an "
+                           f"initializer; those are {with_init}")
     inputs, defaults = [], {}
     for vi in proto.graph.input:
         if vi.name in vals:
-            if proto.ir_version < 4:  # onnxruntime: before IR 4 it cannot be fed, a constant
-                continue
-            # an input with a default value, as onnxruntime's overridable initializer: a feed
-            # overrides it
+            if vi.name not in overridable:
+                continue  # a constant of the model
             default = np.ascontiguousarray(arrays[vi.name])
             t = Tensor.input(vi.name, tuple(default.shape), vals[vi.name].dtype)
             vals[vi.name], defaults[vi.name] = t, default
@@ -246,6 +252,8 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
             outputs.append((vi.name, vals[vi.name].uop))
     props = {p.key: p.value for p in proto.metadata_props}
     meta = model_meta(props, [(name, tuple(u.shape)) for name, u in outputs])
+    constants = [name for name in with_init if name not in overridable]
+    meta = {**meta, "constant_inputs": constants} if constants else meta
     return Graph(inputs, outputs, {"opset": opset, **meta}, *_origins(proto.graph.node, vals),
                  defaults=defaults)
 
