@@ -2,9 +2,9 @@
 absurd shapes, wrong CLI arguments; and the second probe (issue 33): aliasing, interrupts,
 close() and fork() around a run, a blob file changed after load, deep graphs, signed zeros,
 paths and argument ranges in the tools. Each regression test failed before its fix, except
-those that pin what already held: MaxPool's NaN, replacing a regular file, an initializer input
-before IR 4, and the cases of a parametrized test that were already right (docs/reliability.md
-lists the issue 33 tests per case)."""
+those that pin what already held: MaxPool's NaN, replacing a regular file, and the cases of a
+parametrized test that were already right (docs/reliability.md lists the issue 33 tests per
+case)."""
 from __future__ import annotations
 
 import dataclasses

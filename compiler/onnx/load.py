@@ -34,7 +34,8 @@ class Graph:
     # tensor (an Identity's output is its input's UOp, so it keeps the producer's index)
     nodes: list[tuple[str, str]] = field(default_factory=list)
     origins: dict[UOp, int] = field(default_factory=dict)
-    # inputs with an initializer (IR >= 4): its data, what a run that does not feed it reads
+    # inputs with an initializer compiled --overridable: its data, what a run that does not
+    # feed it reads
     defaults: dict[str, object] = field(default_factory=dict)
 
 
