@@ -6,16 +6,15 @@ runner/format.py, which the reader uses too, so the writer cannot disagree with 
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import mmap
 import os
-import stat
 import threading
 from collections import Counter
 
 from compiler.artifact import Artifact, Buffer
 
+from runner.files import check_output
 from runner.format import (FILE_SHA256_AT, HEADER, MAGIC, VERSION, canonical_json, chunk_sha256,
                            file_sha256, pack_graph, section_names, section_offsets)
 
@@ -34,27 +33,33 @@ class BlobWriter:
     to a temporary file and renamed: a reader never sees half a blob, and an error or an
     interrupt leaves nothing behind."""
 
-    def __init__(self, path):
-        check_output(path)
+    def __init__(self, path, inputs=()):
+        check_output(path, inputs)
         self.path, self.tmp = path, f"{path}.tmp{os.getpid()}"
         self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self.early: tuple | None = None  # (region, chunk digests of its sections)
         self.thread: threading.Thread | None = None
+        self.failed: OSError | None = None  # what writing the weights on the thread raised
 
     def weights(self, weights: tuple[bytes, tuple[int, ...]]) -> None:
         self.thread = threading.Thread(target=self._weights, args=weights, daemon=True)
         self.thread.start()
 
     def _weights(self, region: bytes, sizes: tuple[int, ...]) -> None:
-        starts, _ = _weight_starts(sizes)
-        view = memoryview(region)
-        digests = [chunk_sha256(view[s:s + n]) for s, n in zip(starts, sizes)]
-        _pwrite_all(self.fd, view, section_offsets(list(sizes))[0])
-        self.early = (region, digests)
+        try:
+            starts, _ = _weight_starts(sizes)
+            view = memoryview(region)
+            digests = [chunk_sha256(view[s:s + n]) for s, n in zip(starts, sizes)]
+            _pwrite_all(self.fd, view, section_offsets(list(sizes))[0])
+            self.early = (region, digests)
+        except OSError as e:  # ENOSPC: raised by finish() in the caller's thread, once
+            self.failed = e
 
     def finish(self, artifact: Artifact) -> None:
         if self.thread is not None:
             self.thread.join()
+        if self.failed is not None:
+            raise self.failed
         region, digests = self.early if self.early and self.early[0] is artifact.weights \
             else (None, None)
         pos = 0
@@ -83,24 +88,6 @@ def _pwrite_all(fd: int, data, offset: int) -> None:
     while view:
         n = os.pwrite(fd, view, offset)
         view, offset = view[n:], offset + n
-
-
-def check_output(path) -> None:
-    """Raise FileExistsError unless `path` is a regular file or does not exist: replacing it
-    would turn a device node, a FIFO or a symlink's name into a regular file (as root, even
-    /dev/null), and a directory cannot be replaced."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISREG(mode):
-        kind = next((k for test, k in _KINDS if test(mode)), "not a regular file")
-        raise FileExistsError(errno.EEXIST, f"exists and is {kind}; not replacing it", str(path))
-
-
-_KINDS = [(stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISSOCK, "a socket")]
 
 
 def blob_bytes(artifact: Artifact) -> bytes:
@@ -209,6 +196,8 @@ def _variant(a: Artifact, name: str) -> tuple[dict, bytes, bytes]:
     }
     if a.provenance is not None:
         record["provenance"] = a.provenance
+    if a.defaults:
+        record["defaults"] = a.defaults
     return record, bytes(a.programs), graph
 
 
