@@ -205,7 +205,7 @@ class CRenderer(CStyle):
             return super().render_load(body, u)
         p, idx = body.ref(u.src[0]), body.ref(u.src[1])
         load = f"(*(const {u.dtype.cname}_u *)({p} + {idx}))"
-        if len(u.src) == 3 and self.hvx and not u.dtype.scalar.is_float:
+        if len(u.src) == 3 and self.hvx and u.dtype.scalar.is_int:
             # one gate for every lane: on HVX, the vector at offset 0 when it fails (in bounds:
             # the buffer holds one), masked to zero, so the read needs no branch
             gate, lane = body.ref(u.src[2]), u.dtype.scalar.cname
