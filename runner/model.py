@@ -19,6 +19,15 @@ openpilot output slices: when the model's ONNX carried openpilot's `output_slice
 `output_slices` maps each name to a slice of the flattened output, and output_views(out) gives
 named zero-copy views into preallocated outputs (take them once; every run rewrites them).
 
+Entry points: a blob may hold several named graphs (Model.entries); run(feeds, entry=NAME) runs
+one. With one entry, entry= may be left out; with several, leaving it out is an InputError
+listing them. inputs, outputs, input_view and bind_input speak of the default entry the same way
+(input_view and bind_input take entry= too).
+
+State: Model.state maps each state's name to its value after the last completed run (a view of
+device memory where it is host-visible); set_state and reset_state write it. A run that fails
+leaves the state exactly as before it (runner/state.py).
+
 Deadlines: each run() waits at most `timeout_ms` (per call, else the Model's) from its submission,
 then raises DeviceTimeout. After a DeviceTimeout or DeviceError the next run() first recovers the
 device, then runs normally.
