@@ -88,18 +88,15 @@ class QueueDevice(Device):
             return
         self._idle(slot)
         own = array is self.io_arrays[slot]
-        address = None if own else self.map_host(slot, array)
-        if own or address is None:
-            staged = self.staged_by_copy or not own
-            if staged and not own and not self.staged_by_copy:
-                address = self._stage(slot).address
-            else:
-                address = self.io_memory[slot].address
-            self._point(slot, address)
-            (self.staged.add if staged else self.staged.discard)(slot)
-        else:
-            self._point(slot, address)
-            self.staged.discard(slot)
+        mapped = None if own else self.map_host(slot, array)
+        if mapped is not None:  # zero-copy: the recording points at the array itself
+            address, staged = mapped, False
+        elif own or self.staged_by_copy:  # the slot's own memory (not host-visible: copied
+            address, staged = self.io_memory[slot].address, self.staged_by_copy  # to and from)
+        else:  # host-visible, but not this array: copied through the slot's staging memory
+            address, staged = self._stage(slot).address, True
+        self._point(slot, address)
+        (self.staged.add if staged else self.staged.discard)(slot)
         self.bound[slot] = array
 
     def bind_device(self, slot: int, mem) -> None:
