@@ -328,8 +328,52 @@ def _kgsl_memory(p):
     p.call("IOCTL_KGSL_GPUOBJ_FREE", k.free, user.id)
     p.state["objects"] = [obj]
     p.state["close"].append(lambda: k.free(obj.id))
+    camera = _kgsl_dmabuf(p, obj)
     return (f"64 KiB object {obj.id} at GPU {obj.gpuaddr:#x} mapped twice, coherent; a page "
-            f"of user memory imported at GPU {user.gpuaddr:#x} and freed")
+            f"of user memory imported at GPU {user.gpuaddr:#x} and freed; {camera}")
+
+
+def _dmabuf_source(p, nbytes: int):
+    """A dma-buf as camerad's are made: ION (the comma 3X's 4.9 kernel has no dma-heaps), or
+    under the mock KGSL a memfd standing in for one. (fd, host view, release, what it is)."""
+    from qcom import kgsl
+    if not isinstance(p.state["kgsl"].driver, kgsl.KernelDriver):
+        fd = os.memfd_create("keel-doctor-dmabuf", os.MFD_CLOEXEC)
+        os.ftruncate(fd, nbytes)
+        return fd, mmap.mmap(fd, nbytes), lambda: os.close(fd), "a memfd standing in"
+    from dsp.fastrpc import Ion
+    ion = p.call("ION_IOC_ALLOC + ION_IOC_SHARE (/dev/ion)", Ion, nbytes)
+    return ion.fd, ion.map, ion.close, "ION system heap"
+
+
+def _kgsl_dmabuf(p, target) -> str:
+    """A camera-style buffer imported as a GPU object: the host writes a word, then the GPU must
+    read it (an IB gated on that word by CP_WAIT_REG_MEM, then a marker write). Written before
+    the import: attaching a dma-buf is where the kernel hands the CPU's writes to the device."""
+    from qcom.cmdstream import OPCODES, WAIT_POLL_MEMORY, lohi, pkt7
+    k, word, marker = p.state["kgsl"], 0x43414D21, 0x72656164  # "CAM!", "read"
+    fd, host, release, kind = _dmabuf_source(p, 4096)
+    p.state["close"].append(release)
+    host[:4] = word.to_bytes(4, "little")
+    buf = p.call("IOCTL_KGSL_GPUOBJ_IMPORT(dma-buf)", k.import_dmabuf, fd)
+    p.state["close"].append(lambda: k.free(buf.id))
+    p.state["objects"].append(buf)  # lives until the doctor closes: IBs may address it
+    view = k.mmap(target)
+    view[:4] = bytes(4)
+    equal = 3  # cp_cond_function WRITE_EQ, as qcom.deadline's gate
+    words = pkt7(OPCODES["CP_WAIT_REG_MEM"], WAIT_POLL_MEMORY | equal, *lohi(buf.gpuaddr), word,
+                 0xFFFFFFFF, 16) + _marker_words(target.gpuaddr, marker)
+    ts, _ = _submit_words(p, words, "IB gated on the dma-buf's word")
+    if not p.call("IOCTL_KGSL_DEVICE_WAITTIMESTAMP_CTXTID", k.wait, p.state["ctx"], ts, 1000):
+        raise Failure(f"an IB waiting for the host's word {word:#x} in the imported dma-buf did "
+                      f"not retire within 1 s", "GPU does not see the dma-buf",
+                      "the GPU reads other pages than the CPU wrote: check the import's "
+                      "GPUOBJ_INFO size and gpuaddr, and `dmesg | grep -i kgsl` for a fault")
+    if int.from_bytes(view[:4], "little") != marker:
+        raise Failure("the gated IB retired without writing its marker", "memory not written",
+                      "see qcom.nop: the CP_MEM_WRITE address or the object's mapping is wrong")
+    return (f"a {buf.size >> 10} KiB dma-buf ({kind}) imported at GPU {buf.gpuaddr:#x}: the GPU "
+            f"read the host's word")
 
 
 def _submit_words(p, words: list[int], what: str) -> tuple[int, object]:
@@ -462,10 +506,15 @@ def qcom() -> list[Stage]:
               {"EINVAL": "the kernel refuses keel's context flags: check its msm_kgsl.h "
                          "CONTEXT_* bits against qcom/kgsl.py", "": "see dmesg for kgsl"},
               needs=("qcom.open",)),
-        Stage("qcom.memory", "alloc, mmap (twice, coherent), user-memory import, free",
+        Stage("qcom.memory", "alloc, mmap (twice, coherent), user-memory import, free; a "
+              "dma-buf (ION; a memfd on the mock) imported, the GPU reads the host's word",
               _kgsl_memory, {"ENOMEM": "the GPU's memory is exhausted: close other GPU users "
-                             "(the UI, camerad) and retry", "": "check `dmesg | grep -i kgsl`"},
-              needs=("qcom.open",)),
+                             "(the UI, camerad) and retry",
+                             "EBADF": "the dma-buf fd was closed before its import",
+                             "EINVAL": "KGSL refused the object or the dma-buf: a dma-buf "
+                             "import needs the kernel's CONFIG_DMA_SHARED_BUFFER and an fd that "
+                             "is one", "": "check `dmesg | grep -i kgsl`"},
+              needs=("qcom.open", "qcom.context")),
         Stage("qcom.nop", "an IB of CP_NOP + CP_MEM_WRITE retires within 2 s and writes its "
               "marker", _kgsl_nop, {"EDEADLK": "the context faulted: `dmesg | grep -i kgsl` "
                                     "shows the fault address"},
