@@ -225,3 +225,12 @@ def test_the_hardware_gate_names_the_missing_device_node(monkeypatch):
     with pytest.raises(pytest.skip.Exception, match=r"doctor: qcom.open failed \(open\(/dev/"
                        r"kgsl-3d0\): ENOENT\).*kgsl driver"):
         conftest.doctor_gate("qcom")
+
+
+def test_amd_usb_reports_the_bridge_firmware_version(sims, capsys, monkeypatch):
+    monkeypatch.setenv("KEEL_MOCK_BRINGUP", "usb.link=down")  # stop at the stage after amd.usb
+    status, rep = run(capsys, "--device", "amd")
+    row = {r["stage"]: r for r in rep["stages"]}["amd.usb"]
+    assert status == 1 and row["status"] == "pass", row
+    assert "firmware 261126_EE_00_01" in row["measured"]  # sim/usb/mock.py's MOCK_FW_VERSION
+    assert rep["properties"]["amd"]["bridge_firmware"] == "261126_EE_00_01"

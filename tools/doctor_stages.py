@@ -660,13 +660,17 @@ def dsp() -> list[Stage]:
 # ---- amd: an RX 7900 behind an ASM2464 ---------------------------------------------------
 
 def _usb(p):
-    from usbgpu import pci
+    from usbgpu import asm24, pci
     lib = p.call("libusb_init (usbgpu.pci.open_lib)", pci.open_lib)
     usb = p.call("libusb_open_device_with_vid_pid (ASM24xx ids)", pci._open, lib)
     ids = "{:04x}:{:04x}".format(*usb.ids)
     p.state["properties"]["usb_id"] = ids
+    version = p.call(f"E4 XDATA read {asm24.FW_VERSION:#06x} (firmware version)",
+                     asm24.Bridge(usb).firmware_version)
+    p.state["properties"]["bridge_firmware"] = version
     p.call("libusb_close", usb.close)
-    return f"bridge {ids} opened, interface claimed (UAS alt setting, streams) and released"
+    return (f"bridge {ids} opened, interface claimed (UAS alt setting, streams), firmware "
+            f"{version} (a vendor XDATA read), released")
 
 
 def _pcie(p):
@@ -785,8 +789,8 @@ def amd() -> list[Stage]:
     queue_next = {"GPU queue": "the compute queue never ran its packets: MEC is not running, or "
                   "the MQD or doorbell routing is wrong (am/mqd.py, am/gc.py); send the bundle"}
     return [
-        Stage("amd.usb", "an ASM24xx bridge (174c:2464 or 2d01:3666) opens, its interface claimed",
-              _usb, AMD_USB),
+        Stage("amd.usb", "an ASM24xx bridge (174c:2464 or 2d01:3666) opens, its interface "
+              "claimed; its firmware version read (vendor CDB E4)", _usb, AMD_USB),
         Stage("amd.pcie", "the link up: an AMD display function behind the bridge, BARs sized",
               _pcie, {"no display-class": LINK_DOWN, "unsupported request": LINK_DOWN,
                       "": "send the bundle"}, deadline_s=30.0),
