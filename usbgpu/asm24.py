@@ -56,7 +56,8 @@ RETRIES = 10
 CPL_STATUS = {0: "successful", 1: "unsupported request", 2: "configuration retry", 4: "abort"}
 # The stock firmware's version: 6 bytes of XDATA at FW_VERSION, shown as YYMMDD_CC_VV_VV (the
 # `info` command of cyrozap's usb-to-pcie-re, ASM2x6x/tools/asm2x6x_tool.py, reads it so on
-# ASM236x and ASM246x alike). UNVERIFIED on a custom firmware, which need not keep it there.
+# ASM236x and ASM246x alike; docs/doctor.md). UNVERIFIED on a custom firmware, which need not
+# keep it there.
 FW_VERSION, FW_VERSION_BYTES = 0x07F0, 6
 # After a WRITE(16) into the window tinygrad's controller rewrites these two XDATA locations
 # (their meaning is not public; without them the next WRITE(16) is not accepted on hardware).
