@@ -4,5 +4,5 @@ from runner.errors import (AllocError, BlobError, ConfigError, DeviceError, Devi
 from runner.dmabuf import DmaBuf
 from runner.model import Model
 
-__all__ = ["Model", "DmaBuf", "BlobError", "AllocError", "ConfigError", "InputError", "DeviceTimeout",
-           "DeviceError"]
+__all__ = ["Model", "DmaBuf", "BlobError", "AllocError", "ConfigError", "InputError",
+           "DeviceTimeout", "DeviceError"]
