@@ -348,8 +348,9 @@ def _dmabuf_source(p, nbytes: int):
 
 def _kgsl_dmabuf(p, target) -> str:
     """A camera-style buffer imported as a GPU object: the host writes a word, then the GPU must
-    read it (an IB gated on that word by CP_WAIT_REG_MEM, then a marker write). Written before
-    the import: attaching a dma-buf is where the kernel hands the CPU's writes to the device."""
+    read it (an IB gated on that word by CP_WAIT_REG_MEM, then a marker write). The word is
+    written before the import, as a frame is before modeld binds it; whether a cached ION
+    buffer's CPU writes reach the GPU that way is what this shows on a device."""
     from qcom.cmdstream import OPCODES, WAIT_POLL_MEMORY, lohi, pkt7
     k, word, marker = p.state["kgsl"], 0x43414D21, 0x72656164  # "CAM!", "read"
     fd, host, release, kind = _dmabuf_source(p, 4096)
