@@ -271,7 +271,6 @@ class MockKgsl:
                   f"one")
         own = os.dup(fd)  # the kernel keeps its own reference to the buffer, as this does
         view = mmap.mmap(own, st.st_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        a.flags = a.flags | kgsl.CACHEMODE_WRITEBACK << kgsl.CACHEMODE_SHIFT  # dma-bufs are cached
         a.id = self.mem.add(st.st_size, a.flags, view, own, imported=True)
         self.dmabuf_imports += 1
 
