@@ -30,7 +30,8 @@ import numpy as np
 from qcom import kgsl, record, store
 from qcom.cmdstream import OPCODES, lohi, pkt7
 from qcom.ring import Ring
-from runner.errors import BlobError, ConfigError, DeviceError
+from runner.dmabuf import DmaBuf
+from runner.errors import BlobError, ConfigError, DeviceError, InputError
 from runner.queue import Memory, QueueDevice
 
 RING_BYTES = 1 << 16  # 64 bytes per submission: a thousand in flight before the ring refuses
@@ -69,6 +70,7 @@ class QcomDevice(QueueDevice):
         self.priority = _priority()
         self.ctx = self.kgsl.context_create(self.priority)
         self.imported: dict[int, kgsl.GpuObj] = {}  # slot -> import of its bound array
+        self.dmabufs: dict[int, kgsl.GpuObj] = {}  # dma-buf fd -> its import (bind_device)
         self.streams: dict[range, tuple] = {}  # launch range -> (GPU object, dwords)
 
     def _obj(self, nbytes: int, what: str):
@@ -117,12 +119,26 @@ class QcomDevice(QueueDevice):
             self.kgsl.free(old.id)
 
     def device_address(self, slot: int, mem) -> int:
-        """`mem`: a kgsl.GpuObj of this device's KGSL (imported or allocated), >= the slot."""
+        """`mem`: a kgsl.GpuObj of this device's KGSL (imported or allocated), >= the slot, or a
+        runner DmaBuf (a camera buffer), imported on first use and kept until close."""
         spec = self.graph.io[slot]
+        if isinstance(mem, DmaBuf):
+            return self._dmabuf(mem).gpuaddr + mem.offset
         if not isinstance(mem, kgsl.GpuObj) or mem.size < spec.nbytes:
             raise DeviceError(f"qcom slot {slot} ({spec.name!r}): bind_device expected a "
                               f"qcom.kgsl.GpuObj of at least {spec.nbytes} bytes, got {mem!r}")
         return mem.gpuaddr
+
+    def _dmabuf(self, buf: DmaBuf) -> kgsl.GpuObj:
+        """The import of `buf`'s dma-buf: one per fd for the device's life, since VisionIPC
+        cycles through a few buffers that it keeps for as long as the camera runs."""
+        obj = self.dmabufs.get(buf.fd)
+        if obj is None:
+            obj = self.dmabufs[buf.fd] = self.kgsl.import_dmabuf(buf.fd)
+        if buf.offset + buf.nbytes > obj.size:
+            raise InputError(f"qcom: DmaBuf of fd {buf.fd}: bytes {buf.offset}.."
+                             f"{buf.offset + buf.nbytes} lie outside its {obj.size}-byte buffer")
+        return obj
 
     def record(self) -> None:
         """The graph into fresh argument and stream objects (re-recorded by reset)."""
@@ -212,12 +228,13 @@ class QcomDevice(QueueDevice):
         try:
             if self.ctx is not None:
                 k.context_destroy(self.ctx)
-            for obj in [*getattr(self, "imported", {}).values(), *self.objs]:
+            for obj in [*getattr(self, "imported", {}).values(),
+                        *getattr(self, "dmabufs", {}).values(), *self.objs]:
                 k.free(obj.id)
         except DeviceError:
             pass  # closing a lost device: the kernel frees what the fd held
         finally:
-            self.objs, self.imported = [], {}
+            self.objs, self.imported, self.dmabufs = [], {}, {}
             k.close()
 
     def __del__(self):

@@ -14,6 +14,9 @@ memory (runner/device.py: io_buffer).
 External inputs (modeld's camera frames, owned by the vision pipeline): bind_input(name, arr)
 binds a C-contiguous aligned array to an input for every run() without feeds, with no copy, until
 it is bound again (None: back to the model's own slot). The Model keeps a reference to it.
+bind_input(name, DmaBuf(fd, offset, nbytes)) binds a camera buffer that is already device memory
+(a VisionIPC ION / dma-buf fd; runner/dmabuf.py) where the device can import it (qcom): imported
+once per fd, zero-copy, released at close().
 
 openpilot output slices: when the model's ONNX carried openpilot's `output_slices`,
 `output_slices` maps each name to a slice of the flattened output, and output_views(out) gives
@@ -52,6 +55,7 @@ import numpy as np
 from runner import cache
 from runner.blob import Blob, read_blob
 from runner.device import Device, get_device
+from runner.dmabuf import DmaBuf
 from runner.errors import DeviceError, DeviceTimeout, InputError
 from runner.graph import Entry, Graph, Slot
 from runner.slices import read_slices
@@ -176,13 +180,19 @@ class Model:
 
     def input_view(self, name: str, entry: str | None = None) -> np.ndarray:
         """The array run() without feeds reads for this input (its own slot unless bind_input
-        bound another): write into it, then run() without feeds."""
+        bound another, or the DmaBuf it bound): write into it, then run() without feeds."""
         return self._bound_in[self._input(name, entry).slot]
 
-    def bind_input(self, name: str, array: np.ndarray | None, entry: str | None = None) -> None:
+    def bind_input(self, name: str, array: np.ndarray | DmaBuf | None,
+                   entry: str | None = None) -> None:
         """Bind an externally owned array (a camera frame) to an input, zero-copy, for every
-        run() without feeds until bound again; None binds the model's own slot back."""
+        run() without feeds until bound again; None binds the model's own slot back. A DmaBuf
+        binds a dma-buf as device memory (the device imports it at the next run, once per fd:
+        a refused import is the DeviceError of that run, with the kernel's errno)."""
         s = self._input(name, entry)
+        if isinstance(array, DmaBuf):
+            self._bound_in[s.slot] = _checked_dmabuf(f"bind_input({name!r})", array, s)
+            return
         if array is None:
             array = self._slots[s.slot]
         arr = _checked(f"bind_input({name!r})", array, s.shape, s.dtype)
@@ -337,9 +347,12 @@ class Model:
         """Carry out a checked plan: copy the feeds that cannot be bound, bind every slot."""
         for _, dst, src in plan.copies:
             np.copyto(dst, src)
-        bind = self.device.bind
+        dev = self.device
         for slot, _, arr in plan.inputs + plan.outputs:
-            bind(slot, arr)
+            if isinstance(arr, DmaBuf):  # bound by bind_input: device memory
+                dev.bind_device(slot, arr)
+            else:
+                dev.bind(slot, arr)
 
 
 @dataclass
@@ -355,8 +368,9 @@ class _Plan:
 
 def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether the byte ranges two arrays span meet: exact for contiguous arrays, cautious for
-    strided ones (a copy too many, never a missed overlap)."""
-    if not a.size or not b.size:
+    strided ones (a copy too many, never a missed overlap). A DmaBuf is device memory that no
+    host array can alias."""
+    if isinstance(a, DmaBuf) or isinstance(b, DmaBuf) or not a.size or not b.size:
         return False
     (lo_a, hi_a), (lo_b, hi_b) = _span(a), _span(b)
     return lo_a < hi_b and lo_b < hi_a
@@ -403,3 +417,21 @@ def _checked(what: str, arr, shape: tuple, dtype: np.dtype) -> np.ndarray:
     if arr.shape != shape:
         raise InputError(f"{what}: expected shape {shape}, got {arr.shape}")
     return arr
+
+
+def _checked_dmabuf(what: str, buf: DmaBuf, spec: Slot) -> DmaBuf:
+    """The input's size and dtype; natural alignment, as bind() asks of host arrays."""
+    for field in ("fd", "offset", "nbytes"):
+        value = getattr(buf, field)
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
+            raise InputError(f"{what}: DmaBuf.{field} must be an integer >= 0, got {value!r}")
+    if np.dtype(buf.dtype) != spec.dtype:
+        raise InputError(f"{what}: expected dtype {spec.dtype}, the DmaBuf holds "
+                         f"{np.dtype(buf.dtype)}")
+    if buf.nbytes != spec.nbytes:
+        raise InputError(f"{what}: expected {spec.nbytes} bytes ({spec.dtype} {spec.shape}), the "
+                         f"DmaBuf has {buf.nbytes}")
+    if buf.offset % spec.dtype.itemsize:
+        raise InputError(f"{what}: DmaBuf.offset {buf.offset} is not a multiple of "
+                         f"{spec.dtype.itemsize} ({spec.dtype})")
+    return buf
