@@ -265,6 +265,13 @@ ROOT_OR_UDEV = ("run as root, or give your user the device (a udev rule, or chmo
 LATE_S = 0.050  # a bounded wait returning later than this past its deadline overran it
 
 
+def _late_s() -> float:
+    """LATE_S on a device. The KGSL simulator waits on host threads, which a loaded CI host
+    deschedules for longer than that: its bound only catches a wait that ignores its deadline."""
+    from runner.simulators import simulator
+    return LATE_S if simulator("KEEL_KGSL") is None else 1.0
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3f} ms"
 
@@ -439,7 +446,7 @@ def _kgsl_deadline(p):
                       f"{int.from_bytes(view[:4], 'little'):#x})", "did not wait",
                       "CP_WAIT_REG_MEM did not block: its payload layout (qcom/cmdstream.py) "
                       "is wrong for this CP")
-    if tiny > 0.010 + LATE_S:
+    if tiny > 0.010 + _late_s():
         raise Failure(f"a 10 ms wait returned after {_ms(tiny)}", "overran",
                       "KGSL's WAITTIMESTAMP overruns its timeout: every run's deadline is at "
                       "risk; report the kernel version")
@@ -447,7 +454,7 @@ def _kgsl_deadline(p):
     start = time.monotonic()
     done = p.call("Kgsl.wait(1 s)", k.wait, p.state["ctx"], ts, 1000)
     took = time.monotonic() - start
-    if took > 1.0 + LATE_S:
+    if took > 1.0 + _late_s():
         raise Failure(f"a wait with a 1 s deadline returned after {_ms(took)}", "overran",
                       "KGSL's WAITTIMESTAMP overruns its timeout: report the kernel version")
     if not done:

@@ -77,7 +77,9 @@ class QemuTransport:
         if refused is not None:
             from dsp.fastrpc import refused_pd
             raise refused_pd(f"{QEMU} (KEEL_MOCK_BRINGUP fastrpc.pd)", refused)
-        self.last_slot = slots[-1] if bringup("fastrpc.answer") == "wrong" else None
+        # the last io slot's index and where it is bound now (invokes may rebind it: patches)
+        self.last_slot = (len(slots) - 1, slots[-1]) if bringup("fastrpc.answer") == "wrong" \
+            else None
         so, tab = _memfd("keel-dsp-programs", 0), _memfd("keel-dsp-table", 0)
         self.fds += [so, tab]
         os.write(so, programs)
@@ -104,6 +106,12 @@ class QemuTransport:
 
     def invoke(self, seq: int, request: bytes) -> None:
         """Send invoke `seq`: its RUN request as dsp/graph_runner.h lays it out."""
+        if self.last_slot is not None:  # {seq, flags, first, end, n, (slot, offset) * n}
+            n = struct.unpack_from("<I", request, 16)[0]
+            words = struct.unpack_from(f"<{2 * n}I", request, 20)
+            for slot, offset in zip(words[::2], words[1::2]):
+                if slot == self.last_slot[0]:
+                    self.last_slot = (slot, offset)
         try:
             os.write(self.proc.stdin.fileno(), request)
         except (BrokenPipeError, OSError) as e:
@@ -126,7 +134,7 @@ class QemuTransport:
                 break
             out.append((seq, status, list(struct.unpack_from(f"<{n}Q", self.buf, REPLY.size))))
             if seq and self.last_slot is not None:
-                self.shm[self.last_slot] ^= 0xFF
+                self.shm[self.last_slot[1]] ^= 0xFF
             self.buf = self.buf[end:]
         return out
 
