@@ -148,6 +148,11 @@ class Step:
         """-> ({vision_out, policy_out}, the near-boundary mask of both new frame entries).
         `extra`: any further policy inputs, passed as they are."""
         near = self.warp_enqueue(nv12, frame, big_frame, tfm, big_tfm)
+        return self.infer(desire, traffic_convention, **extra), near
+
+    def infer(self, desire, traffic_convention, **extra) -> dict:
+        """run_policy after its warp: vision on the frame queues, the feature and desire queues
+        shifted, the policy."""
         q, fs = self.queues, self.fs
         vision_out = self.vision({"img": sample_skip(q["img_q"], fs),
                                   "big_img": sample_skip(q["big_img_q"], fs)}).astype(np.float32)
@@ -158,7 +163,7 @@ class Step:
                                   "traffic_convention": np.asarray(traffic_convention,
                                                                    np.float32).reshape(1, -1),
                                   **extra}).astype(np.float32)
-        return {"vision_out": vision_out, "policy_out": policy_out}, near
+        return {"vision_out": vision_out, "policy_out": policy_out}
 
 
 def ort_runner(model):

@@ -3,8 +3,9 @@
 
 Warp planes must equal the reference except at pixels whose source coordinate lies within
 modeld_ref.NEAR px of a rounding boundary (another float evaluation order may round them the
-other way); those are counted and bounded by NEAR_BOUND. With a 1e-3 px band on each of two
-coordinates, about 4e-3 of the pixels fall in it for transforms with no special alignment.
+other way); those are counted and bounded by NEAR_BOUND (tests/modeld_replay.py). With a 1e-3 px
+band on each of two coordinates, about 4e-3 of the pixels fall in it for transforms with no
+special alignment. onnxruntime evaluates the coordinates in numpy's order: exact everywhere.
 """
 import numpy as np
 import pytest
@@ -13,11 +14,9 @@ from models import modeld_ref as ref
 from models.modeld_step import Graph, Spec, dm_entries, nv12_planes, step_entries, warp
 from models.openpilot_split import DM_SIZE, make_dmonitoring, make_policy, make_vision
 from tests.graphs import compiled_blob
+from tests.modeld_replay import FS, MODEL_SIZE, NEAR_BOUND, random_frame, reference
 
-MODEL_SIZE = (512, 256)
 CAMS = [(1928, 1208), (1344, 760)]
-FS = 4
-NEAR_BOUND = 0.01  # at most 1% of a frame's pixels near a rounding boundary
 
 
 @pytest.fixture(scope="module")
@@ -57,12 +56,8 @@ def replay_ort(models, cam, frames, seed):
     entries = step_entries(vision, policy, MODEL_SIZE, [cam], FS)
     sessions = {n: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
                 for n, m in entries.items()}
-    spec = Spec(vision, policy, MODEL_SIZE, FS)
-    nv12 = ref.nv12_layout(*cam)
-    step = ref.Step.zeros(ref.ort_runner(vision), ref.ort_runner(policy),
-                          slice(*spec.vision_slices["hidden_state"]), FS, MODEL_SIZE,
-                          spec.queues)
-    queues = {n: np.zeros(s, d) for n, (s, d) in spec.queues.items()}
+    nv12, step = ref.nv12_layout(*cam), reference(vision, policy)
+    queues = {n: np.zeros_like(q) for n, q in step.queues.items()}
     rng = np.random.default_rng(seed)
     for i in range(frames):
         feeds = random_frame(rng, nv12, cam, skipped=i % 3 == 2)
@@ -77,17 +72,6 @@ def replay_ort(models, cam, frames, seed):
         else:
             want, near = {}, step.warp_enqueue(nv12, **feeds)
         yield entry, got, want, queues, step.queues, near
-
-
-def random_frame(rng, nv12, cam, skipped: bool) -> dict:
-    feeds = {"frame": rng.integers(0, 256, nv12.size, dtype=np.uint8),
-             "big_frame": rng.integers(0, 256, nv12.size, dtype=np.uint8),
-             "tfm": ref.random_tfm(rng, cam, MODEL_SIZE),
-             "big_tfm": ref.random_tfm(rng, cam, MODEL_SIZE)}
-    if not skipped:
-        feeds["desire"] = (rng.random(8) > 0.8).astype(np.float32)
-        feeds["traffic_convention"] = np.eye(2, dtype=np.float32)[rng.integers(2)]
-    return feeds
 
 
 @pytest.mark.parametrize("cam", CAMS, ids=lambda c: f"{c[0]}x{c[1]}")
