@@ -164,7 +164,7 @@ def keel_load(model: onnx.ModelProto, target: str = "cpu", threads=(None,), **co
         return [_load_at(path, n) for n in threads]  # a mapping outlives its file
 
 
-def compiled_blob(model: onnx.ModelProto, target: str = "cpu", **compile_kwargs) -> pathlib.Path:
+def compiled_blob(model, target: str = "cpu", **compile_kwargs) -> pathlib.Path:
     """The blob of `model`, compiled once per compiler version across test files and workers:
     cached beside the ONNX suite's blobs (tests/onnx_backend.py, keyed by the compile path's
     sources), under the hash of the model, the target and the options. Whole models cost tens of
@@ -181,7 +181,7 @@ def compiled_blob(model: onnx.ModelProto, target: str = "cpu", **compile_kwargs)
     options = inspect.signature(compile_model).bind(model, target=target, **compile_kwargs)
     options.apply_defaults()
     del options.arguments["model"]
-    key = hashlib.sha256(model.SerializeToString() + repr(sorted(options.arguments.items()))
+    key = hashlib.sha256(_serialized(model) + repr(sorted(options.arguments.items()))
                          .encode()).hexdigest()[:24]
     folder = _cache_dir() or pathlib.Path(tempfile.mkdtemp(prefix="keel-test-"))
     path = folder / "models" / f"{key}.blob"
@@ -195,6 +195,13 @@ def compiled_blob(model: onnx.ModelProto, target: str = "cpu", **compile_kwargs)
             write_blob(compile_model(model, target=target, **compile_kwargs), tmp)
             os.replace(tmp, path)  # atomic: a reader never sees half a blob
     return path
+
+
+def _serialized(model) -> bytes:
+    """One ONNX model, or a {entry name: model} dict (a blob with several entry points)."""
+    if isinstance(model, dict):
+        return b"".join(name.encode() + m.SerializeToString() for name, m in model.items())
+    return model.SerializeToString()
 
 
 def _load_at(path, threads: int | None):

@@ -1,0 +1,168 @@
+"""openpilot's whole modeld step in one blob (tools/compile_modeld.py): entries per camera, the
+queues as the blob's state, replayed 30 frames against models/modeld_ref.py on every device
+(tests/modeld_replay.py states what is compared and how exactly), openpilot's own determinism
+checks, one submission per frame, and the DM blob.
+
+Tolerances on vision_out/policy_out against onnxruntime on the same pixels: fp32 blobs 1e-4
+(fp32 sums of at most 1226 products of O(1) values, in another order: ~1e-6 seen); the qcom
+--float16 blob 2e-2 (fp16 weights and activations, 2^-11 per rounding through four layers and
+two 1k-term dense sums, on outputs of O(1): the fp16 ORT tests' 1e-2 doubled for the depth).
+"""
+import numpy as np
+import pytest
+
+from models.modeld_step import dm_entries, step_entries
+from models.openpilot_split import DM_SIZE, make_dmonitoring, make_policy, make_vision
+from models import modeld_ref as ref
+from runner import Model
+from tests.graphs import assert_close, compiled_blob
+from tests.modeld_replay import FS, MODEL_SIZE, NEAR_BOUND, random_frame, reference, replay
+
+CAMS = [(1928, 1208), (1344, 760)]
+FRAMES = 30
+FP32_TOL, FP16_TOL = 1e-4, 2e-2
+
+
+@pytest.fixture(scope="module")
+def models():
+    return make_vision(), make_policy()
+
+
+def pipeline(models, target, **kw):
+    return compiled_blob(step_entries(*models, MODEL_SIZE, CAMS, FS), target, **kw)
+
+
+def check_replay(m, models, cam, tol, seed=0):
+    r = replay(m, reference(*models), cam, FRAMES, seed, tol)
+    assert r["frames"] == FRAMES and r["skipped"] == FRAMES // 4
+    assert r["near_differ"] <= r["near"] <= NEAR_BOUND * r["pixels"]
+    return r
+
+
+def test_blob_has_both_entries_per_camera_and_the_queues_as_state(models):
+    m = Model.load(pipeline(models, "cpu"))
+    assert set(m.entries) == {f"{w}x{h}/{e}" for w, h in CAMS
+                              for e in ("warp_enqueue", "run_policy")}
+    nv12 = ref.nv12_layout(*CAMS[0])
+    run = m.entries["1928x1208/run_policy"]
+    assert run.inputs["frame"] == ((nv12.size,), np.uint8) and run.inputs["tfm"][0] == (3, 3)
+    assert run.inputs["desire"][0] == (8,) and run.inputs["traffic_convention"][0] == (2,)
+    assert set(run.outputs) == {"vision_out", "policy_out"}
+    assert {k: v.shape for k, v in m.state.items()} == {
+        "img_q": (5, 6, 128, 256), "big_img_q": (5, 6, 128, 256), "feat_q": (97, 1, 512),
+        "desire_q": (100, 1, 8)}
+    assert not any(v.any() for v in m.state.values())  # zero at load, as openpilot's
+
+
+@pytest.mark.parametrize("cam", CAMS, ids=lambda c: f"{c[0]}x{c[1]}")
+def test_replay_matches_reference_on_cpu(models, cam):
+    check_replay(Model.load(pipeline(models, "cpu")), models, cam, FP32_TOL)
+
+
+def test_two_runs_from_reset_are_bit_identical_and_another_seed_differs(models):
+    """openpilot's own check of its compiled step (compile_modeld.py: same seed, same outputs
+    and queues; seed + 1, different)."""
+    m = Model.load(pipeline(models, "cpu"))
+    cam, runs = CAMS[1], []
+    for seed in (7, 7, 8):
+        m.reset_state()
+        assert not any(v.any() for v in m.state.values())
+        r = replay(m, reference(*models), cam, 6, seed, FP32_TOL)
+        runs.append((r["outputs"], r["state"]))
+
+    def same(a, b):
+        return all(np.array_equal(x[k], y[k]) for x, y in zip(a[0], b[0]) for k in x) and \
+            all(np.array_equal(a[1][k], b[1][k]) for k in a[1])
+    assert same(runs[0], runs[1]) and not same(runs[0], runs[2])
+
+
+@pytest.mark.slow
+def test_replay_matches_reference_on_opencl(models):
+    check_replay(Model.load(pipeline(models, "opencl"), device="opencl"), models, CAMS[0],
+                 FP32_TOL)
+
+
+@pytest.mark.slow
+def test_replay_matches_reference_on_qcom_float16(models, monkeypatch):
+    monkeypatch.setenv("KEEL_KGSL", "mock")
+    monkeypatch.delenv("KEEL_MOCK_FAULTS", raising=False)
+    m = Model.load(pipeline(models, "qcom", float16=True), device="qcom")
+    check_replay(m, models, CAMS[0], FP16_TOL)
+
+
+@pytest.mark.slow
+def test_replay_matches_reference_on_amd(models, tmp_path, monkeypatch):
+    from am import firmware, standin
+    from am.mock_device import IPS
+    from usbgpu.mock import MockLibusb
+    standin.write_all(tmp_path, {(ip.hw_id, ip.instance): ip for ip in IPS})
+    monkeypatch.setenv("KEEL_USB", "mock")
+    monkeypatch.setenv(firmware.ENV, str(tmp_path))
+    monkeypatch.delenv("KEEL_MOCK_FAULTS", raising=False)
+    MockLibusb.forget()
+    try:
+        m = Model.load(pipeline(models, "amd"), device="amd")
+        check_replay(m, models, CAMS[0], FP32_TOL)
+        m.close()
+    finally:
+        MockLibusb.forget()
+
+
+def test_each_frame_is_one_gpu_command_on_qcom(models, monkeypatch):
+    monkeypatch.setenv("KEEL_KGSL", "mock")
+    monkeypatch.delenv("KEEL_MOCK_FAULTS", raising=False)
+    m = Model.load(pipeline(models, "qcom", float16=True), device="qcom")
+    submissions = m.device.kgsl.driver.submissions
+    nv12, rng = ref.nv12_layout(*CAMS[0]), np.random.default_rng(0)
+    for skipped in (False, True, False):
+        before = len(submissions)
+        feeds = random_frame(rng, nv12, CAMS[0], skipped)
+        m.run(feeds, entry="1928x1208/" + ("warp_enqueue" if skipped else "run_policy"),
+              timeout_ms=60000)
+        assert len(submissions) == before + 1
+
+
+@pytest.mark.parametrize("target", ["cpu", pytest.param("qcom", marks=pytest.mark.slow)])
+def test_dm_blob_matches_reference(target, monkeypatch):
+    monkeypatch.setenv("KEEL_KGSL", "mock")
+    dm = make_dmonitoring()
+    float16 = target == "qcom"
+    m = Model.load(compiled_blob(dm_entries(dm, CAMS), target, float16=float16), device=target)
+    assert set(m.entries) == {f"{w}x{h}/dmonitoring" for w, h in CAMS}
+    model = ref.ort_runner(dm)
+    rng = np.random.default_rng(5)
+    for cam in CAMS:
+        nv12 = ref.nv12_layout(*cam)
+        frame = rng.integers(0, 256, nv12.size, dtype=np.uint8)
+        tfm = ref.random_tfm(rng, cam, DM_SIZE)
+        calib = rng.standard_normal((1, 3)).astype(np.float32)
+        got = m.run({"frame": frame, "tfm": tfm, "calib": calib}, entry=f"{cam[0]}x{cam[1]}"
+                    "/dmonitoring", timeout_ms=60000)["outputs"]
+        img, near = ref.dm_warp(frame, tfm, nv12, *DM_SIZE)
+        assert near.mean() < NEAR_BOUND
+        # DM pools the whole image: a pixel rounded the other way moves outputs by ~1e-6
+        want = model({"input_img": img, "calib": calib})
+        assert_close(got, want, FP16_TOL if float16 else FP32_TOL,
+                     FP16_TOL if float16 else FP32_TOL, f"DM {cam}")
+
+
+def test_modeld_tool_drops_exactly_the_hung_frame_and_keeps_the_queues(models, monkeypatch):
+    """tools/modeld.py on the pipeline blob, with submission 7 hung: one dropped frame, and the
+    queues afterwards are those of a clean replay of exactly the frames that completed: the
+    failed run left the state as it was (docs/modeld.md)."""
+    import io
+    from tools.modeld import PipelineFeeder, replay as replay_tool
+    blob = pipeline(models, "cpu")
+    monkeypatch.setenv("KEEL_MOCK_FAULTS", "hang@7")
+    m, trace, log = Model.load(blob, device="mock"), [], io.StringIO()
+    s = replay_tool(m, hz=4, frames=12, timeout_ms=200, budget_ms=250, log=log, trace=trace)
+    assert (s["timeouts"], s["device_errors"]) == (1, 0), log.getvalue()
+    assert "frame 6: dropped, DeviceTimeout" in log.getvalue()
+    assert 6 not in [i for i, _ in trace] and s["processed"] == len(trace) == 12 - s["dropped"]
+    monkeypatch.delenv("KEEL_MOCK_FAULTS")
+    clean = Model.load(blob, device="mock")
+    feed = PipelineFeeder(clean)
+    for i, entry in trace:
+        feed.before(i, entry)
+        clean.run(out=feed.outs(entry), entry=entry)
+    assert all(np.array_equal(m.state[q], clean.state[q]) for q in clean.state)
