@@ -77,7 +77,7 @@ class AmdDevice(HostDevice):
         """Nothing recorded changes: io slots have fixed VRAM buffers, and the bound host array
         is copied in at submit() (inputs) or out at wait() (outputs)."""
 
-    def submit(self, deadline: float) -> int:
+    def submit(self, deadline: float, launches: range | None = None) -> int:
         for slot, b in enumerate(self.blob.inputs):
             self.gpu.upload(self.slots[b.offset][0], self._bound[slot].reshape(-1).view("u1"),
                             deadline)

@@ -9,8 +9,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from compiler import toolchain
-from compiler.artifact import Artifact
+from compiler.artifact import Artifact, Entry, State
 from compiler.blob import share_weights
+from compiler.errors import CompileError
 from compiler.codegen.build import Built, Job, build_all
 from compiler.ir.dtypes import dtypes
 from compiler.ir.uop import UOp
@@ -22,6 +23,7 @@ from compiler.schedule.layout import canonical, channels_last, in_place, pad_in_
 from compiler.schedule.hazards import mark_barriers
 from compiler.schedule.storage import device_storage
 from compiler.target import LINE_BYTES, Target, get_target, variant_targets
+from runner.format import DEFAULT_ENTRY
 
 VERSION = "0.1.0"
 
@@ -62,37 +64,37 @@ class Stages:
 
 def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None = None,
                   float16: bool = False, stages: Stages | None = None,
-                  images: bool | None = None, on_weights=None) -> Artifact:
-    """images: GPU targets only, read eligible buffers as 2D images (None: the target's default).
+                  images: bool | None = None, on_weights=None,
+                  state: dict[str, str] | None = None) -> Artifact:
+    """model: one ONNX model, or {entry name: ONNX model} for a blob of several entry points
+    that share weights, state and the arena (docs/blob.md "entries"). state: {input: output}
+    pairs made persistent in every entry that has them, beside each model's own metadata_props
+    `keel.state` (docs/blob.md "state").
+    images: GPU targets only, read eligible buffers as 2D images (None: the target's default).
     on_weights: called with (weights region, section sizes) once they are final, while the
     programs still build (blob.BlobWriter.weights writes them then).
     A target with variants (`cpu`) is built once per variant from one frontend and schedule:
     the first variant's Artifact is returned, the others in its `variants` (one blob)."""
     st, tgt = stages or Stages(), get_target(target)
     targets = variant_targets(tgt)
+    models = _entry_models(model)
     with st("frontend"):
-        # outputs padded to a cache line of float32: whole vectors at every CPU width (wider
-        # multiples, for wider register tiles, measured slower: 2.36 ms at 16, 2.52 at 48)
-        graph = load_onnx(model, input_shapes or {}, float16=float16,
-                          winograd=targets[0].winograd,
-                          pad_columns=LINE_BYTES // 4 if targets[0].cpu_layouts else 0)
+        graphs = _frontend(models, input_shapes or {}, float16, targets[0], state or {})
+        pairs = _state_pairs(graphs, state or {})
     with st("schedule"):
-        outs, kernels, realized, tracked = schedule([u for _, u in graph.outputs],
-                                                    tuple(graph.origins), tgt.recompute_cheap)
-        origins: dict[UOp, int] = {}
-        for u, i in zip(tracked, graph.origins.values()):
-            origins.setdefault(u, i)
-        kernels = _copies_for_shared_outputs(outs, kernels)
-        kernels, last = _layouts(kernels, realized, set(outs), targets[0])
+        outs, kernels, last, nodes, origins, counts = _schedule(graphs, tgt, targets[0])
+        inputs = [io for g in graphs for io in g.inputs]
         plans = []  # per variant: (target, its buffers, one job per distinct kernel, launches)
         for t in targets:
-            bufs = Buffers(graph.inputs, list(zip([n for n, _ in graph.outputs], outs)),
+            bufs = Buffers(inputs, list(zip([n for g in graphs for n, _ in g.outputs], outs)),
                            device_storage(t, float16, images), t.buffer_align)
             plans.append((t, bufs, *_jobs(kernels, bufs, last, t)))
         st.count("schedule", kernels=len(kernels), programs=sum(len(p[2]) for p in plans))
     done, early = _kernels(plans, st)
     builds = [(t, bufs, _launch(bufs, {k: done[i, k] for k in jobs}, uses, st), uses)
               for i, (t, bufs, jobs, uses) in enumerate(plans)]
+    for _, bufs, _, _ in builds:  # state initial values: weights stored as the state's bytes
+        _state_inits(bufs, graphs, pairs)
     weights = share_weights([bufs for _, bufs, _, _ in builds])
     if on_weights is not None:
         on_weights(weights)
@@ -102,13 +104,109 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         codes = pool.map(lambda ts: _build(*ts, st), zip(targets, sources, early))
     arts = [_artifact(tgt, t, bufs, code, weights)
             for (t, bufs, _, _), code in zip(builds, codes)]
-    meta = {"producer": f"keel {VERSION}", "float16": float16, **graph.meta,
+    meta = {"producer": f"keel {VERSION}", "float16": float16,
+            **{k: v for g in reversed(graphs) for k, v in g.meta.items()},  # the first wins
             "flops": builds[0][1].flops,
             "stage_seconds": {k: round(v, 4) for k, v in st.times.items()}}
-    for a, (_, _, _, uses) in zip(arts, builds):
-        a.meta, a.provenance = meta, provenance(uses, graph.nodes, origins)
+    for a, (_, bufs, _, uses) in zip(arts, builds):
+        a.meta, a.provenance = meta, provenance(uses, nodes, origins)
+        a.entries, a.state = _entries(list(models), graphs, bufs, counts), \
+            _state(pairs, bufs)
     arts[0].variants = arts[1:]
     return arts[0]
+
+
+def _frontend(models: dict, input_shapes: dict, float16: bool, first: Target,
+              state: dict) -> list:
+    """Each entry's ONNX model as a Graph; several entries' inputs get their entry's name as a
+    prefix inside the IR, so equal input names of two entries stay two tensors."""
+    # outputs padded to a cache line of float32: whole vectors at every CPU width (wider
+    # multiples, for wider register tiles, measured slower: 2.36 ms at 16, 2.52 at 48)
+    return [load_onnx(m, input_shapes, float16=float16, winograd=first.winograd,
+                      pad_columns=LINE_BYTES // 4 if first.cpu_layouts else 0,
+                      state_inputs=frozenset(state), prefix=f"{name}/" if len(models) > 1 else "",
+                      other_shapes=len(models) > 1) for name, m in models.items()]
+
+
+def _state_inits(bufs: Buffers, graphs: list, pairs: dict[str, str]) -> None:
+    for x in pairs:
+        default = next((g.defaults[x] for g in graphs if x in g.defaults), None)
+        if default is not None:
+            bufs.state_init(x, default)
+
+
+def _schedule(graphs: list, tgt: Target, first: Target) -> tuple:
+    """Each entry's graph scheduled alone (no kernel spans two entries), then put end to end:
+    (outputs, kernels, channels-last tensors, provenance nodes and origins, launches per
+    entry)."""
+    outs, kernels, last, nodes, origins, counts = [], [], set(), [], {}, []
+    for g in graphs:
+        g_outs, g_kernels, realized, tracked = schedule(
+            [u for _, u in g.outputs], tuple(g.origins), tgt.recompute_cheap)
+        for u, i in zip(tracked, g.origins.values()):
+            origins.setdefault(u, len(nodes) + i)
+        g_kernels = _copies_for_shared_outputs(g_outs, g_kernels)
+        g_kernels, g_last = _layouts(g_kernels, realized, set(g_outs), first)
+        outs += g_outs
+        kernels += g_kernels
+        last |= g_last
+        nodes += g.nodes
+        counts.append(sum(k.root.size != 0 for k in g_kernels))  # _jobs: its launches
+    return outs, kernels, last, nodes, origins, counts
+
+
+def _entry_models(model) -> dict:
+    if not isinstance(model, dict):
+        return {DEFAULT_ENTRY: model}
+    if not model or not all(type(n) is str and n.isascii() and n.isidentifier() for n in model):
+        raise CompileError(f"entries: expected at least one, named by identifiers, got "
+                           f"{list(model)}")
+    return model
+
+
+def _state_pairs(graphs: list, extra: dict[str, str]) -> dict[str, str]:
+    """Every entry's state pairs as one {input: output}: a name pair is one state across entries;
+    each is an input or an output of some entry, with one dtype and shape everywhere."""
+    pairs = dict(extra)
+    for g in graphs:
+        for x, y in g.state.items():
+            if pairs.setdefault(x, y) != y:
+                raise CompileError(f"state {x!r}: replaced by output {pairs[x]!r} in one entry "
+                                   f"and by {y!r} in another")
+    outputs = set(pairs.values())
+    if len(outputs) != len(pairs):
+        raise CompileError(f"state: each output replaces one input, got {pairs}")
+    for x, y in pairs.items():
+        found = [(g, u) for g in graphs for n, u in g.inputs if n == x] + \
+            [(g, u) for g in graphs for n, u in g.outputs if n == y]
+        if not found:
+            raise CompileError(f"state {x}={y}: no entry has an input {x!r} or an output {y!r}")
+        if len({(u.dtype, tuple(u.shape)) for _, u in found}) != 1:
+            raise CompileError(f"state {x}={y}: the input and output must have one dtype and "
+                               f"shape, got {sorted({(str(u.dtype), tuple(u.shape)) for _, u in found})}")
+        for g in graphs:
+            if x in g.defaults and tuple(g.defaults[x].shape) != tuple(found[0][1].shape):
+                raise CompileError(f"state {x}: initializer shape {g.defaults[x].shape} is not "
+                                   f"the input's {tuple(found[0][1].shape)}")
+    return pairs
+
+
+def _entries(names: list[str], graphs: list, bufs: Buffers, counts: list[int]) -> list[Entry]:
+    """Each entry's io buffers and launch range: the launches are the entries' in order."""
+    entries, n_in, n_out, first = [], 0, 0, 0
+    for name, g, count in zip(names, graphs, counts):
+        ins = bufs.inputs[n_in:n_in + len(g.inputs)]
+        outs = bufs.outputs[n_out:n_out + len(g.outputs)]
+        entries.append(Entry(name, tuple(b.id for b in ins), tuple(b.id for b in outs), first,
+                             count))
+        n_in, n_out, first = n_in + len(g.inputs), n_out + len(g.outputs), first + count
+    return entries
+
+
+def _state(pairs: dict[str, str], bufs: Buffers) -> list[State]:
+    return [State(x, tuple(b.id for b in bufs.inputs if b.name == x),
+                  tuple(b.id for b in bufs.outputs if b.name == y), bufs.inits.get(x))
+            for x, y in pairs.items()]
 
 
 def _kernels(plans: list, st: Stages) -> tuple[dict[tuple, Built], list]:

@@ -189,7 +189,7 @@ class QcomDevice(Device):
         return slot not in self.external and slot not in self.imported and a is not self.io[slot]
 
     # ---- runs ----------------------------------------------------------------------------------
-    def submit(self, deadline: float) -> int:
+    def submit(self, deadline: float, launches: range | None = None) -> int:
         if any(outs for _, outs in self.pending.values()):
             raise DeviceError("qcom: a submission with staged outputs has not been waited for; "
                               "its outputs would be overwritten")

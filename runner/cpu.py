@@ -38,6 +38,7 @@ typedef struct { long long sec; long nsec; } keel_ts;
 typedef struct {
   int count, sense; int (*yield_fn)(void);
   int (*clock_fn)(int, keel_ts *); int clock_id; int abort; long long deadline_ns;
+  int first, end;
 } keel_sync;
 int sched_yield(void);
 int clock_gettime(int, keel_ts *);
@@ -93,14 +94,22 @@ class CpuDevice(HostDevice):
     def _patch(self, slot: int, array) -> None:
         self._io_ptrs[slot] = ffi.from_buffer(array)
 
-    def submit(self, deadline: float) -> int:
+    def submit(self, deadline: float, launches: range | None = None) -> int:
         self._value += 1
-        if self._pool is None and getattr(self, "_ticks", None) is not None:
-            self._lib.keel_profile(self._arena_ptr, self._weights_ptr, self._io_ptrs, 0, 1,
-                                   self._sync1, self._ticks)
+        whole = launches is None or len(launches) == self._n_launches
+        if self._pool is None and (not whole or getattr(self, "_ticks", None) is not None):
+            first, end = (0, 0) if whole else (launches.start, launches.stop)
+            self._sync1.first, self._sync1.end = first, end
+            if self._ticks is None:
+                self._lib.keel_graph_mt(self._arena_ptr, self._weights_ptr, self._io_ptrs, 0, 1,
+                                        self._sync1)
+            else:
+                self._lib.keel_profile(self._arena_ptr, self._weights_ptr, self._io_ptrs, 0, 1,
+                                       self._sync1, self._ticks)
         elif self._pool is None:
             self._graph(self._arena_ptr, self._weights_ptr, self._io_ptrs)
-        elif not self._pool.run(self._arena_ptr, self._weights_ptr, self._io_ptrs, deadline):
+        elif not self._pool.run(self._arena_ptr, self._weights_ptr, self._io_ptrs, deadline,
+                                (0, 0) if whole else (launches.start, launches.stop)):
             return self._value  # never completes: wait() raises DeviceTimeout
         self._done = self._value
         return self._value
@@ -254,9 +263,11 @@ class Pool:
             self._share(tid)
             self.done.release()
 
-    def run(self, arena, weights, io, deadline: float) -> bool:
-        """Run every share; False when the run missed its deadline (its results are garbage)."""
+    def run(self, arena, weights, io, deadline: float, launches: tuple = (0, 0)) -> bool:
+        """Run every share of launches [first, end) (0, 0: all); False when the run missed its
+        deadline (its results are garbage)."""
         self.args = (arena, weights, io)
+        self.sync.first, self.sync.end = launches
         # on CLOCK_MONOTONIC's own base: time.monotonic() has another one on macOS
         self.sync.deadline_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC) + \
             int((deadline - time.monotonic()) * 1e9)

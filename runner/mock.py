@@ -59,8 +59,8 @@ class MockDevice(HostDevice):
         for args, j in self._uses.get(slot, ()):
             args[j] = ptr
 
-    def submit(self, deadline: float) -> int:
-        return self._queue.submit()
+    def submit(self, deadline: float, launches: range | None = None) -> int:
+        return self._queue.submit(range(len(self._queue.table)) if launches is None else launches)
 
     def completed(self) -> int:
         return self._queue.completed()
@@ -99,10 +99,10 @@ class Queue:
         self.stamps: list[int] | None = None  # per launch start, end (ns) when profiling
         self._start()
 
-    def submit(self) -> int:
+    def submit(self, launches: range) -> int:
         with self.cond:
             self.value += 1
-            self.pending.append(self.value)
+            self.pending.append((self.value, launches))
             self.cond.notify_all()
         return self.value
 
@@ -127,7 +127,7 @@ class Queue:
                 self.cond.wait_for(lambda: self.pending or stopped())
                 if stopped():
                     return
-                value = self.pending.popleft()
+                value, launches = self.pending.popleft()
             fault = self.faults.at(value)
             kind = fault and fault.kind
             if kind in ("hang", "slow"):
@@ -135,7 +135,7 @@ class Queue:
                     if self.cond.wait_for(stopped, None if kind == "hang" else fault.ms / 1000):
                         return
             if kind != "fault":
-                self._replay()
+                self._replay(launches)
             with self.cond:
                 if stopped():
                     return
@@ -145,13 +145,14 @@ class Queue:
                     self.done = value
                 self.cond.notify_all()
 
-    def _replay(self) -> None:
-        stamps = self.stamps  # profiling: the host clock around each launch, as a GPU's
-        if stamps is None:  # timestamp packets bracket each dispatch
-            for i, args in enumerate(self.table):
-                self.launch(i, args)
+    def _replay(self, launches: range) -> None:
+        stamps, table = self.stamps, self.table  # profiling: the host clock around each launch,
+        if stamps is None:  # as a GPU's timestamp packets bracket each dispatch
+            for i in launches:
+                self.launch(i, table[i])
             return
-        for i, args in enumerate(self.table):
+        for i in launches:
+            args = table[i]
             stamps[2 * i] = time.perf_counter_ns()
             self.launch(i, args)
             stamps[2 * i + 1] = time.perf_counter_ns()

@@ -32,13 +32,16 @@ import math
 import os
 import threading
 import time
+from typing import NamedTuple
 
 import numpy as np
 
 from runner.blob import Blob, read_blob
 from runner.device import TARGETS, Device, get_device
 from runner.errors import DeviceError, DeviceTimeout, InputError
+from runner.graph import Entry, Graph, Slot
 from runner.slices import read_slices
+from runner.state import States
 
 DEFAULT_TIMEOUT_MS = 2000
 
@@ -48,10 +51,10 @@ class Model:
         self._sliced, self._slices = read_slices(blob.manifest, blob.outputs)
         self.blob, self.device = blob, device
         self.timeout_ms = DEFAULT_TIMEOUT_MS
-        self._in = [(b.name, b.shape, b.dtype) for b in blob.inputs]
-        self._out = [(b.name, b.shape, b.dtype) for b in blob.outputs]
-        self._slots = [device.io_buffer(i) for i in range(len(self._in))]
-        self._bound_in = list(self._slots)  # what run() without feeds reads, per input
+        self.graph = Graph(blob)
+        self._slots = [device.io_buffer(i) for i in range(len(blob.inputs))]
+        self._bound_in = list(self._slots)  # what run() without feeds reads, per input slot
+        self._state = States(self.graph, device, blob.weights)
         self._lock = threading.Lock()
         self._broken = False  # the last run failed: recover before the next one
         self._closed = False
@@ -77,12 +80,40 @@ class Model:
             raise
 
     @property
+    def entries(self) -> dict[str, EntryInfo]:
+        """name -> its inputs and outputs ({name: (shape, dtype)}, state left out), in blob
+        order; the first is the default when it is the only one."""
+        return {e.name: EntryInfo(_io(e.inputs), _io(e.outputs)) for e in self.graph.entries}
+
+    @property
     def inputs(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        return {name: (shape, dtype) for name, shape, dtype in self._in}
+        """The entry's inputs (the default entry's: an InputError when the blob has several)."""
+        return _io(self.graph.entry(None).inputs)
 
     @property
     def outputs(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        return {name: (shape, dtype) for name, shape, dtype in self._out}
+        return _io(self.graph.entry(None).outputs)
+
+    @property
+    def state(self) -> dict[str, np.ndarray]:
+        """name -> the state's current value (as of the last completed run): a writable view of
+        the device's memory where it is host-visible (cpu, mock, qcom, dsp), a read-only copy
+        elsewhere (opencl, amd: write with set_state). Take it again after each run: a run
+        moves the state to the other half of its ping-pong."""
+        return self._state.views()
+
+    def set_state(self, name: str, value) -> None:
+        """Write a state's current value (any device); value broadcasts to its shape."""
+        if name not in {s.name for s in self.graph.state}:
+            raise InputError(f"unknown state {name!r}; states are "
+                             f"{[s.name for s in self.graph.state]}")
+        with self._lock:
+            self._state.set(name, value)
+
+    def reset_state(self) -> None:
+        """Every state back to its initial value (the blob's, or zeros)."""
+        with self._lock:
+            self._state.reset()
 
     @property
     def meta(self) -> dict:
@@ -98,8 +129,8 @@ class Model:
         that writes into the same `out` (run(out=out))."""
         if self._sliced is None:
             raise InputError("this model has no output_slices (its ONNX metadata_props had none)")
-        arr = _checked(f"out[{self._sliced!r}]", out.get(self._sliced),
-                       *self.outputs[self._sliced])
+        spec = next(b for b in self.blob.outputs if b.name == self._sliced)
+        arr = _checked(f"out[{self._sliced!r}]", out.get(self._sliced), spec.shape, spec.dtype)
         flat = arr.view()
         try:
             flat.shape = (-1,)  # raises rather than copy
@@ -107,30 +138,30 @@ class Model:
             raise InputError(f"out[{self._sliced!r}]: expected a C-contiguous array") from None
         return {name: flat[s] for name, s in self._slices.items()}
 
-    def input_view(self, name: str) -> np.ndarray:
+    def input_view(self, name: str, entry: str | None = None) -> np.ndarray:
         """The array run() without feeds reads for this input (its own slot unless bind_input
         bound another): write into it, then run() without feeds."""
-        return self._bound_in[self._input_index(name)]
+        return self._bound_in[self._input(name, entry).slot]
 
-    def bind_input(self, name: str, array: np.ndarray | None) -> None:
+    def bind_input(self, name: str, array: np.ndarray | None, entry: str | None = None) -> None:
         """Bind an externally owned array (a camera frame) to an input, zero-copy, for every
         run() without feeds until bound again; None binds the model's own slot back."""
-        i = self._input_index(name)
+        s = self._input(name, entry)
         if array is None:
-            array = self._slots[i]
-        _, shape, dtype = self._in[i]
-        arr = _checked(f"bind_input({name!r})", array, shape, dtype)
+            array = self._slots[s.slot]
+        arr = _checked(f"bind_input({name!r})", array, s.shape, s.dtype)
         if not (arr.flags.c_contiguous and arr.flags.aligned):
             raise InputError(f"bind_input({name!r}): expected a C-contiguous, aligned array "
                              f"(binding is zero-copy), got c_contiguous={arr.flags.c_contiguous} "
                              f"aligned={arr.flags.aligned}")
-        self._bound_in[i] = arr  # one store: a run binding now sees the old array or this one
+        self._bound_in[s.slot] = arr  # one store: a run binding now sees the old array or this one
 
-    def _input_index(self, name: str) -> int:
-        for i, (slot_name, _, _) in enumerate(self._in):
-            if slot_name == name:
-                return i
-        raise InputError(f"unknown input {name!r}; inputs are {[n for n, _, _ in self._in]}")
+    def _input(self, name: str, entry: str | None) -> Slot:
+        inputs = self.graph.entry(entry).inputs
+        for s in inputs:
+            if s.name == name:
+                return s
+        raise InputError(f"unknown input {name!r}; inputs are {[s.name for s in inputs]}")
 
     def close(self) -> None:
         """Release the device now rather than when the Model is collected; idempotent."""
@@ -138,80 +169,93 @@ class Model:
         self.device.close()
 
     def run(self, feeds: dict | None = None, out: dict | None = None,
-            timeout_ms: float | None = None) -> dict[str, np.ndarray]:
+            timeout_ms: float | None = None, entry: str | None = None) -> dict[str, np.ndarray]:
+        """entry: which entry point runs (Model.entries); None: the blob's only one."""
         timeout_ms = self.timeout_ms if timeout_ms is None else timeout_ms
         if not isinstance(timeout_ms, (int, float)) or isinstance(timeout_ms, bool) or \
                 not 0 < timeout_ms < math.inf:
             raise InputError(f"timeout_ms: expected a positive finite number, got {timeout_ms!r}")
+        e = self.graph.entry(entry)
         if not self._lock.acquire(timeout=timeout_ms / 1000):
             raise DeviceTimeout(f"another run() on this Model did not finish within "
                                 f"{timeout_ms} ms")
         try:
-            return self._run(feeds, out, timeout_ms)
+            return self._run(e, feeds, out, timeout_ms)
         finally:
             self._lock.release()
 
-    def _run(self, feeds: dict | None, out: dict | None, timeout_ms: float) -> dict:
+    def _run(self, e: Entry, feeds: dict | None, out: dict | None, timeout_ms: float) -> dict:
         dev = self.device
         if self._closed:
             raise DeviceError("run() on a closed Model; load it again")
         if self._broken:
             dev.recover()
             self._broken = False
-        self._bind_feeds(feeds)
-        results = self._bind_outputs(out)
+        self._bind_feeds(e, feeds)
+        results = self._bind_outputs(e, out)
+        self._state.bind(e)
         deadline = time.monotonic() + timeout_ms / 1000
         try:
-            dev.wait(dev.submit(deadline), deadline)
-        except DeviceTimeout as e:
+            dev.wait(dev.submit(deadline, e.launches), deadline)
+        except DeviceTimeout as err:
             self._broken = True
-            raise DeviceTimeout(f"{e} ({timeout_ms} ms after submit)") from None
+            raise DeviceTimeout(f"{err} ({timeout_ms} ms after submit)") from None
         except DeviceError:
             self._broken = True
             raise
+        self._state.commit(e)
         return results
 
-    def _bind_feeds(self, feeds: dict | None) -> None:
+    def _bind_feeds(self, e: Entry, feeds: dict | None) -> None:
         bind = self.device.bind
         if feeds is None:
-            for i, arr in enumerate(self._bound_in):
-                bind(i, arr)
+            for s in e.inputs:
+                bind(s.slot, self._bound_in[s.slot])
             return
-        for i, (name, shape, dtype) in enumerate(self._in):
-            if name not in feeds:
-                raise InputError(f"missing input {name!r} ({dtype} {shape}); "
+        for s in e.inputs:
+            if s.name not in feeds:
+                raise InputError(f"missing input {s.name!r} ({s.dtype} {s.shape}); "
                                  f"received {sorted(feeds)}")
-            arr = _checked(f"input {name!r}", feeds[name], shape, dtype)
+            arr = _checked(f"input {s.name!r}", feeds[s.name], s.shape, s.dtype)
             if not (arr.flags.c_contiguous and arr.flags.aligned):
-                np.copyto(self._slots[i], arr)
-                arr = self._slots[i]
-            bind(i, arr)
-        if len(feeds) != len(self._in):
-            extra = sorted(set(feeds) - {name for name, _, _ in self._in})
-            raise InputError(f"unexpected inputs {extra}; inputs are {[n for n, _, _ in self._in]}")
+                np.copyto(self._slots[s.slot], arr)
+                arr = self._slots[s.slot]
+            bind(s.slot, arr)
+        if len(feeds) != len(e.inputs):
+            extra = sorted(set(feeds) - {s.name for s in e.inputs})
+            raise InputError(f"unexpected inputs {extra}; inputs are {[s.name for s in e.inputs]}")
 
-    def _bind_outputs(self, out: dict | None) -> dict[str, np.ndarray]:
+    def _bind_outputs(self, e: Entry, out: dict | None) -> dict[str, np.ndarray]:
         out = {} if out is None else out
         results, used = {}, 0
-        for j, (name, shape, dtype) in enumerate(self._out, start=len(self._in)):
-            if name not in out:
-                arr = np.empty(shape, dtype)
+        for s in e.outputs:
+            if s.name not in out:
+                arr = np.empty(s.shape, s.dtype)
             else:
                 used += 1
-                what = f"out[{name!r}]"
-                arr = _checked(what, out[name], shape, dtype)
+                what = f"out[{s.name!r}]"
+                arr = _checked(what, out[s.name], s.shape, s.dtype)
                 flags = arr.flags
                 if not (flags.c_contiguous and flags.aligned and flags.writeable):
                     raise InputError(f"{what}: expected a C-contiguous, aligned, writable array, "
                                      f"got c_contiguous={flags.c_contiguous} "
                                      f"aligned={flags.aligned} writeable={flags.writeable}")
-            self.device.bind(j, arr)
-            results[name] = arr
+            self.device.bind(s.slot, arr)
+            results[s.name] = arr
         if used != len(out):
-            extra = sorted(set(out) - {name for name, _, _ in self._out})
+            extra = sorted(set(out) - {s.name for s in e.outputs})
             raise InputError(f"out has unknown outputs {extra}; "
-                             f"outputs are {[n for n, _, _ in self._out]}")
+                             f"outputs are {[s.name for s in e.outputs]}")
         return results
+
+
+class EntryInfo(NamedTuple):
+    inputs: dict  # name -> (shape, dtype)
+    outputs: dict
+
+
+def _io(slots) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    return {s.name: (s.shape, s.dtype) for s in slots}
 
 
 def _checked(what: str, arr, shape: tuple, dtype: np.dtype) -> np.ndarray:

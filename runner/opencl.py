@@ -189,7 +189,7 @@ class OpenCLDevice(HostDevice):
             self._set_arg(kernel, i, mem)
         self.external[slot] = self._bound[slot] = mem
 
-    def submit(self, deadline: float) -> int:
+    def submit(self, deadline: float, launches: range | None = None) -> int:
         lib, q = self.lib, self.queue
         self.value += 1
         io = [(b, arr) for slot, (b, arr) in enumerate(zip(self.io_specs, self._bound))

@@ -6,6 +6,7 @@ the graph: inputs and their static shapes, initializers, dtype mapping, unsuppor
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,6 +33,10 @@ class Graph:
     # tensor (an Identity's output is its input's UOp, so it keeps the producer's index)
     nodes: list[tuple[str, str]] = field(default_factory=list)
     origins: dict[UOp, int] = field(default_factory=dict)
+    # state pairs this model declares (metadata_props STATE_KEY): input -> output that replaces it
+    state: dict[str, str] = field(default_factory=dict)
+    # initial values: the initializers of state inputs (an input with a default value)
+    defaults: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 
@@ -189,7 +194,12 @@ def _all_nodes(graph: onnx.GraphProto):
 
 
 def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool = False,
-              pad_columns: int = 0) -> Graph:
+              pad_columns: int = 0, state_inputs: frozenset = frozenset(),
+              prefix: str = "", other_shapes: bool = False) -> Graph:
+    """state_inputs: input names that are state (docs/blob.md) even where an initializer gives
+    them a default value, which is then their initial value. prefix: put before every input's
+    name inside the IR, so the inputs of several models compiled into one blob stay distinct
+    tensors. other_shapes: input_shapes may name inputs of other models (entries) too."""
     proto, data = _load_proto(model)
     _well_formed(proto, model)
     opset = _opset(proto)
@@ -198,14 +208,23 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
     check_supported(proto, opset)
     _validate(proto, model, data)
     unknown = set(input_shapes) - {i.name for i in proto.graph.input}
-    if unknown:
+    if other_shapes:
+        input_shapes = {k: v for k, v in input_shapes.items() if k not in unknown}
+    elif unknown:
         raise CompileError(f"--input-shape names unknown input(s) {sorted(unknown)}; inputs are "
                            f"{[i.name for i in proto.graph.input]}")
     vals: dict[str, Tensor | None] = {"": None}
+    props = {p.key: p.value for p in proto.metadata_props}
+    pairs = state_pairs(props.get(STATE_KEY))
+    state_inputs = state_inputs | set(pairs)
+    defaults = {}
     for init in proto.graph.initializer:
         onnx_dtype(init.data_type, f"initializer {init.name!r}")
         try:
-            vals[init.name] = Tensor.weight(numpy_helper.to_array(init))
+            if init.name in state_inputs:
+                defaults[init.name] = numpy_helper.to_array(init)
+            else:
+                vals[init.name] = Tensor.weight(numpy_helper.to_array(init))
         except (ValueError, TypeError) as e:  # its data does not fill its dims
             raise CompileError(f"initializer {init.name!r}: {e}") from None
     inputs = []
@@ -216,7 +235,7 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
             raise CompileError(f"input {vi.name!r} is not a tensor; "
                                "keel supports tensor inputs only")
         dt = onnx_dtype(vi.type.tensor_type.elem_type, f"input {vi.name!r}")
-        t = Tensor.input(vi.name, _input_shape(vi, input_shapes), dt)
+        t = Tensor.input(prefix + vi.name, _input_shape(vi, input_shapes), dt)
         vals[vi.name] = t
         inputs.append((vi.name, t.uop))
     functions = {(f.domain, f.name): f for f in proto.functions}
@@ -227,9 +246,29 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
         if vals.get(vi.name) is None:
             raise CompileError(f"graph output {vi.name!r} is not produced by any node")
         outputs.append((vi.name, vals[vi.name].uop))
-    props = {p.key: p.value for p in proto.metadata_props}
-    meta = model_meta(props, [(name, tuple(u.shape)) for name, u in outputs])
-    return Graph(inputs, outputs, {"opset": opset, **meta}, *_origins(proto.graph.node, vals))
+    meta = model_meta({k: v for k, v in props.items() if k != STATE_KEY},
+                      [(name, tuple(u.shape)) for name, u in outputs])
+    return Graph(inputs, outputs, {"opset": opset, **meta}, *_origins(proto.graph.node, vals),
+                 pairs, defaults)
+
+
+STATE_KEY = "keel.state"  # metadata_props: JSON {"input": "output", ...}, docs/blob.md "state"
+
+
+def state_pairs(text: str | None) -> dict[str, str]:
+    """metadata_props[STATE_KEY] -> {state input: the output that replaces it after a run}."""
+    if text is None:
+        return {}
+    try:
+        pairs = json.loads(text)
+    except ValueError as e:
+        raise CompileError(f"metadata_props {STATE_KEY}: expected JSON, got {text[:80]!r} ({e})") \
+            from None
+    if type(pairs) is not dict or not all(type(k) is str and type(v) is str and k and v
+                                          for k, v in pairs.items()):
+        raise CompileError(f"metadata_props {STATE_KEY}: expected a JSON object of input name -> "
+                           f"output name strings, got {text[:80]!r}")
+    return pairs
 
 
 def node_name(node: onnx.NodeProto, i: int) -> str:

@@ -215,6 +215,7 @@ typedef struct { long long sec; long nsec; } keel_ts;
 typedef struct {
   int count, sense; int (*yield_fn)(void);
   int (*clock_fn)(int, keel_ts *); int clock_id; int abort; long long deadline_ns;
+  int first, end;
 } keel_sync;
 typedef void graph_fn(unsigned char *arena, const unsigned char *weights, void *const *io);
 typedef void graph_mt_fn(unsigned char *arena, const unsigned char *weights, void *const *io,
