@@ -1,9 +1,11 @@
 """openpilot's modeld step as ONNX graphs keel compiles into one blob (tools/compile_modeld.py).
 
-Per camera resolution WxH two entry points, as openpilot's compile_modeld.py builds them:
-- `WxH/warp_enqueue` (a frame whose model run is skipped): frame, big_frame (the flat NV12
+Per camera resolution WxH two entry points, as openpilot's compile_modeld.py builds them
+(openpilot keys them `[(W, H)]["warp_enqueue"]`; keel's entry names are identifiers, so here
+`warp_enqueue_WxH` and `run_policy_WxH`: entry_name):
+- `warp_enqueue_WxH` (a frame whose model run is skipped): frame, big_frame (the flat NV12
   uint8 buffers), tfm, big_tfm (3x3 inverse homographies) -> the frame queues shifted.
-- `WxH/run_policy`: the same, plus desire (8,) and traffic_convention (2,) -> vision_out
+- `run_policy_WxH`: the same, plus desire (8,) and traffic_convention (2,) -> vision_out
   (1, N) and policy_out (1, M) float32, with the vision and policy models inlined.
 
 The queues are state pairs (metadata_props `keel.state` = {input: output}): each entry's graph
@@ -17,7 +19,7 @@ clip limits, rather than the reference's warp, deinterleave and cut.
 Every coordinate is computed in float32 from integer constants and the fp32 transform input, so
 a --float16 compile (half activations on GPUs) leaves the warp arithmetic in fp32.
 
-The driver-monitoring blob has one entry per camera, `WxH/dmonitoring`: frame, tfm, calib ->
+The driver-monitoring blob has one entry per camera, `dmonitoring_WxH`: frame, tfm, calib ->
 the DM model's `outputs`, the Y plane warped to the model's input size on the way.
 """
 from __future__ import annotations
@@ -61,7 +63,9 @@ def nv12_planes(nv12: Nv12) -> list[Plane]:
 
 
 class Graph:
-    """Nodes, initializers and io of one entry graph; every method returns a value name."""
+    """Nodes, initializers and io of one entry graph; every method returns a value name.
+    `prefix` names this entry's own values: entries of one blob share an initializer by its name
+    (the inlined models' weights), so each entry's constants need names no other entry has."""
 
     def __init__(self, prefix: str = ""):
         self.nodes, self.inits, self.inputs, self.outputs = [], [], [], []
@@ -210,6 +214,12 @@ def opset_of(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
 
 
+def entry_name(cam: tuple[int, int], kind: str) -> str:
+    """A blob entry's name, `kind_WxH` (run_policy_1928x1208): keel's entry names are
+    identifiers (runner/blob.py checks them), so openpilot's `WxH/kind` cannot be one."""
+    return f"{kind}_{cam[0]}x{cam[1]}"
+
+
 def parse_size(text: str) -> tuple[int, int]:
     w, _, h = text.lower().partition("x")
     if not (w.isdigit() and h.isdigit() and int(w) > 0 and int(h) > 0):
@@ -296,15 +306,15 @@ def _frames(g: Graph, nv12: Nv12, spec: Spec) -> list[str]:
 
 
 def warp_enqueue(nv12: Nv12, spec: Spec, cams) -> onnx.ModelProto:
-    g = Graph()
+    g = Graph(entry_name((nv12.width, nv12.height), "warp_enqueue") + "/")
     _frames(g, nv12, spec)
     state = {q: q + "_next" for q in ("img_q", "big_img_q")}
-    return g.model(f"{nv12.width}x{nv12.height}/warp_enqueue", spec.opset,
+    return g.model(entry_name((nv12.width, nv12.height), "warp_enqueue"), spec.opset,
                    {STATE_KEY: json.dumps(state), **spec.meta(cams)})
 
 
 def run_policy(nv12: Nv12, spec: Spec, cams) -> onnx.ModelProto:
-    g = Graph()
+    g = Graph(entry_name((nv12.width, nv12.height), "run_policy") + "/")
     img, big_img = _frames(g, nv12, spec)
     g.input("desire", np.float32, (spec.policy_in["desire_pulse"][0][2],))
     g.input("traffic_convention", np.float32, (math.prod(spec.policy_in["traffic_convention"][0]),))
@@ -335,26 +345,26 @@ def run_policy(nv12: Nv12, spec: Spec, cams) -> onnx.ModelProto:
     for q, name in (("feat_q", feat), ("desire_q", desire)):
         g.output(name, queues[q][1], queues[q][0])
     state = {q: q + "_next" for q in ("img_q", "big_img_q", "feat_q", "desire_q")}
-    return g.model(f"{nv12.width}x{nv12.height}/run_policy", spec.opset,
+    return g.model(entry_name((nv12.width, nv12.height), "run_policy"), spec.opset,
                    {STATE_KEY: json.dumps(state), **spec.meta(cams)})
 
 
 def step_entries(vision: onnx.ModelProto, policy: onnx.ModelProto, model_size: tuple[int, int],
                  cams: list[tuple[int, int]], fs: int) -> dict[str, onnx.ModelProto]:
-    """{'WxH/warp_enqueue': graph, 'WxH/run_policy': graph} for each camera resolution."""
+    """{'warp_enqueue_WxH': graph, 'run_policy_WxH': graph} for each camera resolution."""
     if fs < 1:
         raise ValueError(f"frame skip: expected >= 1, got {fs}")
     spec = Spec(vision, policy, model_size, fs)
     entries = {}
     for w, h in cams:
         nv12 = nv12_layout(w, h)
-        entries[f"{w}x{h}/warp_enqueue"] = warp_enqueue(nv12, spec, cams)
-        entries[f"{w}x{h}/run_policy"] = run_policy(nv12, spec, cams)
+        entries[entry_name((w, h), "warp_enqueue")] = warp_enqueue(nv12, spec, cams)
+        entries[entry_name((w, h), "run_policy")] = run_policy(nv12, spec, cams)
     return entries
 
 
 def dm_entries(dm: onnx.ModelProto, cams: list[tuple[int, int]]) -> dict[str, onnx.ModelProto]:
-    """{'WxH/dmonitoring': graph} per driver camera resolution: the Y plane warped to the DM
+    """{'dmonitoring_WxH': graph} per driver camera resolution: the Y plane warped to the DM
     model's `input_img` size (its width and height from the model's metadata or, as openpilot's,
     1440x960), then the model."""
     ins = io_shapes(dm, "inputs")
@@ -373,15 +383,16 @@ def dm_entries(dm: onnx.ModelProto, cams: list[tuple[int, int]]) -> dict[str, on
     entries = {}
     for w, h in cams:
         nv12 = nv12_layout(w, h)
-        g = Graph()
+        g = Graph(entry_name((w, h), "dmonitoring") + "/")
         g.input("frame", np.uint8, (nv12.size,))
         g.input("tfm", np.float32, (3, 3))
         g.input("calib", np.float32, ins["calib"][0])
         y = Plane(0, 0, 0, 1, 0, nv12.stride, 1, w, h)
-        img = g.reshape(warp(g, "frame", "tfm", [y], dm_w, dm_h), [1, dm_w * dm_h])
+        img = g.reshape(warp(g, "frame", "tfm", [y], dm_w, dm_h), [1, dm_w * dm_h],
+                        out="input_img")  # named as the DM model's input: tests read it
         (out,) = inline(g, dm, "dm/", {"input_img": img, "calib": "calib"})
         g.output(g.op("Cast", out, to=TensorProto.FLOAT, out="outputs"), np.float32, out_shape)
         slices = {"output_slices": output_slices(dm), "cameras": {f"{w}x{h}": nv12._asdict()}}
-        entries[f"{w}x{h}/dmonitoring"] = g.model(f"{w}x{h}/dmonitoring", opset_of(dm),
-                                                  {"dmonitoring": json.dumps(slices)})
+        name = entry_name((w, h), "dmonitoring")
+        entries[name] = g.model(name, opset_of(dm), {"dmonitoring": json.dumps(slices)})
     return entries

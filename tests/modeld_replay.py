@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from models import modeld_ref as ref
-from models.modeld_step import Spec
+from models.modeld_step import Spec, entry_name
 from tests.graphs import assert_close
 
 MODEL_SIZE = (512, 256)
@@ -60,7 +60,7 @@ def replay(m, step: ref.Step, cam, frames: int, seed: int, tol: float,
     for i in range(frames):
         skipped = i % 4 == 3
         feeds = random_frame(rng, nv12, cam, skipped)
-        entry = f"{cam[0]}x{cam[1]}/" + ("warp_enqueue" if skipped else "run_policy")
+        entry = entry_name(cam, "warp_enqueue" if skipped else "run_policy")
         out = m.run(feeds, entry=entry, timeout_ms=timeout_ms)
         now = state_copy(m)
         near = step.warp_enqueue(nv12, feeds["frame"], feeds["big_frame"], feeds["tfm"],

@@ -10,8 +10,9 @@ two 1k-term dense sums, on outputs of O(1): the fp16 ORT tests' 1e-2 doubled for
 """
 import numpy as np
 import pytest
+from onnx import TensorProto, helper
 
-from models.modeld_step import dm_entries, step_entries
+from models.modeld_step import dm_entries, entry_name, step_entries
 from models.openpilot_split import DM_SIZE, make_dmonitoring, make_policy, make_vision
 from models import modeld_ref as ref
 from runner import Model
@@ -41,10 +42,10 @@ def check_replay(m, models, cam, tol, seed=0):
 
 def test_blob_has_both_entries_per_camera_and_the_queues_as_state(models):
     m = Model.load(pipeline(models, "cpu"))
-    assert set(m.entries) == {f"{w}x{h}/{e}" for w, h in CAMS
+    assert set(m.entries) == {entry_name(c, e) for c in CAMS
                               for e in ("warp_enqueue", "run_policy")}
     nv12 = ref.nv12_layout(*CAMS[0])
-    run = m.entries["1928x1208/run_policy"]
+    run = m.entries["run_policy_1928x1208"]
     assert run.inputs["frame"] == ((nv12.size,), np.uint8) and run.inputs["tfm"][0] == (3, 3)
     assert run.inputs["desire"][0] == (8,) and run.inputs["traffic_convention"][0] == (2,)
     assert set(run.outputs) == {"vision_out", "policy_out"}
@@ -117,33 +118,38 @@ def test_each_frame_is_one_gpu_command_on_qcom(models, monkeypatch):
     for skipped in (False, True, False):
         before = len(submissions)
         feeds = random_frame(rng, nv12, CAMS[0], skipped)
-        m.run(feeds, entry="1928x1208/" + ("warp_enqueue" if skipped else "run_policy"),
+        m.run(feeds, entry=entry_name(CAMS[0], "warp_enqueue" if skipped else "run_policy"),
               timeout_ms=60000)
         assert len(submissions) == before + 1
 
 
 @pytest.mark.parametrize("target", ["cpu", pytest.param("qcom", marks=pytest.mark.slow)])
 def test_dm_blob_matches_reference(target, monkeypatch):
+    """Each entry with its warped image as a second output (the same graph, one output more):
+    the image equals the reference's but near rounding boundaries, and the outputs match the
+    DM model's in onnxruntime on keel's own image."""
     monkeypatch.setenv("KEEL_KGSL", "mock")
     dm = make_dmonitoring()
+    entries = dm_entries(dm, CAMS)
+    for graph in entries.values():
+        graph.graph.output.append(helper.make_tensor_value_info(
+            "input_img", TensorProto.UINT8, [1, DM_SIZE[0] * DM_SIZE[1]]))
     float16 = target == "qcom"
-    m = Model.load(compiled_blob(dm_entries(dm, CAMS), target, float16=float16), device=target)
-    assert set(m.entries) == {f"{w}x{h}/dmonitoring" for w, h in CAMS}
-    model = ref.ort_runner(dm)
+    m = Model.load(compiled_blob(entries, target, float16=float16), device=target)
+    assert set(m.entries) == {entry_name(c, "dmonitoring") for c in CAMS}
+    model, tol = ref.ort_runner(dm), FP16_TOL if float16 else FP32_TOL
     rng = np.random.default_rng(5)
     for cam in CAMS:
         nv12 = ref.nv12_layout(*cam)
         frame = rng.integers(0, 256, nv12.size, dtype=np.uint8)
         tfm = ref.random_tfm(rng, cam, DM_SIZE)
         calib = rng.standard_normal((1, 3)).astype(np.float32)
-        got = m.run({"frame": frame, "tfm": tfm, "calib": calib}, entry=f"{cam[0]}x{cam[1]}"
-                    "/dmonitoring", timeout_ms=60000)["outputs"]
+        got = m.run({"frame": frame, "tfm": tfm, "calib": calib},
+                    entry=entry_name(cam, "dmonitoring"), timeout_ms=60000)
         img, near = ref.dm_warp(frame, tfm, nv12, *DM_SIZE)
-        assert near.mean() < NEAR_BOUND
-        # DM pools the whole image: a pixel rounded the other way moves outputs by ~1e-6
-        want = model({"input_img": img, "calib": calib})
-        assert_close(got, want, FP16_TOL if float16 else FP32_TOL,
-                     FP16_TOL if float16 else FP32_TOL, f"DM {cam}")
+        assert near.mean() < NEAR_BOUND and not ((got["input_img"] != img) & ~near).any()
+        want = model({"input_img": got["input_img"], "calib": calib})
+        assert_close(got["outputs"], want, tol, tol, f"DM {cam}")
 
 
 def test_modeld_tool_drops_exactly_the_hung_frame_and_keeps_the_queues(models, monkeypatch):

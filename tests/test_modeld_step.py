@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from models import modeld_ref as ref
-from models.modeld_step import Graph, Spec, dm_entries, nv12_planes, step_entries, warp
+from models.modeld_step import (Graph, Spec, dm_entries, entry_name, nv12_planes, step_entries,
+                                 warp)
 from models.openpilot_split import DM_SIZE, make_dmonitoring, make_policy, make_vision
 from tests.graphs import compiled_blob
 from tests.modeld_replay import FS, MODEL_SIZE, NEAR_BOUND, random_frame, reference
@@ -61,7 +62,7 @@ def replay_ort(models, cam, frames, seed):
     rng = np.random.default_rng(seed)
     for i in range(frames):
         feeds = random_frame(rng, nv12, cam, skipped=i % 3 == 2)
-        entry = f"{cam[0]}x{cam[1]}/" + ("warp_enqueue" if "desire" not in feeds else "run_policy")
+        entry = entry_name(cam, "warp_enqueue" if "desire" not in feeds else "run_policy")
         session = sessions[entry]
         names = [v.name for v in session.get_inputs()]
         got = dict(zip([o.name for o in session.get_outputs()],
@@ -94,7 +95,7 @@ def test_dm_graph_matches_reference_in_onnxruntime():
     dm = make_dmonitoring()
     cam = (1928, 1208)
     (name, graph), = dm_entries(dm, [cam]).items()
-    assert name == "1928x1208/dmonitoring"
+    assert name == "dmonitoring_1928x1208"
     session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
     nv12, rng = ref.nv12_layout(*cam), np.random.default_rng(2)
     frame = rng.integers(0, 256, nv12.size, dtype=np.uint8)

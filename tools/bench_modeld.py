@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 
 from models import modeld_ref as ref  # noqa: E402
-from models.modeld_step import Spec, parse_size  # noqa: E402
+from models.modeld_step import Spec, entry_name, parse_size  # noqa: E402
 from runner import Model  # noqa: E402
 from tools.cli import Parser, positive_int, report, timed  # noqa: E402
 
@@ -44,7 +44,7 @@ def bench(m: Model, vision: onnx.ModelProto, policy: onnx.ModelProto, camera: st
     step = ref.Step.zeros(ref.ort_runner(vision), ref.ort_runner(policy),
                           slice(*spec.vision_slices["hidden_state"]), spec.fs, size, spec.queues)
     inputs = frames(nv12, cam, size, 4)
-    entry = f"{camera}/run_policy"
+    entry = entry_name(cam, "run_policy")
     out = {n: np.empty(s, d) for n, (s, d) in m.entries[entry].outputs.items()}
     k = iter(range(1 << 62))
     keel = timed(lambda: m.run(inputs[next(k) % 4], out=out, entry=entry), runs + 2)[2:]

@@ -5,10 +5,10 @@
       [--target cpu] [--float16] [--verbose]
   python tools/compile_modeld.py --dm-onnx DM --camera-resolutions 1928x1208 --output dm.blob ...
 
-The driving blob has, per camera resolution WxH, the entries `WxH/warp_enqueue` (frames and
-transforms into the frame queues, for a frame whose model run is skipped) and `WxH/run_policy`
+The driving blob has, per camera resolution WxH, the entries `warp_enqueue_WxH` (frames and
+transforms into the frame queues, for a frame whose model run is skipped) and `run_policy_WxH`
 (the same, then vision, the feature and desire queues and the policy). The queues are the blob's
-state, shared by every entry; the weights are stored once. The DM blob has `WxH/dmonitoring`
+state, shared by every entry; the weights are stored once. The DM blob has `dmonitoring_WxH`
 per resolution: the Y plane warped to the DM model's input, then the model.
 models/modeld_step.py builds the graphs; docs/modeld.md shows how modeld runs the blob.
 

@@ -8,7 +8,7 @@ openpilot's modeld feeds its compiled step (PipelineFeeder): synthetic NV12 fram
 (--camera, default the blob's first resolution) written into rings of page-aligned buffers and
 bound zero-copy to `frame` and `big_frame`, the transforms and traffic convention written once,
 the desire as modeld's rising-edge pulse; the frame right after frames the loop dropped goes
-through `WxH/warp_enqueue` (modeld's prepare_only), every other one through `WxH/run_policy`.
+through `warp_enqueue_WxH` (modeld's prepare_only), every other one through `run_policy_WxH`.
 Nothing is fed back on the host: the queues live in the blob's state.
 
 Any other blob, per frame (the README's "Feeding a model like modeld" is the same sequence): the next synthetic
@@ -40,6 +40,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from models.modeld_ref import random_tfm  # noqa: E402
+from models.modeld_step import entry_name, parse_size  # noqa: E402
 
 from runner import BlobError, ConfigError, DeviceError, DeviceTimeout, Model  # noqa: E402
 from tools.cli import Parser, positive_int  # noqa: E402
@@ -88,6 +89,9 @@ class Feeder:
             self.desire[0, -1] = 0
             self.desire[0, -1, i % self.desire.shape[-1]] = 1
 
+    def outs(self, entry: str | None = None) -> dict:
+        return self.out
+
     def after(self, entry: str | None = None) -> None:
         if self.features is not None:
             self.features[0, :-1] = self.features[0, 1:]
@@ -102,9 +106,10 @@ class PipelineFeeder:
         camera = camera or next(iter(desc["cameras"]))
         if camera not in desc["cameras"]:
             raise ValueError(f"camera {camera}: expected one of {list(desc['cameras'])}")
-        self.m, self.warp, self.policy = m, f"{camera}/warp_enqueue", f"{camera}/run_policy"
+        cam = parse_size(camera)
+        self.m = m
+        self.warp, self.policy = entry_name(cam, "warp_enqueue"), entry_name(cam, "run_policy")
         size = desc["cameras"][camera]["size"]
-        cam = tuple(int(v) for v in camera.split("x"))
         rng = np.random.default_rng(seed)
         self.bank = rng.integers(0, 256, (2, BANK, size), dtype=np.uint8)
         self.rings = [[page_aligned(size) for _ in range(RING)] for _ in range(2)]
@@ -190,7 +195,7 @@ def replay(m: Model, hz: float, frames: int, timeout_ms: float, budget_ms: float
             continue
         feed.after(entry)
         times.append(time.perf_counter() - start)
-        warp_only += entry is not None and entry.endswith("/warp_enqueue")
+        warp_only += entry is not None and entry.startswith("warp_enqueue_")
         if trace is not None:
             trace.append((i, entry))
         prepare_only = False
