@@ -82,7 +82,8 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         graphs = _frontend(models, input_shapes or {}, float16, targets[0], state or {})
         pairs = _state_pairs(graphs, state or {})
     with st("schedule"):
-        outs, kernels, last, nodes, origins, counts = _schedule(graphs, tgt, targets[0])
+        outs, kernels, last, nodes, origins, counts = _schedule(graphs, list(models), tgt,
+                                                                targets[0])
         inputs = [io for g in graphs for io in g.inputs]
         plans = []  # per variant: (target, its buffers, one job per distinct kernel, launches)
         for t in targets:
@@ -135,18 +136,22 @@ def _state_inits(bufs: Buffers, graphs: list, pairs: dict[str, str]) -> None:
             bufs.state_init(x, default)
 
 
-def _schedule(graphs: list, tgt: Target, first: Target) -> tuple:
+def _schedule(graphs: list, names: list[str], tgt: Target, first: Target) -> tuple:
     """Each entry's graph scheduled alone (no kernel spans two entries), then put end to end:
     (outputs, kernels, channels-last tensors, provenance nodes and origins, launches per
-    entry)."""
+    entry). Several entries' kernels are named after their entry: each schedule numbers its
+    kernels from 0, and a program's name must be one kernel's."""
     outs, kernels, last, nodes, origins, counts = [], [], set(), [], {}, []
-    for g in graphs:
+    for g, name in zip(graphs, names):
         g_outs, g_kernels, realized, tracked = schedule(
             [u for _, u in g.outputs], tuple(g.origins), tgt.recompute_cheap)
         for u, i in zip(tracked, g.origins.values()):
             origins.setdefault(u, len(nodes) + i)
         g_kernels = _copies_for_shared_outputs(g_outs, g_kernels)
         g_kernels, g_last = _layouts(g_kernels, realized, set(g_outs), first)
+        if len(graphs) > 1:
+            for k in g_kernels:
+                k.name = f"{name}_{k.name}"
         outs += g_outs
         kernels += g_kernels
         last |= g_last
@@ -177,10 +182,14 @@ def _state_pairs(graphs: list, extra: dict[str, str]) -> dict[str, str]:
     if len(outputs) != len(pairs):
         raise CompileError(f"state: each output replaces one input, got {pairs}")
     for x, y in pairs.items():
-        found = [(g, u) for g in graphs for n, u in g.inputs if n == x] + \
-            [(g, u) for g in graphs for n, u in g.outputs if n == y]
-        if not found:
-            raise CompileError(f"state {x}={y}: no entry has an input {x!r} or an output {y!r}")
+        reads = [(g, u) for g in graphs for n, u in g.inputs if n == x]
+        writes = [(g, u) for g in graphs for n, u in g.outputs if n == y]
+        if not reads or not writes:
+            raise CompileError(f"state {x}={y}: expected an entry with input {x!r} and one with "
+                               f"output {y!r}; inputs are "
+                               f"{sorted({n for g in graphs for n, _ in g.inputs})}, outputs "
+                               f"{sorted({n for g in graphs for n, _ in g.outputs})}")
+        found = reads + writes
         if len({(u.dtype, tuple(u.shape)) for _, u in found}) != 1:
             raise CompileError(f"state {x}={y}: the input and output must have one dtype and "
                                f"shape, got {sorted({(str(u.dtype), tuple(u.shape)) for _, u in found})}")

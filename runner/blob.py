@@ -521,8 +521,8 @@ def _io(ids: list[int], buffers: dict[int, BufferSpec], region: str,
     if declared != sorted(ids):
         raise BlobError(f"manifest {region}s: expected every {region} buffer {declared}, got {ids}")
     names = [b.name for b in slots]
-    if "" in names or len(set(names)) != len(names):
-        raise BlobError(f"manifest {region}s: names must be non-empty and unique, got {names}")
+    if "" in names:  # unique within each entry (_entries)
+        raise BlobError(f"manifest {region}s: names must be non-empty, got {names}")
     return slots
 
 
@@ -624,6 +624,9 @@ def _entries(records: list[dict], buffers: dict[int, BufferSpec], inputs: list[B
                     raise BlobError(f"{what}: {key[:-1]} buffer {i} is also entry "
                                     f"{owner[i]!r}'s")
             io.append(tuple(buffers[i] for i in ids))
+            names = [buffers[i].name for i in ids]
+            if len(set(names)) != len(names):
+                raise BlobError(f"{what}: {key} names must be unique, got {names}")
         entries.append(EntrySpec(e["name"], *io, range(first, first + count)))
         at = first + count
     unowned = [b.id for b in (*inputs, *outputs) if b.id not in owner]
