@@ -172,3 +172,24 @@ def test_modeld_tool_drops_exactly_the_hung_frame_and_keeps_the_queues(models, m
         feed.before(i, entry)
         clean.run(out=feed.outs(entry), entry=entry)
     assert all(np.array_equal(m.state[q], clean.state[q]) for q in clean.state)
+
+
+def test_camera_frames_bind_without_a_copy(models):
+    """A frame bound once is read where it lies at every run: what the camera writes into it
+    after the bind is what the next warp sees."""
+    m = Model.load(pipeline(models, "cpu"))
+    cam, entry = CAMS[1], entry_name(CAMS[1], "warp_enqueue")
+    nv12, rng = ref.nv12_layout(*cam), np.random.default_rng(9)
+    bufs = {n: np.zeros(nv12.size, np.uint8) for n in ("frame", "big_frame")}
+    for name, buf in bufs.items():
+        m.bind_input(name, buf, entry)
+        assert m.input_view(name, entry) is buf
+    tfm = ref.random_tfm(rng, cam, MODEL_SIZE)
+    m.input_view("tfm", entry)[:] = m.input_view("big_tfm", entry)[:] = tfm
+    for _ in range(2):
+        for buf in bufs.values():
+            buf[:] = rng.integers(0, 256, nv12.size, dtype=np.uint8)  # the camera's next frame
+        m.run(entry=entry)
+        for q, buf in (("img_q", bufs["frame"]), ("big_img_q", bufs["big_frame"])):
+            want, near = ref.prepare_frame(buf, tfm, nv12, *MODEL_SIZE)
+            assert not ((m.state[q][-1] != want) & ~near).any()
