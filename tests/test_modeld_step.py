@@ -141,3 +141,23 @@ def test_keel_warp_matches_reference_on_cpu():
         got = m.run({"frame": frame, "tfm": tfm})["planes"]
         assert not ((got != want) & ~near).any()
         assert near.mean() < NEAR_BOUND
+
+
+def test_a_queue_shift_computes_its_new_row_once():
+    """Concat(Slice(q, 1..), new) lowers to a PAD of `new` over the queue's rows; a costly `new`
+    (the warp) inlined there would run at every row, masked off on all but the last
+    (compiler/schedule/fusion.py: PAD_WASTE). It is its own kernel, and the values hold."""
+    from onnx import helper
+    from compiler.pipeline import compile_model
+    from tests.graphs import keel_run, make_model, ort_run, random_feeds
+    nodes = [helper.make_node("Slice", ["q", "s", "e", "a"], ["old"]),
+             helper.make_node("Exp", ["x"], ["ex"]), helper.make_node("Sin", ["ex"], ["new"]),
+             helper.make_node("Concat", ["old", "new"], ["y"], axis=0)]
+    model = make_model(nodes, [("q", (5, 64), "float32"), ("x", (1, 64), "float32")],
+                       [("y", (5, 64), "float32")],
+                       {"s": np.array([1]), "e": np.array([5]), "a": np.array([0])})
+    kernels = [launch.kernel for launch in compile_model(model, "cpu-avx2").launches]
+    assert len(kernels) == 2 and kernels[0].endswith("_1x64"), kernels
+    feeds = random_feeds(model)
+    assert np.allclose(keel_run(model, feeds, "cpu-avx2")["y"], ort_run(model, feeds)["y"],
+                       rtol=1e-6, atol=1e-6)
