@@ -60,7 +60,7 @@ class HostQueue(QueueDevice):
     def alloc(self, nbytes: int) -> Memory:
         mem = aligned_empty((max(nbytes, 1),), "uint8")
         mem[:] = 0
-        return Memory(ffi.from_buffer("uint8_t[]", mem), mem)
+        return Memory(ffi.from_buffer("uint8_t[]", mem), mem, nbytes)
 
     def map_host(self, slot: int, array):
         return ffi.from_buffer(array)

@@ -10,8 +10,9 @@ supplies only its hardware verbs (listed on the class); this module owns:
   * staging, at one moment each: a host array the device cannot map is bound through the slot's
     staging memory; inputs are copied in by submit(), before the kick; outputs are copied out by
     wait(), once it has seen the submission complete. The caller keeps the arrays untouched in
-    between (the contract's rule for every binding). A second submission while one with staged
-    outputs is unwaited is refused (both would stage through one memory).
+    between (the contract's rule for every binding). Submissions in flight together share their
+    bindings (rebinding waits for them) and their inputs, so they compute the same outputs: the
+    staged outputs of a submission not yet waited for are copied out with the next one's.
   * the deadline wait: wait() is runner/device.py's wait_until over `completed`, sleeping in the
     backend's `block`.
   * recovery: recover() calls the backend's `reset`, then drops what was in flight; bindings,
@@ -32,9 +33,11 @@ from runner.graph import Graph
 
 class Memory(NamedTuple):
     """Device memory: its address as the backend patches it (a pointer, a GPU address, a buffer
-    offset, a cl_mem) and a host view of it (uint8), or None where it is not host-visible."""
+    offset, a cl_mem), a host view of it (uint8) or None where it is not host-visible, and its
+    size."""
     address: object
     view: np.ndarray | None
+    nbytes: int
 
 
 class QueueDevice(Device):
@@ -50,7 +53,7 @@ class QueueDevice(Device):
                                  launch range; `deadline` bounds it where it runs inside
       completed(), block(s)      the contract's (runner/device.py)
       reset()                    abandon what is in flight, make the queue usable again
-      upload(mem, data), download(mem) -> bytes   for memory without a host view
+      upload(mem, data), download(mem) -> bytes   for memory without a host view (whole)
       launch_times(launches)     spans of the last profiled submission (optional)
     """
     staged_by_copy = False  # the io memory is not host-visible: io_buffer is a host array
@@ -153,9 +156,7 @@ class QueueDevice(Device):
 
     # ---- runs --------------------------------------------------------------------------------
     def submit(self, deadline: float, launches: range | None = None) -> int:
-        if self.pending:
-            raise DeviceError(f"{self.name}: a submission with staged outputs has not been "
-                              f"waited for; its outputs would be overwritten")
+        self.pending.clear()  # superseded: the same outputs arrive with this one (see above)
         launches = range(len(self.graph.launches)) if launches is None else launches
         n_in = self.graph.n_inputs
         outs = []
