@@ -236,6 +236,8 @@ class Spec:
     fs: int
 
     def __post_init__(self):
+        if self.fs < 1:
+            raise ValueError(f"frame skip: expected >= 1, got {self.fs}")
         opsets = {opset_of(self.vision), opset_of(self.policy)}
         if len(opsets) > 1 or min(opsets) < MIN_OPSET:
             raise ValueError(f"vision and policy models must share one default-domain opset "
@@ -288,34 +290,58 @@ class Spec:
         return {"modeld": json.dumps(desc)}
 
 
-def _frames(g: Graph, nv12: Nv12, spec: Spec) -> list[str]:
-    """Warp and enqueue both cameras; -> the sampled (img, big_img)."""
+CAMERAS = (("frame", "tfm", "planes", "img_q"), ("big_frame", "big_tfm", "big_planes", "big_img_q"))
+
+
+def warped(g: Graph, nv12: Nv12, spec: Spec) -> list[str]:
+    """Both cameras' NV12 frames and transforms as inputs; -> their six warped planes each."""
     w, h = spec.model_size
-    planes = nv12_planes(nv12)
-    sampled = []
-    for frame, tfm in (("frame", "tfm"), ("big_frame", "big_tfm")):
+    for frame, tfm, _, _ in CAMERAS:
         g.input(frame, np.uint8, (nv12.size,))
         g.input(tfm, np.float32, (3, 3))
-    for frame, tfm, q in (("frame", "tfm", "img_q"), ("big_frame", "big_tfm", "big_img_q")):
+    return [warp(g, frame, tfm, nv12_planes(nv12), w // 2, h // 2)
+            for frame, tfm, _, _ in CAMERAS]
+
+
+def planes_in(g: Graph, spec: Spec) -> list[str]:
+    """Both cameras' warped planes as inputs (warped on another device: split_entries)."""
+    shape = spec.queues["img_q"][0][1:]
+    return [g.input(planes, np.uint8, shape) for _, _, planes, _ in CAMERAS]
+
+
+def _frames(g: Graph, spec: Spec, new: list[str]) -> list[str]:
+    """Enqueue both cameras' new planes; -> the sampled (img, big_img)."""
+    sampled = []
+    for rows, (_, _, _, q) in zip(new, CAMERAS):
         shape, dtype = spec.queues[q]
         g.input(q, dtype, shape)
-        new = shift(g, q, shape, warp(g, frame, tfm, planes, w // 2, h // 2))
-        g.output(new, dtype, shape)
-        sampled.append(sample_skip(g, new, shape, spec.fs))
+        queue = shift(g, q, shape, rows)
+        g.output(queue, dtype, shape)
+        sampled.append(sample_skip(g, queue, shape, spec.fs))
     return sampled
 
 
-def warp_enqueue(nv12: Nv12, spec: Spec, cams) -> onnx.ModelProto:
-    g = Graph(entry_name((nv12.width, nv12.height), "warp_enqueue") + "/")
-    _frames(g, nv12, spec)
+def warp_only(nv12: Nv12, spec: Spec, cams) -> onnx.ModelProto:
+    """The warp alone, its planes as outputs: the first stage of a two-device pipeline."""
+    name = entry_name((nv12.width, nv12.height), "warp")
+    g = Graph(name + "/")
+    for rows, (_, _, planes, _) in zip(warped(g, nv12, spec), CAMERAS):
+        g.op("Identity", rows, out=planes)
+        g.output(planes, np.uint8, spec.queues["img_q"][0][1:])
+    return g.model(name, spec.opset, spec.meta(cams))
+
+
+def warp_enqueue(name: str, source, spec: Spec, cams) -> onnx.ModelProto:
+    """`source(g)` declares the inputs and returns both cameras' new planes."""
+    g = Graph(name + "/")
+    _frames(g, spec, source(g))
     state = {q: q + "_next" for q in ("img_q", "big_img_q")}
-    return g.model(entry_name((nv12.width, nv12.height), "warp_enqueue"), spec.opset,
-                   {STATE_KEY: json.dumps(state), **spec.meta(cams)})
+    return g.model(name, spec.opset, {STATE_KEY: json.dumps(state), **spec.meta(cams)})
 
 
-def run_policy(nv12: Nv12, spec: Spec, cams) -> onnx.ModelProto:
-    g = Graph(entry_name((nv12.width, nv12.height), "run_policy") + "/")
-    img, big_img = _frames(g, nv12, spec)
+def run_policy(name: str, source, spec: Spec, cams) -> onnx.ModelProto:
+    g = Graph(name + "/")
+    img, big_img = _frames(g, spec, source(g))
     g.input("desire", np.float32, (spec.policy_in["desire_pulse"][0][2],))
     g.input("traffic_convention", np.float32, (math.prod(spec.policy_in["traffic_convention"][0]),))
     extra = {n: s for n, s in spec.policy_in.items()
@@ -345,22 +371,33 @@ def run_policy(nv12: Nv12, spec: Spec, cams) -> onnx.ModelProto:
     for q, name in (("feat_q", feat), ("desire_q", desire)):
         g.output(name, queues[q][1], queues[q][0])
     state = {q: q + "_next" for q in ("img_q", "big_img_q", "feat_q", "desire_q")}
-    return g.model(entry_name((nv12.width, nv12.height), "run_policy"), spec.opset,
-                   {STATE_KEY: json.dumps(state), **spec.meta(cams)})
+    return g.model(name, spec.opset, {STATE_KEY: json.dumps(state), **spec.meta(cams)})
 
 
 def step_entries(vision: onnx.ModelProto, policy: onnx.ModelProto, model_size: tuple[int, int],
                  cams: list[tuple[int, int]], fs: int) -> dict[str, onnx.ModelProto]:
     """{'warp_enqueue_WxH': graph, 'run_policy_WxH': graph} for each camera resolution."""
-    if fs < 1:
-        raise ValueError(f"frame skip: expected >= 1, got {fs}")
     spec = Spec(vision, policy, model_size, fs)
     entries = {}
-    for w, h in cams:
-        nv12 = nv12_layout(w, h)
-        entries[entry_name((w, h), "warp_enqueue")] = warp_enqueue(nv12, spec, cams)
-        entries[entry_name((w, h), "run_policy")] = run_policy(nv12, spec, cams)
+    for cam in cams:
+        source = lambda g, nv12=nv12_layout(*cam): warped(g, nv12, spec)  # noqa: E731
+        for kind, build in (("warp_enqueue", warp_enqueue), ("run_policy", run_policy)):
+            entries[entry_name(cam, kind)] = build(entry_name(cam, kind), source, spec, cams)
     return entries
+
+
+def split_entries(vision: onnx.ModelProto, policy: onnx.ModelProto, model_size: tuple[int, int],
+                  cams: list[tuple[int, int]], fs: int) -> tuple[dict, dict]:
+    """The step as two blobs for two devices (openpilot's WARP_DEV: the warp on the Adreno, the
+    models on the USB GPU): ({'warp_WxH': frames -> planes, big_planes}, {'warp_enqueue',
+    'run_policy': planes, big_planes (, desire, traffic_convention) -> as step_entries'}). The
+    model blob is the same for every camera; the queues are its state."""
+    spec = Spec(vision, policy, model_size, fs)
+    warps = {entry_name(cam, "warp"): warp_only(nv12_layout(*cam), spec, cams) for cam in cams}
+    source = lambda g: planes_in(g, spec)  # noqa: E731
+    models = {kind: build(kind, source, spec, cams)
+              for kind, build in (("warp_enqueue", warp_enqueue), ("run_policy", run_policy))}
+    return warps, models
 
 
 def dm_entries(dm: onnx.ModelProto, cams: list[tuple[int, int]]) -> dict[str, onnx.ModelProto]:

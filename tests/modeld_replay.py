@@ -90,3 +90,23 @@ def replay(m, step: ref.Step, cam, frames: int, seed: int, tol: float,
         counts["frames"] += 1
         prev = now
     return {**counts, "outputs": outputs, "state": prev}
+
+
+class TwoDevices:
+    """models/modeld_step.py: split_entries's two blobs as one Model for replay(): the warp
+    blob's planes, read back to the host, are the model blob's inputs."""
+
+    def __init__(self, warp, model):
+        self.warp, self.model = warp, model
+
+    @property
+    def state(self) -> dict:
+        return self.model.state
+
+    def run(self, feeds: dict, entry: str, timeout_ms: float) -> dict:
+        kind, cam = entry.rsplit("_", 1)
+        warp_in = ("frame", "tfm", "big_frame", "big_tfm")
+        planes = self.warp.run({k: feeds[k] for k in warp_in}, entry=f"warp_{cam}",
+                               timeout_ms=timeout_ms)
+        rest = {k: v for k, v in feeds.items() if k not in warp_in}
+        return self.model.run({**planes, **rest}, entry=kind, timeout_ms=timeout_ms)

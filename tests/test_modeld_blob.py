@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from models.modeld_step import dm_entries, entry_name, step_entries
+from models.modeld_step import dm_entries, entry_name, split_entries, step_entries
 from models.openpilot_split import DM_SIZE, make_dmonitoring, make_policy, make_vision
 from models import modeld_ref as ref
 from runner import Model
 from tests.graphs import assert_close, compiled_blob
-from tests.modeld_replay import FS, MODEL_SIZE, NEAR_BOUND, random_frame, reference, replay
+from tests.modeld_replay import (FS, MODEL_SIZE, NEAR_BOUND, TwoDevices, random_frame,
+                                 reference, replay)
 
 CAMS = [(1928, 1208), (1344, 760)]
 FRAMES = 30
@@ -193,3 +194,18 @@ def test_camera_frames_bind_without_a_copy(models):
         for q, buf in (("img_q", bufs["frame"]), ("big_img_q", bufs["big_frame"])):
             want, near = ref.prepare_frame(buf, tfm, nv12, *MODEL_SIZE)
             assert not ((m.state[q][-1] != want) & ~near).any()
+
+
+def split(models, warp_target, model_target, **kw):
+    warps, steps = split_entries(*models, MODEL_SIZE, CAMS, FS)
+    return compiled_blob(warps, warp_target, **kw), compiled_blob(steps, model_target)
+
+
+@pytest.mark.slow
+def test_two_device_pipeline_matches_reference(models):
+    """openpilot's WARP_DEV: the warp on one device (here PoCL), the queues and models on
+    another (cpu); the planes cross the host between them."""
+    warp, model = split(models, "opencl", "cpu")
+    pipe = TwoDevices(Model.load(warp, device="opencl"), Model.load(model))
+    assert set(pipe.model.entries) == {"warp_enqueue", "run_policy"}
+    check_replay(pipe, models, CAMS[1], FP32_TOL)
