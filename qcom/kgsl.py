@@ -334,13 +334,3 @@ class Kgsl:
                               f"({e.strerror}) asking to wait {timeout_ms} ms for timestamp "
                               f"{timestamp} of context {ctx}") from e
         return True
-
-    def wait_until(self, ctx: int, timestamp: int, deadline: float, slice_ms: int = 10) -> bool:
-        """Wait for `timestamp` until the monotonic `deadline`, blocking in slices of at most
-        slice_ms, never past the deadline, and re-checking the timestamp once it has passed."""
-        while True:
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            if left_ms <= 0:
-                return ts_reached(self.read_timestamp(ctx), timestamp)
-            if self.wait(ctx, timestamp, min(slice_ms, left_ms)):
-                return True

@@ -180,7 +180,6 @@ def test_wait_on_a_hung_submission_times_out_within_its_slice(dev):
     t0 = time.monotonic()
     assert dev.wait(ctx, ts, 30) is False
     assert 0.025 <= time.monotonic() - t0 < 0.5
-    assert dev.wait_until(ctx, ts, time.monotonic() + 0.05) is False
 
 
 def test_slow_submission_retires_after_its_delay(dev):
@@ -189,7 +188,7 @@ def test_slow_submission_retires_after_its_delay(dev):
     dev.driver.delay_s = 0.05
     ts = dev.submit(ctx, [(ib.gpuaddr, 4)])
     assert dev.read_timestamp(ctx) == 0
-    assert dev.wait_until(ctx, ts, time.monotonic() + 2.0)
+    assert dev.wait(ctx, ts, 2000)
     assert dev.read_timestamp(ctx) == ts
 
 
