@@ -126,19 +126,23 @@ def test_each_frame_is_one_gpu_command_on_qcom(models, monkeypatch):
 
 @pytest.mark.parametrize("target", ["cpu", pytest.param("qcom", marks=pytest.mark.slow)])
 def test_dm_blob_matches_reference(target, monkeypatch):
-    """Each entry with its warped image as a second output (the same graph, one output more):
-    the image equals the reference's but near rounding boundaries, and the outputs match the
-    DM model's in onnxruntime on keel's own image."""
+    """cpu: each entry with its warped image as a second output (the same graph, one output
+    more): the image equals the reference's but near rounding boundaries, and the outputs match
+    the DM model in onnxruntime on keel's own image (fp32 tolerance). qcom --float16: the blob as
+    built, against the DM model on the reference's image: the fp16 tolerance is 50 times what
+    the pixels flipped at rounding boundaries move the outputs (4e-4 on cpu). There a second
+    output would change the blob under test: sharing the warp between two kernels realizes its
+    coordinates in the arena, which --float16 stores as half."""
     monkeypatch.setenv("KEEL_KGSL", "mock")
     dm = make_dmonitoring()
     entries = dm_entries(dm, CAMS)
-    for graph in entries.values():
+    exposed = target == "cpu"
+    for graph in entries.values() if exposed else ():
         graph.graph.output.append(helper.make_tensor_value_info(
             "input_img", TensorProto.UINT8, [1, DM_SIZE[0] * DM_SIZE[1]]))
-    float16 = target == "qcom"
-    m = Model.load(compiled_blob(entries, target, float16=float16), device=target)
+    m = Model.load(compiled_blob(entries, target, float16=not exposed), device=target)
     assert set(m.entries) == {entry_name(c, "dmonitoring") for c in CAMS}
-    model, tol = ref.ort_runner(dm), FP16_TOL if float16 else FP32_TOL
+    model, tol = ref.ort_runner(dm), FP32_TOL if exposed else FP16_TOL
     rng = np.random.default_rng(5)
     for cam in CAMS:
         nv12 = ref.nv12_layout(*cam)
@@ -148,8 +152,11 @@ def test_dm_blob_matches_reference(target, monkeypatch):
         got = m.run({"frame": frame, "tfm": tfm, "calib": calib},
                     entry=entry_name(cam, "dmonitoring"), timeout_ms=60000)
         img, near = ref.dm_warp(frame, tfm, nv12, *DM_SIZE)
-        assert near.mean() < NEAR_BOUND and not ((got["input_img"] != img) & ~near).any()
-        want = model({"input_img": got["input_img"], "calib": calib})
+        assert near.mean() < NEAR_BOUND
+        if exposed:
+            assert not ((got["input_img"] != img) & ~near).any()
+            img = got["input_img"]
+        want = model({"input_img": img, "calib": calib})
         assert_close(got["outputs"], want, tol, tol, f"DM {cam}")
 
 
