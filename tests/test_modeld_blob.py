@@ -104,7 +104,7 @@ def test_replay_matches_reference_on_amd(models, tmp_path, monkeypatch):
     MockLibusb.forget()
     try:
         m = Model.load(pipeline(models, "amd"), device="amd")
-        check_replay(m, models, CAMS[0], FP32_TOL)
+        check_replay(m, models, CAMS[1], FP32_TOL)  # the smaller frames: half the USB traffic
         m.close()
     finally:
         MockLibusb.forget()
