@@ -1,6 +1,10 @@
-"""The Device contract (v2): what every backend (CPU, OpenCL, mock; KGSL, FastRPC, AM next)
-implements, and what each call guarantees. Shaped after IREE's HAL: a device holds one loaded
-graph, io slots are binding slots, a submission is a point on a timeline.
+"""The Device contract (v3): what every backend (cpu, mock, opencl, qcom, dsp, amd) implements,
+and what each call guarantees. Shaped after IREE's HAL: a device holds one loaded graph, io
+slots are binding slots, a submission is a point on a timeline.
+
+Every backend is a runner/queue.py QueueDevice: the generic half of this contract (binding,
+staging of host arrays a device cannot map, the deadline wait, recovery, profiling spans) is
+written there once, and a backend supplies only its hardware verbs (listed on QueueDevice).
 
   check_target(target)   raises BlobError unless this device can run `target` blobs on this host.
   load(blob)             once: the arena, the weights (zero-copy where the hardware allows), the
@@ -155,13 +159,13 @@ class Device:
         raise NotImplementedError
 
     def state_view(self, mem) -> np.ndarray | None:
-        return None
+        raise NotImplementedError
 
     def read_state(self, mem) -> bytes:
-        return self.state_view(mem).tobytes()
+        raise NotImplementedError
 
     def write_state(self, mem, data: bytes) -> None:
-        self.state_view(mem)[:len(data)] = np.frombuffer(data, np.uint8)
+        raise NotImplementedError
 
     def profile(self, on: bool) -> None:
         raise DeviceError(f"device {self.name!r} has no per-launch timestamps")
@@ -237,38 +241,3 @@ def _huge_mapping(nbytes: int) -> mmap.mmap:
     except OSError:  # THP disabled in this kernel: the mapping still works, on small pages
         pass
     return m
-
-
-class HostDevice(Device):
-    """A device whose io slots are host memory (CPU, mock): one aligned array per slot, and the
-    array each slot is bound to. `_patch(slot, array)` rewrites the backend's recorded pointers;
-    it runs only when a slot's bound array changes."""
-
-    def _init_io(self, blob) -> None:
-        specs = sorted((*blob.inputs, *blob.outputs), key=lambda b: b.offset)
-        self._io_buffers = [aligned_empty(b.shape, b.dtype) for b in specs]
-        self._bound: list = [None] * len(specs)
-        for slot, arr in enumerate(self._io_buffers):
-            self.bind(slot, arr)
-
-    def _patch(self, slot: int, array: np.ndarray) -> None:
-        raise NotImplementedError
-
-    def io_buffer(self, slot: int) -> np.ndarray:
-        return self._io_buffers[slot]
-
-    def bind(self, slot: int, array: np.ndarray) -> None:
-        if array is not self._bound[slot]:
-            self._patch(slot, array)
-            self._bound[slot] = array
-
-    # state memory is host memory: bound like any host array
-    def alloc_state(self, nbytes: int) -> np.ndarray:
-        mem = aligned_empty((max(nbytes, 1),), np.uint8)
-        mem[:] = 0
-        return mem
-
-    bind_state = bind
-
-    def state_view(self, mem: np.ndarray) -> np.ndarray:
-        return mem
