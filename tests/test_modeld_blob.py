@@ -216,3 +216,30 @@ def test_two_device_pipeline_matches_reference(models):
     pipe = TwoDevices(Model.load(warp, device="opencl"), Model.load(model))
     assert set(pipe.model.entries) == {"warp_enqueue", "run_policy"}
     check_replay(pipe, models, CAMS[1], FP32_TOL)
+
+
+def test_soak_runs_the_pipeline_blob_with_matching_canaries(models, monkeypatch):
+    """tools/soak.py on the pipeline blob: run_policy back to back, a canary from reset state
+    every 10 runs, one hang recovered; every canary bit-equal to the first."""
+    import io
+    from tools.soak import Soak
+    monkeypatch.setenv("KEEL_MOCK_FAULTS", "hang@15")
+    soak = Soak(Model.load(pipeline(models, "cpu"), device="mock"), runs=30, canary_every=10,
+                sample_s=0.05, timeout_ms=2000, allow_faults=1, log=io.StringIO())
+    s = soak.run()
+    assert (s["runs"], s["timeouts"], s["recovered"]) == (30, 1, 1)
+    assert s["canaries"] >= 4 and s["canary_mismatches"] == 0
+
+
+def test_roofline_bounds_one_entry(models):
+    """tools/roofline.py --entry: one frame's launches, warp included, not the whole blob's."""
+    from runner.blob import read_blob
+    from tools.roofline import CHIPS, bound
+    blob = read_blob(pipeline(models, "qcom", float16=True))
+    whole = bound(blob, CHIPS["adreno630"])
+    entries = {e.name: e for e in blob.entries}
+    per = {n: bound(blob, CHIPS["adreno630"], n) for n in entries}
+    assert all(per[n]["launches"] == len(e.launches) for n, e in entries.items())
+    assert np.isclose(sum(r["bound_ms"] for r in per.values()), whole["bound_ms"])
+    run = per[entry_name(CAMS[0], "run_policy")]
+    assert any("Gather" in x["ops"] for x in run["launches_by_bound"])  # the warp is in it
