@@ -16,7 +16,6 @@ where the GPU kept it: the mock does; docs/amd.md says what hardware must show.
 """
 from __future__ import annotations
 
-import os
 import time
 
 from am import elf, graph, pm4
@@ -49,8 +48,6 @@ class AmdDevice(QueueDevice):
 
     def _bring_up(self, deadline: float) -> None:
         from usbgpu.pci import UsbPci
-        if os.environ.get("KEEL_USB") == "mock":
-            import am.mock_device  # noqa: F401  registers the mock GPU behind the mock bridge
         if self.gpu is not None:
             self.gpu.close()
             self.gpu = None

@@ -6,7 +6,7 @@ one queue is mapped the same way: no MES, no MAP_QUEUES packet).
 The MQD is 512 dwords; dwords MQD_HQD_AT.. mirror the registers CP_MQD_BASE_ADDR.. one to one
 (am/regs.py), so a field's dword is its register's offset from CP_MQD_BASE_ADDR plus 128. The
 CP saves queue state there when a queue is preempted; the mock GPU reads it at activation and
-refuses a queue whose registers disagree with it (am/mock_device.py).
+refuses a queue whose registers disagree with it (sim/am/mock_device.py).
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 offset plus the base of the segment its BASE_IDX names (soc21 IP offsets for gfx11: GC segment 0
 at 0x1260, segment 1 at 0xA000; MP0 segment 0 at 0x16000).
 
-The mock GPU (am/mock_device.py) answers at these same addresses, so a wrong value here is
+The mock GPU (sim/am/mock_device.py) answers at these same addresses, so a wrong value here is
 invisible to CI: only tests/device/test_usbgpu.py on a real RX 7900 can catch it. Every offset
 and bit here was checked against gc_11_0_0_offset.h/_sh_mask.h and mp_13_0_0_offset.h as
 tinygrad's autogen/am/regs.py carries them (tinygrad a9069c17); what only hardware can confirm

@@ -1,5 +1,6 @@
 """GPU virtual memory: VM context 0's four-level page table, built on the host and copied into
-VRAM by the driver (am/driver.py); the mock MMU (am/mock_device.py's Space) walks the same bytes.
+VRAM by the driver (am/driver.py); the mock MMU (sim/am/mock_device.py's Space) walks the same
+bytes.
 
 gfx11's walk (gmc_v11_0.c with amdgpu_vm.h; tinygrad's AM driver programs the same on an RX
 7900): GCVM_CONTEXT0_CNTL PAGE_TABLE_DEPTH 3, PAGE_TABLE_BLOCK_SIZE 0, so a 48-bit address,

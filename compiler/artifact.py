@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-REGIONS = ("arena", "weights", "input", "output")
-
 
 @dataclass(frozen=True)
 class Image:
@@ -25,7 +23,7 @@ class Image:
 @dataclass(frozen=True)
 class Buffer:
     id: int
-    region: str  # one of REGIONS
+    region: str  # one of runner/format.py's REGIONS
     offset: int  # byte offset in arena/weights; for input/output the global io slot index
     # (inputs take slots 0..n_in-1 in order, outputs n_in.. in order)
     nbytes: int

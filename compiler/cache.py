@@ -1,8 +1,9 @@
 """The on-disk compile cache: built kernels and their objects, so a recompile redoes only what
 changed.
 
-KEEL_CACHE_DIR names its root (default ~/.cache/keel; KEEL_CACHE_DIR="" turns it off). Each
-layer is a folder of files named by a key that already says everything the entry depends on:
+Its root and its writes are runner/cache.py's, the one policy of every keel cache (KEEL_CACHE_DIR,
+default ~/.cache/keel; KEEL_CACHE_DIR="" turns it off). Each layer is a folder of files named by
+a key that already says everything the entry depends on:
   kernels/  a built kernel (plan, linear program, weight permutations), keyed by the canonical
             kernel's structure, its parameters, the target and the codegen sources (`code_digest`)
   objects/  one compiled batch of kernels (or the entry points) as an object file, keyed by its
@@ -11,27 +12,21 @@ layer is a folder of files named by a key that already says everything the entry
             of an object that holds it
   valid/    a model file that onnx's checker and shape inference passed, keyed by its bytes and
             onnx's version (a recompile skips 0.2 s of checking the openpilot-shaped model)
-Entries are written to a temporary file and renamed into place, so concurrent compiles (pytest
-workers) never read a half-written entry; the last writer of equal bytes wins.
+Entries are written atomically (runner/cache.py: write), so concurrent compiles (pytest workers)
+never read a half-written entry.
 """
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from functools import cache
 from pathlib import Path
 
 from compiler.ir.uop import UOp, Weight
+from runner.cache import root, write
 
 ROOT = Path(__file__).resolve().parent
 # the frontend only decides which kernels exist; a kernel's lowering reads none of it
 NOT_CODEGEN = ("onnx",)
-
-
-def root() -> Path | None:
-    d = os.environ.get("KEEL_CACHE_DIR", str(Path.home() / ".cache" / "keel"))
-    return Path(d) if d else None
 
 
 def get(layer: str, key: str) -> bytes | None:
@@ -53,15 +48,7 @@ def put(layer: str, key: str, data: bytes) -> None:
     r = root()
     if r is None:
         return
-    folder = r / layer
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{key}.")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, folder / key)
-    except OSError:  # a full or read-only disk costs a rebuild next time, never the compile
-        pass
+    write(r / layer / key, data)
 
 
 @cache

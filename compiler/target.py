@@ -1,10 +1,13 @@
-"""Targets are descriptions, not code forks: what the optimizer, renderer and toolchain need to
-know about a machine. Adding a device means adding a row here, not branches elsewhere."""
+"""Targets are descriptions, not code forks: what the optimizer and renderer need to know about a
+machine. Adding a device means adding a row here, not branches elsewhere. Which device runs a
+target, the host its code runs on, its toolchain and the variants one blob holds are
+runner/targets.py's rows (the runtime reads them too and never imports the compiler)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
 from compiler.errors import CompileError
+from runner import targets
 
 # cache line of the x86-64 and Kryo targets (Apple M's are 128 bytes: 64 reads one in halves)
 LINE_BYTES = 64
@@ -14,10 +17,6 @@ LINE_BYTES = 64
 class Target:
     name: str
     renderer: str  # kernel language: "c" | "opencl"; only renderers.get_renderer reads it
-    # runner device that executes the blob. runner/device.py keeps the same blob target -> device
-    # table (the runner never imports the compiler): qcom blobs run on the OpenCL device, through
-    # the vendor's libOpenCL
-    device: str
     vector_bytes: int = 32  # SIMD register width the optimizer tiles for
     # float kernels' vector width where it differs (0: vector_bytes). Hexagon v65 HVX is integer
     # only: float kernels tile for scalar FP registers, integer ones for 128-byte HVX vectors.
@@ -71,9 +70,17 @@ class Target:
     # from: "library" (the OpenCL implementation's), or "amdgcn": the program defines the ones
     # the renderer uses, work-item ids from __builtin_amdgcn_* (no ROCm device library needed).
     cl_builtins: str = "library"
-    # Targets built into one blob, each a row of TARGETS (a `cpu` blob holds x86-64-v3 and -v4
-    # code; the runner loads the best its host runs). Empty: this target's code only.
-    variants: tuple[str, ...] = ()
+    # The device profiles each kernel by its symbol: every kernel stays its own function, never
+    # inlined into the entry points (a call per launch costs nothing against a kernel).
+    kernel_symbols: bool = False
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        """Targets built into one blob, each a row of TARGETS (runner/targets.py: a `cpu` blob
+        holds x86-64-v3 and -v4 code; the runner loads the best its host runs). Empty: this
+        target's code only."""
+        row = targets.TARGETS.get(self.name)
+        return row.variants if row else ()
 
     def vector_width(self, dtypes) -> int:
         """Bytes per vector for a kernel computing in `dtypes` (keel DTypes): the float width
@@ -83,15 +90,15 @@ class Target:
 
 
 # what every CPU target shares; they differ in vector width, registers and caches
-CPU = dict(renderer="c", device="cpu", prefetch=True, cpu_layouts=True, winograd=True,
+CPU = dict(renderer="c", prefetch=True, cpu_layouts=True, winograd=True,
            pack_weights=True, shared_object=True)
 # every OpenCL target: one work item per output tile, half activations under --float16
-GPU = dict(renderer="opencl", device="opencl", vector_bytes=16, buffer_align=128,
+GPU = dict(renderer="opencl", vector_bytes=16, buffer_align=128,
            half_activations=True, output_dims="global", recompute_cheap=True)
 
 TARGETS = {t.name: t for t in (
     # every x86-64 host: one blob, both levels below (the runner picks one at load)
-    Target("cpu", vector_bytes=32, registers=16, variants=("cpu-avx2", "cpu-avx512"), **CPU),
+    Target("cpu", vector_bytes=32, registers=16, **CPU),
     Target("cpu-avx2", vector_bytes=32, registers=16, **CPU),  # x86-64-v3: AVX2+FMA
     Target("cpu-avx512", vector_bytes=64, registers=32, l2_bytes=1 << 20, **CPU),  # x86-64-v4
     Target("cpu-aarch64", vector_bytes=16, registers=32, **CPU),  # comma 3X
@@ -106,14 +113,14 @@ TARGETS = {t.name: t for t in (
     # RDNA3 (gfx1100, RX 7900 XTX) through usbgpu/ + am/: buffers only (no image path without a
     # driver-side image descriptor), fp32 arithmetic, 1024-wide work-groups (HSA's maximum)
     Target("amd", max_workgroup=1024, code_object="gfx1100", cl_builtins="amdgcn",
-           **{**GPU, "device": "amd"}),
+           **GPU),
     # Hexagon 685 cDSP (v65): 128-byte integer HVX vectors, 32 of them; floats on the scalar
     # units (one 4-byte lane); 32 KiB L1d, 512 KiB L2. No Winograd: scalar FP multiplies cost
     # what adds do. Buffers on HVX's 128-byte vector alignment. The programs are one
     # position-independent Hexagon shared object run by the DSP-side runtime (dsp/).
-    Target("dsp", renderer="c", device="dsp", vector_bytes=128, float_vector_bytes=4,
+    Target("dsp", renderer="c", vector_bytes=128, float_vector_bytes=4,
            registers=16, l2_bytes=512 << 10, buffer_align=128, cpu_layouts=True,
-           pack_weights=True, shared_object=True),
+           pack_weights=True, shared_object=True, kernel_symbols=True),
 )}
 
 
@@ -128,7 +135,7 @@ def get_target(name: str | Target) -> Target:
 
 # What the frontend and the schedule read: the variants of one blob share them (one graph, one
 # schedule, one set of buffers), and differ only in how each kernel is planned and compiled.
-SHARED_FIELDS = ("renderer", "device", "buffer_align", "half_compute", "half_activations",
+SHARED_FIELDS = ("renderer", "buffer_align", "half_compute", "half_activations",
                  "images", "output_dims", "cpu_layouts", "winograd", "pack_weights",
                  "shared_object", "code_object")
 

@@ -27,6 +27,8 @@ from pathlib import Path
 
 from compiler import cache as disk
 from compiler.errors import CompileError
+from runner import abi, targets
+from runner.targets import Target
 
 CLANG = "clang-19"
 GCC = "gcc"
@@ -38,62 +40,26 @@ CODE_FLAGS = ("-O2", "-fno-unroll-loops", "-ffreestanding", "-fno-math-errno",
               "-ffp-contract=fast", "-fPIC")
 LINK_FLAGS = ("-shared", "-nostdlib")
 TIMEOUT = 1800  # seconds for one compiler process: the largest model's kernels take ~30 s
-ENTRY_UNIT = "keel_graph"  # renderers/c.py's unit of entry points; every other unit is a kernel
+ENTRY_UNIT = abi.GRAPH  # renderers/c.py's unit of entry points; every other unit is a kernel
 
 
-@dataclass(frozen=True)
-class CpuTarget:
-    triple: str  # clang --target
-    cpu_flags: tuple[str, ...]  # understood by clang and gcc alike
-    link_flags: tuple[str, ...]  # clang only (lld)
-    system: str  # platform.system() of a host that can run the object
-    machines: tuple[str, ...]  # platform.machine() spellings of that host
-    # one translation unit, never per-kernel units: ld.lld-19 concatenates Hexagon build
-    # attribute sections instead of merging them, and a tool reading the object then finds them
-    # malformed (llvm-objdump decodes no HVX at all)
-    one_unit: bool = False
-
-
-X86_64_V3 = CpuTarget("x86_64-linux-gnu", ("-march=x86-64-v3",), ("-fuse-ld=lld",), "Linux",
-                      ("x86_64", "AMD64"))
-# a `cpu` blob's code is built per variant (compiler/target.py: cpu-avx2 and cpu-avx512); as a
-# toolchain target, "cpu" is the baseline, x86-64-v3, for C that must run on every x86-64 host
-TARGETS: dict[str, CpuTarget] = {
-    "cpu-avx2": X86_64_V3,
-    "cpu": X86_64_V3,
-    # clang's x86-64-v4 prefers 256-bit vectors (it splits a 64-byte vector type into two ymm
-    # halves) unless told otherwise; gcc understands the flag too
-    "cpu-avx512": CpuTarget("x86_64-linux-gnu", ("-march=x86-64-v4", "-mprefer-vector-width=512"),
-                            ("-fuse-ld=lld",),
-                            "Linux", ("x86_64", "AMD64")),
-    # comma 3X: Snapdragon 845, Kryo 385 gold cores are Cortex-A75 derivatives
-    "cpu-aarch64": CpuTarget("aarch64-linux-gnu", ("-mcpu=cortex-a75",), ("-fuse-ld=lld",),
-                             "Linux", ("aarch64", "arm64")),
-    # ld64.lld refuses undefined symbols (memcpy) unless told they come from the loading process
-    "cpu-arm64-apple": CpuTarget("arm64-apple-macos11", (),
-                                 ("-fuse-ld=lld", "-Wl,-undefined,dynamic_lookup"),
-                                 "Darwin", ("arm64",)),
-    # Hexagon 685 cDSP (v65) with 128-byte HVX. -G0: no small-data (GP-relative) section, which
-    # a position-independent object loaded by the DSP's loader cannot use. Never a host: the
-    # objects run on the DSP, or under qemu-hexagon through dsp/runtime.c.
-    "dsp": CpuTarget("hexagon-unknown-none-elf", ("-mcpu=hexagonv65", "-mhvx", "-mhvx-length=128b",
-                                                  "-G0"), ("-fuse-ld=lld",), "QuRT", (),
-                     one_unit=True),
-}
+# the targets whose programs are C this module builds, with their triples and flags
+TARGETS: dict[str, Target] = {n: t for n, t in targets.TARGETS.items() if t.toolchain}
 
 
 def host_target() -> str:
     """The CPU target whose objects this machine can load."""
-    system, machine = platform.system(), platform.machine()
-    for name, t in TARGETS.items():
-        if t.system == system and machine in t.machines:
+    for name in TARGETS:
+        if can_run(name):
             return name
-    raise CompileError(f"no keel CPU target for host {system}/{machine}; known: {sorted(TARGETS)}")
+    raise CompileError(f"no keel CPU target for host {platform.system()}/{platform.machine()}; "
+                       f"known: {sorted(TARGETS)}")
 
 
 def can_run(target: str) -> bool:
-    t = _target(target)
-    return t.system == platform.system() and platform.machine() in t.machines
+    host = _target(target).host
+    return host is not None and host.system == platform.system() and \
+        platform.machine() in host.machines
 
 
 @dataclass
@@ -109,7 +75,7 @@ def build_shared(source: str, target: str, early: Early | None = None) -> bytes:
     """Compile `source` (one C translation unit, or a Program with units) into a shared object
     for `target`. `early`: from precompile, objects that hold some of its units; the others
     (the entry points) compile while it runs."""
-    units = None if _target(target).one_unit else getattr(source, "units", None)
+    units = None if _target(target).toolchain.one_unit else getattr(source, "units", None)
     with tempfile.TemporaryDirectory(prefix="keel-cc-") as tmp:
         # relative names only: a file's name lands in its object's symbol table, keep it stable
         if not units:
@@ -130,7 +96,7 @@ def precompile(units: list[tuple[str, str]], target: str) -> Early | None:
     """Start compiling kernel units (in a thread; the compilers are processes), so they compile
     while the caller plans and renders the entry points; build_shared takes the result. None
     where a program is one unit."""
-    if _target(target).one_unit:
+    if _target(target).toolchain.one_unit:
         return None
     keys = set(_unit_keys(units, target).values())
     cached = {k for k in keys if _cached_object(k) is not None}
@@ -149,7 +115,7 @@ def _precompile(units: list[tuple[str, str]], target: str) -> dict[str, tuple[st
 def cached_units(source: str, target: str, early: Early | None = None) -> dict[str, int]:
     """How many of the source's units build_shared compiles, and how many it has cached; those
     of `early` as the cache held them when precompile started (it may have filled it since)."""
-    units = (None if _target(target).one_unit else getattr(source, "units", None)) \
+    units = (None if _target(target).toolchain.one_unit else getattr(source, "units", None)) \
         or [("graph", source)]
     keys = _unit_keys(units, target).values()
     hit = sum(k in early.cached if early and k in early.keys else _cached_object(k) is not None
@@ -240,7 +206,8 @@ def _stage(data: bytes | None, obj: str, tmp: str) -> bool:
 
 def _gc_flags(target: str) -> list[str]:
     """The linker's flag that drops sections nothing reaches (a kernel no entry point calls)."""
-    return ["-Wl,-dead_strip" if _target(target).system == "Darwin" else "-Wl,--gc-sections"]
+    host = _target(target).host
+    return ["-Wl,-dead_strip" if host and host.system == "Darwin" else "-Wl,--gc-sections"]
 
 
 def _batch_source(units: list[tuple[str, str]]) -> str:
@@ -294,7 +261,7 @@ def compile_jobs() -> int:
         (os.cpu_count() or 1)
 
 
-def _target(target: str) -> CpuTarget:
+def _target(target: str) -> Target:
     if target not in TARGETS:
         raise CompileError(f"unknown CPU target {target!r}; expected one of {sorted(TARGETS)}")
     return TARGETS[target]
@@ -302,18 +269,18 @@ def _target(target: str) -> CpuTarget:
 
 def _command(target: str, link: bool = True) -> list[str]:
     """The compiler command for `target`: compile and link in one go, or (link=False) compile."""
-    t = _target(target)
+    t = _target(target).toolchain
     if shutil.which(CLANG):
         tail = (*LINK_FLAGS, *t.link_flags) if link else ()
-        return [CLANG, f"--target={t.triple}", *t.cpu_flags, *CODE_FLAGS, *tail]
+        return [CLANG, f"--target={t.triple}", *t.code_flags, *CODE_FLAGS, *tail]
     if shutil.which(GCC) and target == host_target():
-        return [GCC, *t.cpu_flags, *CODE_FLAGS, *(LINK_FLAGS if link else ())]
+        return [GCC, *t.code_flags, *CODE_FLAGS, *(LINK_FLAGS if link else ())]
     raise CompileError(f"{CLANG} not found; the {GCC} fallback only builds for the host target "
                        f"{host_target()!r}, got {target!r}")
 
 
 def _link_command(target: str) -> list[str]:
-    cc, t = _command(target, link=False)[0], _target(target)
+    cc, t = _command(target, link=False)[0], _target(target).toolchain
     if cc == CLANG:
         return [CLANG, f"--target={t.triple}", *LINK_FLAGS, *t.link_flags]
     return [GCC, *LINK_FLAGS]
@@ -321,7 +288,7 @@ def _link_command(target: str) -> list[str]:
 
 LLD = "ld.lld-19"
 # The OpenCL C the code object was compiled from rides along as a loaded, exported constant: the
-# mock GPU's command processor (am/mock_gpu.py) finds it through the dynamic symbol table in GPU
+# mock GPU's command processor (sim/am/mock_gpu.py) finds it through the dynamic symbol table in GPU
 # memory, as it finds kernels, and runs it on PoCL. A real GPU never reads it (it costs its size in VRAM).
 SOURCE_SYMBOL = "keel_source"
 # -nogpulib: no ROCm device library; the program defines the builtins it calls (renderers/amdgcn.py)

@@ -1,13 +1,13 @@
 """The DSP-side programs built from source with clang-19 and ld.lld-19 (no Hexagon SDK), once per
-source and flags, in a per-user temp cache:
+source and flags, in the cache's dsp/ folder (runner/cache.py):
 
-  runtime  dsp/runtime.c as a static Hexagon Linux program for qemu-hexagon (KEEL_FASTRPC=mock);
   skel     dsp/skel.c as libkeel_dsp_skel.so, the library a cDSP user PD loads (dsp/fastrpc.py
-           serves its bytes to the DSP's loader through the reverse-RPC listener).
+           serves its bytes to the DSP's loader through the reverse-RPC listener);
+  runtime  sim/dsp/runtime.c as a static Hexagon Linux program for qemu-hexagon
+           (KEEL_FASTRPC=mock; sim/dsp/mock.py builds it with `build`).
 
-Both share dsp/graph_runner.h (the graph, the launch table, the profile). The runner never
-imports the compiler, so the blob's -mcpu and HVX flags (compiler/toolchain.py "dsp") are
-repeated here.
+Both share dsp/graph_runner.h (the graph, the launch table, the profile), and the blob's -mcpu
+and HVX flags (runner/targets.py "dsp", which the compiler builds the blob's programs with).
 """
 from __future__ import annotations
 
@@ -15,26 +15,24 @@ import hashlib
 import os
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
+from runner import cache
 from runner.errors import DeviceError
+from runner.targets import TARGETS
 
 CLANG = "clang-19"
 PACKAGES = {"qemu-hexagon": "qemu-user", CLANG: "clang-19", "ld.lld-19": "lld-19"}  # -> Debian
 HERE = Path(__file__).parent
-LIBC = HERE.parent / "runner" / "freestanding.h"  # included by runtime.c
-HVX = ("-mcpu=hexagonv65", "-mhvx", "-mhvx-length=128b", "-O2", "-Wall", "-Werror",
-       "-ffreestanding", "-nostdlib", "-fuse-ld=lld")
-# KEEL_QEMU: per-kernel costs from qemu's packet and HVX counters instead of the cycle counter
-RUNTIME = ("--target=hexagon-unknown-linux-musl", *HVX, "-static", "-DKEEL_QEMU")
+RUNNER = HERE.parent / "runner"
+LIBC, ABI = RUNNER / "freestanding.h", RUNNER / "keel_abi.h"  # included by the programs
+DSP = TARGETS["dsp"].toolchain
+HVX = (*DSP.code_flags, "-O2", "-Wall", "-Werror", "-ffreestanding", "-nostdlib", *DSP.link_flags)
 # the DSP's loader maps a library section by section: every section on its own 4 KiB page (what
-# tinygrad found "fixes the invoke problem"), notes and the GNU hash table dropped; -G0: no
-# small-data (GP-relative) section, which a position-independent library cannot use
+# tinygrad found "fixes the invoke problem"), notes and the GNU hash table dropped
 SECTIONS = ("text", "rela.plt", "rela.dyn", "plt", "rodata", "data", "bss", "hash", "dynamic",
             "got", "got.plt", "dynsym", "dynstr")
-SKEL = ("--target=hexagon-unknown-none-elf", *HVX, "-G0", "-fPIC", "-shared",
-        "-Wl,--hash-style=sysv")
+SKEL = (f"--target={DSP.triple}", *HVX, "-fPIC", "-shared", "-Wl,--hash-style=sysv")
 SKEL_NAME = "libkeel_dsp_skel.so"
 
 
@@ -44,14 +42,6 @@ def missing(tools=tuple(PACKAGES)) -> str | None:
         if shutil.which(tool) is None:
             return f"{tool} not found (Debian package {PACKAGES[tool]})"
     return None
-
-
-def runtime_elf() -> Path:
-    """dsp/runtime.c built for qemu-hexagon."""
-    why = missing()
-    if why:
-        raise DeviceError(f"KEEL_FASTRPC=mock needs {why}")
-    return _build("runtime", HERE / "runtime.c", RUNTIME, f"-I{LIBC.parent}")
 
 
 def skel_so() -> Path:
@@ -70,29 +60,32 @@ def skel_so() -> Path:
     script = "SECTIONS { . = 0; " + " ".join(f".{s} : ALIGN(4096) {{ *(.{s} .{s}.*) }}"
                                              for s in SECTIONS) \
         + " /DISCARD/ : { *(.note .note.* .gnu.hash .comment) } }"
-    return _build("skel", HERE / "skel.c", SKEL, script=script)
+    return build("skel", HERE / "skel.c", SKEL, script=script)
 
 
-def _build(name: str, source: Path, flags: tuple, *extra: str, script: str = "") -> Path:
-    parts = (source, HERE / "skel.c", HERE / "graph_runner.h", LIBC)  # runtime.c includes all
+def build(name: str, source: Path, flags: tuple, *extra: str, script: str = "") -> Path:
+    """`source` (which may include skel.c, graph_runner.h, keel_abi.h and freestanding.h) built
+    once per text and flags, into the cache's dsp/ folder (a private one with caching off)."""
+    parts = (source, HERE / "skel.c", HERE / "graph_runner.h", ABI, LIBC)
+    extra = (f"-I{HERE}", f"-I{RUNNER}", *extra)
     text = b"".join(p.read_bytes() for p in parts)
     key = hashlib.sha256(text + " ".join((*flags, *extra, script)).encode()).hexdigest()[:16]
-    out = Path(tempfile.gettempdir(), f"keel-dsp-{os.getuid()}", f"{name}-{key}")
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(f".{os.getpid()}")
-    ld = [f"-Wl,-T,{tmp}.ld"] if script else []
+    out = cache.workdir("dsp") / f"{name}-{key}"
+    if not out.exists():
+        cache.create(out, lambda tmp: _compile(source, flags, extra, script, tmp))
+    return out
+
+
+def _compile(source: Path, flags: tuple, extra: tuple, script: str, out: Path) -> None:
+    ld = [f"-Wl,-T,{out}.ld"] if script else []
     if script:
-        Path(f"{tmp}.ld").write_text(script)
-    proc = subprocess.run([CLANG, *flags, *extra, *ld, str(source), "-o", str(tmp)],
+        Path(f"{out}.ld").write_text(script)
+    proc = subprocess.run([CLANG, *flags, *extra, *ld, str(source), "-o", str(out)],
                           capture_output=True, text=True)
     if script:
-        os.unlink(f"{tmp}.ld")
+        os.unlink(f"{out}.ld")
     if proc.returncode != 0:
         raise DeviceError(f"{CLANG} failed to build {source.name}:\n{proc.stderr.strip()}")
-    os.replace(tmp, out)  # atomic: a concurrent load sees the whole program or none
-    return out
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ It is runner/queue.py's queue device; this file is its verbs.
 The device lays one shared buffer out as [weights | arena | memory that alloc() hands out: io
 slots, staging copies, state halves], each part on a 128-byte boundary (HVX vector alignment),
 hands it, the programs and the launch table to the DSP-side runtime once at load
-(dsp/runtime.c, dsp/skel.c), and then only invokes: {sequence number, flags, launch range,
+(dsp/skel.c; under qemu, sim/dsp/runtime.c), and then only invokes: {sequence number, flags, launch range,
 patches} out, {sequence number, status, per-kernel ticks} back. A patch rebinds an io slot to
 other bytes of the shared buffer (a state's other half, a staging copy): the DSP side's io
 pointers are its recorded graph, and a launch table argument names an io slot, never its
@@ -13,9 +13,9 @@ copies a buffer that is not).
 
 The transport is chosen by KEEL_FASTRPC: unset or "device", FastRPC on the comma device's cDSP
 (dsp/fastrpc.py); "mock", the same runtime built for Linux and run under qemu-hexagon
-(dsp/mock.py). Faults from KEEL_MOCK_FAULTS (runner/faults.py) apply to the mock only: hang@N makes
-the emulated DSP spin without answering, fault@N makes it answer with a failure, slow@N:MS holds
-its answer back MS ms.
+(sim/dsp/mock.py). Faults from KEEL_MOCK_FAULTS (runner/faults.py) apply to the mock only: hang@N
+makes the emulated DSP spin without answering, fault@N makes it answer with a failure, slow@N:MS
+holds its answer back MS ms.
 
 Profiling: the runtime counts each launch's cost (the DSP's cycle counter; under qemu, qemu's
 packet count) and HVX instructions (qemu only). spans() turns costs into nanoseconds at the
@@ -31,14 +31,15 @@ import time
 import numpy as np
 
 from runner.device import Span
-from runner.errors import BlobError, ConfigError, DeviceError
+from runner.errors import BlobError, DeviceError
 from runner.faults import Faults, from_env
 from runner.graph import Graph, Kind
 from runner.queue import Memory, QueueDevice
+from runner.simulators import simulator
 
 TRANSPORT_VAR, FAULTS_VAR = "KEEL_FASTRPC", "KEEL_MOCK_FAULTS"
 ALIGN = 128  # HVX vector: the runtime's loads of a buffer's first vector are aligned ones
-FLAG_PROFILE, FLAG_HANG, FLAG_FAULT = 1, 2, 4  # dsp/runtime.c
+FLAG_PROFILE, FLAG_HANG, FLAG_FAULT = 1, 2, 4  # dsp/graph_runner.h, sim/dsp/runtime.c
 IO_ARG = 1 << 31  # a launch table word naming an io slot (dsp/graph_runner.h)
 DSP_HZ = 960e6  # the cDSP's nominal clock: profile costs (cycles) as nanoseconds
 LOAD_S = 60.0  # the runtime answers once its library is loaded (qemu start included)
@@ -60,15 +61,12 @@ def launch_table(graph: Graph, weights: int, arena: int) -> bytes:
 
 
 def transport():
-    kind = os.environ.get(TRANSPORT_VAR, "device").strip() or "device"
-    if kind == "mock":
-        from dsp.mock import QemuTransport
-        return QemuTransport()
-    if kind == "device":
-        from dsp.fastrpc import FastRpcTransport
-        return FastRpcTransport()
-    raise ConfigError(f"{TRANSPORT_VAR} must be 'device' (FastRPC) or 'mock' (qemu-hexagon), "
-                      f"got {kind!r}")
+    """FastRPC, or qemu-hexagon with KEEL_FASTRPC=mock (runner/simulators.py)."""
+    mock = simulator(TRANSPORT_VAR)
+    if mock:
+        return mock()
+    from dsp.fastrpc import FastRpcTransport
+    return FastRpcTransport()
 
 
 class DspDevice(QueueDevice):
@@ -79,7 +77,7 @@ class DspDevice(QueueDevice):
             raise BlobError(f"device 'dsp' runs target 'dsp' blobs, blob target is {target!r}")
 
     def open(self, blob) -> None:
-        mock = os.environ.get(TRANSPORT_VAR, "").strip() == "mock"
+        mock = simulator(TRANSPORT_VAR) is not None
         self._faults = from_env(FAULTS_VAR) if mock else Faults({})
         self._link = transport()
         self._programs = blob.programs

@@ -18,7 +18,7 @@ Per Model.load, once:
      listener); its method LOAD receives the buffer's layout, the launch table and the name
      PROGRAMS, which it dlopens (read through the listener again).
 Per run(): one FASTRPC_IOCTL_INVOKE of method RUN with {seq, flags} in and the runtime's answer
-out (dsp/runtime.c), on a worker thread, so that wait() keeps its deadline: the ioctl blocks
+out (dsp/skel.c), on a worker thread, so that wait() keeps its deadline: the ioctl blocks
 until the DSP answers. recover() ends the PD (adsp_current_process exit, which also ends the
 listener's wait), abandons the session (its fd) and builds a new one.
 """

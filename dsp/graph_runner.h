@@ -1,4 +1,4 @@
-/* What keel's two DSP-side programs share: the emulated DSP (dsp/runtime.c, a Linux program
+/* What keel's two DSP-side programs share: the emulated DSP (sim/dsp/runtime.c, a Linux program
    for qemu-hexagon) and the skel (dsp/skel.c, the library a cDSP user PD loads). Both hold one
    compiled graph (its keel_graph and keel_launch), one shared buffer and the launch table, and
    answer an invoke (a Request, then its patches) with {seq, status, nticks, 0} and nticks u64
@@ -9,11 +9,12 @@
    Hexagon cycle counter (UPCYCLE) on the DSP; under qemu (KEEL_QEMU), qemu's own packet and HVX
    instruction counters, which the emulator keeps in control registers c20 and c22 (reserved on
    the hardware). The includer provides <stdint.h>. */
+#include "keel_abi.h"  /* the programs' entry points, as every C blob exports them */
 enum { FLAG_PROFILE = 1, MAX_LAUNCHES = 65536, MAX_ARGS = 64, MAX_SLOTS = 256 };
 #define IO_ARG 0x80000000u /* a launch table word with this bit names io slot (word & ~IO_ARG) */
 
-typedef void graph_fn(unsigned char *arena, const unsigned char *weights, void *const *io);
-typedef void launch_fn(int launch, void *const *args);
+typedef __typeof__(keel_graph) graph_fn;
+typedef __typeof__(keel_launch) launch_fn;
 typedef struct { uint32_t seq, status, nticks, pad; } Reply;
 /* a RUN request: launches [first, end) of the table, after `patches` {slot, offset} pairs that
    rebind io slots to other bytes of the shared buffer (a state's other half, a staging copy) */

@@ -13,7 +13,7 @@
            the programs' library name, the launch table (u32 words); out: i32 status
      3     RUN, 1 in 1 out: a Request {seq, flags, first, end, patches} and `patches` {io slot,
            offset} pairs (graph_runner.h); out: {seq, status, nticks, 0}, nticks u64
-   The emulated DSP (dsp/runtime.c, under qemu-hexagon) includes this file and calls this entry
+   The emulated DSP (sim/dsp/runtime.c, under qemu-hexagon) includes this file and calls this entry
    for its load and every invoke, with remote_args built as FastRPC builds them: the same code
    path, with its own loader standing in for the PD's dlopen.
 

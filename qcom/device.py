@@ -1,7 +1,7 @@
 """The qcom device (device="qcom"): qcom blobs on the Adreno 630 through KGSL, with no vendor
 runtime on the per-run path. It is runner/queue.py's queue device; this file is its verbs.
 
-open():   open KGSL (the kernel, or qcom/mock_kgsl.py with KEEL_KGSL=mock), refuse unvalidated
+open():   open KGSL (the kernel, or sim/qcom/mock_kgsl.py with KEEL_KGSL=mock), refuse unvalidated
           chips, get the programs (qcom/store.py: the blob's embedded ones when they were
           built for this chip and driver, else built once and cached by chip, driver and
           source), allocate GPU objects (arena, weights, shaders, a zeroed border-colour table,

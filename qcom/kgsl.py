@@ -10,15 +10,14 @@ Every struct is spelled with fixed-width fields: the device is LP64 (arm64), whe
 `size_t` and pointers are 8 bytes, so the layouts hold on any 64-bit host that runs the mock.
 
 `Kgsl` wraps one open device and a pluggable ioctl entry point: the kernel (`fcntl.ioctl`) or
-`qcom.mock_kgsl` when KEEL_KGSL=mock. Every failing ioctl raises DeviceError naming the ioctl, the
-errno and what was asked.
+`sim.qcom.mock_kgsl` when KEEL_KGSL=mock. Every failing ioctl raises DeviceError naming the ioctl,
+the errno and what was asked.
 """
 from __future__ import annotations
 
 import ctypes
 import errno
 import fcntl
-import importlib
 import mmap
 import os
 import time
@@ -26,6 +25,7 @@ from ctypes import c_int32, c_uint32, c_uint64
 from typing import NamedTuple
 
 from qcom.errors import DeviceError
+from runner.simulators import simulator
 
 DEVICE_PATH = "/dev/kgsl-3d0"
 PAGE = 4096
@@ -187,17 +187,10 @@ class KernelDriver:
         os.close(fd)
 
 
-# KEEL_KGSL value -> "module:Class", resolved on use (as runner/device.py's DEVICES): the mock
-# imports this module's structs, so naming it here by string keeps the dependency one-way
-DRIVERS = {"": "qcom.kgsl:KernelDriver", "mock": "qcom.mock_kgsl:MockKgsl"}
-
-
 def default_driver():
-    name = os.environ.get("KEEL_KGSL", "")
-    if name not in DRIVERS:
-        raise DeviceError(f"KEEL_KGSL={name!r}: expected one of {sorted(DRIVERS)} ('' is the kernel)")
-    module, cls = DRIVERS[name].split(":")
-    return getattr(importlib.import_module(module), cls)()
+    """The kernel's driver, or the mock KGSL with KEEL_KGSL=mock (runner/simulators.py)."""
+    mock = simulator("KEEL_KGSL")
+    return mock() if mock else KernelDriver()
 
 
 # errno.errorcode keeps the last alias defined; the kernel's headers say these
@@ -217,7 +210,10 @@ class Kgsl:
         try:
             self.fd = self.driver.open(path)
         except OSError as e:
-            raise DeviceError(f"open({path}) failed: {_errname(e.errno)} ({e.strerror})") from e
+            hint = "; no KGSL here: KEEL_KGSL=mock runs the simulator, Model.load(path, " \
+                "device='opencl') the vendor OpenCL path" if e.errno == errno.ENOENT else ""
+            raise DeviceError(f"open({path}) failed: {_errname(e.errno)} ({e.strerror}){hint}") \
+                from e
 
     def call(self, ioctl: Ioctl, arg, asked: str):
         """Run one ioctl on `arg` (changed in place, as the kernel writes back) and return it."""

@@ -2,11 +2,9 @@
 about it (parameter kinds, instruction length, constant layout).
 
 Where binaries come from depends on the driver behind Kgsl (`driver.compiler`):
-- "mock" (qcom/mock_kgsl.py): there is no Adreno ISA in CI. The mock's "binary" is, honestly,
-  the kernel's OpenCL C (the program's shared preamble plus that one kernel) behind a header with
-  the facts a parse of a vendor binary yields: the kernel name, each parameter's kind and whether
-  the program computes in half. The mock GPU executes exactly that source for every dispatch
-  that points at it.
+- "mock" (sim/qcom/mock_kgsl.py): there is no Adreno ISA in CI. The mock's "binary"
+  (sim/qcom/program.py) is, honestly, the kernel's OpenCL C behind a header with the facts a
+  parse of a vendor binary yields; the mock GPU executes exactly that source.
 - "vendor" (the kernel driver on a device): libOpenCL builds each kernel once (runner/cl.py),
   and qcom/vendor.py parses the binary it returns for the ISA, register footprint, branch
   stack, local memory, parameter kinds and constant layout. libOpenCL is used at load only, and
@@ -21,14 +19,11 @@ Where a device's programs are built, cached and embedded is qcom/store.py.
 """
 from __future__ import annotations
 
-import json
 import re
-import struct
 from typing import NamedTuple
 
 from qcom.errors import DeviceError
 
-MAGIC = b"KEELMCK1"
 SHADER_UNIT = 128  # CP_LOAD_STATE6 loads shader code in 128-byte units
 MAX_UNITS = 0x3FF  # its NUM_UNIT field is 10 bits
 CONST_ALIGN = 4  # vec4s: HLSQ_CS_CNTL's CONSTLEN has shr=2 (a6xx.xml)
@@ -75,37 +70,3 @@ def split(source: str) -> tuple[str, list[tuple[str, str, list[str]]]]:
     return source[:found[0].start()], [
         (m.group(1), source[m.start():end], [p.strip() for p in m.group(2).split(",")])
         for m, end in zip(found, ends)]
-
-
-def mock_binary(kernel: str, source: str, params: list[str], half: bool) -> bytes:
-    meta = json.dumps({"kernel": kernel, "params": params, "half": half}).encode()
-    raw = MAGIC + struct.pack("<I", len(meta)) + meta + source.encode()
-    raw += b"\0" * (-len(raw) % SHADER_UNIT)
-    if len(raw) // SHADER_UNIT > MAX_UNITS:
-        raise DeviceError(f"kernel {kernel}: {len(raw)} bytes of program is more than one "
-                          f"CP_LOAD_STATE6 loads ({MAX_UNITS} units of {SHADER_UNIT})")
-    return raw
-
-
-def parse(binary: bytes) -> Program:
-    """A Program from the bytes of a shader object; DeviceError for anything else."""
-    if binary[:8] != MAGIC or len(binary) < 12:
-        raise DeviceError(f"shader object starts with {bytes(binary[:8])!r}: not a keel mock "
-                          f"binary ({MAGIC!r})")
-    (n,) = struct.unpack_from("<I", binary, 8)
-    meta = json.loads(bytes(binary[12:12 + n]))
-    source = bytes(binary[12 + n:]).rstrip(b"\0").decode()
-    params = tuple(meta["params"])
-    return Program(meta["kernel"], bytes(binary), params, meta["half"], source,
-                   tuple(2 * i for i in range(len(params))))
-
-
-def mock_build(source: str) -> dict[str, Program]:
-    """Per kernel: preamble + kernel text, with the facts a binary parse would give."""
-    preamble, kernels = split(source)
-    half = "cl_khr_fp16" in preamble
-    out = {}
-    for name, text, decls in kernels:
-        params = ["image" if "image2d_t" in d else "buffer" for d in decls]
-        out[name] = parse(mock_binary(name, preamble + text, params, half))
-    return out

@@ -2,27 +2,28 @@
 compiler through qcom/vendor.py), cached, or embedded in the blob.
 
 The cache holds the parsed programs (JSON), keyed by compiler kind, chip id, driver version and
-source, in the blob's `.clcache` folder or, without one, in KEEL_CACHE_DIR/qcom
-(~/.cache/keel/qcom). A blob compiled with `tools/compile.py --target qcom --embed-binaries`
-carries them in its manifest meta (EMBED_KEY); programs built for another chip, driver or source
-are rebuilt once, with a warning naming both.
+source, in the blob's `.clcache` folder or, without one, in the cache's qcom/ folder
+(runner/cache.py: ~/.cache/keel/qcom; KEEL_CACHE_DIR= turns both off). A blob compiled with
+`tools/compile.py --target qcom --embed-binaries` carries them in its manifest meta (EMBED_KEY);
+programs built for another chip, driver or source are rebuilt once, with a warning naming both.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import warnings
 from pathlib import Path
 
-from qcom.program import Program, Regs, mock_build
+from qcom.program import Program, Regs
+from runner import cache
 from runner.errors import BlobError
 
 CACHE_FORMAT = "qcom-programs-2"  # bump when Program's fields change
 
 
 def build(source: str, compiler: str) -> dict[str, Program]:
-    if compiler == "mock":
+    if compiler == "mock":  # the mock KGSL's programs: only KEEL_KGSL=mock opens that driver
+        from sim.qcom.program import mock_build
         return mock_build(source)
     from qcom import vendor  # libOpenCL: on a device, on a cache miss
     return vendor.build(source)
@@ -45,15 +46,14 @@ def from_json(d: dict) -> Program:
 
 def cache_path(compiler: str, chip_id: int, driver: str, source: str,
                cache_dir: str | None) -> Path | None:
-    """Where the parsed programs are cached; None for mock programs without a blob folder."""
-    if not cache_dir and compiler == "mock":
+    """Where the parsed programs are cached; None with caching off, and for mock programs
+    without a blob folder."""
+    folder = Path(cache_dir) if cache_dir else None if compiler == "mock" else cache.folder("qcom")
+    if folder is None:
         return None
     key = hashlib.sha256("\0".join([CACHE_FORMAT, compiler, f"{chip_id:#x}", driver,
                                     source]).encode())
-    folder = cache_dir or os.environ.get("KEEL_CACHE_DIR") or \
-        str(Path.home() / ".cache" / "keel")
-    sub = "" if cache_dir else "qcom"
-    return Path(folder) / sub / f"qcom-{key.hexdigest()[:32]}.json"
+    return folder / f"qcom-{key.hexdigest()[:32]}.json"
 
 
 def load(source: str, compiler: str, chip_id: int, driver: str, cache_dir: str | None):
@@ -67,13 +67,7 @@ def load(source: str, compiler: str, chip_id: int, driver: str, cache_dir: str |
     progs = build(source, compiler)
     if path is None:
         return progs
-    try:  # best effort: a read-only disk costs a rebuild next time
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({n: to_json(p) for n, p in progs.items()}))
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    cache.write(path, json.dumps({n: to_json(p) for n, p in progs.items()}).encode())
     return progs
 
 

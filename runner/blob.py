@@ -24,12 +24,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runner.device import TARGETS
 from runner.errors import BlobError, ConfigError
 from runner.format import (CHUNK_BYTES, DTYPES, FILE_SHA256_AT, FLAGS, GRAPH_HEAD, HEADER, LAUNCH,
-                           MAGIC, MAX_DIMS, MAX_INT, REGIONS, SECTION_ALIGN, VERSION, BARRIER,
+                           MAGIC, MAX_DIMS, MAX_INT, REGIONS, DEVICE_REGIONS, SECTION_ALIGN,
+                           VERSION, BARRIER,
                            file_sha256, section_names, section_offsets, variant_sections)
 from runner.host import choose
+from runner.targets import TARGETS, device_of
 
 MAX_HASH_THREADS = 8
 _NP_DTYPES = {name: np.dtype(name) for name in DTYPES}
@@ -348,9 +349,9 @@ def _variants(variants: list[dict], target: str) -> None:
     """At least one variant, each of another target, all run by the header target's device."""
     names = [v["target"] for v in variants]
     if not names or len(set(names)) != len(names) or \
-            any(TARGETS[n] != TARGETS[target] for n in names):
+            any(device_of(n) != device_of(target) for n in names):
         raise BlobError(f"manifest variants: expected distinct targets run by the "
-                        f"{TARGETS[target]!r} device (the header target is {target!r}), got "
+                        f"{device_of(target)!r} device (the header target is {target!r}), got "
                         f"{names}")
 
 
@@ -531,7 +532,7 @@ def _image(b: BufferSpec) -> None:
     width, height, pitch = b.image
     texel = 4 * b.dtype.itemsize
     if b.dtype not in (np.dtype("float16"), np.dtype("float32")) or \
-            b.region not in ("arena", "weights") or not 1 <= width <= pitch or \
+            b.region not in DEVICE_REGIONS or not 1 <= width <= pitch or \
             4 * width * height != math.prod(b.shape) or b.nbytes != height * pitch * texel:
         raise BlobError(f"buffer {b.id}: image (width {width}, height {height}, pitch {pitch}) "
                         f"expected float16/float32 arena or weights rows covering {b.dtype} "
@@ -626,7 +627,7 @@ def _entries(records: list[dict], buffers: dict[int, BufferSpec], inputs: list[B
             io.append(tuple(buffers[i] for i in ids))
             names = [buffers[i].name for i in ids]
             if len(set(names)) != len(names):
-                raise BlobError(f"{what}: {key} names must be unique, got {names}")
+                raise BlobError(f"{what}: {key} names must be non-empty and unique, got {names}")
         entries.append(EntrySpec(e["name"], *io, range(first, first + count)))
         at = first + count
     unowned = [b.id for b in (*inputs, *outputs) if b.id not in owner]

@@ -5,12 +5,14 @@ call and its error code; a missing loader or platform is a BlobError naming what
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import sys
 
 import cffi
 import numpy as np
 
+from runner import cache
 from runner.errors import BlobError, DeviceError
 
 INSTALL_HINT = "apt-get install pocl-opencl-icd ocl-icd-libopencl1"
@@ -106,6 +108,7 @@ def lib():
     """The ICD loader, opened once per process."""
     global _lib
     if _lib is None:
+        _pocl_cache()
         names = LIBRARIES.get(sys.platform, LIBRARIES["linux"])
         for name in names:
             try:
@@ -117,6 +120,14 @@ def lib():
             raise BlobError(f"no OpenCL ICD loader: could not load any of {list(names)}; "
                             f"install one and a platform ({INSTALL_HINT})")
     return _lib
+
+
+def _pocl_cache() -> None:
+    """With keel's caches off (runner/cache.py), PoCL's is off too: it then builds kernels in a
+    private folder instead of ~/.cache/pocl. PoCL reads these when its platform starts."""
+    if cache.root() is None and "POCL_CACHE_DIR" not in os.environ:
+        os.environ["POCL_CACHE_DIR"] = str(cache.workdir("pocl"))
+        os.environ.setdefault("POCL_KERNEL_CACHE", "0")
 
 
 def check(err: int, what: str) -> None:

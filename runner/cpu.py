@@ -1,14 +1,8 @@
-"""CPU device: the programs section is one shared object exporting
-
-    void keel_graph(uint8_t *arena, const uint8_t *weights, void *const *io);
-    void keel_graph_mt(uint8_t *arena, const uint8_t *weights, void *const *io,
-                       int tid, int nt, keel_sync *sync);
-    void keel_profile(..., int tid, int nt, keel_sync *sync, unsigned long long *ticks);
-    unsigned long long keel_ticks(void);   (both for profile(), runner/device.py)
-
-loaded straight from memory and called once per submission, synchronously, inside submit(). Weights are a pointer
-into the mapped blob (zero-copy); the arena is a 64-byte aligned host array, on huge pages from
-2 MiB up (runner.device.aligned_empty).
+"""CPU device: the programs section is one shared object exporting keel_graph, keel_graph_mt and
+(for profile(), runner/device.py) keel_profile and keel_ticks, as runner/keel_abi.h declares them,
+loaded straight from memory and called once per submission, synchronously, inside submit().
+Weights are a pointer into the mapped blob (zero-copy); the arena is a 64-byte aligned host
+array, on huge pages from 2 MiB up (runner.device.aligned_empty).
 
 Threads: KEEL_THREADS (default: the cores this process may run on). With one thread the runner
 calls keel_graph and starts no thread at all. With n > 1 it starts n-1 workers once, at load; each
@@ -28,29 +22,15 @@ import weakref
 
 import cffi
 
+from runner import abi
+from runner.abi import GRAPH as ENTRY, GRAPH_MT as ENTRY_MT, PROFILE
 from runner.device import Span, aligned_empty
 from runner.errors import BlobError, ConfigError, DeviceError
 from runner.host import HOSTS, cpu_flags, machine_targets, missing_flags
 from runner.queue import Memory, QueueDevice
 
 ffi = cffi.FFI()
-ffi.cdef("""
-typedef struct { long long sec; long nsec; } keel_ts;
-typedef struct {
-  int count, sense; int (*yield_fn)(void);
-  int (*clock_fn)(int, keel_ts *); int clock_id; int abort; long long deadline_ns;
-  int first, end;
-} keel_sync;
-int sched_yield(void);
-int clock_gettime(int, keel_ts *);
-void keel_graph(uint8_t *arena, const uint8_t *weights, void *const *io);
-void keel_graph_mt(uint8_t *arena, const uint8_t *weights, void *const *io, int tid, int nt,
-                   keel_sync *sync);
-void keel_launch(int launch, void *const *args);
-void keel_profile(uint8_t *arena, const uint8_t *weights, void *const *io, int tid, int nt,
-                  keel_sync *sync, unsigned long long *ticks);
-unsigned long long keel_ticks(void);
-""")
+ffi.cdef(abi.declarations() + "int sched_yield(void);\nint clock_gettime(int, keel_ts *);\n")
 
 
 class HostQueue(QueueDevice):
@@ -150,7 +130,7 @@ class CpuDevice(HostQueue):
             self._ticks = None
             self._use_profile(None)
             return
-        if not hasattr(self._lib, PROFILE) or not hasattr(self._lib, "keel_ticks"):
+        if not hasattr(self._lib, PROFILE) or not hasattr(self._lib, abi.TICKS):
             raise DeviceError("this blob's program has no keel_profile entry point (compiled "
                               "by an older keel); recompile it to profile")
         self._ticks = ffi.new("unsigned long long[]", max(2 * self._n_launches * self.threads, 1))
@@ -211,7 +191,6 @@ def _symbol(lib, name: str):
         raise BlobError(f"programs section does not export {name}") from None
 
 
-ENTRY, ENTRY_MT, PROFILE = "keel_graph", "keel_graph_mt", "keel_profile"
 CALIBRATE_S = 0.02  # cycle counter against CLOCK_MONOTONIC: 1 us of jitter is 5e-5 of it
 
 

@@ -81,14 +81,7 @@ import numpy as np
 
 from runner.errors import AllocError, DeviceError, DeviceTimeout
 
-# blob target -> device that runs it
-# (a `cpu` blob holds variants cpu-avx2 and cpu-avx512: runner/host.py picks one)
-TARGETS = {"cpu": "cpu", "cpu-avx2": "cpu", "cpu-avx512": "cpu", "cpu-aarch64": "cpu",
-           "cpu-arm64-apple": "cpu",
-           "opencl": "opencl", "qcom": "opencl",  # qcom: OpenCL C for Adreno, via libOpenCL
-           "amd": "amd",  # a gfx1100 HSA code object, run by am/ over usbgpu/
-           "dsp": "dsp"}  # Hexagon 685: FastRPC, or qemu-hexagon with KEEL_FASTRPC=mock (dsp/)
-# device name -> "module:Class"
+# device name -> "module:Class" (which device runs a blob of each target: runner/targets.py)
 DEVICES = {"cpu": "runner.cpu:CpuDevice", "opencl": "runner.opencl:OpenCLDevice",
            "mock": "runner.mock:MockDevice",
            "qcom": "qcom.device:QcomDevice",  # KGSL direct (Adreno 630); KEEL_KGSL=mock in CI
@@ -111,7 +104,7 @@ class Span:
 class Device:
     name: str
     # where a backend may cache what it builds from this blob (OpenCL program binaries); set by
-    # Model.load to "<blob>.clcache" beside the blob. None: no cache.
+    # Model.load to "<blob>.clcache" beside the blob (runner/cache.py: beside). None: no cache.
     cache_dir: str | None = None
 
     def check_target(self, target: str) -> None:

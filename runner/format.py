@@ -27,7 +27,8 @@ PER_VARIANT = ("weights", "programs", "graph")
 CHUNK_BYTES = 4 << 20  # sections are hashed in chunks of this size, in parallel
 MAX_INT = 2**63 - 1  # manifest integers must fit an int64 / uint64 on the C side
 DEFAULT_ENTRY = "main"  # the one entry of a blob compiled from one ONNX model
-REGIONS = ("arena", "weights", "input", "output")
+REGIONS = ("arena", "weights", "input", "output")  # where a buffer lives
+DEVICE_REGIONS = REGIONS[:2]  # device memory the plan lays out; input and output are io slots
 DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
           "float16", "float32", "float64")
 

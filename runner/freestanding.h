@@ -1,4 +1,4 @@
-/* What keel's freestanding programs (dsp/runtime.c; tests/aarch64/harness.c) need from the C
+/* What keel's freestanding programs (sim/dsp/runtime.c; tests/aarch64/harness.c) need from the C
    library they run without: the memory functions a compiled kernel object may import (clang
    calls them for large copies, and the loader resolves the object's imports to these), and the
    string and exit helpers the programs themselves use.

@@ -9,30 +9,13 @@ from __future__ import annotations
 import functools
 import os
 import platform
-from dataclasses import dataclass
 
 from runner.errors import ConfigError
+from runner.targets import hosts
 
 VARIANT_VAR = "KEEL_CPU_VARIANT"
-
-
-@dataclass(frozen=True)
-class Host:
-    system: str  # platform.system()
-    machines: tuple[str, ...]  # platform.machine() spellings
-    cpu_flags: tuple[str, ...]  # /proc/cpuinfo flags the code may use
-
-
-V3_FLAGS = ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe")
-X86 = ("x86_64", "AMD64")
-# narrow to wide within each machine: choose() prefers the last one a host runs
-HOSTS = {
-    "cpu-avx2": Host("Linux", X86, V3_FLAGS),  # built with -march=x86-64-v3
-    "cpu-avx512": Host("Linux", X86,  # built with -march=x86-64-v4
-                       V3_FLAGS + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")),
-    "cpu-aarch64": Host("Linux", ("aarch64", "arm64"), ()),
-    "cpu-arm64-apple": Host("Darwin", ("arm64",), ()),
-}
+# narrow to wide within each machine (runner/targets.py): choose() prefers the last one a host runs
+HOSTS = hosts()
 
 
 def parse_flags(cpuinfo: str) -> set[str] | None:

@@ -17,6 +17,7 @@ import time
 import weakref
 from collections import deque
 
+from runner.abi import LAUNCH
 from runner.cpu import (CpuDevice, HostQueue, _symbol, ffi, host_memory, release_host_memory,
                         shutdown)
 from runner.device import Span
@@ -25,7 +26,6 @@ from runner.faults import from_env
 from runner.graph import Kind
 
 FAULTS_VAR = "KEEL_MOCK_FAULTS"
-LAUNCH = "keel_launch"
 JOIN_S = 5.0  # a replay in flight when recover() stops the worker finishes within one run
 
 

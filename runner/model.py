@@ -36,12 +36,14 @@ from typing import NamedTuple
 
 import numpy as np
 
+from runner import cache
 from runner.blob import Blob, read_blob
-from runner.device import TARGETS, Device, get_device
+from runner.device import Device, get_device
 from runner.errors import DeviceError, DeviceTimeout, InputError
 from runner.graph import Entry, Graph, Slot
 from runner.slices import read_slices
 from runner.state import States
+from runner.targets import device_of
 
 DEFAULT_TIMEOUT_MS = 2000
 
@@ -67,9 +69,9 @@ class Model:
             raise TypeError(f"Model.load: expected a path (str or os.PathLike), got "
                             f"{type(path).__name__} {path!r}")
         blob = read_blob(path, variant)
-        dev = get_device(TARGETS[blob.variant] if device is None else device)
+        dev = get_device(device_of(blob.variant) if device is None else device)
         dev.check_target(blob.variant)
-        dev.cache_dir = f"{path}.clcache"
+        dev.cache_dir = cache.beside(path)
         try:
             dev.load(blob)
             return cls(blob, dev)

@@ -26,10 +26,9 @@ Guarantees (beyond runner/device.py's contract):
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
-from runner import cl
+from runner import cache, cl
 from runner.cl import (BUILD_OPTIONS, CHANNEL_TYPES, CL_BUFFER_CREATE_TYPE_REGION, CL_COMPLETE,
                        CL_DEVICE_EXTENSIONS, CL_DEVICE_IMAGE2D_MAX_HEIGHT,
                        CL_DEVICE_IMAGE2D_MAX_WIDTH, CL_DEVICE_IMAGE_BASE_ADDRESS_ALIGNMENT,
@@ -388,13 +387,7 @@ class OpenCLDevice(QueueDevice):
         data = cl.binary(program)
         if data is None:
             return
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
-        except OSError:
-            pass
+        cache.write(path, data)
 
 
 class _Image:

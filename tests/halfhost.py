@@ -1,7 +1,7 @@
 """Run the OpenCL C that keel renders for `--target qcom --float16` on the host, in IEEE half.
 
 No CI device has cl_khr_fp16, so the qcom kernels are built for the host with clang's `_Float16`
-(qcom/hostcl.py, the same executor the mock KGSL uses for half programs). `run(artifact, feeds)`
+(sim/qcom/hostcl.py, the same executor the mock KGSL uses for half programs). `run(artifact, feeds)`
 executes an artifact's launches in order over host memory laid out as the blob says (arena,
 weights, io slots) and returns the outputs; `main` measures a model's fp16 error.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qcom.hostcl import CLANG, Image, build  # noqa: F401 (CLANG: tests name the tool they need)
+from sim.qcom.hostcl import CLANG, Image, build  # noqa: F401 (CLANG: tests name the tool they need)
 
 def _memory(artifact, feeds: dict) -> tuple[dict, dict, list]:
     """Host arrays for every region, and the address of every buffer."""

@@ -15,14 +15,15 @@ import time
 import numpy as np
 import pytest
 
-from am import firmware, standin
-from am.mock_device import IPS
+from am import firmware
+from sim.am import standin
+from sim.am.mock_device import IPS
 from runner import Model
 from runner.errors import ConfigError, DeviceError, DeviceTimeout
 from runner.faults import parse
 from tests.deps import needs, needs_tool, opencl_missing
 from tests.graphs import assert_close, compiled_blob, ort_run, random_feeds, single_node_model
-from usbgpu.mock import MockLibusb
+from sim.usb.mock import MockLibusb
 
 pytestmark = [needs("pocl-opencl-icd", opencl_missing()), needs_tool("lld-19", "ld.lld-19")]
 TIMEOUT_MS = 3000
@@ -194,7 +195,7 @@ def test_a_dispatch_reading_an_unmapped_page_faults_and_a_fresh_mapping_runs(enc
     must): the first dispatch that reads weights faults naming that address. recover() maps
     everything again and the model matches onnxruntime as before."""
     from am import regs
-    from am.mock_gpu import GPU_BASE
+    from sim.am.mock_gpu import GPU_BASE
     m = Model.load(compiled_blob(_model(), target="amd"), device="amd")
     _check(m, 1)
     gpu = MockLibusb.shared().bridge.function

@@ -1,5 +1,5 @@
 """am/: a blob recorded once as PM4 (am/graph.py) and executed by the mock GPU's command processor
-(am/mock_gpu.py), which decodes every packet (am/pm4.py), finds each kernel through the code
+(sim/am/mock_gpu.py), which decodes every packet (am/pm4.py), finds each kernel through the code
 object's dynamic symbols in GPU memory and runs its OpenCL C on PoCL with exactly the buffers the
 kernarg segment points at; IP discovery tables and firmware files.
 
@@ -28,7 +28,7 @@ class Placed:
     of INDIRECT_BUFFER + RELEASE_MEM."""
 
     def __init__(self, blob_path):
-        from am.mock_gpu import CommandProcessor, Memory
+        from sim.am.mock_gpu import CommandProcessor, Memory
         from runner.blob import read_blob
         self.blob = blob = read_blob(blob_path)
         image = bytes(blob.programs)
@@ -150,7 +150,7 @@ def test_the_decoder_rejects_a_malformed_packet_naming_it(what):
 
 @needs_llvm
 def test_the_command_processor_faults_on_what_hardware_would_fault_on(placed):
-    from am.mock_gpu import GpuFault
+    from sim.am.mock_gpu import GpuFault
     nested = placed.put(pm4.indirect_buffer(placed.ib, len(placed.rec.ib)))
     with pytest.raises(pm4.PacketError, match="inside an indirect buffer"):
         placed.cp.run(placed.put(pm4.indirect_buffer(nested, 4)), 4)
@@ -184,7 +184,7 @@ def test_ip_discovery_round_trips_and_rejects_a_corrupt_table():
 
 
 def test_firmware_names_come_from_discovery_and_all_missing_files_are_named(tmp_path, monkeypatch):
-    from am import standin
+    from sim.am import standin
     ips = discovery.parse(discovery.build(_tables()))
     names = firmware.required(ips)
     assert set(names) == {"psp_13_0_0_sos.bin", "smu_13_0_0.bin", "gc_11_0_0_pfp.bin",
@@ -200,7 +200,8 @@ def test_firmware_names_come_from_discovery_and_all_missing_files_are_named(tmp_
 
 
 def test_each_header_kind_cuts_its_parts_where_amdgpu_does():
-    from am import psp, standin
+    from am import psp
+    from sim.am import standin
     mec = firmware.parse("gc_11_0_0_mec.bin", standin.image("gc_11_0_0_mec.bin"))
     assert [p.kinds for p in mec.parts] == [(89,), (94, 95, 96, 97)] and \
         mec.start == standin.MEC_START
@@ -215,7 +216,7 @@ def test_each_header_kind_cuts_its_parts_where_amdgpu_does():
 
 
 def _patched(name: str, at: int, value: int) -> bytes:
-    from am import standin
+    from sim.am import standin
     data = bytearray(standin.image(name))
     struct.pack_into("<I", data, at, value)
     return bytes(data)
@@ -248,9 +249,10 @@ def test_the_mock_bootloader_takes_components_only_in_order():
     """sOS before the system driver is refused; then system driver and sOS in order succeed;
     a component after sOS is refused. (am/boot.py drives the same mailbox.) The PSP reads
     through the MM hub: its system aperture onto VRAM, TLB and L2 on, as the driver sets them."""
-    from am import psp, regs, standin
-    from am.mock_device import MockGpu
-    from am.mock_gpu import GPU_BASE
+    from am import psp, regs
+    from sim.am import standin
+    from sim.am.mock_device import MockGpu
+    from sim.am.mock_gpu import GPU_BASE
     gpu = MockGpu()
     hub = regs.MM_HUB
     for reg, value in ((hub.sys_low, GPU_BASE >> 18), (hub.sys_high, (GPU_BASE + (64 << 20)) >> 18),
@@ -272,13 +274,13 @@ def test_the_mock_bootloader_takes_components_only_in_order():
 
 
 def test_the_mmu_walks_four_levels_as_the_registers_program_it():
-    """am/mock_device.Space on am/vm.PageTable's bytes: a 4 KiB page through PDB2 -> PDB1 -> PDB0
-    -> PTB, a 2 MiB PDB0 leaf, faults naming the address and the level for an unmapped page
+    """sim/am/mock_device.Space on am/vm.PageTable's bytes: a 4 KiB page through PDB2 -> PDB1 ->
+    PDB0 -> PTB, a 2 MiB PDB0 leaf, faults naming the address and the level for an unmapped page
     and a missing permission, the range's end, the FB aperture; a stale TLB until the
     invalidation request; a kernel buffer's run across 2 MiB leaves."""
     from am import regs, vm
-    from am.mock_device import MockGpu
-    from am.mock_gpu import GPU_BASE, GpuFault
+    from sim.am.mock_device import MockGpu
+    from sim.am.mock_gpu import GPU_BASE, GpuFault
     gpu, base = MockGpu(), 0x2000_0000_0000
     pt = vm.PageTable(base, 8 << 20, 1 << 20)
     pt.map(base, 32 << 20, 4096, vm.RWX)
@@ -329,8 +331,8 @@ def test_xz_firmware_is_read_and_zstd_firmware_is_refused_with_the_unpack_comman
     plain file. .bin.zst has no stdlib reader before Python 3.14: a ConfigError with the
     command that unpacks it; a corrupt .xz names the file."""
     import lzma
-    from am import standin
-    from am.mock_device import IPS
+    from sim.am import standin
+    from sim.am.mock_device import IPS
     ips = {(ip.hw_id, ip.instance): ip for ip in IPS}
     names = standin.write_all(tmp_path, ips)
     plain = firmware.load_all(ips, tmp_path)

@@ -1,5 +1,5 @@
 """The Hexagon 685 backend executed: `dsp` blobs run under qemu-hexagon through the DSP-side
-runtime (dsp/runtime.c, dsp/mock.py, KEEL_FASTRPC=mock) and are compared with onnxruntime.
+runtime (sim/dsp/runtime.c, sim/dsp/mock.py, KEEL_FASTRPC=mock) and are compared with onnxruntime.
 
 Tolerances: float kernels run on the DSP's scalar FP units in float32, summing in another order
 than onnxruntime and contracting multiply-adds (-ffp-contract=fast), ~1 ulp per step; measured
@@ -23,7 +23,8 @@ from onnx import helper, numpy_helper
 from compiler.blob import write_blob
 from compiler.pipeline import compile_model
 from compiler.target import get_target
-from dsp import build, mock
+from dsp import build
+from sim.dsp import mock
 from runner import DeviceError, DeviceTimeout, Model
 from runner.errors import ConfigError
 from tests.deps import needs
@@ -703,5 +704,6 @@ def test_without_fastrpc_and_without_the_mock_load_says_what_to_do(blobs, monkey
 
 def test_a_wrong_transport_is_a_config_error(blobs, monkeypatch):
     monkeypatch.setenv("KEEL_FASTRPC", "usb")
-    with pytest.raises(ConfigError, match="KEEL_FASTRPC must be 'device' .* or 'mock'"):
+    with pytest.raises(ConfigError,
+                       match=r"KEEL_FASTRPC='usb': expected 'mock' .* or unset/'device'"):
         Model.load(blobs("int8")[1])

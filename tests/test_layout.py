@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("compiler", "runner", "tools", "models", "qcom", "dsp", "am", "usbgpu")
+PACKAGES = ("compiler", "runner", "tools", "models", "qcom", "dsp", "am", "usbgpu", "sim")
 MAX_FILE_LINES = 500
 MAX_FUNCTION_LINES = 60
 
@@ -126,19 +126,16 @@ def test_compiler_files_and_functions_are_short():
     assert not bad, "\n".join(bad)
 
 
-def _keel_sync(text: str) -> str:
-    """The `keel_sync` typedef (and the keel_ts it uses) in a source, whitespace folded."""
-    import re
-    found = re.search(r"typedef struct \{ long long sec; long nsec; \} keel_ts;\s*typedef struct"
-                      r" \{(.*?)\} keel_sync;", text, flags=re.S)
-    assert found, "no keel_ts + keel_sync typedef"
-    return " ".join(found.group(1).split())
-
-
-def test_the_thread_sync_struct_is_declared_alike_wherever_it_is_declared():
-    # the generated kernels, the runner's cffi declaration and the qemu harness share this ABI:
-    # a field missing in one reads another's memory (the harness once lacked the deadline fields)
-    places = [ROOT / "compiler/renderers/c.py", ROOT / "runner/cpu.py",
-              ROOT / "tests/aarch64/harness.c"]
-    decls = {str(p.relative_to(ROOT)): _keel_sync(p.read_text()) for p in places}
-    assert len(set(decls.values())) == 1, decls
+def test_the_c_entry_abi_is_declared_once_and_included_everywhere_else():
+    """The generated programs, the runner's cffi declaration, the DSP-side programs and the qemu
+    harness share runner/keel_abi.h: a field missing in one copy would read another's memory
+    (the harness once lacked the deadline fields), so there are no copies."""
+    from compiler.renderers.c import TICKS
+    from runner.abi import declarations
+    sources = [p for p in ROOT.rglob("*") if p.suffix in (".py", ".c", ".h") and
+               ".git" not in p.parts and p.name != "keel_abi.h" and p.name != "test_layout.py"]
+    declaring = [str(p.relative_to(ROOT)) for p in sources if "} keel_sync;" in p.read_text()]
+    assert declaring == []
+    assert declarations() in TICKS
+    for user in ("dsp/graph_runner.h", "tests/aarch64/harness.c"):
+        assert '#include "keel_abi.h"' in (ROOT / user).read_text(), user

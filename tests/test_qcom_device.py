@@ -3,6 +3,7 @@ allocates, records the graph into one IB, patches io addresses, submits, waits a
 while the mock decodes every stream and executes every dispatch's OpenCL C over the bytes the
 stream bound (half programs: clang _Float16; float programs: PoCL). Whole models are `slow`."""
 import mmap
+import os
 import time
 
 import numpy as np
@@ -40,6 +41,25 @@ def case():
 
 def load(model, float16=True):
     return Model.load(compiled_blob(model, "qcom", float16=float16), device="qcom")
+
+
+def test_a_qcom_blob_runs_on_keels_kgsl_path_unless_opencl_is_asked_for(monkeypatch):
+    """The default device of a qcom blob is "qcom" (runner/targets.py); the vendor OpenCL path
+    is device="opencl". Without KGSL the load says both ways out. Exact: 3 * x in float."""
+    model = make_model([helper.make_node("Mul", ["x", "three"], ["y"])],
+                       [("x", [2, 8], np.float32)], [("y", [2, 8], np.float32)],
+                       {"three": np.full((2, 8), 3, np.float32)})
+    path, x = compiled_blob(model, "qcom"), np.arange(16, dtype=np.float32).reshape(2, 8)
+    for device, name in ((None, "qcom"), ("opencl", "opencl")):
+        m = Model.load(path, device=device)
+        assert m.device.name == name
+        assert np.array_equal(m.run({"x": x})["y"], 3 * x)
+        m.close()
+    monkeypatch.delenv("KEEL_KGSL")
+    if not os.path.exists(kgsl.DEVICE_PATH):
+        with pytest.raises(DeviceError, match=r"ENOENT .*no KGSL here: KEEL_KGSL=mock runs the "
+                                              r"simulator, Model.load\(path, device='opencl'\)"):
+            Model.load(path)
 
 
 def test_half_model_matches_the_host_half_build_bit_for_bit(case):

@@ -16,9 +16,10 @@ import pytest
 from onnx import helper
 
 from qcom import cmdstream as cs
-from qcom import program, record, store, vendor
+from qcom import record, store, vendor
 from qcom.errors import DeviceError
 from qcom.program import Program, Regs
+from sim.qcom.program import mock_build
 from runner import Model
 from runner.blob import read_blob
 from runner.errors import BlobError
@@ -135,7 +136,7 @@ def test_recorded_shader_registers_come_from_the_parse():
 
 
 def test_mock_programs_keep_their_constant_layout():
-    p = program.mock_build("__kernel void k(__global float *a, __global float *b) {}")["k"]
+    p = mock_build("__kernel void k(__global float *a, __global float *b) {}")["k"]
     assert p.offsets == (0, 2) and p.regs == Regs() and p.imms == ()
     assert store.from_json(json.loads(json.dumps(store.to_json(p)))) == p
     assert isinstance(p, Program)

@@ -37,12 +37,22 @@ def test_unknown_target_raises_compile_error_listing_targets():
         build_shared(SOURCE, "riscv")
 
 
+def test_the_compiler_and_the_runner_know_the_same_targets():
+    from compiler.target import TARGETS as CODEGEN
+    from runner.targets import TARGETS as ROWS
+    assert set(CODEGEN) == set(ROWS)
+    assert all(v in ROWS and not ROWS[v].variants for t in ROWS.values() for v in t.variants)
+    assert set(TARGETS) == {n for n, t in ROWS.items() if t.toolchain}  # C targets only
+
+
 def test_host_target_is_runnable_and_other_machines_are_not():
-    host = TARGETS[host_target()]
+    host = TARGETS[host_target()].host
     assert can_run(host_target())
     # x86-64-v3 and -v4 share a machine: CPU flags are the runner's check, at load
     assert not any(can_run(t) for t, d in TARGETS.items()
-                   if (d.system, d.machines) != (host.system, host.machines))
+                   if d.host is None or (d.host.system, d.host.machines) != (host.system,
+                                                                              host.machines))
+    assert not can_run("dsp")  # never a host: its objects run on the DSP or under qemu
 
 
 def test_avx512_target_computes_in_512_bit_registers():

@@ -1,6 +1,6 @@
 """usbgpu/: the libusb binding checked against libusb.h, and the ASM24xx protocol, PCI enumeration,
 BAR access, the DMA window and failure handling, run against the mock bridge at the libusb
-boundary (usbgpu/mock.py).
+boundary (sim/usb/mock.py).
 
 What this cannot prove: how the real bridge firmware answers (timing, its error paths, whether
 the stock firmware accepts the vendor CDBs). tests/device/test_usbgpu.py runs on an enclosure.
@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from runner.errors import DeviceError
+from runner.errors import ConfigError, DeviceError
 from tests.deps import needs, needs_tool
 from usbgpu import asm24, libusb
-from usbgpu.mock import Function, MockBridge, MockLibusb, Port
+from sim.usb.mock import Function, MockBridge, MockLibusb, Port
 from usbgpu.pci import UsbPci, open_lib
 
 HEADER = "/usr/include/libusb-1.0/libusb.h"
@@ -142,7 +142,7 @@ def test_no_bridge_present_names_the_ids_tried():
 
 def test_keel_usb_rejects_an_unknown_mode(monkeypatch):
     monkeypatch.setenv("KEEL_USB", "fake")
-    with pytest.raises(DeviceError, match="KEEL_USB='fake'"):
+    with pytest.raises(ConfigError, match="KEEL_USB='fake': expected 'mock'"):
         open_lib()
 
 

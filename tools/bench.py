@@ -46,6 +46,7 @@ from models.openpilot import make_openpilot  # noqa: E402
 from models.realworld import MAKERS as REAL_WORLD  # noqa: E402
 from models.resnet import make_resnet50  # noqa: E402
 from runner import Model  # noqa: E402
+from runner import cache  # noqa: E402
 from runner.host import choose  # noqa: E402
 from tools.cli import timed  # noqa: E402
 
@@ -169,8 +170,8 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--target", default="cpu",
                     help="default cpu: every x86-64 level in one blob, the runner picks")
-    ap.add_argument("--cache", default=os.path.join(os.path.expanduser("~"), ".cache", "keel",
-                                                    "bench"))
+    ap.add_argument("--cache", default=str(cache.workdir("bench")),
+                    help="where the models and blobs are kept (runner/cache.py's bench/ folder)")
     args = ap.parse_args(argv)
     names = list(MODELS) if args.models == "all" else args.models.split(",")
     unknown = [n for n in names if n not in MODELS]

@@ -22,8 +22,8 @@ from pathlib import Path  # noqa: E402
 
 
 def _stand_in_firmware(part_bytes: int) -> str:
-    from am import standin
-    from am.mock_device import IPS
+    from sim.am import standin
+    from sim.am.mock_device import IPS
     folder = Path(tempfile.mkdtemp(prefix="keel-fw-"))
     standin.write_all(folder, {(ip.hw_id, ip.instance): ip for ip in IPS}, part_bytes)
     return str(folder)
@@ -34,9 +34,8 @@ def bring_up() -> None:
     from am.driver import Gpu
     from am.firmware import ENV, DEFAULT_DIR
     from usbgpu.pci import UsbPci
-    from usbgpu.mock import MockLibusb
     if os.environ.get("KEEL_USB") == "mock":
-        import am.mock_device  # noqa: F401
+        from sim.usb.mock import MockLibusb
         MockLibusb.forget()
     folder = Path(os.environ.get(ENV, DEFAULT_DIR))
     fw = sum(p.stat().st_size for p in folder.glob("*.bin"))
@@ -47,6 +46,7 @@ def bring_up() -> None:
           f"transfers, {bridge.commands_sent} bridge commands, {time.perf_counter() - t:.1f} s")
     gpu.close()
     if os.environ.get("KEEL_USB") == "mock":
+        from sim.usb.mock import MockLibusb
         MockLibusb.forget()
 
 

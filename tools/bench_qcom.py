@@ -26,7 +26,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from qcom import kgsl  # noqa: E402
-from qcom.mock_gpu import memory_writes  # noqa: E402
+from sim.qcom.mock_gpu import memory_writes  # noqa: E402
 from runner import Model  # noqa: E402
 
 

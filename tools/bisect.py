@@ -30,7 +30,7 @@ from onnx import helper  # noqa: E402
 
 from runner import BlobError, ConfigError, DeviceError, DeviceTimeout, InputError, Model  # noqa
 from runner.blob import launch_nodes, read_blob  # noqa: E402
-from runner.device import TARGETS  # noqa: E402
+from runner.targets import TARGETS  # noqa: E402
 from tools.cli import Parser, report  # noqa: E402
 from tools.run import ToolError, load_feeds, random_feeds  # noqa: E402
 

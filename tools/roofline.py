@@ -29,6 +29,7 @@ from dataclasses import dataclass
 # the repository root, so the tool runs from a checkout without installing keel
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+from compiler.target import TARGETS  # noqa: E402
 from runner.blob import launch_nodes, read_blob  # noqa: E402
 from runner.errors import BlobError  # noqa: E402
 from tools.cli import Parser, report  # noqa: E402
@@ -50,7 +51,6 @@ CHIPS = {
     "adreno630": Chip("Adreno 630 (Snapdragon 845, comma 3X)", 727.0, 1454.0, 29.9,
                       "512 ALUs x 2 x 710 MHz; LPDDR4X-3733, 64-bit"),
 }
-HALF_TARGETS = {"qcom"}  # targets whose --float16 blobs compute in half (compiler/target.py)
 
 
 def _data_bytes(buf) -> int:
@@ -61,7 +61,7 @@ def _data_bytes(buf) -> int:
 
 def bound(blob, chip: Chip, entry: str | None = None) -> dict:
     meta = blob.manifest["meta"]
-    half = blob.target in HALF_TARGETS and bool(meta.get("float16"))
+    half = TARGETS[blob.target].half_compute and bool(meta.get("float16"))
     peak = (chip.fp16_gflops if half else chip.fp32_gflops) * 1e9
     flops = meta.get("flops") or [0] * len(blob.launches)
     nodes = launch_nodes(blob)

@@ -6,7 +6,7 @@ libusb-1.0-0 on Linux and Homebrew's libusb on macOS. tests/test_usbgpu_libusb.p
 header's struct libusb_transfer with clang and checks cffi's layout against it.
 
 `lib` is pluggable like qcom/kgsl.py's ioctl entry point: the real library, or
-usbgpu/mock.py's MockLibusb (KEEL_USB=mock), which implements the same functions over the same
+sim/usb/mock.py's MockLibusb (KEEL_USB=mock), which implements the same functions over the same
 struct libusb_transfer bytes. Every call that can fail raises DeviceError naming the call and
 libusb's error name; every transfer carries a timeout, and a batch that is not done by its
 deadline is cancelled and reported, never waited on forever.

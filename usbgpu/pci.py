@@ -13,9 +13,9 @@ enable memory decoding and bus mastering.
 """
 from __future__ import annotations
 
-import os
 
 from runner.errors import DeviceError
+from runner.simulators import simulator
 from usbgpu import asm24
 from usbgpu.libusb import Usb, load
 
@@ -28,14 +28,10 @@ MAX_DEPTH = 8
 
 
 def open_lib():
-    """KEEL_USB=mock: the mock bridge and GPU (usbgpu/mock.py); unset: the real library."""
-    mode = os.environ.get("KEEL_USB", "")
-    if mode == "mock":
-        from usbgpu.mock import MockLibusb
-        return MockLibusb.shared()
-    if mode:
-        raise DeviceError(f"KEEL_USB={mode!r}: expected 'mock' or unset (real hardware)")
-    return load()
+    """The real library, or with KEEL_USB=mock the process's mock enclosure: a mock bridge with
+    a mock GPU behind it (runner/simulators.py)."""
+    mock = simulator("KEEL_USB")
+    return mock() if mock else load()
 
 
 class PciDevice:

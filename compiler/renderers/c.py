@@ -2,6 +2,7 @@
 the same program split into one unit per kernel, which toolchain.py builds and caches).
 
 The entry points are the CPU "command buffer": one call from the runner executes the whole model.
+Their ABI (signatures, argument encoding, keel_sync) is runner/keel_abi.h, pasted into the program.
   keel_graph(arena, weights, io)                     one thread
   keel_graph_mt(arena, weights, io, tid, nt, sync)   called by nt threads at once, for launches
       [sync->first, sync->end) (an entry point's range; end 0: to the last): each kernel
@@ -23,11 +24,10 @@ from compiler.artifact import Buffer, Launch
 from compiler.ir.dtypes import DType, dtypes
 from compiler.renderers.cstyle import INFIX, Body, CStyle
 from compiler.ir.uop import Ops, UOp
+from runner import abi
+from runner.abi import GRAPH as ENTRY, GRAPH_MT as ENTRY_MT, LAUNCH, PROFILE
 
-ENTRY, ENTRY_MT = "keel_graph", "keel_graph_mt"
 SPLIT_MIN = 8  # trip count from which a loop is split between threads
-PROFILE = "keel_profile"  # the threaded graph, timing every launch on every thread
-LAUNCH = "keel_launch"  # one launch of the replay table, its args given as pointers (mock device)
 # Cycle counter without libc: clang's builtin on every target (rdtsc / cntvct), gcc on x86 only.
 TICKS = """
 #if defined(__clang__)
@@ -44,15 +44,8 @@ TICKS = """
 #else
 #define KEEL_PAUSE() ((void)0)
 #endif
-/* yield and clock: supplied by the runner (sched_yield, clock_gettime), so a waiting thread gives
-   its core away when the machine is oversubscribed instead of spinning through the other
-   thread's time slice, and gives up at the run's deadline when a share never arrives */
-typedef struct { long long sec; long nsec; } keel_ts;
-typedef struct {
-  int count, sense; int (*yield_fn)(void);
-  int (*clock_fn)(int, keel_ts *); int clock_id; int abort; long long deadline_ns;
-  int first, end;
-} keel_sync;
+#include <stdint.h>
+""" + abi.declarations() + """
 static int keel_late(keel_sync *s) {
   keel_ts t;
   if (__atomic_load_n(&s->abort, __ATOMIC_RELAXED)) return 1;
@@ -106,10 +99,8 @@ class CRenderer(CStyle):
     give 0/-1 integer masks), `__builtin_convertvector` for casts, a plain cast for bit casts."""
 
     def __init__(self, target=None):
-        if target is not None and target.device == "dsp":
-            # each kernel its own function, never inlined into the entry points: the DSP's
-            # profile counts and tests/test_dsp.py's disassembly are per kernel symbol (a call
-            # per launch costs nothing against a kernel)
+        if target is not None and target.kernel_symbols:
+            # the DSP's profile counts and tests/test_dsp.py's disassembly are per kernel symbol
             self.kernel_prefix = "static __attribute__((noinline)) void"
 
     def kernel_piece(self, lin: list[UOp], param_dtypes: list[DType]) -> tuple[str, frozenset]:
@@ -338,7 +329,7 @@ def _entries(r: CRenderer, launches: list[Launch], buffers: dict[int, Buffer],
     # one thread runs the threaded body (its barriers pass at once)
     graph = _threaded(ENTRY_MT, sig, timed=False) + _threaded(PROFILE, sig, timed=True) + \
         f"void {ENTRY}({sig}) {{\n  keel_sync s = {{0}};\n  {ENTRY_MT}(arena, weights, io, 0, 1, &s);\n}}\n" + \
-        "unsigned long long keel_ticks(void) { return KEEL_TICKS(); }\n"
+        f"unsigned long long {abi.TICKS}(void) {{ return KEEL_TICKS(); }}\n"
     replay = (f"void {LAUNCH}(int launch, void *const *args) {{\n"
               f"  if (launch >= 0 && launch < KEEL_LAUNCHES) "
               f"keel_call(keel_rows[launch].kernel, args, 0, 1);\n}}\n")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from compiler.artifact import Buffer, Launch
+from runner.format import DEVICE_REGIONS
 
 
 def mark_barriers(launches: list[Launch], buffers: dict[int, Buffer]) -> list[Launch]:
@@ -13,7 +14,7 @@ def mark_barriers(launches: list[Launch], buffers: dict[int, Buffer]) -> list[La
     or writes memory read since then. Arena and weights memory overlaps by byte range; an io
     slot is one unit of its own."""
     def span(b: Buffer):
-        return (b.region, b.offset, b.offset + b.nbytes) if b.region in ("arena", "weights") \
+        return (b.region, b.offset, b.offset + b.nbytes) if b.region in DEVICE_REGIONS \
             else (b.region, b.offset, b.offset + 1)
 
     def hits(a, spans) -> bool:

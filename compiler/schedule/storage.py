@@ -22,9 +22,9 @@ import numpy as np
 from compiler.artifact import Buffer, Image
 from compiler.ir.dtypes import DType, dtypes
 from compiler.target import Target
+from runner.format import DEVICE_REGIONS  # io buffers keep the layout and dtype the caller sees
 
 F16, F32 = dtypes.float16, dtypes.float32
-DEVICE_REGIONS = ("arena", "weights")  # io buffers keep the layout and dtype the caller sees
 
 # (region, dtype, shape) -> (storage dtype, image layout or None)
 StoragePolicy = Callable[[str, DType, tuple], tuple[DType, "Image | None"]]

@@ -31,6 +31,7 @@ static long sys6(long n, long a, long b, long c, long d, long e, long f) {
 #define SYS(n, a, b, c) sys6(n, (long)(a), (long)(b), (long)(c), 0, 0, 0)
 #define NAME "harness"
 #include "freestanding.h"  /* memcpy, memmove, memset (the object may import them), len, same, die */
+#include "keel_abi.h"  /* the entry points and keel_sync, as every C blob exports them */
 
 /* ---- arguments, files and threads ------------------------------------------------------------ */
 
@@ -209,17 +210,9 @@ static void *load(const char *file, uint64_t size, const char *entry) {
 }
 
 /* ---- threads ------------------------------------------------------------------------------ */
-/* the whole struct as runner/cpu.py declares it: the kernels read every field. No clock, so
-   no deadline: a barrier here waits as long as a share takes */
-typedef struct { long long sec; long nsec; } keel_ts;
-typedef struct {
-  int count, sense; int (*yield_fn)(void);
-  int (*clock_fn)(int, keel_ts *); int clock_id; int abort; long long deadline_ns;
-  int first, end;
-} keel_sync;
-typedef void graph_fn(unsigned char *arena, const unsigned char *weights, void *const *io);
-typedef void graph_mt_fn(unsigned char *arena, const unsigned char *weights, void *const *io,
-                         int tid, int nt, keel_sync *sync);
+/* keel_sync with no clock, so no deadline: a barrier here waits as long as a share takes */
+typedef __typeof__(keel_graph) graph_fn;
+typedef __typeof__(keel_graph_mt) graph_mt_fn;
 typedef struct {
   graph_mt_fn *graph;
   unsigned char *arena;

@@ -2,7 +2,7 @@
 
     KEEL_KGSL= python -m pytest -q tests/device/test_qcom.py
 
-Skipped elsewhere. The same calls run against qcom/mock_kgsl.py in tests/test_qcom_mock.py; here
+Skipped elsewhere. The same calls run against sim/qcom/mock_kgsl.py in tests/test_qcom_mock.py; here
 the kernel and the CP answer instead, so a wrong struct layout, ioctl number or packet header shows
 up as an errno or a value the GPU did not write. The last test runs the openpilot-shaped model
 and onnx's light models through device="qcom", compares them with the CPU backend and prints
@@ -113,8 +113,9 @@ def test_vendor_binaries_parse_run_and_embed(dev, tmp_path, monkeypatch):
                               "--embed-binaries"]) == 0
     x = feeds["x"]
     monkeypatch.setattr(cl, "lib", lambda: pytest.fail("libOpenCL used at load or run"))
-    got = Model.load(out, device="qcom").run(feeds)["y"]
-    assert np.array_equal(got, np.maximum(x, 0) * x)
+    m = Model.load(out)  # a qcom blob runs on keel's KGSL path unless another is asked for
+    assert m.device.name == "qcom"
+    assert np.array_equal(m.run(feeds)["y"], np.maximum(x, 0) * x)
     from runner.blob import read_blob
     for name, d in read_blob(out).manifest["meta"][store.EMBED_KEY]["programs"].items():
         p = store.from_json(d)

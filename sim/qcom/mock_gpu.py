@@ -16,8 +16,9 @@ import ctypes
 
 from qcom import cmdstream as cs
 from qcom import texture
-from qcom.execute import Executor
-from qcom.program import SHADER_UNIT, Program, parse
+from sim.qcom.execute import Executor
+from qcom.program import SHADER_UNIT, Program
+from sim.qcom.program import parse
 
 R = cs.REGISTERS
 

@@ -17,7 +17,7 @@ the two sizes):
 
 GPU memory is memfd-backed, so mmap() returns a second mapping of the very bytes the "GPU" sees.
 Execution: `on_submit(packets, memory)` runs each decoded submission; by default that is
-qcom/mock_gpu.py's Gpu, which executes every dispatch's OpenCL C (PoCL, or clang `_Float16` for
+sim/qcom/mock_gpu.py's Gpu, which executes every dispatch's OpenCL C (PoCL, or clang `_Float16` for
 half programs) over this memory. An on_submit that raises marks the context faulted, as a GPU
 page fault does: later waits and submissions on it give EDEADLK with the reason.
 
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from qcom import cmdstream, kgsl
-from qcom.mock_gpu import Gpu, GpuFault
+from sim.qcom.mock_gpu import Gpu, GpuFault
 from runner.faults import from_env
 
 GPU_BASE = 0x1_0000_0000  # where the mock's GPU virtual addresses start

@@ -10,8 +10,8 @@ barrier.
 
 `build(src)` gives a library with one `run_<kernel>(void **args, int gs[3], int ls[3])` per kernel:
 args are buffer pointers, or pointers to an `Image` for image2d_t parameters. Two users:
-qcom/mock_kgsl.py's GPU (every dispatch of a half program) and tests/halfhost.py (a whole artifact
-on the host, for fp16 error measurements).
+sim/qcom/mock_kgsl.py's GPU (every dispatch of a half program) and tests/halfhost.py (a whole
+artifact on the host, for fp16 error measurements).
 """
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ import platform
 import re
 import subprocess
 import hashlib
-import os
 from pathlib import Path
+
+from runner import cache
 
 CLANG = "clang-19"
 # x86-64's baseline has no half conversions: without F16C every half operation is two libcalls
@@ -202,27 +203,19 @@ def _kernel_body(src: str, name: str) -> str:
     return src[start:end if end > 0 else len(src)]
 
 
-def cache_dir() -> Path:
-    """Where built libraries are kept, by the hash of their C text: a kernel set is built once."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "keel" / "hostcl"
-
-
 def build(src: str, workdir: Path | None = None) -> ctypes.CDLL:
-    """The host library of an OpenCL C program; built in `workdir`, or once into cache_dir()."""
+    """The host library of an OpenCL C program; built in `workdir`, or once into the cache's
+    hostcl/ folder, by the hash of its C text (runner/cache.py: workdir)."""
     text = to_c(src)
     flags = ["-std=gnu11", "-O1", "-fPIC", "-shared", *HOST_FLAGS,
              "-Xclang", "-ffloat16-excess-precision=none", "-Wno-unknown-attributes"]
     key = hashlib.sha256("\0".join([CLANG, *flags, text]).encode()).hexdigest()[:24]
-    folder = workdir or cache_dir()
+    folder = workdir or cache.workdir("hostcl")
     so = folder / f"{key}.so"
     if workdir is not None or not so.exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        c, tmp = folder / f"{key}.c", folder / f"{key}.tmp{os.getpid()}.so"
-        c.write_text(text)
-        subprocess.run([CLANG, *flags, str(c), "-o", str(tmp), "-lm"], check=True,
-                       capture_output=True, text=True)
-        os.replace(tmp, so)  # atomic: two processes building the same text is harmless
+        c = cache.create(folder / f"{key}.c", lambda tmp: tmp.write_text(text))
+        cache.create(so, lambda tmp: subprocess.run([CLANG, *flags, str(c), "-o", str(tmp), "-lm"],
+                                                    check=True, capture_output=True, text=True))
     return ctypes.CDLL(str(so))
 
 

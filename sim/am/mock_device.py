@@ -11,9 +11,9 @@ VRAM (BAR0), doorbells (BAR2) and registers (BAR5), with
     the driver must invalidate; the system aperture onto VRAM at the FB location and the AGP
     aperture; any other address, an invalid entry or a missing permission is a GpuFault naming
     the address;
-  * one compute queue (CP_HQD_* registers, mapped from its MQD: am/mock_gc.py checks them
+  * one compute queue (CP_HQD_* registers, mapped from its MQD: sim/am/mock_gc.py checks them
     against each other at activation): a doorbell write with the new write pointer, routed by
-    NBIO, runs the ring's packets up to it on am/mock_gpu.py's command processor (kernels on
+    NBIO, runs the ring's packets up to it on sim/am/mock_gpu.py's command processor (kernels on
     PoCL, each dispatch only with SH_MEM apertures for its VMID).
 Faults (KEEL_MOCK_FAULTS, runner/faults.py) by submission, counted in doorbells that carry a
 RELEASE_MEM: hang@N (the queue stops), unplug@N (the enclosure disappears from the USB bus),
@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import struct
 
-from am import discovery, mock_gc, pm4, psp, regs, standin, vm
-from am.mock_gpu import GPU_BASE, PAGE, CommandProcessor, GpuFault, Memory
+from am import discovery, pm4, psp, regs, vm
+from sim.am import mock_gc, standin
+from sim.am.mock_gpu import GPU_BASE, PAGE, CommandProcessor, GpuFault, Memory
 from runner.faults import from_env
-from usbgpu.mock import Config, MockBridge, MockLibusb, Port
+from sim.usb.mock import Config, MockBridge, MockLibusb, Port
 
 VRAM_BYTES = 512 << 20  # a 24 GiB card's first 512 MiB: what fits a test host's memory
 DOORBELL_BYTES, MMIO_BYTES = 2 << 20, 1 << 20
@@ -189,7 +190,7 @@ class Psp:
     the TOC's size, after the SMU firmware), LOAD_IP_FW (after the TMR, except the SMU's),
     AUTOLOAD_RLC (once RLC_G, IMU and RS64 MEC with its stack are in; then
     RLC_RLCS_BOOTLOAD_STATUS says complete). Every image must carry the type it is loaded as
-    (am/standin.py's tag: the real PSP checks a signature); the PSP reads and writes through
+    (sim/am/standin.py's tag: the real PSP checks a signature); the PSP reads and writes through
     the MM hub's VM context 0 (its system aperture onto VRAM, its page table onto the bridge's
     SRAM, where the images are staged), with that hub's TLB and L2 on. A refusal is a non-zero status; an injected fwerr@N refuses
     the Nth firmware image (bootloader components and LOAD_IP_FW alike)."""
@@ -469,4 +470,6 @@ def make_enclosure() -> MockLibusb:
     return gpu.usb
 
 
-MockLibusb.factory = make_enclosure  # KEEL_USB=mock opens this enclosure
+def enclosure() -> MockLibusb:
+    """The process's one mock enclosure, which KEEL_USB=mock opens (runner/simulators.py)."""
+    return MockLibusb.shared(make_enclosure)

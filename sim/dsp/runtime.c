@@ -9,7 +9,7 @@
    own packet and HVX-instruction counters, which the emulator keeps in control registers c20
    and c22 (reserved on the hardware).
 
-   This build is the emulated DSP (dsp/mock.py, KEEL_FASTRPC=mock): a static Hexagon Linux
+   This build is the emulated DSP (sim/dsp/mock.py, KEEL_FASTRPC=mock): a static Hexagon Linux
    executable for qemu-hexagon, with the same kernels the DSP runs.
 
      runtime PROGRAMS_FD PROGRAMS_BYTES SHM_FD SHM_BYTES TABLE_FD TABLE_BYTES WEIGHTS_OFF

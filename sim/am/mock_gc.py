@@ -16,7 +16,7 @@ Each refusal but the dropped doorbell is a GpuFault naming the register or field
 from __future__ import annotations
 
 from am import mqd, regs
-from am.mock_gpu import GpuFault
+from sim.am.mock_gpu import GpuFault
 
 QUEUE = "compute queue (ME 1 pipe 0 queue 0)"
 

@@ -72,7 +72,7 @@ class Memory:
 
 
 class CommandProcessor:
-    """`space` is every address the CP reaches (am/mock_device.py's MMU: the GART, VRAM and
+    """`space` is every address the CP reaches (sim/am/mock_device.py's MMU: the GART, VRAM and
     system memory through apertures), with `run(va)` for a kernel buffer's VRAM range; `memory`
     the VRAM that kernels' buffers live in (without a `space`, its own addresses)."""
 

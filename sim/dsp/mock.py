@@ -1,5 +1,5 @@
-"""The emulated DSP (KEEL_FASTRPC=mock): dsp/runtime.c built as a static Hexagon v65 Linux program
-and run under qemu-hexagon, with the real HVX and scalar-FP kernels of the blob.
+"""The emulated DSP (KEEL_FASTRPC=mock): sim/dsp/runtime.c built as a static Hexagon v65 Linux
+program and run under qemu-hexagon, with the real HVX and scalar-FP kernels of the blob.
 
 How it stands in for FastRPC (dsp/fastrpc.py):
   shared buffer   a memfd both sides map MAP_SHARED (FastRPC: an ION / dma-buf buffer mapped
@@ -23,12 +23,16 @@ import subprocess
 import tempfile
 import time
 import weakref
+from pathlib import Path
 
-from dsp.build import runtime_elf
+from dsp import build
 from runner.errors import DeviceError, DeviceTimeout
 
 QEMU = "qemu-hexagon"
-REPLY = struct.Struct("<4I")  # seq, status, nticks, 0 (dsp/runtime.c Reply); then nticks u64
+RUNTIME_C = Path(__file__).with_name("runtime.c")
+# KEEL_QEMU: per-kernel costs from qemu's packet and HVX counters instead of the cycle counter
+RUNTIME = ("--target=hexagon-unknown-linux-musl", *build.HVX, "-static", "-DKEEL_QEMU")
+REPLY = struct.Struct("<4I")  # seq, status, nticks, 0 (runtime.c Reply); then nticks u64
 STOP_S = 2.0
 
 
@@ -56,7 +60,7 @@ class QemuTransport:
 
     def open(self, programs, weights: int, arena: int, slots: list[int], table: bytes,
              deadline: float) -> None:
-        """Start the DSP side on `programs`; `table` is the launch table (dsp/runtime.c)."""
+        """Start the DSP side on `programs`; `table` is the launch table (runtime.c)."""
         so, tab = _memfd("keel-dsp-programs", 0), _memfd("keel-dsp-table", 0)
         self.fds += [so, tab]
         os.write(so, programs)
@@ -151,3 +155,11 @@ def _stop(procs: list, fds: list) -> None:
     for fd in fds:
         os.close(fd)
     fds.clear()
+
+
+def runtime_elf() -> Path:
+    """runtime.c (which includes dsp/skel.c) built for qemu-hexagon."""
+    why = build.missing()
+    if why:
+        raise DeviceError(f"KEEL_FASTRPC=mock needs {why}")
+    return build.build("runtime", RUNTIME_C, RUNTIME)

@@ -2,7 +2,7 @@
 of the GPU objects the stream bound.
 
 One choice, made per program from its header (qcom/program.py): a program that computes in half
-runs on qcom/hostcl.py's clang `_Float16` build, which rounds every operation to half as the
+runs on sim/qcom/hostcl.py's clang `_Float16` build, which rounds every operation to half as the
 Adreno does (PoCL 3.1 has no cl_khr_fp16 and refuses such programs); every other program runs on
 PoCL, with buffers created over the GPU objects' host memory (CL_MEM_USE_HOST_PTR: PoCL's CPU
 device computes in place) and images copied from the pitched texels the descriptor names.
@@ -19,7 +19,7 @@ import ctypes
 
 import numpy as np
 
-from qcom import hostcl
+from sim.qcom import hostcl
 from qcom.program import Program, split
 
 

@@ -17,7 +17,7 @@ requests routed as PCIe does: a config request reaches bus N only through bridge
 secondary..subordinate range holds N, memory requests only through bridges' memory windows into
 an enabled BAR. `Port` is a PCI-to-PCI bridge; the function
 at the end is any object with `config` (a `Config`) and `mem_read/mem_write(bar, offset, ...)`
-(am/mock_device.py's GPU; `Function` here for tests).
+(sim/am/mock_device.py's GPU; `Function` here for tests).
 """
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ class Port:
 
 class Function:
     """A PCI function with memory BARs backed by bytearrays (for tests; the GPU behind the
-    bridge is am/mock_device.py's)."""
+    bridge is sim/am/mock_device.py's)."""
 
     def __init__(self, vid: int, did: int, cls: int, bars: dict[int, tuple]):
         self.config = Config(vid, did, cls, 0, bars)
@@ -257,16 +257,14 @@ class MockLibusb:
         self.transfers = 0  # completed, as the host counts them
         self.on_replug = None  # what else power-cycles with the enclosure (the GPU behind it)
 
-    factory = None  # builds the enclosure KEEL_USB=mock opens; am/mock_device.py sets its GPU's
-
     @classmethod
-    def shared(cls) -> "MockLibusb":
-        """The process's one mock enclosure (KEEL_USB=mock), built by `factory` on first use."""
+    def shared(cls, build=None) -> "MockLibusb":
+        """The process's one mock enclosure (KEEL_USB=mock), made by `build` on first use
+        (sim/am/mock_device.py: enclosure)."""
         if cls._shared is None:
-            if cls.factory is None:
-                raise DeviceError("KEEL_USB=mock: no mock device is registered behind the mock "
-                                  "bridge (am/mock_device.py registers the GPU)")
-            cls._shared = cls.factory()
+            if build is None:
+                raise DeviceError("KEEL_USB=mock: no mock enclosure was opened yet")
+            cls._shared = build()
         return cls._shared
 
     @classmethod
