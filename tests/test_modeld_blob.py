@@ -94,9 +94,10 @@ def test_replay_matches_reference_on_qcom_float16(models, monkeypatch):
 
 @pytest.mark.slow
 def test_replay_matches_reference_on_amd(models, tmp_path, monkeypatch):
-    from am import firmware, standin
-    from am.mock_device import IPS
-    from usbgpu.mock import MockLibusb
+    from am import firmware
+    from sim.am import standin
+    from sim.am.mock_device import IPS
+    from sim.usb.mock import MockLibusb
     standin.write_all(tmp_path, {(ip.hw_id, ip.instance): ip for ip in IPS})
     monkeypatch.setenv("KEEL_USB", "mock")
     monkeypatch.setenv(firmware.ENV, str(tmp_path))
