@@ -170,7 +170,8 @@ def test_modeld_tool_drops_exactly_the_hung_frame_and_keeps_the_queues(models, m
     blob = pipeline(models, "cpu")
     monkeypatch.setenv("KEEL_MOCK_FAULTS", "hang@7")
     m, trace, log = Model.load(blob, device="mock"), [], io.StringIO()
-    s = replay_tool(m, hz=4, frames=12, timeout_ms=200, budget_ms=250, log=log, trace=trace)
+    # 2 Hz, a 450 ms deadline: a loaded machine's slow run is not a second timeout
+    s = replay_tool(m, hz=2, frames=12, timeout_ms=450, budget_ms=500, log=log, trace=trace)
     assert (s["timeouts"], s["device_errors"]) == (1, 0), log.getvalue()
     assert "frame 6: dropped, DeviceTimeout" in log.getvalue()
     assert 6 not in [i for i, _ in trace] and s["processed"] == len(trace) == 12 - s["dropped"]
