@@ -61,6 +61,7 @@ class AmdDevice(QueueDevice):
         gpu.upload(self.weights, blob.weights, deadline)
         self.kernargs = gpu.alloc(256 * len(blob.launches) + 4096, deadline)
         self.submitted = 0
+        self.patches: dict[int, bytes] = {}  # kernarg address -> pointer, until the next kick
 
     def alloc(self, nbytes: int) -> Memory:
         va = self._vram(nbytes)
@@ -114,12 +115,14 @@ class AmdDevice(QueueDevice):
         self.ib, self.ib_dwords = self.streams[range(len(self.blob.launches))]
 
     def patch(self, slot: int, address: int) -> None:
-        """The slot's pointers in the kernargs, in one batch of DMA copies."""
-        self.gpu.put([(self.kernargs + off, address.to_bytes(8, "little"))
-                      for off in self.rec.slots.get(slot, ())],
-                     time.monotonic() + USB_TIMEOUT_S)
+        """The slot's pointers in the kernargs: written with the next kick's, in one batch."""
+        for off in self.rec.slots.get(slot, ()):
+            self.patches[self.kernargs + off] = address.to_bytes(8, "little")
 
     def kick(self, launches: range, deadline: float, value: int) -> None:
+        if self.patches:
+            self.gpu.put(list(self.patches.items()), deadline)
+            self.patches.clear()
         ib, dwords = self.streams[launches]
         self.submitted = value
         self.gpu.launch(pm4.indirect_buffer(ib, dwords) +

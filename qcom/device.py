@@ -146,6 +146,13 @@ class QcomDevice(QueueDevice):
             obj, g = self._obj(4 * len(words), "graph")
             g.view(np.uint32)[:len(words)] = words
             self.streams[launches] = (obj, len(words))
+        # each submission's ring entry, the timeline value left to write: call the range's
+        # stream, wait for idle, write the timeline value
+        self.ring_entries = {r: np.array(
+            pkt7(OPCODES["CP_INDIRECT_BUFFER"], *lohi(obj.gpuaddr), n)
+            + pkt7(OPCODES["CP_WAIT_FOR_IDLE"])
+            + pkt7(OPCODES["CP_MEM_WRITE"], *lohi(self.timeline.gpuaddr), 0), np.uint32)
+            for r, (obj, n) in self.streams.items()}
 
     def patch(self, slot: int, address: int) -> None:
         for i in self.sites.get(slot, ()):
@@ -154,16 +161,13 @@ class QcomDevice(QueueDevice):
             self._free_import(slot)
 
     def kick(self, launches: range, deadline: float, value: int) -> None:
-        """Each submission's ring entry: call the range's stream, wait for idle, write the
-        timeline value."""
-        stream, dwords = self.streams[launches]
-        entry = pkt7(OPCODES["CP_INDIRECT_BUFFER"], *lohi(stream.gpuaddr), dwords) + \
-            pkt7(OPCODES["CP_WAIT_FOR_IDLE"]) + \
-            pkt7(OPCODES["CP_MEM_WRITE"], *lohi(self.timeline.gpuaddr), value)
-        at = self.ring.alloc(4 * len(entry), value)
-        self.ring_words[at // 4:at // 4 + len(entry)] = entry
-        self.timestamps[value] = self.kgsl.submit(self.ctx, [(self.ring_obj.gpuaddr + at,
-                                                               4 * len(entry))])
+        entry = self.ring_entries[launches]
+        n = len(entry)
+        at = self.ring.alloc(4 * n, value) // 4
+        self.ring_words[at:at + n] = entry
+        self.ring_words[at + n - 1] = value
+        self.timestamps[value] = self.kgsl.submit(self.ctx, [(self.ring_obj.gpuaddr + 4 * at,
+                                                               4 * n)])
 
     def completed(self) -> int:
         """Polls the retired timestamp (no wait); DeviceError when the context faulted or a

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import numpy as np
 
 from runner.blob import Blob, BufferSpec, StateSpec
+from runner.errors import InputError
 
 
 class Kind(Enum):
@@ -55,6 +56,7 @@ class Entry:
     outputs: tuple[Slot, ...]
     reads: tuple[tuple[int, int], ...]  # (state index, io slot that reads its current half)
     writes: tuple[tuple[int, int], ...]  # (state index, io slot that writes its next half)
+    stateful: bool  # reads or writes some state
 
 
 class Graph:
@@ -88,7 +90,6 @@ class Graph:
     def entry(self, name: str | None) -> Entry:
         """The entry called `name`; None: the blob's one entry (a typed error when it has
         several, listing them)."""
-        from runner.errors import InputError
         if name is None:
             if len(self.entries) == 1:
                 return self.entries[0]
@@ -107,4 +108,5 @@ def _entry(e, states: tuple[StateSpec, ...]) -> Entry:
     state = {slot for _, slot in (*reads, *writes)}
     slot = lambda b: Slot(b.offset, b.name, b.shape, b.dtype, b.nbytes)  # noqa: E731
     return Entry(e.name, e.launches, tuple(slot(b) for b in e.inputs if b.offset not in state),
-                 tuple(slot(b) for b in e.outputs if b.offset not in state), reads, writes)
+                 tuple(slot(b) for b in e.outputs if b.offset not in state), reads, writes,
+                 bool(state))

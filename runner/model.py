@@ -195,7 +195,8 @@ class Model:
             self._broken = False
         self._bind_feeds(e, feeds)
         results = self._bind_outputs(e, out)
-        self._state.bind(e)
+        if e.stateful:
+            self._state.bind(e)
         deadline = time.monotonic() + timeout_ms / 1000
         try:
             dev.wait(dev.submit(deadline, e.launches), deadline)
@@ -205,7 +206,8 @@ class Model:
         except DeviceError:
             self._broken = True
             raise
-        self._state.commit(e)
+        if e.stateful:
+            self._state.commit(e)
         return results
 
     def _bind_feeds(self, e: Entry, feeds: dict | None) -> None:

@@ -61,7 +61,7 @@ class QueueDevice(Device):
     def load(self, blob) -> None:
         self.graph = Graph(blob)
         self.value = self.retired = 0
-        self.pending: dict[int, list] = {}  # value -> [(output array, staging memory)], if any
+        self.pending: dict[int, list] = {}  # value -> [(slot, output array, staging)], if any
         self.profiled: range | None = None
         self.profiling = False
         self.open(blob)
@@ -70,6 +70,7 @@ class QueueDevice(Device):
         self.io_address = [m.address for m in self.io_memory]
         self.bound: list = list(self.io_arrays)
         self.stages: dict[int, Memory] = {}  # slot -> its staging memory, made on first use
+        self.typed: dict[tuple, np.ndarray] = {}  # (slot, id(memory)) -> _typed's view
         self.staged: set[int] = {s for s in range(len(self.graph.io)) if self.staged_by_copy}
         self.record()
 
@@ -156,29 +157,39 @@ class QueueDevice(Device):
 
     # ---- runs --------------------------------------------------------------------------------
     def submit(self, deadline: float, launches: range | None = None) -> int:
-        self.pending.clear()  # superseded: the same outputs arrive with this one (see above)
+        if self.pending:
+            self.pending.clear()  # superseded: the same outputs arrive with this one (see above)
         launches = range(len(self.graph.launches)) if launches is None else launches
-        n_in = self.graph.n_inputs
-        outs = []
+        n_in, outs = self.graph.n_inputs, []
         for slot in self.staged:
-            mem, arr = self._staging(slot), self.bound[slot]
             if slot < n_in:
-                self._copy_in(mem, arr)
+                self._copy_in(slot)
             else:
-                outs.append((arr, mem))
+                outs.append(slot)
         self.kick(launches, deadline, self.value + 1)
         self.value += 1
         if outs:
-            self.pending[self.value] = outs
+            self.pending[self.value] = [(slot, self.bound[slot], self._staging(slot))
+                                        for slot in outs]
         if self.profiling:
             self.profiled = launches
         return self.value
 
-    def _copy_in(self, mem: Memory, arr: np.ndarray) -> None:
+    def _copy_in(self, slot: int) -> None:
+        mem, arr = self._staging(slot), self.bound[slot]
         if mem.view is not None:
-            mem.view[:arr.nbytes] = arr.reshape(-1).view(np.uint8)
+            np.copyto(self._typed(slot, mem), arr)
         else:
             self.upload(mem, arr.reshape(-1).view(np.uint8))
+
+    def _typed(self, slot: int, mem: Memory) -> np.ndarray:
+        """Host-visible memory of a slot as the slot's array (made once per memory)."""
+        key = (slot, id(mem))
+        view = self.typed.get(key)
+        if view is None:
+            spec = self.graph.io[slot]
+            view = self.typed[key] = mem.view[:spec.nbytes].view(spec.dtype).reshape(spec.shape)
+        return view
 
     def wait(self, value: int, deadline: float) -> None:
         if self.completed() < value:
@@ -192,10 +203,12 @@ class QueueDevice(Device):
     def _retire(self, value: int) -> None:
         """Copy out the staged outputs of every submission up to `value` (complete)."""
         for v in sorted(v for v in self.pending if v <= value):
-            for arr, mem in self.pending.pop(v):
-                data = mem.view if mem.view is not None else \
-                    np.frombuffer(self.download(mem), np.uint8)
-                arr.reshape(-1).view(np.uint8)[:] = data[:arr.nbytes]
+            for slot, arr, mem in self.pending.pop(v):
+                if mem.view is not None:
+                    np.copyto(arr, self._typed(slot, mem))
+                else:
+                    arr.reshape(-1).view(np.uint8)[:] = np.frombuffer(self.download(mem),
+                                                                      np.uint8)[:arr.nbytes]
 
     def recover(self) -> None:
         self.reset()

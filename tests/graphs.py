@@ -165,7 +165,7 @@ def keel_load(model: onnx.ModelProto, target: str = "cpu", threads=(None,), **co
 
 
 def compiled_blob(model, target: str = "cpu", **compile_kwargs) -> pathlib.Path:
-    """The blob of `model`, compiled once per compiler version across test files and workers:
+    """The blob of `model` (or of {entry name: model}), compiled once per compiler version across test files and workers:
     cached beside the ONNX suite's blobs (tests/onnx_backend.py, keyed by the compile path's
     sources), under the hash of the model, the target and the options. Whole models cost tens of
     seconds each, and several test files run the same ones."""
@@ -181,7 +181,9 @@ def compiled_blob(model, target: str = "cpu", **compile_kwargs) -> pathlib.Path:
     options = inspect.signature(compile_model).bind(model, target=target, **compile_kwargs)
     options.apply_defaults()
     del options.arguments["model"]
-    key = hashlib.sha256(_serialized(model) + repr(sorted(options.arguments.items()))
+    raw = b"".join(name.encode() + b"\0" + m.SerializeToString() for name, m in model.items()) \
+        if isinstance(model, dict) else model.SerializeToString()  # several entries' models
+    key = hashlib.sha256(raw + repr(sorted(options.arguments.items()))
                          .encode()).hexdigest()[:24]
     folder = _cache_dir() or pathlib.Path(tempfile.mkdtemp(prefix="keel-test-"))
     path = folder / "models" / f"{key}.blob"
@@ -195,13 +197,6 @@ def compiled_blob(model, target: str = "cpu", **compile_kwargs) -> pathlib.Path:
             write_blob(compile_model(model, target=target, **compile_kwargs), tmp)
             os.replace(tmp, path)  # atomic: a reader never sees half a blob
     return path
-
-
-def _serialized(model) -> bytes:
-    """One ONNX model, or a {entry name: model} dict (a blob with several entry points)."""
-    if isinstance(model, dict):
-        return b"".join(name.encode() + m.SerializeToString() for name, m in model.items())
-    return model.SerializeToString()
 
 
 def _load_at(path, threads: int | None):
