@@ -16,8 +16,13 @@ models/modeld_ref.py's (its docstring has the algorithm); the warp here is one G
 planes from the flat buffer, each plane with its own origin, row stride, column step, matrix and
 clip limits, rather than the reference's warp, deinterleave and cut.
 
-Every coordinate is computed in float32 from integer constants and the fp32 transform input, so
-a --float16 compile (half activations on GPUs) leaves the warp arithmetic in fp32.
+The coordinates come from small integer constants (exact in fp16 too) and the fp32 transform
+input; inside the one warp kernel a --float16 compile (half activations on GPUs) keeps that
+arithmetic in fp32, since the transform is never half (compiler/codegen/half.py demotes only
+what reads half). A coordinate realized in the arena would be stored as half: one consumer of
+the warp keeps it inside its kernel.
+
+split_entries builds the same step as two blobs for two devices, the warp apart.
 
 The driver-monitoring blob has one entry per camera, `dmonitoring_WxH`: frame, tfm, calib ->
 the DM model's `outputs`, the Y plane warped to the model's input size on the way.
@@ -41,7 +46,7 @@ MIN_OPSET = 13  # Slice, Reshape, Gather, Round, Max/Min as used here
 @dataclass(frozen=True)
 class Plane:
     """One warped plane: output pixel (i, j) samples the source at model coordinates
-    (x0 + xstep*j, y0 + ystep*i) mapped by `matrix`, reading byte base + row*row_stride +
+    (x0 + step*j, y0 + step*i) mapped by `matrix`, reading byte base + row*row_stride +
     col*col_step with row, col clipped to the source's height and width."""
     matrix: int  # which of the warp's matrices (0: M_inv, 1: M_inv scaled for chroma)
     x0: int

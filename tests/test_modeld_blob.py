@@ -30,6 +30,22 @@ def models():
     return make_vision(), make_policy()
 
 
+@pytest.fixture
+def usb_gpu(tmp_path, monkeypatch):
+    """The mock USB enclosure with its AMD GPU, and stand-in firmware where the driver looks."""
+    from am import firmware
+    from sim.am import standin
+    from sim.am.mock_device import IPS
+    from sim.usb.mock import MockLibusb
+    standin.write_all(tmp_path, {(ip.hw_id, ip.instance): ip for ip in IPS})
+    monkeypatch.setenv("KEEL_USB", "mock")
+    monkeypatch.setenv(firmware.ENV, str(tmp_path))
+    monkeypatch.delenv("KEEL_MOCK_FAULTS", raising=False)
+    MockLibusb.forget()
+    yield
+    MockLibusb.forget()
+
+
 def pipeline(models, target, **kw):
     return compiled_blob(step_entries(*models, MODEL_SIZE, CAMS, FS), target, **kw)
 
@@ -93,22 +109,10 @@ def test_replay_matches_reference_on_qcom_float16(models, monkeypatch):
 
 
 @pytest.mark.slow
-def test_replay_matches_reference_on_amd(models, tmp_path, monkeypatch):
-    from am import firmware
-    from sim.am import standin
-    from sim.am.mock_device import IPS
-    from sim.usb.mock import MockLibusb
-    standin.write_all(tmp_path, {(ip.hw_id, ip.instance): ip for ip in IPS})
-    monkeypatch.setenv("KEEL_USB", "mock")
-    monkeypatch.setenv(firmware.ENV, str(tmp_path))
-    monkeypatch.delenv("KEEL_MOCK_FAULTS", raising=False)
-    MockLibusb.forget()
-    try:
-        m = Model.load(pipeline(models, "amd"), device="amd")
-        check_replay(m, models, CAMS[1], FP32_TOL)  # the smaller frames: half the USB traffic
-        m.close()
-    finally:
-        MockLibusb.forget()
+def test_replay_matches_reference_on_amd(models, usb_gpu):
+    m = Model.load(pipeline(models, "amd"), device="amd")
+    check_replay(m, models, CAMS[1], FP32_TOL)  # the smaller frames: half the USB traffic
+    m.close()
 
 
 def test_each_frame_is_one_gpu_command_on_qcom(models, monkeypatch):
@@ -182,6 +186,9 @@ def test_modeld_tool_drops_exactly_the_hung_frame_and_keeps_the_queues(models, m
         feed.before(i, entry)
         clean.run(out=feed.outs(entry), entry=entry)
     assert all(np.array_equal(m.state[q], clean.state[q]) for q in clean.state)
+    feed.before(12, feed.policy)  # the feeder's views are this frame's heads
+    clean.run(out=feed.outs(feed.policy), entry=feed.policy)
+    assert np.array_equal(feed.views["vision"]["hidden_state"], clean.state["feat_q"][-1, 0])
 
 
 def test_camera_frames_bind_without_a_copy(models):
@@ -211,13 +218,17 @@ def split(models, warp_target, model_target, **kw):
 
 
 @pytest.mark.slow
-def test_two_device_pipeline_matches_reference(models):
-    """openpilot's WARP_DEV: the warp on one device (here PoCL), the queues and models on
-    another (cpu); the planes cross the host between them."""
-    warp, model = split(models, "opencl", "cpu")
-    pipe = TwoDevices(Model.load(warp, device="opencl"), Model.load(model))
+def test_two_device_pipeline_matches_reference(models, usb_gpu, monkeypatch):
+    """openpilot's WARP_DEV: the warp on the Adreno (qcom --float16, mock KGSL), the queues and
+    models on the USB GPU (amd, mock enclosure); the planes cross the host between them. Twelve
+    frames, not thirty: the mock USB link moves the planes and frames at a few MB/s."""
+    monkeypatch.setenv("KEEL_KGSL", "mock")
+    warp, model = split(models, "qcom", "amd", float16=True)
+    pipe = TwoDevices(Model.load(warp, device="qcom"), Model.load(model, device="amd"))
     assert set(pipe.model.entries) == {"warp_enqueue", "run_policy"}
-    check_replay(pipe, models, CAMS[1], FP32_TOL)
+    r = replay(pipe, reference(*models), CAMS[1], 12, 0, FP32_TOL)
+    assert r["skipped"] == 3 and r["near_differ"] <= r["near"] <= NEAR_BOUND * r["pixels"]
+    pipe.model.close()
 
 
 def test_soak_runs_the_pipeline_blob_with_matching_canaries(models, monkeypatch):

@@ -113,17 +113,18 @@ class PipelineFeeder:
         rng = np.random.default_rng(seed)
         self.bank = rng.integers(0, 256, (2, BANK, size), dtype=np.uint8)
         self.rings = [[page_aligned(size) for _ in range(RING)] for _ in range(2)]
-        for e in (self.warp, self.policy):
-            for tfm in ("tfm", "big_tfm"):
-                m.input_view(tfm, e)[:] = random_tfm(rng, cam, desc["model_size"])
+        tfms = {t: random_tfm(rng, cam, desc["model_size"]) for t in ("tfm", "big_tfm")}
+        for e in (self.warp, self.policy):  # one calibration, seen by both entries
+            for name, tfm in tfms.items():
+                m.input_view(name, e)[:] = tfm
         m.input_view("traffic_convention", self.policy)[:] = [1, 0]
         self.desire, self.prev_desire = m.input_view("desire", self.policy), np.zeros(8)
         self.out = {self.warp: {}, self.policy: {n: np.empty(s, d) for n, (s, d)
                                                  in m.entries[self.policy].outputs.items()}}
-        self.views = {}
+        self.views = {}  # {"vision": {head: view}, "policy": {...}}: the heads of this frame
         for part, name in (("vision", "vision_out"), ("policy", "policy_out")):
             flat = self.out[self.policy][name].reshape(-1)
-            self.views.update({k: flat[a:b] for k, (a, b) in desc[part]["output_slices"].items()})
+            self.views[part] = {k: flat[a:b] for k, (a, b) in desc[part]["output_slices"].items()}
 
     def entry(self, prepare_only: bool) -> str:
         return self.warp if prepare_only else self.policy
