@@ -11,11 +11,12 @@ the desire as modeld's rising-edge pulse; the frame right after frames the loop 
 through `warp_enqueue_WxH` (modeld's prepare_only), every other one through `run_policy_WxH`.
 Nothing is fed back on the host: the queues live in the blob's state.
 
-Any other blob, per frame (the README's "Feeding a model like modeld" is the same sequence): the next synthetic
-camera frames are written into a ring of buffers this tool owns, as the vision pipeline would, and
-bound to the uint8 inputs without a copy; desire and feature histories shift in place, the
-newest feature being the previous frame's `hidden_state` output (when the model has openpilot's
-output_slices); the model runs into preallocated outputs, cut into named views.
+Any other blob, per frame (the README's "Feeding a model like modeld" is the same sequence):
+the next synthetic camera frames are written into a ring of buffers this tool owns, as the vision
+pipeline would, and bound to the uint8 inputs without a copy; desire and feature histories
+shift in place, the newest feature being the previous frame's `hidden_state` output (when the
+model has openpilot's output_slices); the model runs into preallocated outputs, cut into named
+views.
 
 modeld has no try/except around its model call, so an exception there ends it. Here a
 DeviceTimeout or DeviceError is a dropped frame, a log line on stderr and a recovery (the next
