@@ -622,8 +622,8 @@ def _entries(records: list[dict], buffers: dict[int, BufferSpec], inputs: list[B
                                 f"got {ids}")
             for i in ids:
                 if owner.setdefault(i, e["name"]) != e["name"]:
-                    raise BlobError(f"{what}: {key[:-1]} buffer {i} is also entry "
-                                    f"{owner[i]!r}'s")
+                    raise BlobError(f"{what}: {key[:-1]} buffer {i} is in entry "
+                                    f"{owner[i]!r} too")
             io.append(tuple(buffers[i] for i in ids))
             names = [buffers[i].name for i in ids]
             if len(set(names)) != len(names):

@@ -235,6 +235,7 @@ class Pool:
             self.sync.yield_fn, self.sync.clock_fn = _LIBC.sched_yield, _LIBC.clock_gettime
             self.sync.clock_id = time.CLOCK_MONOTONIC
         self.args: tuple = ()
+        self.launches = (0, 0)  # the range sync holds
         self.profile = None  # set by CpuDevice.profile
         self.stop = False
         self.pending = 0  # shares started and not yet back
@@ -257,7 +258,8 @@ class Pool:
         """Run every share of launches [first, end); False when the run missed its deadline
         (its results are garbage)."""
         self.args = (arena, weights, io)
-        self.sync.first, self.sync.end = launches
+        if launches != self.launches:  # two cffi stores per run cost more than the compare
+            self.sync.first, self.sync.end = self.launches = launches
         # on CLOCK_MONOTONIC's own base: time.monotonic() has another one on macOS
         self.sync.deadline_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC) + \
             int((deadline - time.monotonic()) * 1e9)

@@ -101,8 +101,11 @@ class Model:
         """name -> the state's current value (as of the last completed run): a writable view of
         the device's memory where it is host-visible (cpu, mock, qcom, dsp), a read-only copy
         elsewhere (opencl, amd: write with set_state). Take it again after each run: a run
-        moves the state to the other half of its ping-pong."""
-        return self._state.views()
+        moves the state to the other half of its ping-pong. After a failed run it is the state
+        from before that run (the device is recovered first)."""
+        with self._lock:
+            self._recover_if_broken()
+            return self._state.views()
 
     def set_state(self, name: str, value) -> None:
         """Write a state's current value (any device); value broadcasts to its shape."""
@@ -110,12 +113,22 @@ class Model:
             raise InputError(f"unknown state {name!r}; states are "
                              f"{[s.name for s in self.graph.state]}")
         with self._lock:
+            self._recover_if_broken()
             self._state.set(name, value)
 
     def reset_state(self) -> None:
         """Every state back to its initial value (the blob's, or zeros)."""
         with self._lock:
+            self._recover_if_broken()
             self._state.reset()
+
+    def _recover_if_broken(self) -> None:
+        """After a DeviceTimeout or DeviceError: recover the device before it is used again."""
+        if self._closed:
+            raise DeviceError("a closed Model; load it again")
+        if self._broken:
+            self.device.recover()
+            self._broken = False
 
     @property
     def meta(self) -> dict:
@@ -191,8 +204,7 @@ class Model:
         if self._closed:
             raise DeviceError("run() on a closed Model; load it again")
         if self._broken:
-            dev.recover()
-            self._broken = False
+            self._recover_if_broken()
         self._bind_feeds(e, feeds)
         results = self._bind_outputs(e, out)
         if e.stateful:

@@ -234,6 +234,129 @@ def test_opencl_binds_device_memory_then_patches_back_to_host_arrays(mlp_case):
         dev.bind_device(0, object())
 
 
+# ---- persistent state and entry points, on every device ------------------------------------------
+
+ROWS, WIDTH = 3, 4  # tiny: 1,000 runs on the slowest simulator stay cheap
+RUNS, HANG_AT = 1000, 500
+
+
+def accumulator_and_queue() -> "onnx.ModelProto":
+    """acc_out = acc + x, and a queue whose oldest row leaves as x enters (openpilot's
+    histories); y = 2 * acc_out is an ordinary output. State pairs in metadata_props."""
+    import json
+    from onnx import helper
+    from tests.graphs import make_model
+    nodes = [helper.make_node("Add", ["acc", "x"], ["acc_out"]),
+             helper.make_node("Slice", ["q", "one", "rows", "zero"], ["q_tail"]),
+             helper.make_node("Concat", ["q_tail", "x"], ["q_out"], axis=0),
+             helper.make_node("Mul", ["acc_out", "two"], ["y"])]
+    m = make_model(nodes, [("x", (1, WIDTH), "float32"), ("acc", (1, WIDTH), "float32"),
+                           ("q", (ROWS, WIDTH), "float32")],
+                   [("y", (1, WIDTH), "float32"), ("acc_out", (1, WIDTH), "float32"),
+                    ("q_out", (ROWS, WIDTH), "float32")],
+                   {"one": np.array([1], np.int64), "rows": np.array([ROWS], np.int64),
+                    "zero": np.array([0], np.int64), "two": np.array([2], np.float32)})
+    helper.set_model_props(m, {"keel.state": json.dumps({"acc": "acc_out", "q": "q_out"})})
+    return m
+
+
+SHARED_W = (np.arange(WIDTH * WIDTH, dtype=np.float32).reshape(WIDTH, WIDTH) - 7) / 8
+
+
+def entry_model(scale: float) -> "onnx.ModelProto":
+    """acc_out = scale * acc + x @ W, y = acc_out; every entry has the same W (stored once)."""
+    from onnx import helper
+    from tests.graphs import make_model
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["xw"]),
+             helper.make_node("Mul", ["acc", "s"], ["acc_s"]),
+             helper.make_node("Add", ["acc_s", "xw"], ["acc_out"]),
+             helper.make_node("Identity", ["acc_out"], ["y"])]
+    return make_model(nodes, [("x", (1, WIDTH), "float32"), ("acc", (1, WIDTH), "float32")],
+                      [("y", (1, WIDTH), "float32"), ("acc_out", (1, WIDTH), "float32")],
+                      {"W": SHARED_W, "s": np.array([scale], np.float32)})
+
+
+def _state_model(device: str) -> Model:
+    m = Model.load(compiled_blob(accumulator_and_queue(), target=TARGETS[device]), device=device)
+    m.timeout_ms = SLOW_MS
+    return m
+
+
+@pytest.mark.parametrize("device", [pytest.param(d, marks=MARKS[d] + [pytest.mark.slow])
+                                    for d in MARKS])
+def test_state_runs_1000_times_bit_exact_survives_a_hang_and_resets(device, monkeypatch):
+    """Bit-exact: one float32 add per element and row copies, as numpy does them. A failed run
+    leaves every state as before it (ping-pong, runner/state.py); the run after continues."""
+    faults = device in FAULTS
+    if faults:
+        monkeypatch.setenv("KEEL_MOCK_FAULTS", f"hang@{HANG_AT}")
+    m = _state_model(device)
+    assert m.inputs.keys() == {"x"} and m.outputs.keys() == {"y"}  # state is not io
+    acc, q = np.zeros((1, WIDTH), np.float32), np.zeros((ROWS, WIDTH), np.float32)
+    rng = np.random.default_rng(3)
+    for i in range(1, RUNS + 1):
+        x = rng.standard_normal((1, WIDTH)).astype(np.float32)
+        if faults and i == HANG_AT:
+            with pytest.raises(DeviceTimeout):
+                m.run({"x": x}, timeout_ms=100)
+        else:
+            y = m.run({"x": x})["y"]
+            acc, q = acc + x, np.concatenate([q[1:], x])
+            np.testing.assert_array_equal(y, 2 * acc, err_msg=f"run {i}")
+        state = m.state
+        np.testing.assert_array_equal(state["acc"], acc, err_msg=f"run {i}")
+        np.testing.assert_array_equal(state["q"], q, err_msg=f"run {i}")
+    m.reset_state()
+    assert not m.state["acc"].any() and not m.state["q"].any()
+    x = np.ones((1, WIDTH), np.float32)
+    np.testing.assert_array_equal(m.run({"x": x})["y"], 2 * x)
+    m.set_state("q", np.arange(ROWS * WIDTH, dtype=np.float32).reshape(ROWS, WIDTH))
+    m.run({"x": x})
+    np.testing.assert_array_equal(m.state["q"][-1], x[0])
+    np.testing.assert_array_equal(m.state["q"][0], np.arange(WIDTH, 2 * WIDTH))
+
+
+@pytest.mark.parametrize("device, kind", [c for c in FAULT_CASES if c.values[1] != "slow"])
+def test_a_failed_run_leaves_the_state_exactly_as_before_it(device, kind, monkeypatch):
+    monkeypatch.setenv("KEEL_MOCK_FAULTS", f"{kind}@3")
+    m = _state_model(device)
+    ones = np.ones((1, WIDTH), np.float32)
+    for _ in range(2):
+        m.run({"x": ones})
+    before = {k: v.copy() for k, v in m.state.items()}
+    with pytest.raises(DeviceTimeout if kind == "hang" else DeviceError):
+        m.run({"x": 100 * ones}, timeout_ms=200)
+    for k, v in m.state.items():
+        np.testing.assert_array_equal(v, before[k], err_msg=k)
+    np.testing.assert_array_equal(m.run({"x": ones})["y"], 2 * (before["acc"] + ones))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_two_entries_share_a_weight_and_a_state_and_run_interleaved(device):
+    blob = compiled_blob({"step": entry_model(1.0), "decay": entry_model(0.5)},
+                         target=TARGETS[device], state={"acc": "acc_out"})
+    m = Model.load(blob, device=device)
+    m.timeout_ms = SLOW_MS
+    assert list(m.entries) == ["step", "decay"]
+    assert m.entries["decay"].inputs == {"x": ((1, WIDTH), np.dtype("float32"))}
+    with pytest.raises(InputError, match=r"entries \['step', 'decay'\]: name one"):
+        m.run({"x": np.zeros((1, WIDTH), np.float32)})
+    with pytest.raises(InputError, match="unknown entry 'warp'"):
+        m.run({"x": np.zeros((1, WIDTH), np.float32)}, entry="warp")
+    # W (packed as each target packs it): one weights buffer per entry, one place in the blob
+    w = [b for b in m.blob.buffers.values() if b.region == "weights"]
+    assert len(w) == 2 and len({b.offset for b in w}) == 1 and len(m.blob.weights) == w[0].nbytes
+    acc = np.zeros((1, WIDTH), np.float32)
+    rng = np.random.default_rng(4)
+    for i in range(12):
+        entry, scale = ("decay", 0.5) if i % 3 == 2 else ("step", 1.0)
+        x = rng.standard_normal((1, WIDTH)).astype(np.float32)
+        acc = np.float32(scale) * acc + x @ SHARED_W
+        # float32 sums of 4 products in the device's order against numpy's: a few ulps
+        assert_close(m.run({"x": x}, entry=entry)["y"], acc, 1e-5, 1e-6, f"{entry} run {i}")
+        acc = m.state["acc"].copy()  # go on from what the device holds, exactly
+
+
 @pytest.mark.parametrize("timeout", [0, -5, float("nan"), float("inf"), "10", True])
 def test_timeout_ms_must_be_a_positive_finite_number(mlp_case, timeout):
     with pytest.raises(InputError, match="timeout_ms: expected a positive finite number"):
