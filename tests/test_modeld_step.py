@@ -161,3 +161,29 @@ def test_a_queue_shift_computes_its_new_row_once():
     feeds = random_feeds(model)
     assert np.allclose(keel_run(model, feeds, "cpu-avx2")["y"], ort_run(model, feeds)["y"],
                        rtol=1e-6, atol=1e-6)
+
+
+def test_compile_modeld_cli(tmp_path, capsys):
+    """openpilot's arguments; bad ones are one line and exit status 2."""
+    import onnx
+    from runner import Model
+    from tools.compile_modeld import main
+    paths = {n: str(tmp_path / f"{n}.onnx") for n in ("vision", "policy", "dm")}
+    for name, make in (("vision", make_vision), ("policy", make_policy), ("dm", make_dmonitoring)):
+        onnx.save(make(), paths[name])
+    driving = ["--vision-onnx", paths["vision"], "--policy-onnx", paths["policy"],
+               "--frame-skip", "4", "--camera-resolutions", "1928x1208", "--output",
+               str(tmp_path / "m.blob")]
+    with pytest.raises(SystemExit) as e:
+        main(driving + ["--model-size", "512by256"])
+    assert e.value.code == 2 and "expected a size WxH" in capsys.readouterr().err
+    assert main(driving + ["--model-size", "256x128"]) == 2
+    assert "vision inputs: expected img, big_img uint8" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(driving[:4] + ["--dm-onnx", paths["dm"], "--camera-resolutions", "1928x1208",
+                            "--output", "x.blob"])
+    assert "--dm-onnx compiles the DM blob alone" in capsys.readouterr().err
+    out = str(tmp_path / "dm.blob")
+    assert main(["--dm-onnx", paths["dm"], "--camera-resolutions", "1928x1208", "1344x760",
+                 "--output", out, "--target", "cpu-avx2"]) == 0
+    assert set(Model.load(out).entries) == {"dmonitoring_1928x1208", "dmonitoring_1344x760"}
