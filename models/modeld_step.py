@@ -256,11 +256,14 @@ class Spec:
         self.vision_slices = output_slices(self.vision)
         self.policy_slices = output_slices(self.policy)
         w, h = self.model_size
-        want = {"img": ((1, 12, h // 2, w // 2), TensorProto.UINT8)}
+        img = self.vision_in.get("img", ((),))[0]
+        frames = img[1] // 6 if len(img) == 4 and img[1] % 6 == 0 else 2  # 6 planes a frame
+        want = {"img": ((1, 6 * frames, h // 2, w // 2), TensorProto.UINT8)}
         want["big_img"] = want["img"]
-        if {n: s for n, s in self.vision_in.items()} != want:
-            raise ValueError(f"vision inputs: expected img, big_img uint8 (1, 12, {h // 2}, "
-                             f"{w // 2}) for model size {w}x{h}, got {self._shown(self.vision_in)}")
+        if self.vision_in != want:
+            raise ValueError(f"vision inputs: expected img, big_img uint8 (1, 6 * frames, "
+                             f"{h // 2}, {w // 2}) for model size {w}x{h}, got "
+                             f"{self._shown(self.vision_in)}")
         for name in ("features_buffer", "desire_pulse", "traffic_convention"):
             if name not in self.policy_in:
                 raise ValueError(f"policy inputs: expected {name}, got "

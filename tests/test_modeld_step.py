@@ -178,7 +178,8 @@ def test_compile_modeld_cli(tmp_path, capsys):
         main(driving + ["--model-size", "512by256"])
     assert e.value.code == 2 and "expected a size WxH" in capsys.readouterr().err
     assert main(driving + ["--model-size", "256x128"]) == 2
-    assert "vision inputs: expected img, big_img uint8" in capsys.readouterr().err
+    assert "vision inputs: expected img, big_img uint8 (1, 6 * frames, 64, 128)" in \
+        capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(driving[:4] + ["--dm-onnx", paths["dm"], "--camera-resolutions", "1928x1208",
                             "--output", "x.blob"])
