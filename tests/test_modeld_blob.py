@@ -256,3 +256,43 @@ def test_roofline_bounds_one_entry(models):
     assert np.isclose(sum(r["bound_ms"] for r in per.values()), whole["bound_ms"])
     run = per[entry_name(CAMS[0], "run_policy")]
     assert any("Gather" in x["ops"] for x in run["launches_by_bound"])  # the warp is in it
+
+
+def test_a_visionipc_buffer_binds_zero_copy_on_qcom(models, monkeypatch):
+    """A VisionIPC buffer is an ION/dma-buf fd that the camera fills and modeld maps. Bound as
+    that mapping, keel imports it with GPUOBJ_IMPORT of the user address, which KGSL turns into
+    a dma-buf import when the address lies in a dma-buf's mapping (kgsl.c:
+    kgsl_setup_useraddr tries kgsl_setup_dmabuf_useraddr first). Here a memfd stands for the
+    ION buffer: what the camera writes through the fd after the bind is what the next warp
+    reads, with no copy by keel."""
+    import mmap
+    import os
+    monkeypatch.setenv("KEEL_KGSL", "mock")
+    monkeypatch.delenv("KEEL_MOCK_FAULTS", raising=False)
+    m = Model.load(pipeline(models, "qcom", float16=True), device="qcom")
+    cam = CAMS[1]
+    entry, nv12, rng = entry_name(cam, "warp_enqueue"), ref.nv12_layout(*cam), \
+        np.random.default_rng(11)
+    fds = [os.memfd_create(f"visionipc_{n}") for n in ("road", "wide")]
+    maps = []
+    for fd, name in zip(fds, ("frame", "big_frame")):
+        os.ftruncate(fd, nv12.size)
+        maps.append(mmap.mmap(fd, nv12.size))
+        m.bind_input(name, np.frombuffer(maps[-1], np.uint8), entry)
+    tfm = ref.random_tfm(rng, cam, MODEL_SIZE)
+    m.input_view("tfm", entry)[:] = m.input_view("big_tfm", entry)[:] = tfm
+    slots = {s.slot for s in m.graph.entry(entry).inputs if s.name in ("frame", "big_frame")}
+    try:
+        for _ in range(2):
+            frames = [rng.integers(0, 256, nv12.size, dtype=np.uint8) for _ in fds]
+            for fd, data in zip(fds, frames):
+                os.pwrite(fd, data.tobytes(), 0)  # the camera process's side of the buffer
+            m.run(entry=entry, timeout_ms=60000)
+            assert slots <= set(m.device.imported)  # imported, not staged
+            for q, data in zip(("img_q", "big_img_q"), frames):
+                want, near = ref.prepare_frame(data, tfm, nv12, *MODEL_SIZE)
+                assert not ((m.state[q][-1] != want) & ~near).any()
+    finally:
+        m.close()
+        for fd in fds:
+            os.close(fd)
