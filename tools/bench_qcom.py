@@ -2,7 +2,7 @@
 the GPU_COMMAND ioctl, the part of a run that is keel's own (binding, staging copies, the ring
 entry, the ioctl's argument). What happens after the ioctl is the driver's and the GPU's.
 
-    python tools/bench_qcom.py [--runs N] [--blob model.blob] [--stub]
+    python tools/bench_qcom.py [--runs N] [--blob model.blob] [--entry NAME] [--stub]
 
 Without --blob it compiles the openpilot-shaped model with --target qcom --float16 (about 40 s,
 cached by tests/graphs.py:compiled_blob). The mock GPU runs no kernels in the timed runs, only the
@@ -45,12 +45,12 @@ def timed_model(path: str) -> tuple[Model, list]:
     return m, stamps
 
 
-def spans(m: Model, stamps: list, runs: int, feeds=None, out=None) -> np.ndarray:
+def spans(m: Model, stamps: list, runs: int, feeds=None, out=None, entry=None) -> np.ndarray:
     out_us = []
     for _ in range(runs):
         f = feeds() if feeds else None
         t0 = time.perf_counter()
-        m.run(f, out=out)
+        m.run(f, out=out, entry=entry)
         out_us.append((stamps[-1] - t0) * 1e6)
     return np.array(out_us)
 
@@ -71,11 +71,11 @@ def stub_ioctls(m: Model) -> None:
     driver.ioctl = ioctl
 
 
-def median_run_us(m: Model, runs: int, out: dict) -> float:
+def median_run_us(m: Model, runs: int, out: dict, entry: str | None = None) -> float:
     times = []
     for _ in range(runs):
         t0 = time.perf_counter_ns()
-        m.run(out=out)
+        m.run(out=out, entry=entry)
         times.append(time.perf_counter_ns() - t0)
     return float(np.median(times)) / 1e3
 
@@ -89,6 +89,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=1000)
     ap.add_argument("--blob", help="a --target qcom blob (default: openpilot-shaped, --float16)")
+    ap.add_argument("--entry", help="the entry point to run, in a blob with several")
     ap.add_argument("--stub", action="store_true", help="time whole runs with the ioctls stubbed")
     args = ap.parse_args()
     path = args.blob
@@ -97,25 +98,28 @@ def main() -> None:
         from tests.graphs import compiled_blob
         path = str(compiled_blob(make_openpilot(float16=True), "qcom", float16=True))
     m, stamps = timed_model(path)
+    entry = args.entry
+    io = m.entries[entry] if entry else m
     rng = np.random.default_rng(0)
-    for name, (shape, dtype) in m.inputs.items():
-        m.input_view(name)[:] = rng.standard_normal(shape).astype(dtype) if dtype.kind == "f" \
-            else rng.integers(0, 256, shape).astype(dtype)
-    out = {name: np.empty(shape, dtype) for name, (shape, dtype) in m.outputs.items()}
+    for name, (shape, dtype) in io.inputs.items():
+        m.input_view(name, entry)[:] = rng.standard_normal(shape).astype(dtype) \
+            if dtype.kind == "f" else rng.integers(0, 256, shape).astype(dtype)
+    out = {name: np.empty(shape, dtype) for name, (shape, dtype) in io.outputs.items()}
     t0 = time.perf_counter()
-    m.run(out=out)  # executed once: the kernels are built and the stream is known good
+    m.run(out=out, entry=entry)  # executed once: kernels built, the stream known good
     print(f"{path}: {len(m.blob.launches)} launches; one executed run on the mock "
           f"{time.perf_counter() - t0:.2f} s")
     if args.stub:
         stub_ioctls(m)
         print(f"run(out=out), inputs in the slots, ioctls stubbed: median "
-              f"{median_run_us(m, args.runs, out):.1f} us over {args.runs} runs")
+              f"{median_run_us(m, args.runs, out, entry):.1f} us over {args.runs} runs")
         return
     m.device.kgsl.driver.on_submit = memory_writes  # the CP's memory writes, no kernels
-    report("run() to GPU_COMMAND, inputs in the slots", spans(m, stamps, args.runs, out=out))
-    fresh = {n: np.array(m.input_view(n)) for n in m.inputs}
+    report("run() to GPU_COMMAND, inputs in the slots",
+           spans(m, stamps, args.runs, out=out, entry=entry))
+    fresh = {n: np.array(m.input_view(n, entry)) for n in io.inputs}
     us = spans(m, stamps, args.runs, feeds=lambda: {n: a.copy() for n, a in fresh.items()},
-               out=out)
+               out=out, entry=entry)
     how = "imported" if m.device.imported else "staged (copied)"
     report(f"run(feeds) to GPU_COMMAND, a fresh array per input per run, {how}", us)
 

@@ -1,7 +1,10 @@
 """A roofline lower bound for a blob on the GPU it targets: what no schedule of these kernels can
 beat on that chip, from what each launch must compute and move.
 
-    python tools/roofline.py model.blob [--chip adreno630] [--json]
+    python tools/roofline.py model.blob [--chip adreno630] [--entry NAME] [--json]
+
+A blob of several entry points (tools/compile_modeld.py's) is bounded per entry with --entry
+(one frame's run_policy, say); without it, every launch of every entry is summed.
 
 Per launch, the bound is the larger of its FLOPs at the chip's peak arithmetic rate and its
 bytes at the memory's peak bandwidth; the model's bound is their sum (launches run one after
@@ -56,14 +59,17 @@ def _data_bytes(buf) -> int:
     return math.prod(buf.shape) * buf.dtype.itemsize
 
 
-def bound(blob, chip: Chip) -> dict:
+def bound(blob, chip: Chip, entry: str | None = None) -> dict:
     meta = blob.manifest["meta"]
     half = TARGETS[blob.target].half_compute and bool(meta.get("float16"))
     peak = (chip.fp16_gflops if half else chip.fp32_gflops) * 1e9
     flops = meta.get("flops") or [0] * len(blob.launches)
     nodes = launch_nodes(blob)
     rows = []
-    for i, ln in enumerate(blob.launches):
+    launches = range(len(blob.launches)) if entry is None else \
+        next(e.launches for e in blob.entries if e.name == entry)
+    for i in launches:
+        ln = blob.launches[i]
         nbytes = sum(_data_bytes(blob.buffers[b]) for b in set(ln.args))
         compute, memory = flops[i] / peak, nbytes / (chip.gbps * 1e9)
         rows.append({"launch": i, "kernel": ln.kernel, "flops": flops[i], "bytes": nbytes,
@@ -96,6 +102,7 @@ def main(argv=None) -> int:
     ap = Parser(description=__doc__.split("\n\n")[0])
     ap.add_argument("blob")
     ap.add_argument("--chip", default="adreno630", choices=sorted(CHIPS))
+    ap.add_argument("--entry", help="bound one entry point's launches")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = ap.parse_args(argv)
     try:
@@ -103,7 +110,11 @@ def main(argv=None) -> int:
     except (BlobError, OSError) as e:
         print(f"roofline: {args.blob}: {e}", file=sys.stderr)
         return 2
-    return report(bound(blob, CHIPS[args.chip]), args.json, print_text)
+    names = [e.name for e in blob.entries]
+    if args.entry is not None and args.entry not in names:
+        print(f"roofline: --entry {args.entry!r}: expected one of {names}", file=sys.stderr)
+        return 2
+    return report(bound(blob, CHIPS[args.chip], args.entry), args.json, print_text)
 
 
 if __name__ == "__main__":

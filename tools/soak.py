@@ -3,10 +3,12 @@
     python tools/soak.py model.blob [--device D] [--hours H | --runs N] [--serial PORT]
                          [--canary-every K] [--log soak.jsonl] [--plot soak.png] [--json]
 
-Runs back to back, fed like modeld (tools/modeld.py's Feeder: camera frames bound zero-copy,
-histories shifted in place, hidden_state fed back). What it checks:
+Runs back to back, fed like modeld (tools/modeld.py's feeders: camera frames bound zero-copy,
+histories shifted in place, hidden_state fed back; for a pipeline blob, its run_policy entry with
+the queues in its state). What it checks:
 - Canary: every K runs, and right after any fault, fixed inputs whose outputs must equal the
-  first run's bit for bit. A mismatch fails, with its run number.
+  first run's bit for bit (a pipeline blob's state is reset first, so the canary's queues are
+  the same each time). A mismatch fails, with its run number.
 - Resources: RSS, open fds, threads and (if the backend reports it through a `memory_bytes()`
   method; none does yet, and on cpu/mock device memory is host memory, inside RSS) device memory,
   sampled every --sample-s. The growth is a robust linear fit (Theil-Sen: the median of pairwise
@@ -44,7 +46,7 @@ import numpy as np  # noqa: E402
 from runner import BlobError, ConfigError, DeviceError, DeviceTimeout, Model  # noqa: E402
 from runner.files import check_output  # noqa: E402
 from tools.cli import Parser, non_negative_int, number, positive_int, timeout_ms  # noqa: E402
-from tools.modeld import Feeder  # noqa: E402
+from tools.modeld import feeder  # noqa: E402
 from tools.plot import plot_png  # noqa: E402
 from tools.run import random_feeds  # noqa: E402
 
@@ -142,9 +144,11 @@ class Soak:
         self.canary_every, self.sample_s, self.timeout_ms = canary_every, sample_s, timeout_ms
         self.warmup = min(warmup, runs // 4) if runs else warmup
         self.log, self.lock = log, threading.Lock()
-        self.feed = Feeder(m)
-        self.canary_in = random_feeds(m.inputs, seed=12345)
-        self.canary_out = {n: np.empty(s, d) for n, (s, d) in m.outputs.items()}
+        self.feed = feeder(m)
+        self.entry = self.feed.entry(False)  # a pipeline blob's run_policy; else None
+        io = m.entries[self.entry] if self.entry else m
+        self.canary_in = random_feeds(io.inputs, seed=12345)
+        self.canary_out = {n: np.empty(s, d) for n, (s, d) in io.outputs.items()}
         self.reference = None
         self.hist = np.zeros((windows, len(BINS) + 1), np.int64)
         self.samples = Samples()
@@ -188,15 +192,19 @@ class Soak:
 
     def _once(self, i: int, canary: bool) -> None:
         if not canary:
-            self.feed.before(i)
+            self.feed.before(i, self.entry)
         start = time.perf_counter()
         try:
             if self.hook is not None:
                 self.hook(i)  # tests inject a leak or a drift here, inside the timed run
             if canary:
-                self.m.run(self.canary_in, out=self.canary_out, timeout_ms=self.timeout_ms)
+                if self.entry:
+                    self.m.reset_state()
+                self.m.run(self.canary_in, out=self.canary_out, timeout_ms=self.timeout_ms,
+                           entry=self.entry)
             else:
-                self.m.run(out=self.feed.out, timeout_ms=self.timeout_ms)
+                self.m.run(out=self.feed.outs(self.entry), timeout_ms=self.timeout_ms,
+                           entry=self.entry)
         except (DeviceTimeout, DeviceError) as e:
             kind = "timeouts" if isinstance(e, DeviceTimeout) else "device_errors"
             self.count[kind] += 1
@@ -212,7 +220,7 @@ class Soak:
         if canary:
             self._check_canary(i)
         else:
-            self.feed.after()
+            self.feed.after(self.entry)
 
     def _record(self, i: int, ms: float) -> None:
         lat = self._lat

@@ -23,6 +23,7 @@ from compiler.ir.uop import ALU, MOVEMENT, Ops, UOp
 # stays a view of the small bias); below this many elements size does not matter.
 FOLD_FREE_ELEMENTS = 1 << 16
 PADDED_COPY_DEPTH = 32  # reduction length from which a conv reads a materialized padded input
+PAD_WASTE = 2  # a PAD this many times its input realizes the costly ALU nodes under it
 EXPENSIVE = {Ops.EXP2, Ops.EXP, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.FDIV, Ops.RECIP, Ops.POW, Ops.IDIV, Ops.MOD}
 
 
@@ -120,9 +121,11 @@ def _reduces_in(u: UOp, realized: set) -> list[UOp]:
 
 
 def _duplicated_work(root: UOp, realized: set, recompute: bool = False) -> set[UOp]:
-    """ALU nodes under a broadcasting view (EXPAND, overlapping WINDOW): inlining them would
-    recompute them once per broadcast element (a relu before a conv would run Cout*K*K times per
-    input). Inside reductions any such node is realized; in elementwise kernels only costly ones.
+    """ALU nodes under a broadcasting view (EXPAND, overlapping WINDOW) or a PAD that at least
+    doubles its input: inlining them would recompute them once per broadcast element (a relu
+    before a conv would run Cout*K*K times per input), or at every padded position (a warp
+    shifted into a queue as Concat(Slice(q, 1..), warp) would run once per queue row). Inside
+    reductions any such node is realized; in elementwise kernels only costly ones.
     The padded input of a deep windowed reduction (a conv over many channels) is realized too:
     one copy with zero borders beats a bounds check on every one of its Cin*K*K reads.
     `recompute` (target.recompute_cheap): a node inside a reduction stays inlined when it is one
@@ -144,7 +147,10 @@ def _duplicated_work(root: UOp, realized: set, recompute: bool = False) -> set[U
         if dup and n.op is Ops.PAD and depth >= PADDED_COPY_DEPTH and not static(n):
             hits.add(n)
             continue
-        grows = n.op in (Ops.EXPAND, Ops.WINDOW)
+        # a PAD to twice its input or more (a Concat's piece, a queue's new row) computes its
+        # input at every padded position too, where the value is masked off
+        grows = n.op in (Ops.EXPAND, Ops.WINDOW) or \
+            n.op is Ops.PAD and n.size >= PAD_WASTE * n.src[0].size
         stack.extend((s, dup or grows) for s in n.src if s not in realized)
     return hits
 
