@@ -157,7 +157,10 @@ def test_a_queue_shift_computes_its_new_row_once():
                        [("y", (5, 64), "float32")],
                        {"s": np.array([1]), "e": np.array([5]), "a": np.array([0])})
     kernels = [launch.kernel for launch in compile_model(model, "cpu-avx2").launches]
-    assert len(kernels) == 2 and kernels[0].endswith("_1x64"), kernels
+    # the row's kernels run at the row's size (Sin's signed-zero select reads Exp twice, so Exp
+    # may be a kernel of its own); only the last, the shift itself, runs at the queue's
+    assert kernels[-1].endswith("_5x64") and len(kernels) >= 2 and \
+        all(k.endswith("_1x64") for k in kernels[:-1]), kernels
     feeds = random_feeds(model)
     assert np.allclose(keel_run(model, feeds, "cpu-avx2")["y"], ort_run(model, feeds)["y"],
                        rtol=1e-6, atol=1e-6)
