@@ -65,3 +65,6 @@ class Artifact:
     # `weights` as the blob's weights sections (docs/blob.md): the sizes of the one every
     # variant reads, then of each variant's own, laid out as in the file. () means all shared
     weight_sections: tuple[int, ...] = ()
+    # [input index, weights buffer id]: inputs with a default value (an ONNX initializer that is
+    # also a graph input), read when a run does not feed them
+    defaults: list = field(default_factory=list)

@@ -6,16 +6,15 @@ runner/format.py, which the reader uses too, so the writer cannot disagree with 
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import mmap
 import os
-import stat
 import threading
 from collections import Counter
 
 from compiler.artifact import Artifact, Buffer
 
+from runner.files import check_output
 from runner.format import (CHUNK_BYTES, FILE_SHA256_AT, HEADER, MAGIC, VERSION, canonical_json,
                            chunk_sha256, file_sha256, pack_graph, section_names, section_offsets)
 
@@ -30,20 +29,21 @@ def write_blob(artifact: Artifact, path) -> None:
 
 class BlobWriter:
     """A blob written in two steps: the weights region as soon as it is final (`weights`, on
-    a thread: compile_model's on_weights, while the kernels compile), then the rest (`finish`).
+    a thread: compile_model's writer, while the kernels compile), then the rest (`finish`).
     The weights come first in the file, so their place does not wait for the programs; given
     `region` (compile_model's weights_region) they are laid out in the file itself, streamed
     to it as they are copied in. Written to a temporary file and renamed: a reader never sees
     half a blob, and an error or an interrupt leaves nothing behind."""
 
-    def __init__(self, path):
-        check_output(path)
+    def __init__(self, path, inputs=()):
+        check_output(path, inputs)
         self.path, self.tmp = path, f"{path}.tmp{os.getpid()}"
         self.fd = os.open(self.tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         self.spill_fd: int | None = None  # scratch file of the packed weights (`spill`)
         self.spill_end = 0
         self.early: tuple | None = None  # (region, chunk digests of its sections)
         self.thread: threading.Thread | None = None
+        self.failed: OSError | None = None  # what writing the weights on the thread raised
 
     def region(self, sizes: tuple[int, ...]):
         """A weights region of sections `sizes`: the blob file's own bytes where the weights go,
@@ -78,15 +78,20 @@ class BlobWriter:
         self.thread.start()
 
     def _weights(self, region: bytes, sizes: tuple[int, ...]) -> None:
-        starts, _ = _weight_starts(sizes)
-        digests = [_streamed_digests(region, s, n) for s, n in zip(starts, sizes)]
-        if not isinstance(region, Streamed):  # else it is in the file already
-            _pwrite_all(self.fd, region, section_offsets(list(sizes))[0])
-        self.early = (region, digests)
+        try:
+            starts, _ = _weight_starts(sizes)
+            digests = [_streamed_digests(region, s, n) for s, n in zip(starts, sizes)]
+            if not isinstance(region, Streamed):  # else it is in the file already
+                _pwrite_all(self.fd, region, section_offsets(list(sizes))[0])
+            self.early = (region, digests)
+        except OSError as e:  # ENOSPC: raised by finish() in the caller's thread, once
+            self.failed = e
 
     def finish(self, artifact: Artifact) -> None:
         if self.thread is not None:
             self.thread.join()
+        if self.failed is not None:
+            raise self.failed
         region, digests = self.early if self.early and self.early[0] is artifact.weights \
             else (None, None)
         pos = 0
@@ -150,24 +155,6 @@ def _pwrite_all(fd: int, data, offset: int) -> None:
     while view:
         n = os.pwrite(fd, view, offset)
         view, offset = view[n:], offset + n
-
-
-def check_output(path) -> None:
-    """Raise FileExistsError unless `path` is a regular file or does not exist: replacing it
-    would turn a device node, a FIFO or a symlink's name into a regular file (as root, even
-    /dev/null), and a directory cannot be replaced."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISREG(mode):
-        kind = next((k for test, k in _KINDS if test(mode)), "not a regular file")
-        raise FileExistsError(errno.EEXIST, f"exists and is {kind}; not replacing it", str(path))
-
-
-_KINDS = [(stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISSOCK, "a socket")]
 
 
 def blob_bytes(artifact: Artifact) -> bytes:
@@ -280,6 +267,8 @@ def _variant(a: Artifact, name: str) -> tuple[dict, bytes, bytes]:
     }
     if a.provenance is not None:
         record["provenance"] = a.provenance
+    if a.defaults:
+        record["defaults"] = a.defaults
     return record, bytes(a.programs), graph
 
 

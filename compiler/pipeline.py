@@ -65,12 +65,14 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
                   float16: bool = False, stages: Stages | None = None,
                   images: bool | None = None, writer=None,
                   input_values: dict | None = None,
-                  calibration: dict | None = None) -> Artifact:
+                  calibration: dict | None = None, overridable: tuple = ()) -> Artifact:
     """images: GPU targets only, read eligible buffers as 2D images (None: the target's default).
     writer: the blob.BlobWriter the weights stream to: each packed weight as it is made
     (`spill`), laid out in the blob file (`region`), written while the programs still build.
     input_values: {input name: value}, inputs frozen to constants (an If on them folds).
     calibration: float16's sample inputs by name, which decide what stays fp32 (_calibrate).
+    overridable: inputs with an initializer that stay inputs, with it as their default
+    (onnx/load.py load_onnx).
     A target with variants (`cpu`) is built once per variant from one frontend and schedule:
     the first variant's Artifact is returned, the others in its `variants` (one blob)."""
     st, tgt = stages or Stages(), get_target(target)
@@ -83,7 +85,7 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
                           pad_columns=LINE_BYTES // 4 if targets[0].cpu_layouts else 0,
                           input_values=input_values,
                           narrow_pad_divisor=targets[0].narrow_pad_divisor,
-                          hvx=targets[0].hvx)
+                          hvx=targets[0].hvx, overridable=tuple(overridable))
     with st("schedule"):
         outs, kernels, realized, tracked = schedule([u for _, u in graph.outputs],
                                                     tuple(graph.origins), tgt.recompute_cheap)
@@ -103,6 +105,8 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
     done, early = _kernels(plans, st)
     builds = [(t, bufs, _launch(bufs, {k: done[i, k] for k in jobs}, uses, st), uses)
               for i, (t, bufs, jobs, uses) in enumerate(plans)]
+    defaults = [[[j, bufs.default(graph.defaults[name])] for j, (name, _) in
+                 enumerate(graph.inputs) if name in graph.defaults] for _, bufs, _, _ in builds]
     weights = share_weights([bufs for _, bufs, _, _ in builds], writer and writer.region)
     if writer is not None:
         writer.weights(weights)
@@ -117,8 +121,8 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
             **({"fp16_ranges": _fp16_report(keep, graph.nodes, origins)}
                if float16 else {}),
             "stage_seconds": {k: round(v, 4) for k, v in st.times.items()}}
-    for a, (_, _, _, uses) in zip(arts, builds):
-        a.meta, a.provenance = meta, provenance(uses, graph.nodes, origins)
+    for a, (_, _, _, uses), d in zip(arts, builds, defaults):
+        a.meta, a.provenance, a.defaults = meta, provenance(uses, graph.nodes, origins), d
     arts[0].variants = arts[1:]
     return arts[0]
 

@@ -1,9 +1,9 @@
 """Blob format v3 (docs/blob.md; its definition is runner/format.py): the reader.
 
-`read_blob` maps the file and checks the header, the manifest (structure, types, every field) and
-the layout, picks the variant this host runs (runner/host.py), then checks that variant's
-SHA-256s, every buffer's bounds, its io slots and its replay table before returning. Nothing in a
-blob runs until all of that has passed.
+`read_blob` reads the file into private memory as it goes (_PrivateCopy) and checks the header,
+the manifest (structure, types, every field) and the layout, picks the variant this host runs
+(runner/host.py), then checks that variant's SHA-256s, every buffer's bounds, its io slots and
+its replay table before returning. Nothing in a blob runs until all of that has passed.
 
 Every byte the chosen variant uses is hashed exactly once: its sections as CHUNK_BYTES chunks
 whose digests the manifest lists (of the shared weights, the chunks its buffers touch),
@@ -20,11 +20,12 @@ import math
 import mmap
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from runner.errors import BlobError, ConfigError
+from runner.files import open_regular
 from runner.format import (CHUNK_BYTES, DTYPES, FILE_SHA256_AT, FLAGS, GRAPH_HEAD, HEADER, LAUNCH,
                            MAGIC, MAX_DIMS, MAX_INT, REGIONS, DEVICE_REGIONS, SECTION_ALIGN,
                            VERSION, BARRIER,
@@ -70,32 +71,75 @@ class Blob:
     outputs: list[BufferSpec]
     launches: list[LaunchSpec]
     arena_bytes: int
-    weights: memoryview  # zero-copy views into the mapped file
+    weights: memoryview  # zero-copy views into the private copy of the file (read_blob)
     programs: memoryview
     graph: memoryview
     program_names: list[str]  # program index -> kernel name
+    # input index -> the weights buffer of its default value (read when a run does not feed it)
+    defaults: dict[int, BufferSpec] = field(default_factory=dict)
 
 
 def read_blob(path, variant: str | None = None) -> Blob:
     """variant: which of the blob's variants (targets) to load; None: the one this host runs
     best, or KEEL_CPU_VARIANT's (runner/host.py:choose)."""
     try:
-        with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size == 0:
-                raise BlobError(f"{path}: file is empty, expected a keel blob")
-            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        copy = _PrivateCopy(path)
     except OSError as e:
-        raise BlobError(f"cannot read blob {path}: {e}") from None
-    return parse_blob(memoryview(data), variant)
+        raise BlobError(f"cannot read blob {e.filename or path}: {e.strerror or e}") from None
+    try:
+        return parse_blob(memoryview(copy.mem).toreadonly(), variant, copy.fill)
+    finally:
+        os.close(copy.fd)
 
 
-def parse_blob(data: memoryview, variant: str | None = None) -> Blob:
+class _PrivateCopy:
+    """The file's bytes in anonymous memory, read as the reader needs them (fill): what is
+    hashed is what runs, and a later write, replacement or truncation of the file cannot reach
+    it (a shared mapping would run the new file's weights with the old code, or die of SIGBUS).
+    The hashing threads read each chunk just before they hash it, so the copy costs little more
+    than the hashing's own pass (docs/perf.md, issue 33); other variants' sections are never
+    read and their pages never touched."""
+
+    def __init__(self, path):
+        self.path, self.fd = path, open_regular(path)
+        try:
+            self.size = os.fstat(self.fd).st_size
+            if self.size == 0:
+                raise BlobError(f"{path}: file is empty, expected a keel blob")
+            self.mem = mmap.mmap(-1, self.size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            self.mem.madvise(mmap.MADV_HUGEPAGE)  # weights on huge pages: fewer TLB misses
+        self.view = memoryview(self.mem)
+
+    def fill(self, start: int, end: int) -> None:
+        pos, end = start, min(end, self.size)
+        while pos < end:
+            n = os.preadv(self.fd, [self.view[pos:end]], pos)
+            if n == 0:
+                raise BlobError(f"{self.path}: the file ended at byte {pos} while it was read; "
+                                f"it had {self.size} bytes when it was opened")
+            pos += n
+
+
+def parse_blob(data: memoryview, variant: str | None = None, fill=None) -> Blob:
+    """fill(start, end): makes data[start:end] hold the file's bytes before they are read (a
+    private copy filled on demand, read_blob); None: data is complete."""
     data = memoryview(data).cast("B")
-    target, producer, m_start, m_end = _header(data)
+    fill = fill or (lambda start, end: None)
+    fill(0, HEADER.size)
+    target, producer, m_start, m_end = _header(data, fill)
     manifest = _manifest(data[m_start:m_end], target)
     table = manifest["sections"]
     names = [v["target"] for v in manifest["variants"]]
     _check_layout(table, m_start, section_names(names))
+    pos = 0
+    for s in table:  # everything outside the sections: the file digest covers it
+        fill(pos, s["offset"])
+        pos = s["offset"] + s["size"]
+    fill(pos, len(data))
     if file_sha256(data, [(s["offset"], s["size"]) for s in table]) != \
             bytes(data[FILE_SHA256_AT:FILE_SHA256_AT + 32]):
         raise BlobError("file SHA-256 does not match the header (corrupt header, padding or "
@@ -111,7 +155,11 @@ def parse_blob(data: memoryview, variant: str | None = None) -> Blob:
                                         own["offset"] + own["size"] if own["size"] else 0)]
     spans = [(0, shared["size"]), (own["offset"] - shared["offset"], own["size"])]
     # the manifest is now known intact: check its meaning while other threads hash the sections
-    with _ChunkCheck(data, [shared, own, programs, graph]) as chunks:
+    # the replay table is read while the other sections are hashed: read it first, and once
+    g_start, g_end = graph["offset"], graph["offset"] + graph["size"]
+    fill(g_start, g_end)
+    rest = lambda start, end: None if g_start <= start < g_end else fill(start, end)  # noqa: E731
+    with _ChunkCheck(data, [shared, own, programs, graph], rest) as chunks:
         buffers = _buffers(record["buffers"])
         _check_regions(buffers, record, spans)
         graph = _view(data, graph)
@@ -119,19 +167,20 @@ def parse_blob(data: memoryview, variant: str | None = None) -> Blob:
         inputs = _io(record["inputs"], buffers, "input", first_slot=0)
         outputs = _io(record["outputs"], buffers, "output", first_slot=len(record["inputs"]))
         _provenance(record.get("provenance"), len(launches))
+        defaults = _defaults(record.get("defaults", []), inputs, buffers)
         chunks.finish()
     return Blob(target=target, producer=producer, manifest=manifest, variant=name,
                 variants=tuple(names), record=record, buffers=buffers, inputs=inputs,
                 outputs=outputs, launches=launches, arena_bytes=record["arena_bytes"],
                 program_names=record["programs"], weights=weights,
-                programs=_view(data, programs), graph=graph)
+                programs=_view(data, programs), graph=graph, defaults=defaults)
 
 
 def _view(data: memoryview, section: dict) -> memoryview:
     return data[section["offset"]:section["offset"] + section["size"]]
 
 
-def _header(data: memoryview) -> tuple[str, str, int, int]:
+def _header(data: memoryview, fill) -> tuple[str, str, int, int]:
     if len(data) < HEADER.size:
         raise BlobError(f"file is {len(data)} bytes, shorter than the {HEADER.size}-byte header")
     (magic, version, header_size, flags, file_size, m_offset, m_size, m_sha, _, producer,
@@ -153,6 +202,7 @@ def _header(data: memoryview) -> tuple[str, str, int, int]:
     if m_offset < SECTION_ALIGN or m_offset + m_size != file_size:
         raise BlobError(f"manifest [{m_offset}, {m_offset + m_size}): expected to start at or "
                         f"after {SECTION_ALIGN} and end the {file_size}-byte file")
+    fill(m_offset, file_size)
     if hashlib.sha256(data[m_offset:m_offset + m_size]).digest() != m_sha:
         raise BlobError("manifest SHA-256 does not match the header")
     return target, producer, m_offset, m_offset + m_size
@@ -264,6 +314,8 @@ _RECORD = _obj({
     # which ONNX nodes each launch computes (tools: profile, bisect, blobinfo); checked against
     # the replay table in _provenance
     "provenance": _obj({"nodes": _list(_list(_str)), "launches": _list(_list(_int))}),
+    # [input index, weights buffer id]: an input's default value (_defaults)
+    "defaults": _list(_list(_int)),
 })
 
 
@@ -368,10 +420,15 @@ class _ChunkCheck:
     the calling thread to the remaining chunks, joins the workers and raises on a mismatch.
     Leaving the `with` block early stops the workers after their current chunk."""
 
-    def __init__(self, data: memoryview, table: list[dict]):
-        """Checks the chunks of the sections in `table` (entries of the manifest's table)."""
+    def __init__(self, data: memoryview, table: list[dict], fill=None):
+        """Checks the chunks of the sections in `table` (entries of the manifest's table), each
+        after fill(start, end) of its bytes (parse_blob)."""
         self._jobs = [(s["name"], i, want, _view(data, s)[i * CHUNK_BYTES:][:CHUNK_BYTES])
                       for s in table for i, want in enumerate(s["chunk_sha256"])]
+        self._spans = [(s["offset"] + i * CHUNK_BYTES,
+                        s["offset"] + min((i + 1) * CHUNK_BYTES, s["size"]))
+                       for s in table for i in range(len(s["chunk_sha256"]))]
+        self._fill = fill or (lambda start, end: None)
         self._got: list[str | None] = [None] * len(self._jobs)
         self._todo = iter(range(len(self._jobs)))  # shared: next() on it is atomic under the GIL
         self._stop = False
@@ -393,6 +450,7 @@ class _ChunkCheck:
             for i in self._todo:
                 if self._stop:
                     return
+                self._fill(*self._spans[i])
                 self._got[i] = hashlib.sha256(self._jobs[i][3]).hexdigest()
         except BaseException as e:  # re-raised by finish() in the calling thread
             self._stop = True
@@ -493,6 +551,20 @@ def _io(ids: list[int], buffers: dict[int, BufferSpec], region: str,
     if "" in names or len(set(names)) != len(names):
         raise BlobError(f"manifest {region}s: names must be non-empty and unique, got {names}")
     return slots
+
+
+def _defaults(pairs: list[list[int]], inputs: list[BufferSpec],
+              buffers: dict[int, BufferSpec]) -> dict[int, BufferSpec]:
+    out = {}
+    for k, pair in enumerate(pairs):
+        i, bid = pair if len(pair) == 2 else (None, None)
+        b, spec = buffers.get(bid), inputs[i] if i is not None and i < len(inputs) else None
+        if spec is None or b is None or b.region != "weights" or b.image is not None or \
+                (b.dtype, b.shape) != (spec.dtype, spec.shape) or i in out:
+            raise BlobError(f"manifest defaults[{k}]: expected [input index, weights buffer of "
+                            f"that input's dtype and shape], once per input, got {pair}")
+        out[i] = b
+    return out
 
 
 def _image(b: BufferSpec) -> None:

@@ -1,8 +1,8 @@
 """CPU device: the programs section is one shared object exporting keel_graph, keel_graph_mt and
 (for profile(), runner/device.py) keel_profile and keel_ticks, as runner/keel_abi.h declares them,
 loaded straight from memory and called once per submission, synchronously, inside submit().
-Weights are a pointer into the mapped blob (zero-copy); the arena is a 64-byte aligned host
-array, on huge pages from 2 MiB up (runner.device.aligned_empty).
+Weights are a pointer into the blob's private copy (zero-copy, runner/blob.py read_blob); the
+arena is a 64-byte aligned host array, on huge pages from 2 MiB up (runner.device.aligned_empty).
 
 Threads: KEEL_THREADS (default: the cores this process may run on). With one thread the runner
 calls keel_graph and starts no thread at all. With n > 1 it starts n-1 workers once, at load; each
@@ -25,7 +25,7 @@ import cffi
 from runner import abi
 from runner.abi import GRAPH as ENTRY, GRAPH_MT as ENTRY_MT, PROFILE
 from runner.device import HostDevice, Span, aligned_empty
-from runner.errors import BlobError, ConfigError, DeviceError
+from runner.errors import AllocError, BlobError, ConfigError, DeviceError
 from runner.host import HOSTS, cpu_flags, machine_targets, missing_flags
 
 ffi = cffi.FFI()
@@ -68,7 +68,7 @@ class CpuDevice(HostDevice):
 
     def _new_pool(self) -> None:
         self._pool = Pool(self._lib.keel_graph_mt, self.threads)
-        self._owned[:] = [self._pool]
+        self._owned.append(self._pool)  # an abandoned pool's late worker is waited for too
         self._use_profile(getattr(self, "_ticks", None))
 
     def _patch(self, slot: int, array) -> None:
@@ -95,8 +95,10 @@ class CpuDevice(HostDevice):
 
     def recover(self) -> None:
         if self._pool is not None and not self._pool.reset():
-            self._pool.close()  # a worker that never came back is abandoned with its pool
+            old = self._pool  # a worker that never came back is abandoned with its pool
             self._new_pool()
+            if old.close(grace=0):
+                self._owned.remove(old)
 
     def close(self) -> None:
         release_host_memory(self)
@@ -133,9 +135,8 @@ class CpuDevice(HostDevice):
 
 def host_memory(blob) -> tuple:
     """What a host-memory device needs of a blob: (arena array, arena pointer, weights pointer,
-    loaded programs). Weights are read in place, on the blob mapping's small pages: copying them
-    into huge pages gains ResNet-50 ~4% per run but costs every load ~15 ms (openpilot: 73 MiB,
-    no run gain)."""
+    loaded programs). Weights are read in place, in the blob's private copy, which read_blob
+    advises into huge pages (docs/perf.md, issue 33: what that copy costs a load)."""
     arena = aligned_empty((max(blob.arena_bytes, 1),), "uint8")
     lib = Library(blob.programs)
     return arena, ffi.from_buffer("uint8_t[]", arena), \
@@ -144,10 +145,11 @@ def host_memory(blob) -> tuple:
 
 def shutdown(owned: list, lib: "Library") -> None:
     """A host device's finalizer (weakref.finalize: runs once, at close() or collection): stop
-    the threads that run its code (they hold no reference to the device), then unload it."""
-    for worker in owned:
-        worker.close()
-    lib.unload()
+    the threads that run its code (they hold no reference to the device), then unload it.
+    `owned`: everything that may run its code, each close() true once it has stopped."""
+    stopped = [worker.close() for worker in owned]
+    if all(stopped):  # else a thread still runs its code: leak it rather than crash
+        lib.unload()
 
 
 def release_host_memory(dev) -> None:
@@ -191,23 +193,32 @@ except OSError:
 
 def threads_from_env() -> int:
     text = os.environ.get("KEEL_THREADS", "").strip()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
     if not text:
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-            (os.cpu_count() or 1)
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise ConfigError(f"KEEL_THREADS must be a positive integer, got {text!r}")
+        return cores
+    # ASCII digits only: int() also takes "1_0" and full-width digits
+    n = int(text) if text.isascii() and text.isdigit() else 0
+    most = max(MAX_THREADS_PER_CORE * cores, MIN_MAX_THREADS)
+    if not 1 <= n <= most:
+        raise ConfigError(f"KEEL_THREADS must be an integer in [1, {most}] ({MAX_THREADS_PER_CORE} "
+                          f"per core this process may use), got {text!r}")
     return n
+
+
+# the barrier spins: threads beyond the cores only wait for each other's time slices
+MAX_THREADS_PER_CORE, MIN_MAX_THREADS = 4, 16
 
 
 class Pool:
     """n-1 worker threads that each run one share of keel_graph_mt per submission; the calling
     thread runs share 0. Workers sleep on a semaphore between submissions (no spinning while
     idle: modeld runs at 20 Hz). The barrier reads the deadline from `sync` (CLOCK_MONOTONIC)
-    once it has spun long enough to yield."""
+    once it has spun long enough to yield.
+
+    `running` (shares started and not back) is counted by the workers themselves, under `cond`:
+    an exception in the calling thread (KeyboardInterrupt) cannot leave it wrong, so reset() and
+    close() always know whether a worker still runs the program."""
 
     def __init__(self, graph_mt, nt: int):
         self.graph_mt, self.nt = graph_mt, nt
@@ -218,21 +229,32 @@ class Pool:
         self.args: tuple = ()
         self.profile = None  # set by CpuDevice.profile
         self.stop = False
-        self.pending = 0  # shares started and not yet back
+        self.cond = threading.Condition()
+        self.running = 0
         self.start = [threading.Semaphore(0) for _ in range(nt - 1)]
-        self.done = threading.Semaphore(0)
-        self.workers = [threading.Thread(target=self._work, args=(tid,), daemon=True,
-                                         name=f"keel-cpu-{tid}") for tid in range(1, nt)]
-        for w in self.workers:
-            w.start()
+        self.workers = []
+        try:
+            for tid in range(1, nt):
+                self.workers.append(threading.Thread(target=self._work, args=(tid,), daemon=True,
+                                                     name=f"keel-cpu-{tid}"))
+                self.workers[-1].start()
+        except RuntimeError as e:  # "can't start new thread": a process or memory limit
+            self.workers.pop()
+            self.close()
+            raise AllocError(f"cannot start {nt - 1} worker threads (KEEL_THREADS={nt}): started "
+                             f"{len(self.workers)}, then: {e}") from None
 
     def _work(self, tid: int) -> None:
         while True:
             self.start[tid - 1].acquire()
             if self.stop:
                 return
-            self._share(tid)
-            self.done.release()
+            try:
+                self._share(tid)
+            finally:
+                with self.cond:
+                    self.running -= 1
+                    self.cond.notify_all()
 
     def run(self, arena, weights, io, deadline: float) -> bool:
         """Run every share; False when the run missed its deadline (its results are garbage)."""
@@ -240,14 +262,15 @@ class Pool:
         # on CLOCK_MONOTONIC's own base: time.monotonic() has another one on macOS
         self.sync.deadline_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC) + \
             int((deadline - time.monotonic()) * 1e9)
-        self.pending = len(self.start)
         for s in self.start:
+            with self.cond:
+                self.running += 1
             s.release()
         self._share(0)  # returns once every share is done
-        while self.pending:  # past the deadline: one last non-blocking look
-            if not self.done.acquire(timeout=max(deadline - time.monotonic(), 0)):
-                return False  # late shares may still run: reset() waits for them
-            self.pending -= 1  # workers are back on their semaphores: args may change
+        with self.cond:  # past the deadline: one last look; late shares may still run
+            if not self.cond.wait_for(lambda: not self.running,
+                                      max(deadline - time.monotonic(), 0)):
+                return False
         return not self.sync.abort
 
     def _share(self, tid: int) -> None:
@@ -258,18 +281,23 @@ class Pool:
             fn(*self.args, tid, self.nt, self.sync, ticks + tid * row)
 
     def reset(self) -> bool:
-        """After a missed deadline: True once every worker is back and the barrier is reset."""
-        while self.pending:
-            if not self.done.acquire(timeout=GRACE_S):
+        """After a missed deadline or an interrupted run: True once every worker is back and
+        the barrier is reset."""
+        with self.cond:
+            if not self.cond.wait_for(lambda: not self.running, GRACE_S):
                 return False
-            self.pending -= 1
         self.sync.count, self.sync.abort = 0, 0
         return True
 
-    def close(self) -> None:
+    def close(self, grace: float = GRACE_S) -> bool:
+        """Stop the workers; True once none of them runs the program any more (it may be
+        unloaded), waiting at most `grace` seconds for each."""
         self.stop = True
         for s in self.start:
             s.release()
+        for w in self.workers:
+            w.join(grace)
+        return not any(w.is_alive() for w in self.workers)
 
 
 def host_target() -> str:

@@ -57,7 +57,7 @@ from typing import Callable
 
 import numpy as np
 
-from runner.errors import AllocError, DeviceError, DeviceTimeout
+from runner.errors import AllocError, ConfigError, DeviceError, DeviceTimeout
 
 # device name -> "module:Class" (which device runs a blob of each target: runner/targets.py)
 DEVICES = {"cpu": "runner.cpu:CpuDevice", "opencl": "runner.opencl:OpenCLDevice",
@@ -134,8 +134,11 @@ class Device:
 
 
 def get_device(name: str) -> Device:
+    if not isinstance(name, str):
+        raise ConfigError(f"device: expected a name, one of {sorted(DEVICES)}, got "
+                          f"{type(name).__name__} {name!r}")
     if name not in DEVICES:
-        raise ValueError(f"unknown device {name!r}; expected one of {sorted(DEVICES)}")
+        raise ConfigError(f"unknown device {name!r}; expected one of {sorted(DEVICES)}")
     module, cls = DEVICES[name].split(":")
     return getattr(importlib.import_module(module), cls)()
 

@@ -156,12 +156,14 @@ class Queue:
             self.launch(i, args)
             stamps[2 * i + 1] = time.perf_counter_ns()
 
-    def close(self) -> None:
-        """Stop the worker; a replay in flight finishes first (its kernels are bounded)."""
+    def close(self) -> bool:
+        """Stop the worker; a replay in flight finishes first (its kernels are bounded). True
+        once it has stopped (runner/cpu.py: shutdown)."""
         with self.cond:
             self.gen += 1
             self.cond.notify_all()
         self.worker.join(JOIN_S)
+        return not self.worker.is_alive()
 
     def restart(self) -> None:
         """Abandon a hung submission, retire what was queued, start a fresh worker."""

@@ -30,9 +30,12 @@ Threads: run() calls on one Model are serialized by a lock: a second caller wait
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import threading
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -55,9 +58,17 @@ class Model:
         self._out = [(b.name, b.shape, b.dtype) for b in blob.outputs]
         self._slots = [device.io_buffer(i) for i in range(len(self._in))]
         self._bound_in = list(self._slots)  # what run() without feeds reads, per input
+        # inputs with a default (an ONNX initializer that is also an input): what a run that
+        # does not feed them reads; their slots start holding it
+        self._defaults = {i: np.frombuffer(blob.weights, b.dtype, math.prod(b.shape),
+                                           b.offset).reshape(b.shape)
+                          for i, b in blob.defaults.items()}
+        for i, default in self._defaults.items():
+            self._slots[i][...] = default
         self._lock = threading.Lock()
         self._broken = False  # the last run failed: recover before the next one
         self._closed = False
+        self._pid = os.getpid()  # a forked child must load again: run() checks
 
     @classmethod
     def load(cls, path, device: str | None = None, variant: str | None = None) -> "Model":
@@ -136,16 +147,23 @@ class Model:
         raise InputError(f"unknown input {name!r}; inputs are {[n for n, _, _ in self._in]}")
 
     def close(self) -> None:
-        """Release the device now rather than when the Model is collected; idempotent."""
-        self._closed = True
-        self.device.close()
+        """Release the device now rather than when the Model is collected; idempotent. Waits
+        for a run in flight (at most its timeout). In a forked child, which has no run in flight
+        and whose lock a parent's thread may hold forever, it does not wait."""
+        if os.getpid() != self._pid:
+            self._closed = True
+            return
+        with self._lock:
+            self._closed = True
+            self.device.close()
 
     def run(self, feeds: dict | None = None, out: dict | None = None,
             timeout_ms: float | None = None) -> dict[str, np.ndarray]:
-        timeout_ms = self.timeout_ms if timeout_ms is None else timeout_ms
-        if not isinstance(timeout_ms, (int, float)) or isinstance(timeout_ms, bool) or \
-                not 0 < timeout_ms < math.inf:
-            raise InputError(f"timeout_ms: expected a positive finite number, got {timeout_ms!r}")
+        timeout_ms = _checked_timeout(self.timeout_ms if timeout_ms is None else timeout_ms)
+        if os.getpid() != self._pid:  # the device's threads and queues stayed in the parent
+            raise DeviceError(f"run() in process {os.getpid()} on a Model loaded in process "
+                              f"{self._pid}: a device does not survive fork(); load the blob "
+                              f"again in this process")
         if not self._lock.acquire(timeout=timeout_ms / 1000):
             raise DeviceTimeout(f"another run() on this Model did not finish within "
                                 f"{timeout_ms} ms")
@@ -158,49 +176,94 @@ class Model:
         dev = self.device
         if self._closed:
             raise DeviceError("run() on a closed Model; load it again")
+        plan = self._plan(feeds, out)  # raises before anything is written
         if self._broken:
             dev.recover()
             self._broken = False
-        self._bind_feeds(feeds)
-        results = self._bind_outputs(out)
+        self._bind(plan)
         deadline = time.monotonic() + timeout_ms / 1000
         try:
             dev.wait(dev.submit(deadline), deadline)
         except DeviceTimeout as e:
             self._broken = True
             raise DeviceTimeout(f"{e} ({timeout_ms} ms after submit)") from None
-        except DeviceError:
+        except BaseException:  # DeviceError, or an interrupt (KeyboardInterrupt) mid-run
             self._broken = True
             raise
-        return results
+        for scratch, arr in plan.staged:
+            np.copyto(arr, scratch)
+        return plan.results
 
-    def _bind_feeds(self, feeds: dict | None) -> None:
-        bind = self.device.bind
+    def _plan(self, feeds: dict | None, out: dict | None) -> "_Plan":
+        """Check every feed and every out= array, and decide what each slot is bound to. An
+        output whose array overlaps an input the run reads is computed into the model's own
+        output slot and copied out after the run (`staged`): the recurrent
+        run({"h": st}, out={"h_new": st}). Two outputs in one array cannot both be right: an
+        InputError naming both."""
+        plan = _Plan()
+        self._plan_inputs(plan, feeds)
+        self._plan_outputs(plan, out)
+        written = [(name, dst) for name, dst, _ in plan.copies]
+        for i, (name, dst, src) in enumerate(plan.copies):
+            if any(_overlap(src, d) for n, d in written if n != name):
+                plan.copies[i] = (name, dst, src.copy())  # read it before any copy writes
+        for k, (name, arr) in enumerate(plan.inputs):
+            if any(_overlap(arr, d) for n, d in written if n != name):
+                plan.inputs[k] = (name, arr.copy())
+        first_out = len(self._in)
+        for j, (name, arr) in enumerate(plan.outputs):
+            if name not in plan.given:
+                continue
+            other = next((o for o, _ in plan.outputs[:j]
+                          if o in plan.given and _overlap(plan.results[o], arr)), None)
+            if other is not None:
+                raise InputError(f"out[{other!r}] and out[{name!r}] share memory: two outputs "
+                                 f"cannot be written into one array")
+            if any(_overlap(arr, a) for _, a in plan.inputs):
+                scratch = self.device.io_buffer(first_out + j)
+                plan.staged.append((scratch, arr))
+                plan.outputs[j] = (name, scratch)
+        return plan
+
+    def _plan_inputs(self, plan: "_Plan", feeds) -> None:
         if feeds is None:
-            for i, arr in enumerate(self._bound_in):
-                bind(i, arr)
+            plan.inputs = [(name, arr) for (name, _, _), arr in zip(self._in, self._bound_in)]
             return
+        names = [n for n, _, _ in self._in]
+        if not isinstance(feeds, Mapping):
+            raise InputError(f"feeds: expected a dict {{input name: numpy.ndarray}} over inputs "
+                             f"{names}, got {type(feeds).__name__}")
         for i, (name, shape, dtype) in enumerate(self._in):
+            if name not in feeds and i in self._defaults:
+                plan.inputs.append((name, self._defaults[i]))
+                continue
             if name not in feeds:
                 raise InputError(f"missing input {name!r} ({dtype} {shape}); "
-                                 f"received {sorted(feeds)}")
+                                 f"received {sorted(map(str, feeds))}")
             arr = _checked(f"input {name!r}", feeds[name], shape, dtype)
             if not (arr.flags.c_contiguous and arr.flags.aligned):
-                np.copyto(self._slots[i], arr)
+                plan.copies.append((name, self._slots[i], arr))
                 arr = self._slots[i]
-            bind(i, arr)
-        if len(feeds) != len(self._in):
-            extra = sorted(set(feeds) - {name for name, _, _ in self._in})
-            raise InputError(f"unexpected inputs {extra}; inputs are {[n for n, _, _ in self._in]}")
+            plan.inputs.append((name, arr))
+        extra = sorted(map(str, set(feeds) - set(names)))
+        if extra:
+            constants = sorted(set(extra) & set(self.meta.get("constant_inputs", ())))
+            hint = f" ({constants}: initializers compiled as constants; compile with " \
+                f"--overridable NAME to feed them)" if constants else ""
+            raise InputError(f"unexpected inputs {extra}; inputs are {names}{hint}")
 
-    def _bind_outputs(self, out: dict | None) -> dict[str, np.ndarray]:
-        out = {} if out is None else out
-        results, used = {}, 0
-        for j, (name, shape, dtype) in enumerate(self._out, start=len(self._in)):
+    def _plan_outputs(self, plan: "_Plan", out) -> None:
+        names = [n for n, _, _ in self._out]
+        if out is None:
+            out = {}
+        elif not isinstance(out, Mapping):
+            raise InputError(f"out: expected a dict {{output name: numpy.ndarray}} over outputs "
+                             f"{names}, got {type(out).__name__}")
+        for name, shape, dtype in self._out:
             if name not in out:
                 arr = np.empty(shape, dtype)
             else:
-                used += 1
+                plan.given.add(name)
                 what = f"out[{name!r}]"
                 arr = _checked(what, out[name], shape, dtype)
                 flags = arr.flags
@@ -208,13 +271,62 @@ class Model:
                     raise InputError(f"{what}: expected a C-contiguous, aligned, writable array, "
                                      f"got c_contiguous={flags.c_contiguous} "
                                      f"aligned={flags.aligned} writeable={flags.writeable}")
-            self.device.bind(j, arr)
-            results[name] = arr
-        if used != len(out):
-            extra = sorted(set(out) - {name for name, _, _ in self._out})
-            raise InputError(f"out has unknown outputs {extra}; "
-                             f"outputs are {[n for n, _, _ in self._out]}")
-        return results
+            plan.outputs.append((name, arr))
+            plan.results[name] = arr
+        if len(plan.given) != len(out):
+            extra = sorted(map(str, set(out) - set(names)))
+            raise InputError(f"out has unknown outputs {extra}; outputs are {names}")
+
+    def _bind(self, plan: "_Plan") -> None:
+        """Carry out a checked plan: copy the feeds that cannot be bound, bind every slot."""
+        for name, dst, src in plan.copies:
+            np.copyto(dst, src)
+        bind = self.device.bind
+        for slot, (_, arr) in enumerate(plan.inputs + plan.outputs):
+            bind(slot, arr)
+
+
+@dataclass
+class _Plan:
+    """What one run binds, decided before anything is written."""
+    inputs: list = field(default_factory=list)  # per input slot: (name, array bound)
+    copies: list = field(default_factory=list)  # (input name, its own slot, feed to copy in)
+    outputs: list = field(default_factory=list)  # per output slot: (name, array bound)
+    given: set = field(default_factory=set)  # the output names out= provides
+    staged: list = field(default_factory=list)  # (output slot, out= array): copied after
+    results: dict = field(default_factory=dict)
+
+
+def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether the byte ranges two arrays span meet: exact for contiguous arrays, cautious for
+    strided ones (a copy too many, never a missed overlap)."""
+    if not a.size or not b.size:
+        return False
+    (lo_a, hi_a), (lo_b, hi_b) = _span(a), _span(b)
+    return lo_a < hi_b and lo_b < hi_a
+
+
+def _span(a: np.ndarray) -> tuple[int, int]:
+    lo = hi = a.__array_interface__["data"][0]
+    for n, step in zip(a.shape, a.strides):
+        if step < 0:
+            lo += (n - 1) * step
+        else:
+            hi += (n - 1) * step
+    return lo, hi + a.itemsize
+
+
+# 31 years: what threading's lock waits (OverflowError beyond TIMEOUT_MAX) and the CPU pool's
+# nanosecond deadline (a C long long) both hold
+MAX_TIMEOUT_MS = min(threading.TIMEOUT_MAX * 1000, 1e12)
+
+
+def _checked_timeout(timeout_ms) -> float:
+    if isinstance(timeout_ms, (bool, np.bool_)) or not isinstance(timeout_ms, numbers.Real) or \
+            not 0 < timeout_ms <= MAX_TIMEOUT_MS:
+        raise InputError(f"timeout_ms: expected a positive finite number at most "
+                         f"{MAX_TIMEOUT_MS:.6g}, got {timeout_ms!r}")
+    return timeout_ms.item() if isinstance(timeout_ms, np.generic) else timeout_ms
 
 
 def _checked(what: str, arr, shape: tuple, dtype: np.dtype) -> np.ndarray:

@@ -21,6 +21,14 @@ Mutators:
   feeds         NaN, +-Inf, +-0, denormals and huge values fed to a graph of NaN-sensitive ops
                 (tests/test_hostile.py), compared with onnxruntime (with onnx's reference
                 implementation for max/min reductions, whose NaN onnxruntime may drop)
+  run-alias     out= arrays that are feeds, views of feeds, input slots, bound inputs, or each
+                other (issue 33); feeds contiguous or not, as a dict or through the slots: the
+                outputs equal a run on copies, or two outputs in one array are an InputError
+                that leaves every array as it was
+  run-events    what happens around a run: SIGINT at a random moment (2 threads), close() from
+                another thread, fork() then a run in the child, the blob file truncated,
+                overwritten in place, replaced or deleted after load, two threads running one
+                Model: a typed error or the right outputs, never a crash or a hang
 """
 from __future__ import annotations
 
@@ -35,15 +43,17 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
-KINDS = ("blob-raw", "blob-header", "blob-manifest", "onnx-bytes", "onnx-graph", "feeds")
+KINDS = ("blob-raw", "blob-header", "blob-manifest", "onnx-bytes", "onnx-graph", "feeds",
+         "run-alias", "run-events")
 # per mutation, in CPU seconds of the worker (a loaded machine slows it, a hang spins); at most
 # WALL_FACTOR times that in wall time (a hang that sleeps, or a compiler child that spins)
-DEADLINE_S = {"blob": 10.0, "onnx": 60.0, "feeds": 30.0}
+DEADLINE_S = {"blob": 10.0, "onnx": 60.0, "feeds": 30.0, "run": 30.0}
 WALL_FACTOR = 20
 INTERESTING = [0, 1, -1, 2, 7, 255, 4096, 2**31 - 1, 2**31, 2**32, 2**63 - 1, -2**63, 10**30]
 
@@ -300,7 +310,134 @@ class Case:
             return self._blob(kind, rng)
         if kind == "feeds":
             return self._feeds(rng)
+        if kind == "run-alias":
+            return self._alias(rng)
+        if kind == "run-events":
+            return self._events(rng)
         return self._onnx(kind, rng)
+
+    def _alias(self, rng: random.Random) -> str:
+        from runner import Model
+        from runner.errors import InputError
+        if not hasattr(self, "alias_model"):
+            write_model_blob(alias_model(), self.tmp / "alias.blob")
+            self.alias_model = Model.load(self.tmp / "alias.blob")
+        m = self.alias_model
+        values = {n: np.random.default_rng(rng.randrange(2**32)).standard_normal(s)
+                  .astype(np.float32) for n, (s, _) in m.inputs.items()}
+        feeds, out, reads, arrays = alias_pattern(m, values, rng)
+        want = m.run({n: np.ascontiguousarray(a).copy() for n, a in reads.items()})
+        before = [a.copy() for a in arrays]
+        try:
+            got = m.run(feeds, out=out)
+        except InputError:
+            if not _shares(list(out.values())):
+                return "WRONG InputError without two outputs in one array"
+            if any((a != b).any() for a, b in zip(arrays, before)):
+                return "WRONG a refused run wrote into an array"
+            return "typed InputError"
+        finally:
+            for name in m.inputs:
+                m.bind_input(name, None)
+        if any(not np.array_equal(got[n], want[n]) for n in want):
+            return "WRONG outputs differ from a run on copies"
+        return "ok"
+
+    def _events(self, rng: random.Random) -> str:
+        if not hasattr(self, "event_blob"):
+            self.event_blob = self.tmp / "events.blob"
+            write_model_blob(event_model(), self.event_blob)
+            self.other_blob = self.tmp / "other.blob"
+            write_model_blob(event_model(scale=3), self.other_blob)
+            self.event_x = np.random.default_rng(1).standard_normal((192, 192)).astype(np.float32)
+            self.event_want = load_threads(self.event_blob, 1).run({"x0": self.event_x})["y"]
+        event = rng.choice(EVENTS)
+        return getattr(self, f"_event_{event}")(rng)
+
+    def _right(self, m) -> bool:
+        return bool((m.run({"x0": self.event_x})["y"] == self.event_want).all())
+
+    def _event_interrupt(self, rng: random.Random) -> str:
+        m = load_threads(self.event_blob, 2)
+        timer = threading.Timer(rng.uniform(0, 0.003), os.kill, (os.getpid(), signal.SIGINT))
+        try:
+            timer.start()
+            m.run({"x0": self.event_x})
+            timer.join()  # the signal may land after run() returned
+        except KeyboardInterrupt:
+            pass
+        timer.join()
+        right = self._right(m)
+        m.close()
+        return "ok" if right else "WRONG a run after an interrupted one"
+
+    def _event_close(self, rng: random.Random) -> str:
+        from runner.errors import DeviceError
+        m = load_threads(self.event_blob, 2)
+        closer = threading.Timer(rng.uniform(0, 0.005), m.close)
+        closer.start()
+        try:
+            for _ in range(100):
+                if not self._right(m):
+                    return "WRONG a run beside close()"
+        except DeviceError as e:
+            return "typed DeviceError" if "closed" in str(e) else f"WRONG {e}"
+        finally:
+            closer.join()
+        return "ok"
+
+    def _event_fork(self, rng: random.Random) -> str:
+        from runner.errors import DeviceError
+        m = load_threads(self.event_blob, rng.choice([1, 2]))
+        pid = os.fork()
+        if pid == 0:  # the child: a clear error at once, then a fresh load works
+            try:
+                m.run({"x0": self.event_x}, timeout_ms=10000)
+                os._exit(3)
+            except DeviceError:
+                pass
+            except BaseException:
+                os._exit(4)
+            os._exit(0 if self._right(load_threads(self.event_blob, 2)) else 5)
+        status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        right = self._right(m)
+        m.close()
+        return "ok" if status == 0 and right else f"WRONG fork: child exit {status}"
+
+    def _event_file(self, rng: random.Random) -> str:
+        path = self.tmp / "changing.blob"
+        path.write_bytes(self.event_blob.read_bytes())
+        m = load_threads(path, rng.choice([1, 2]))
+        how = rng.choice(["truncate", "overwrite", "scribble", "replace", "unlink"])
+        if how == "truncate":
+            os.truncate(path, rng.randrange(path.stat().st_size))
+        elif how == "overwrite":  # cp other.blob b.blob: the same inode
+            with open(path, "r+b") as f:
+                f.write(self.other_blob.read_bytes())
+        elif how == "scribble":
+            with open(path, "r+b") as f:
+                f.seek(rng.randrange(path.stat().st_size))
+                f.write(os.urandom(rng.randrange(1, 65536)))
+        elif how == "replace":
+            os.replace(_copy(self.other_blob, self.tmp / "new.blob"), path)
+        else:
+            path.unlink()
+        right = self._right(m)
+        m.close()
+        return "ok" if right else f"WRONG after the file was changed ({how})"
+
+    def _event_threads(self, rng: random.Random) -> str:
+        m = load_threads(self.event_blob, rng.choice([1, 2]))
+        results = []
+        runners = [threading.Thread(target=lambda: results.append(self._right(m)))
+                   for _ in range(rng.randrange(2, 5))]
+        for t in runners:
+            t.start()
+        for t in runners:
+            t.join()
+        m.close()
+        return "ok" if all(results) and len(results) == len(runners) else \
+            "WRONG runs from several threads"
 
     def _blob(self, kind: str, rng: random.Random) -> str:
         from runner import Model
@@ -361,6 +498,94 @@ class Case:
             except AssertionError:
                 return f"WRONG {name} differs from onnxruntime"
         return "ok"
+
+
+# ---- runs: aliasing and what happens around a run -------------------------------------------
+
+EVENTS = ("interrupt", "close", "fork", "file", "threads")
+
+
+def alias_model():
+    """y0 = a @ w + b, y1 = a - b over (8, 8): y0 reads whole rows of a, so writing it into a
+    while it runs would be wrong."""
+    from onnx import helper
+    from tests.graphs import make_model
+    w = np.random.default_rng(2).standard_normal((8, 8)).astype(np.float32)
+    return make_model([helper.make_node("MatMul", ["a", "w"], ["aw"]),
+                       helper.make_node("Add", ["aw", "b"], ["y0"]),
+                       helper.make_node("Sub", ["a", "b"], ["y1"])],
+                      [("a", (8, 8), "float32"), ("b", (8, 8), "float32")],
+                      [("y0", (8, 8), "float32"), ("y1", (8, 8), "float32")], {"w": w})
+
+
+def event_model(scale: float = 2):
+    """A MatMul long enough (a few ms at 2 threads) to be interrupted or closed mid-run; its
+    weights are read from the blob on every run."""
+    from tests.graphs import single_node_model
+    w = np.full((192, 192), scale / 192, np.float32)
+    return single_node_model("MatMul", [((192, 192), "float32"), w])
+
+
+def write_model_blob(model, path: Path) -> None:
+    from compiler.blob import write_blob
+    from compiler.pipeline import compile_model
+    write_blob(compile_model(model), path)
+
+
+def load_threads(path: Path, threads: int):
+    from tests.graphs import _load_at
+    return _load_at(path, threads)
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    dst.write_bytes(src.read_bytes())
+    return dst
+
+
+def alias_pattern(m, values: dict, rng: random.Random) -> tuple:
+    """(feeds or None, out, {input: what the run reads}, every array the run may write or read)
+    for a random aliasing of outputs with feeds, slots, bound arrays and each other. Bound
+    inputs may share memory: then they read the same values, as the reference does."""
+    names = list(values)
+    pool = np.zeros(4 * 64 + 16, np.float32)  # one buffer that several arrays overlap in
+    via = rng.choice(["dict", "slots", "bound"])
+    feeds, reads = None, {}
+    for n in names:
+        if via == "dict":
+            arr = values[n].copy() if rng.random() < 0.7 else \
+                np.asfortranarray(values[n])  # not contiguous: copied into its slot
+            reads[n] = arr
+        elif via == "slots":
+            arr = m.input_view(n)
+            arr[...] = values[n]
+        else:
+            at = rng.choice([0, 64, 128])
+            arr = pool[at:at + 64].reshape(8, 8) if rng.random() < 0.5 else values[n].copy()
+            arr[...] = values[n]
+            m.bind_input(n, arr)
+        reads.setdefault(n, arr)
+    if via == "dict":
+        feeds = reads
+    out = {}
+    for o in m.outputs:
+        choice = rng.choice(["none", "fresh", "feed", "view", "slot", "pool"])
+        if choice == "fresh":
+            out[o] = np.zeros((8, 8), np.float32)
+        elif choice == "feed" and reads[(n := rng.choice(names))].flags.c_contiguous:
+            out[o] = reads[n]
+        elif choice == "view":
+            src = reads[rng.choice(names)]
+            out[o] = src.view() if src.flags.c_contiguous else np.zeros((8, 8), np.float32)
+        elif choice == "slot":
+            out[o] = m.input_view(rng.choice(names))
+        elif choice == "pool":
+            at = rng.choice([0, 16, 64, 128, 192])
+            out[o] = pool[at:at + 64].reshape(8, 8)
+    return feeds, out, reads, [*out.values(), *reads.values(), pool]
+
+
+def _shares(arrays: list) -> bool:
+    return any(np.shares_memory(a, b) for i, a in enumerate(arrays) for b in arrays[i + 1:])
 
 
 def _feed(rng, shape, dtype):

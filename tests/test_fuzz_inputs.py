@@ -19,7 +19,9 @@ CI = [("blob-raw", 300, ["typed BlobError"]),
       ("blob-manifest", 300, ["typed BlobError", "loaded"]),
       ("onnx-bytes", 80, ["typed CompileError", "compiled, matches onnxruntime"]),
       ("onnx-graph", 40, ["typed CompileError"]),
-      ("feeds", 10, ["ok"])]
+      ("feeds", 10, ["ok"]),
+      ("run-alias", 60, ["ok", "typed InputError"]),
+      ("run-events", 15, ["ok"])]
 
 
 @pytest.mark.parametrize("kind,count,expected", CI, ids=[c[0] for c in CI])

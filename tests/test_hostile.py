@@ -1,14 +1,20 @@
 """What careless and hostile users do (issue 18): NaN feeds, odd output paths, invalid ONNX,
-absurd shapes, wrong CLI arguments. Each regression test failed before its fix, except those
-that pin what already held: MaxPool's NaN and replacing a regular file."""
+absurd shapes, wrong CLI arguments; and the second probe (issue 33): aliasing, interrupts,
+close() and fork() around a run, a blob file changed after load, deep graphs, signed zeros,
+paths and argument ranges in the tools. Each regression test failed before its fix, except
+those that pin what already held: MaxPool's NaN, replacing a regular file, and the cases of a
+parametrized test that were already right (docs/reliability.md lists the issue 33 tests per
+case)."""
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -19,11 +25,11 @@ from onnx import helper
 from compiler.blob import write_blob
 from compiler.errors import CompileError
 from compiler.pipeline import compile_model
-from runner import AllocError, BlobError, ConfigError, Model
+from runner import AllocError, BlobError, ConfigError, InputError, Model
 from runner.blob import parse_blob
 from runner.cpu import threads_from_env
 from runner.opencl import unavailable_reason
-from tests.graphs import keel_run, make_model, ort_run, single_node_model
+from tests.graphs import compiled_blob, keel_run, make_model, ort_run, single_node_model
 from tests.hand_graphs import chain_artifact, write
 
 REPO = Path(__file__).parents[1]
@@ -405,3 +411,533 @@ def test_model_load_takes_paths_only_and_leaves_fds_alone():
         os.fstat(r)  # still open: an int is not taken for a file descriptor
     finally:
         os.close(r), os.close(w)
+
+
+# ---- issue 33: aliasing, validation before writing, untyped run() errors -------------------------
+
+def _recurrent_model() -> onnx.ModelProto:
+    """h_new = h @ w + b: every output element reads a whole row of h, so writing h_new into h
+    while the kernel runs gives wrong values."""
+    rng = np.random.default_rng(3)
+    w = (rng.standard_normal((256, 256)) / 16).astype(np.float32)
+    b = np.ones(256, np.float32)
+    return make_model([helper.make_node("MatMul", ["h", "w"], ["hw"]),
+                       helper.make_node("Add", ["hw", "b"], ["h_new"])],
+                      [("h", (1, 256), "float32")], [("h_new", (1, 256), "float32")],
+                      {"w": w, "b": b})
+
+
+@pytest.fixture(scope="module")
+def recurrent():
+    model = _recurrent_model()
+    return model, Model.load(compiled_blob(model))
+
+
+@pytest.fixture(scope="module")
+def transpose():
+    model = single_node_model("Transpose", [((8, 8), "float32")])
+    return model, Model.load(compiled_blob(model))
+
+
+@pytest.fixture(scope="module")
+def two_inputs_two_outputs():
+    """y0 = a + b, y1 = a - b over (4, 8)."""
+    model = make_model([helper.make_node("Add", ["a", "b"], ["y0"]),
+                        helper.make_node("Sub", ["a", "b"], ["y1"])],
+                       [("a", (4, 8), "float32"), ("b", (4, 8), "float32")],
+                       [("y0", (4, 8), "float32"), ("y1", (4, 8), "float32")])
+    return model, Model.load(compiled_blob(model))
+
+
+def _state(seed=0, shape=(16, 16)):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def test_recurrent_state_written_over_its_own_feed_is_right(recurrent):
+    """m.run({"h": st}, out={"h_new": st}) as modeld writes it: three steps, each equal to
+    onnxruntime's step from the previous state (1e-5: one MatMul of 256 terms, rounding order)."""
+    model, m = recurrent
+    st, ref = _state(0, (1, 256)), _state(0, (1, 256))
+    for _ in range(3):
+        ref = ort_run(model, {"h": ref})["h_new"]
+        got = m.run({"h": st}, out={"h_new": st})["h_new"]
+        assert got is st
+        np.testing.assert_allclose(st, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("how", ["view", "input_view", "bind_input"])
+def test_output_into_the_array_the_run_reads_is_right(transpose, how):
+    model, m = transpose
+    x = _state(1, (8, 8))
+    want = x.T.copy()
+    if how == "view":  # out is a view of the feed (same memory, another array object)
+        buf = x.copy()
+        m.run({"x0": buf}, out={"y": buf.view()})
+    elif how == "input_view":
+        buf = m.input_view("x0")
+        buf[:] = x
+        m.run(out={"y": buf})
+    else:
+        buf = x.copy()
+        m.bind_input("x0", buf)
+        try:
+            m.run(out={"y": buf})
+        finally:
+            m.bind_input("x0", None)
+    np.testing.assert_array_equal(buf, want)  # a transpose is exact
+
+
+def test_two_outputs_in_one_array_is_an_input_error_naming_both(two_inputs_two_outputs):
+    _, m = two_inputs_two_outputs
+    one = np.full((4, 8), 7, np.float32)
+    a, b = np.ones((4, 8), np.float32), np.ones((4, 8), np.float32)
+    with pytest.raises(InputError, match=r"out\['y0'\] and out\['y1'\] share memory"):
+        m.run({"a": a, "b": b}, out={"y0": one, "y1": one})
+    with pytest.raises(InputError, match="share memory"):  # and the feed: y0 would be staged
+        m.run({"a": one, "b": b}, out={"y0": one, "y1": one})
+    wide = np.full(48, 7, np.float32)  # overlapping by 16 values, not identical
+    with pytest.raises(InputError, match="share memory"):
+        m.run({"a": a, "b": b}, out={"y0": wide[:32].reshape(4, 8), "y1": wide[16:].reshape(4, 8)})
+    assert (wide == 7).all()
+    assert (one == 7).all()
+
+
+def test_a_run_that_fails_on_one_feed_writes_nothing(two_inputs_two_outputs):
+    """Input a is not contiguous (it would be copied into its slot); input b is wrong: the
+    slot of a and the out= arrays keep what they held."""
+    _, m = two_inputs_two_outputs
+    m.input_view("a")[:] = 5
+    a = np.ones((8, 4), np.float32).T  # Fortran order: copied, not bound
+    out = {"y0": np.full((4, 8), 9, np.float32)}
+    with pytest.raises(InputError, match="input 'b'"):
+        m.run({"a": a, "b": np.ones((4, 8), np.float64)}, out=out)
+    assert (m.input_view("a") == 5).all() and (out["y0"] == 9).all()
+    with pytest.raises(InputError, match="out"):
+        m.run({"a": a, "b": np.ones((4, 8), np.float32)}, out={"y0": out["y0"], "bogus": a})
+    assert (m.input_view("a") == 5).all()
+
+
+def test_a_feed_that_is_another_inputs_slot_is_read_before_that_slot_is_written(
+        two_inputs_two_outputs):
+    _, m = two_inputs_two_outputs
+    m.input_view("b")[:] = 2
+    new_b = np.full((8, 4), 3, np.float32).T  # not contiguous: copied into b's slot
+    got = m.run({"a": m.input_view("b"), "b": new_b})
+    assert (got["y0"] == 5).all() and (got["y1"] == -1).all()
+
+
+@pytest.mark.parametrize("timeout", [np.float32(50), np.int64(50), np.float64(50), 50, 1e12])
+def test_numpy_and_large_timeouts_are_accepted(transpose, timeout):
+    _, m = transpose
+    x = _state(2, (8, 8))
+    assert (m.run({"x0": x}, timeout_ms=timeout)["y"] == x.T).all()
+
+
+@pytest.mark.parametrize("timeout", [1e13, 1e300, float("inf"), float("nan"), 0, -1, True,
+                                     "50", np.bool_(True)])
+def test_bad_timeouts_are_input_errors(transpose, timeout):
+    _, m = transpose
+    with pytest.raises(InputError, match="timeout_ms"):
+        m.run({"x0": _state(2, (8, 8))}, timeout_ms=timeout)
+
+
+@pytest.mark.parametrize("feeds,out,words", [
+    ([np.zeros((8, 8), np.float32)], None, "feeds: expected a dict"),
+    ((np.zeros((8, 8), np.float32), np.zeros((8, 8), np.float32)), None, "got tuple"),
+    (np.zeros((8, 8), np.float32), None, "got ndarray"),
+    ({"x0": np.zeros((8, 8), np.float32)}, [np.zeros((8, 8), np.float32)], "out: expected a dict")])
+def test_feeds_and_out_that_are_not_dicts_are_input_errors(transpose, feeds, out, words):
+    _, m = transpose
+    with pytest.raises(InputError, match=words):
+        m.run(feeds, out=out)
+
+
+@pytest.mark.parametrize("device,words", [("nonsense", "unknown device 'nonsense'"),
+                                          (["cpu"], "device: expected a name")])
+def test_a_bad_device_name_is_a_config_error(relu_blob, device, words):
+    with pytest.raises(ConfigError, match=words):
+        Model.load(relu_blob, device=device)
+
+
+def test_a_path_with_nul_is_a_blob_error(tmp_path):
+    with pytest.raises(BlobError, match="NUL"):
+        Model.load(f"{tmp_path}/a\0b.blob")
+
+
+# ---- issue 33: a loaded blob is immune to its file; paths are regular files ---------------------
+
+_AFTER_LOAD = """
+import os, shutil, sys
+import numpy as np
+from runner import Model
+blob, other, how = sys.argv[1:]
+m = Model.load(blob)
+x = np.arange(192, dtype=np.float32).reshape(1, 3, 8, 8) - 96
+before = m.run({"x0": x})["y"].copy()
+if how == "truncate":
+    os.truncate(blob, 100)
+else:  # cp other.blob b.blob: the same inode, new bytes
+    with open(other, "rb") as src, open(blob, "r+b") as dst:
+        shutil.copyfileobj(src, dst)
+for _ in range(3):
+    assert (m.run({"x0": x})["y"] == before).all()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("how", ["truncate", "overwrite"])
+def test_a_loaded_blob_runs_what_was_loaded_after_its_file_changes(tmp_path, how):
+    """The kernels read their weights from the blob: a mapped file's pages would be the new
+    file's (or gone: SIGBUS)."""
+    blob, other = tmp_path / "b.blob", tmp_path / "other.blob"
+    for path, scale in ((blob, 2), (other, 3)):
+        w = np.full((1, 3, 8, 8), scale, np.float32)
+        write_blob(compile_model(single_node_model("Mul", [((1, 3, 8, 8), "float32"), w])), path)
+    proc = subprocess.run([sys.executable, "-c", _AFTER_LOAD, blob, other, how], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout == "ok\n", (proc.returncode, proc.stderr)
+
+
+def test_a_fifo_is_refused_as_a_blob_without_blocking(tmp_path):
+    fifo = tmp_path / "pipe.blob"
+    os.mkfifo(fifo)
+    proc = subprocess.run([sys.executable, "-c", "import sys; from runner import Model\n"
+                           "try: Model.load(sys.argv[1])\n"
+                           "except Exception as e: print(type(e).__name__, e)", fifo],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.stdout.startswith("BlobError") and "a FIFO" in proc.stdout, proc
+
+
+# ---- issue 33: interrupts, close() and fork() around a run; thread counts -----------------------
+
+@pytest.fixture(scope="module")
+def matmul_blob() -> Path:
+    """A run long enough (milliseconds at 2 threads) to be interrupted in the middle."""
+    w = np.random.default_rng(4).standard_normal((384, 384)).astype(np.float32) / 20
+    return compiled_blob(single_node_model("MatMul", [((384, 384), "float32"), w]))
+
+
+def _script(code: str, *args, threads="2", timeout=120):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "KEEL_THREADS": threads}
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+_INTERRUPTED = """
+import os, random, signal, sys, threading
+import numpy as np
+from runner import Model
+m = Model.load(sys.argv[1])
+x = np.random.default_rng(0).standard_normal((384, 384)).astype(np.float32)
+want = m.run({"x0": x})["y"].copy()
+rng = random.Random(int(sys.argv[2]))
+interrupted = 0
+def interrupted_run():
+    timer = threading.Timer(rng.uniform(0, 0.004), os.kill, (os.getpid(), signal.SIGINT))
+    try:
+        timer.start()
+        m.run({"x0": x})
+        timer.join()  # the signal may land after run() returned
+        m.run({"x0": x})
+    except KeyboardInterrupt:
+        return 1
+    return 0
+for _ in range(25):
+    interrupted += interrupted_run()
+assert (m.run({"x0": x})["y"] == want).all()
+print(interrupted + interrupted_run())  # and exit at once: workers may still be running
+"""
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_an_interrupted_threaded_run_leaves_the_pool_consistent_and_exit_clean(matmul_blob, seed):
+    """SIGINT lands anywhere in run(): the next runs are right and the exit does not crash (a
+    worker still running unloaded code segfaulted it)."""
+    proc = _script(_INTERRUPTED, matmul_blob, seed)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert int(proc.stdout) > 0  # the test did interrupt runs
+
+
+_CLOSED_DURING_RUN = """
+import sys, threading, time
+import numpy as np
+from runner import DeviceError, Model
+m = Model.load(sys.argv[1], device=sys.argv[2])
+x = np.ones((384, 384), np.float32)
+closer = threading.Thread(target=lambda: (time.sleep(0.05), m.close()))
+closer.start()
+runs = 0
+try:
+    while True:
+        m.run({"x0": x})
+        runs += 1
+except DeviceError as e:
+    assert "closed" in str(e), e
+closer.join()
+print(runs)
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", "mock"])
+def test_close_from_another_thread_waits_for_the_run_in_flight(matmul_blob, device):
+    for _ in range(3):
+        proc = _script(_CLOSED_DURING_RUN, matmul_blob, device)
+        assert proc.returncode == 0 and int(proc.stdout) > 0, proc.stderr[-2000:]
+
+
+_FORKED = """
+import os, sys, time
+import numpy as np
+from runner import DeviceError, Model
+m = Model.load(sys.argv[1], device=sys.argv[2])
+x = np.ones((384, 384), np.float32)
+want = m.run({"x0": x})["y"]
+pid = os.fork()
+if pid == 0:
+    t = time.monotonic()
+    try:
+        m.run({"x0": x}, timeout_ms=20000)
+        os._exit(3)
+    except DeviceError as e:
+        ok = "fork" in str(e) and time.monotonic() - t < 1
+    again = Model.load(sys.argv[1], device=sys.argv[2])
+    os._exit(0 if ok and (again.run({"x0": x})["y"] == want).all() else 4)
+_, status = os.waitpid(pid, 0)
+assert (m.run({"x0": x})["y"] == want).all()
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", "mock"])
+def test_a_forked_child_gets_a_clear_error_at_once_and_can_load_again(matmul_blob, device):
+    proc = _script(_FORKED, matmul_blob, device)
+    assert proc.returncode == 0 and proc.stdout.strip() == "0", (proc.stdout, proc.stderr)
+
+
+@pytest.mark.parametrize("value", ["99999", "２", "1_0", "+2", " 0x2"])
+def test_keel_threads_takes_ascii_digits_within_bounds(monkeypatch, value):
+    monkeypatch.setenv("KEEL_THREADS", value)
+    with pytest.raises(ConfigError, match="KEEL_THREADS must be an integer in"):
+        threads_from_env()
+
+
+def test_huge_keel_threads_leaves_no_thread_and_later_loads_work(matmul_blob):
+    proc = _script("import os, sys, threading\nimport numpy as np\n"
+                   "from runner import ConfigError, Model\n"
+                   "try: Model.load(sys.argv[1])\nexcept ConfigError as e: print(e)\n"
+                   "print(threading.active_count())\nos.environ['KEEL_THREADS'] = '2'\n"
+                   "print(Model.load(sys.argv[1]).run({'x0': np.ones((384, 384), np.float32)})"
+                   "['y'].shape)", matmul_blob, threads="99999")
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0 and "KEEL_THREADS" in lines[0], proc
+    assert lines[1:] == ["1", "(384, 384)"]  # no thread left; a later load runs
+
+
+def test_workers_that_cannot_start_are_an_alloc_error_and_are_stopped(monkeypatch):
+    from runner import cpu
+    started, start = [], threading.Thread.start
+    def start_three(self):
+        if len(started) == 3:
+            raise RuntimeError("can't start new thread")
+        start(self)
+        started.append(self)
+    monkeypatch.setattr(threading.Thread, "start", start_three)
+    with pytest.raises(AllocError, match="cannot start 7 worker threads.*started 3"):
+        cpu.Pool(lambda *a: None, 8)
+    for t in started:
+        t.join(5)
+        assert not t.is_alive()
+
+
+# ---- issue 33: tools: one checked open per path, every argument range-checked -------------------
+
+def _quick_tool(*args):
+    """A tool that must answer at once: a FIFO that blocked it would hang here, not pass."""
+    return subprocess.run([sys.executable, *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.mark.parametrize("tool", ["compile", "run", "bisect-model", "bisect-blob", "run-inputs",
+                                  "run-check"])
+def test_a_fifo_given_as_a_path_is_refused_in_one_line(relu_onnx, relu_blob, tmp_path, tool):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    args = {"compile": ["tools/compile.py", fifo, "-o", tmp_path / "o.blob"],
+            "run": ["tools/run.py", fifo],
+            "run-inputs": ["tools/run.py", relu_blob, "--inputs", fifo],
+            "run-check": ["tools/run.py", relu_blob, "--check", fifo],
+            "bisect-model": ["tools/bisect.py", fifo, "cpu"],
+            "bisect-blob": ["tools/bisect.py", relu_onnx, f"{fifo}.blob"]}[tool]
+    if tool == "bisect-blob":
+        os.rename(fifo, f"{fifo}.blob")
+    _one_line_error(_quick_tool(*args), "a FIFO", "expected a regular file")
+
+
+def test_compile_output_can_never_name_its_input(relu_onnx, tmp_path):
+    model = tmp_path / "model.onnx"
+    model.write_bytes(relu_onnx.read_bytes())
+    os.link(model, tmp_path / "hardlink.onnx")
+    for out in (model, tmp_path / "hardlink.onnx", tmp_path / ".." / tmp_path.name / "model.onnx"):
+        _one_line_error(_tool("tools/compile.py", model, "-o", out), "is the input")
+        assert model.read_bytes() == relu_onnx.read_bytes()
+
+
+_FULL_DISK = """
+import errno, os, sys
+def full(fd, data, offset):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+os.pwrite = full
+from tools.compile import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_compiling_onto_a_full_disk_is_exactly_one_line(tmp_path):
+    """The weights are written on a thread while the kernels compile: its error was a thread
+    traceback before the main thread's own line."""
+    model = tmp_path / "mul.onnx"
+    onnx.save(single_node_model("Mul", [((1, 3, 8, 8), "float32"),
+                                        np.full((1, 3, 8, 8), 2, np.float32)]), model)
+    proc = _script(_FULL_DISK, model, "-o", tmp_path / "o.blob")
+    progress = re.compile(r"[a-z ]+: \d+/\d+ \(\d+%\)")  # the compile's status lines
+    proc.stderr = "".join(line for line in proc.stderr.splitlines(keepends=True)
+                          if not progress.fullmatch(line.strip()))
+    _one_line_error(proc, "No space left on device")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mul.onnx"]
+
+
+@pytest.mark.parametrize("args,words", [
+    (["tools/soak.py", "BLOB", "--timeout-ms", "1e20"], "--timeout-ms"),
+    (["tools/soak.py", "BLOB", "--warmup", "-5"], "--warmup"),
+    (["tools/soak.py", "BLOB", "--allow-faults", "-3"], "--allow-faults"),
+    (["tools/soak.py", "BLOB", "--hours", "nan"], "--hours"),
+    (["tools/soak.py", "BLOB", "--runs", "1_0"], "--runs"),
+    (["tools/soak.py", "BLOB", "--log", "nodir/x.jsonl", "--runs", "1"], "nodir/x.jsonl"),
+    (["tools/soak.py", "BLOB", "--log", "BLOB", "--runs", "1"], "is the input"),
+    (["tools/soak.py", "BLOB", "--plot", "nodir/x.png", "--runs", "1"], "nodir/x.png"),
+    (["tools/modeld.py", "BLOB", "--timeout-ms", "1e20"], "--timeout-ms"),
+    (["tools/modeld.py", "BLOB", "--hz", "1e-300"], "--hz"),
+    (["tools/modeld.py", "BLOB", "--frames", "２"], "--frames"),
+    (["tools/run.py", "BLOB", "--bench", "1e3"], "--bench"),
+    (["tools/compile.py", "ONNX", "-o", "x.blob", "--input-shape", "x0=1_0"], "--input-shape")])
+def test_out_of_range_cli_arguments_are_one_line(relu_onnx, relu_blob, tmp_path, args, words):
+    blob = tmp_path / "relu.blob"
+    blob.write_bytes(relu_blob.read_bytes())
+    args = [str(blob) if a == "BLOB" else str(relu_onnx) if a == "ONNX" else a for a in args]
+    args[0] = str(REPO / args[0])
+    proc = subprocess.run([sys.executable, *args], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    _one_line_error(proc, words.replace("BLOB", str(blob)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["relu.blob"]  # no log, no plot
+
+
+def test_bisect_with_a_wrong_shape_input_is_one_line(relu_onnx, tmp_path):
+    np.savez(tmp_path / "x.npz", x0=np.zeros((1, 3, 4, 4), np.float32))
+    _one_line_error(_tool("tools/bisect.py", relu_onnx, "cpu", "--inputs", tmp_path / "x.npz"),
+                    "'x0'", "[1, 3, 8, 8]", "[1, 3, 4, 4]")
+
+
+# ---- issue 33: the compiler: deep graphs, signed zeros, Clip ------------------------------------
+
+def _chain(ops: list[str], consts: dict | None = None) -> onnx.ModelProto:
+    """x -> ops[0] -> ops[1] -> ... -> y over (4, 8); a binary op's second operand is the
+    constant of its name in `consts`."""
+    nodes, prev = [], "x"
+    for k, op in enumerate(ops):
+        out = "y" if k == len(ops) - 1 else f"t{k}"
+        nodes.append(helper.make_node(op, [prev] + ([f"c_{op}"] if consts else []), [out]))
+        prev = out
+    inits = {f"c_{op}": np.array(v, np.float32) for op, v in (consts or {}).items()}
+    return make_model(nodes, [("x", (4, 8), "float32")], [("y", (4, 8), "float32")], inits)
+
+
+def _compiles_and_matches(model: onnx.ModelProto, rtol: float) -> None:
+    x = np.random.default_rng(5).standard_normal((4, 8)).astype(np.float32)
+    got, want = keel_run(model, {"x": x})["y"], ort_run(model, {"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol)
+
+
+def test_a_chain_of_150_unary_nodes_compiles():
+    """It was a RecursionError in codegen/lower.py. 1e-5: each of 25 transcendentals is a
+    polynomial a few ulp from onnxruntime's; they contract (sigmoid, tanh), so errors do not
+    grow along the chain."""
+    _compiles_and_matches(_chain(["Neg", "Sigmoid", "Abs", "Tanh", "Relu", "Exp"] * 25), 1e-5)
+
+
+@pytest.mark.slow
+def test_a_chain_of_10000_elementwise_nodes_compiles_without_recursion():
+    """x -> (x + 0.5) * 0.999 -> ...: a contraction, so rounding differences stay at the last
+    ulp of a value near 500 (1e-5 relative). The lowering, the vectorizer and the shape of the
+    last node recursed as deep as the chain."""
+    _compiles_and_matches(_chain(["Add", "Mul"] * 5000, {"Add": 0.5, "Mul": 0.999}), 1e-5)
+
+
+SIGNED = np.array([-0.0, 0.0, -0.3, 0.3, -0.5, 0.5, -1e-30, 1e-30, np.inf, -np.inf, -1.5, 2.5,
+                   -2.5, 1e30, -1e30, np.nan], np.float32)
+# Sin, Tan, Sinh, Asinh and Atanh are left out: at 1e30 or 1e-30 they differ in value
+# (docs/reliability.md), not only in the sign of zero
+ZERO_SIGN_OPS = ["Abs", "Neg", "Floor", "Ceil", "Round", "Erf", "Tanh", "Atan", "Asin", "Sqrt",
+                 "Relu", "Sign", "Clip", "Identity", "LeakyRelu", "Elu", "Selu", "Celu",
+                 "HardSwish", "Softsign"]
+
+
+def test_signed_zeros_infinities_and_clip_defaults_are_onnxruntimes():
+    """Exactly where onnxruntime is exact (a zero, an infinity, Clip's default bounds: the
+    type's finite extremes), within 1e-5 relative elsewhere (polynomial approximations)."""
+    nodes = [helper.make_node(op, ["x"], [f"y{k}"]) for k, op in enumerate(ZERO_SIGN_OPS)]
+    model = make_model(nodes, [("x", (16,), "float32")],
+                       [(f"y{k}", (16,), "float32") for k in range(len(ZERO_SIGN_OPS))])
+    got, want = keel_run(model, {"x": SIGNED}), ort_run(model, {"x": SIGNED})
+    for k, op in enumerate(ZERO_SIGN_OPS):
+        g, w = got[f"y{k}"], want[f"y{k}"]
+        exact = (w == 0) | ~np.isfinite(w) | (np.abs(w) == np.finfo(np.float32).max)
+        assert (np.signbit(g) == np.signbit(w))[exact & ~np.isnan(w)].all(), (op, SIGNED, g, w)
+        assert_same_nonfinite(np.where(exact, g, 0), np.where(exact, w, 0), op)
+        np.testing.assert_array_equal(g[exact], w[exact], err_msg=op)
+        np.testing.assert_allclose(g[~exact], w[~exact], rtol=1e-5, err_msg=op)
+
+
+# ---- issue 33: graph outputs listed twice, inputs with an initializer --------------------------
+
+def test_a_graph_output_listed_twice_is_one_output():
+    """onnxruntime returns it twice; a dict of outputs holds it once."""
+    model = single_node_model("Relu", [((2, 3), "float32")])
+    model.graph.output.append(model.graph.output[0])
+    x = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
+    m = Model.load(compiled_blob(model))
+    assert list(m.outputs) == ["y"]
+    assert (m.run({"x0": x})["y"] == ort_run(model, {"x0": x})["y"]).all()
+
+
+def _initializer_input(ir_version: int) -> onnx.ModelProto:
+    """y = x + w, where w is an input and an initializer [10, 20, 30]."""
+    model = make_model([helper.make_node("Add", ["x", "w"], ["y"])],
+                       [("x", (3,), "float32"), ("w", (3,), "float32")], [("y", (3,), "float32")],
+                       {"w": np.array([10, 20, 30], np.float32)})
+    model.ir_version = ir_version
+    return model
+
+
+def test_a_feed_overrides_an_overridable_initializer_input_as_in_onnxruntime():
+    model, x = _initializer_input(8), np.ones(3, np.float32)
+    m = Model.load(compiled_blob(model, overridable=("w",)))
+    w = np.array([5, 6, 7], np.float32)
+    for feeds in ({"x": x}, {"x": x, "w": w}):
+        assert (m.run(feeds)["y"] == ort_run(model, feeds)["y"]).all(), feeds
+    assert (m.run({"x": x, "w": w})["y"] == [6, 7, 8]).all()
+    m.input_view("x")[:] = x  # without feeds: the slot, which starts holding the default
+    assert (m.run()["y"] == [11, 21, 31]).all()
+    m.input_view("w")[:] = w
+    assert (m.run()["y"] == [6, 7, 8]).all()
+    assert (m.run({"x": x})["y"] == [11, 21, 31]).all()  # a feed dict without w: the default
+
+
+def test_an_initializer_input_is_a_constant_unless_overridable_and_feeding_it_says_how():
+    """A constant keeps shapes static and weights packed (models exported with every weight
+    listed as an input too); feeding it names the option that makes it an input."""
+    m = Model.load(compiled_blob(_initializer_input(8)))
+    assert list(m.inputs) == ["x"]
+    with pytest.raises(InputError, match=r"unexpected inputs \['w'\].*--overridable"):
+        m.run({"x": np.ones(3, np.float32), "w": np.ones(3, np.float32)})
+    with pytest.raises(CompileError, match=r"--overridable names \['v'\].*\['w'\]"):
+        compile_model(_initializer_input(8), overridable=("v",))

@@ -35,6 +35,7 @@ from onnx import helper  # noqa: E402
 from runner import BlobError, ConfigError, DeviceError, DeviceTimeout, InputError, Model  # noqa
 from runner.blob import launch_nodes, read_blob  # noqa: E402
 from runner.targets import TARGETS  # noqa: E402
+from runner.files import read_regular  # noqa: E402
 from tools.cli import Parser, report  # noqa: E402
 from tools.compile import parse_shape  # noqa: E402
 from tools.run import ToolError, frozen_feeds, load_feeds, random_feeds  # noqa: E402
@@ -211,7 +212,11 @@ def bisect(model_path: str, blob_or_target: str, feeds: dict | None = None,
            perturb: str | None = None, device: str | None = None,
            input_shapes: dict | None = None) -> dict:
     try:
-        model = onnx.load(model_path)
+        model = onnx.load_from_string(read_regular(model_path))
+        onnx.external_data_helper.load_external_data_for_model(
+            model, os.path.dirname(os.path.abspath(model_path)))
+    except OSError as e:
+        raise ToolError(f"{e.filename or model_path}: {e.strerror or e}") from None
     except Exception as e:  # protobuf raises several unrelated types for garbage input
         raise ToolError(f"{model_path}: not a readable ONNX model ({type(e).__name__}: {e})") \
             from None
@@ -224,7 +229,7 @@ def bisect(model_path: str, blob_or_target: str, feeds: dict | None = None,
                          frozen_feeds(blob.manifest["meta"]) if blob else {})
     if perturb is not None:
         check_perturb(model, perturb)
-    feeds = feeds if feeds is not None else _feeds(model)
+    feeds = _checked_feeds(model, feeds) if feeds is not None else _feeds(model)
     ref = ort_run(debug_model(model), feeds)
     delta = None
     if perturb is not None:
@@ -291,6 +296,29 @@ def _feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
                             f"--input-shape {vi.name}=d0,d1,... or --inputs feeds.npz")
         specs[vi.name] = (tuple(dims), helper.tensor_dtype_to_np_dtype(t.elem_type))
     return random_feeds(specs)
+
+
+def _checked_feeds(model: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
+    """--inputs against the model's inputs (names, dtypes, static dims), so a wrong array is
+    one line naming it rather than onnxruntime's traceback."""
+    init = {i.name for i in model.graph.initializer}
+    for vi in model.graph.input:
+        if vi.name not in feeds:
+            if vi.name in init:
+                continue  # its default
+            raise ToolError(f"--inputs has no array {vi.name!r}; it has {sorted(feeds)}")
+        t, arr = vi.type.tensor_type, feeds[vi.name]
+        want = helper.tensor_dtype_to_np_dtype(t.elem_type)
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+        if arr.dtype != want or arr.ndim != len(dims) or \
+                any(d is not None and d != n for d, n in zip(dims, arr.shape)):
+            raise ToolError(f"--inputs {vi.name!r}: expected {want} of shape "
+                            f"{['?' if d is None else d for d in dims]}, got {arr.dtype} "
+                            f"{list(arr.shape)}")
+    extra = sorted(set(feeds) - {vi.name for vi in model.graph.input})
+    if extra:
+        raise ToolError(f"--inputs has arrays {extra} that are no input of the model")
+    return feeds
 
 
 def _index(model: onnx.ModelProto, name: str) -> int:

@@ -1,7 +1,8 @@
 """Compile an ONNX model into one keel blob.
 
   python tools/compile.py MODEL.onnx -o OUT.blob [--target cpu] [--input-shape NAME=d0,d1,...]...
-                          [--input-value NAME=v0,v1,...]... [--float16 [--calibrate FEEDS.npz]]
+                          [--input-value NAME=v0,v1,...]... [--overridable NAME]...
+                          [--float16 [--calibrate FEEDS.npz]]
                           [--embed-binaries] [--verbose]
 
 --input-value freezes an input to a constant: the blob no longer takes it, and what depends on
@@ -37,16 +38,18 @@ from compiler.errors import CompileError  # noqa: E402
 from compiler.target import TARGETS  # noqa: E402
 from qcom import store  # noqa: E402
 from runner.errors import BlobError, DeviceError  # noqa: E402
-from tools.cli import Parser  # noqa: E402
+from tools.cli import Parser, number  # noqa: E402
+
+DIM = number(int, 0, 2**63 - 1)
 
 
 def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
     name, sep, dims = text.rpartition("=")
     try:
-        shape = tuple(int(d) for d in dims.split(","))
-    except ValueError:
+        shape = tuple(DIM(d) for d in dims.split(","))
+    except argparse.ArgumentTypeError:
         shape = ()
-    if not sep or not name or not shape or any(d < 0 for d in shape):
+    if not sep or not name or not shape:
         raise argparse.ArgumentTypeError(f"expected NAME=d0,d1,... with non-negative ints, got {text!r}")
     return name, shape
 
@@ -118,6 +121,9 @@ def main(argv=None) -> int:
                     metavar="NAME=d0,d1,...", help="bind an input's dynamic dims (repeatable)")
     ap.add_argument("--input-value", action="append", type=parse_value, default=[],
                     metavar="NAME=v0,v1,...", help="freeze an input to a constant (repeatable)")
+    ap.add_argument("--overridable", action="append", default=[], metavar="NAME",
+                    help="keep a graph input that has an initializer as an input, with the "
+                         "initializer as its default (repeatable; otherwise it is a constant)")
     ap.add_argument("--float16", action="store_true", help="store weights and activations as fp16")
     ap.add_argument("--calibrate", metavar="FEEDS.npz",
                     help="--float16: keep tensors these sample inputs push beyond half in fp32")
@@ -133,12 +139,13 @@ def main(argv=None) -> int:
     stages = Stages(progress=Progress(), report=report if args.verbose else None)
     t0 = time.perf_counter()
     try:
-        with BlobWriter(args.output) as out:  # checks the output before the compile
+        with BlobWriter(args.output, inputs=[args.model]) as out:  # checked before the compile
             calibration = load_calibration(args.calibrate) if args.calibrate else None
             art = compile_model(args.model, target=args.target,
                                 input_shapes=dict(args.input_shape), float16=args.float16,
                                 stages=stages, writer=out,
-                                input_values=dict(args.input_value), calibration=calibration)
+                                input_values=dict(args.input_value), calibration=calibration,
+                                overridable=args.overridable)
             if args.embed_binaries:
                 art.meta[store.EMBED_KEY] = store.embed_here(bytes(art.programs).decode())
             out.finish(art)

@@ -24,14 +24,13 @@ import sys
 
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 from runner import BlobError, ConfigError, DeviceError, DeviceTimeout, Model  # noqa: E402
-from tools.cli import Parser, positive_int  # noqa: E402
+from tools.cli import Parser, number, positive_int, timeout_ms  # noqa: E402
 from tools.run import random_feeds  # noqa: E402
 
 RING = 3  # camera buffers the "vision pipeline" rotates through
@@ -128,16 +127,6 @@ def summary(ms: np.ndarray, frames: int, timeouts: int, device_errors: int, skip
             "lagging": dropped > LAGGING * frames}
 
 
-def positive_float(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        x = 0.0
-    if not 0 < x < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return x
-
-
 def report(s: dict) -> str:
     fmt = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
     return (f"frames {s['frames']}: processed {s['processed']}, dropped {s['dropped']} "
@@ -147,16 +136,20 @@ def report(s: dict) -> str:
             f"{s['over_budget']}\nmodeldLagging (>1% dropped): {'yes' if s['lagging'] else 'no'}")
 
 
+MIN_HZ, MAX_HZ = 0.01, 1000.0  # its period must be a valid run deadline
+MAX_MINUTES = 10**6
+
+
 def main() -> int:
     ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("blob")
     ap.add_argument("--device", help="cpu, opencl, mock, ... (default: the blob's target's)")
-    ap.add_argument("--hz", type=positive_float, default=20.0)
+    ap.add_argument("--hz", type=number(float, MIN_HZ, MAX_HZ), default=20.0)
     length = ap.add_mutually_exclusive_group()
     length.add_argument("--frames", type=positive_int, help="default 200")
-    length.add_argument("--minutes", type=positive_float)
-    ap.add_argument("--timeout-ms", type=positive_float, help="run deadline (default 1000/hz)")
-    ap.add_argument("--budget-ms", type=positive_float, help="frame budget (default 1000/hz)")
+    length.add_argument("--minutes", type=number(float, 0, MAX_MINUTES, low_open=True))
+    ap.add_argument("--timeout-ms", type=timeout_ms, help="run deadline (default 1000/hz)")
+    ap.add_argument("--budget-ms", type=timeout_ms, help="frame budget (default 1000/hz)")
     ap.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     args = ap.parse_args()
     frames = args.frames or (max(1, round(args.minutes * 60 * args.hz)) if args.minutes else 200)

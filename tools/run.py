@@ -10,12 +10,14 @@ import sys
 
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+import io  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 from runner import (BlobError, ConfigError, DeviceError, DeviceTimeout, InputError,  # noqa: E402
                     Model)
+from runner.files import read_regular  # noqa: E402
 from tools.cli import Parser, positive_int  # noqa: E402
 
 
@@ -40,7 +42,7 @@ def random_feeds(inputs: dict, seed: int = 0) -> dict[str, np.ndarray]:
 
 def load_feeds(path: str) -> dict[str, np.ndarray]:
     try:
-        data = np.load(path)
+        data = np.load(io.BytesIO(read_regular(path)))
         if not isinstance(data, np.lib.npyio.NpzFile):
             raise ToolError(f"inputs {path}: expected an .npz archive with one array per input "
                             f"name, got a single {type(data).__name__}")
@@ -76,7 +78,11 @@ def check(onnx_path: str, feeds: dict, results: dict) -> None:
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     try:
-        sess = ort.InferenceSession(onnx_path, opts, providers=["CPUExecutionProvider"])
+        model = read_regular(onnx_path)
+    except OSError as e:
+        raise ToolError(f"--check {e.filename}: {e.strerror}") from None
+    try:
+        sess = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
         names = [o.name for o in sess.get_outputs()]
         refs = dict(zip(names, sess.run(names, feeds)))
     except Exception as e:  # onnxruntime raises its own untyped errors

@@ -33,6 +33,7 @@ import sys
 
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+import errno  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
 import threading  # noqa: E402
@@ -41,8 +42,9 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from runner import BlobError, ConfigError, DeviceError, DeviceTimeout, Model  # noqa: E402
-from tools.cli import Parser, positive_int  # noqa: E402
-from tools.modeld import Feeder, positive_float  # noqa: E402
+from runner.files import check_output  # noqa: E402
+from tools.cli import Parser, non_negative_int, number, positive_int, timeout_ms  # noqa: E402
+from tools.modeld import Feeder  # noqa: E402
 from tools.plot import plot_png  # noqa: E402
 from tools.run import random_feeds  # noqa: E402
 
@@ -386,22 +388,29 @@ def plot(soak: Soak, path: str, title: str) -> str:
     ])
 
 
+MAX_HOURS, MAX_SAMPLE_S, MAX_WINDOWS, MAX_RSS_MB, MAX_BAUD = 10**5, 86400.0, 10**6, 1e9, 10**8
+
+
 def parse_args():
     ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("blob")
     ap.add_argument("--device", help="cpu, opencl, mock, ... (default: the blob's target's)")
     length = ap.add_mutually_exclusive_group()
     length.add_argument("--runs", type=positive_int, help="default 1000")
-    length.add_argument("--hours", type=positive_float)
+    length.add_argument("--hours", type=number(float, 0, MAX_HOURS, low_open=True))
     ap.add_argument("--canary-every", type=positive_int, default=100, metavar="K")
-    ap.add_argument("--sample-s", type=positive_float, default=1.0, help="resource sampling")
-    ap.add_argument("--warmup", type=int, default=20, help="runs left out of trends")
-    ap.add_argument("--windows", type=positive_int, default=10, help="latency windows")
-    ap.add_argument("--timeout-ms", type=positive_float, help="run deadline (default 2000)")
-    ap.add_argument("--rss-bound-mb", type=positive_float, default=4.0)
-    ap.add_argument("--allow-faults", type=int, default=0, help="faults that do not fail it")
+    ap.add_argument("--sample-s", type=number(float, 0, MAX_SAMPLE_S, low_open=True),
+                    default=1.0, help="resource sampling")
+    ap.add_argument("--warmup", type=non_negative_int, default=20, help="runs left out of trends")
+    ap.add_argument("--windows", type=number(int, 1, MAX_WINDOWS), default=10,
+                    help="latency windows")
+    ap.add_argument("--timeout-ms", type=timeout_ms, help="run deadline (default 2000)")
+    ap.add_argument("--rss-bound-mb", type=number(float, 0, MAX_RSS_MB, low_open=True),
+                    default=4.0)
+    ap.add_argument("--allow-faults", type=non_negative_int, default=0,
+                    help="faults that do not fail it")
     ap.add_argument("--serial", metavar="PORT", help="capture this serial console (pyserial)")
-    ap.add_argument("--baud", type=positive_int, default=115200)
+    ap.add_argument("--baud", type=number(int, 1, MAX_BAUD), default=115200)
     ap.add_argument("--log", default="soak.jsonl", help="JSONL log (default soak.jsonl)")
     ap.add_argument("--plot", default="soak.png", help="PNG of latency and RSS (default soak.png)")
     ap.add_argument("--json", action="store_true", help="print the summary as one JSON object")
@@ -416,10 +425,21 @@ def main() -> int:
     except (BlobError, ConfigError, DeviceError, ValueError) as e:  # ValueError: bad --device
         print(f"soak: {args.blob}: {e}", file=sys.stderr)
         return 2
-    with open(args.log, "w", buffering=1) as log:  # line-buffered: a killed soak keeps its log
+    try:
+        for path in (args.log, args.plot):
+            check_output(path, inputs=[args.blob])
+            if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+                raise FileNotFoundError(errno.ENOENT, "its folder does not exist", path)
+        if os.path.abspath(args.log) == os.path.abspath(args.plot):
+            raise FileExistsError(errno.EEXIST, "is also the --log", args.plot)
+        log = open(args.log, "w", buffering=1)  # line-buffered: a killed soak keeps its log
+    except OSError as e:
+        print(f"soak: {e.filename}: {e.strerror}", file=sys.stderr)
+        return 2
+    with log:
         soak = Soak(m, runs, args.hours and args.hours * 3600, args.canary_every, args.sample_s,
-                    max(args.warmup, 0), args.windows, args.timeout_ms,
-                    args.rss_bound_mb * 2**20, max(args.allow_faults, 0), log)
+                    args.warmup, args.windows, args.timeout_ms, args.rss_bound_mb * 2**20,
+                    args.allow_faults, log)
         soak.event("start", blob=os.path.abspath(args.blob), device=m.device.name,
                    runs=runs, hours=args.hours, argv=sys.argv[1:],
                    wall_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
@@ -437,8 +457,12 @@ def main() -> int:
                 serial_log.close()
         s = soak.summary()
     s["log"], s["plot"] = args.log, args.plot
-    s["plot_renderer"] = plot(soak, args.plot, f"soak {os.path.basename(args.blob)} "
-                              f"{m.device.name} {s['verdict']}")
+    try:
+        s["plot_renderer"] = plot(soak, args.plot, f"soak {os.path.basename(args.blob)} "
+                                  f"{m.device.name} {s['verdict']}")
+    except OSError as e:  # the disk filled during the soak: the log has what it saw
+        print(f"soak: {e.filename or args.plot}: {e.strerror or e}", file=sys.stderr)
+        return 2
     print(json.dumps(s) if args.json else report(s) + f"\nlog {args.log}, plot {args.plot}")
     return 0 if s["verdict"] == "OK" else 1
 

@@ -129,19 +129,41 @@ class Lowerer:
         return UOp(Ops.LOAD, node.dtype, src)
 
     def __call__(self, node: UOp, idx: tuple, valid=None) -> UOp:
+        return self._drive(self._simplified(node, idx, valid))
+
+    def _simplified(self, node: UOp, idx: tuple, valid) -> tuple:
         simp, done = self.simp, self.done
         idx = tuple([done[i] if i in done else simp(i) for i in idx])
         valid = None if valid is None else done[valid] if valid in done else simp(valid)
-        return self._at(node, idx, valid)
+        return node, idx, valid
 
-    def _at(self, node: UOp, idx: tuple, valid) -> UOp:
-        """__call__ for an index and gate that are simplified already."""
-        key = (node, idx, valid, self.acc if node in self.above else None)
-        if key not in self.memo:
-            self.memo[key] = self.simp(self._lower(node, idx, valid))
-        return self.memo[key]
+    def _drive(self, want: tuple) -> UOp:
+        """The lowered value of `want` = (node, simplified index, gate), without recursion: a
+        graph's depth would be the stack's. Each node's lowering (_lower) is a generator that
+        yields what it needs, (node, index, gate, simplified?), and is sent each value back."""
+        memo, stack, value = self.memo, [], None
+        while True:
+            key = (*want, self.acc if want[0] in self.above else None)
+            if key in memo:
+                value = memo[key]
+            else:
+                stack.append((key, self._lower(*want)))
+                value = None
+            while stack:
+                key, steps = stack[-1]
+                try:
+                    node, idx, valid, simplified = steps.send(value)
+                except StopIteration as lowered:
+                    stack.pop()
+                    value = memo[key] = self.simp(lowered.value)
+                    continue
+                want = (node, idx, valid) if simplified else self._simplified(node, idx, valid)
+                break
+            else:
+                return value
 
-    def _lower(self, n: UOp, idx: tuple, valid) -> UOp:
+    def _lower(self, n: UOp, idx: tuple, valid):
+        """A generator: yields (node, index, gate, simplified?) for each value it needs."""
         op, arg = n.op, n.arg
         if n in self.params and (n is not self.root or op in (Ops.INPUT, Ops.WEIGHT)):
             return self.load(n, idx, valid)
@@ -150,28 +172,32 @@ class Lowerer:
         if op is Ops.CONST:
             return n
         if op in ALU:
-            return UOp(op, n.dtype, tuple([self._at(s, idx, valid) for s in n.src]), arg)
+            src = []
+            for s in n.src:
+                src.append((yield s, idx, valid, True))
+            return UOp(op, n.dtype, tuple(src), arg)
         src = n.src[0].shape if n.src else ()
         if op is Ops.RESHAPE:
-            return self(n.src[0], reshape_index(idx, n.shape, src), valid)
+            return (yield n.src[0], reshape_index(idx, n.shape, src), valid, False)
         if op is Ops.PERMUTE:
             out = [None] * len(idx)
             for i, o in enumerate(arg):
                 out[o] = idx[i]
-            return self(n.src[0], tuple(out), valid)
+            return (yield n.src[0], tuple(out), valid, False)
         if op is Ops.EXPAND:
-            return self(n.src[0], tuple(iconst(0) if s == 1 else i for i, s in zip(idx, src)), valid)
+            return (yield n.src[0], tuple(iconst(0) if s == 1 else i for i, s in zip(idx, src)),
+                    valid, False)
         if op is Ops.SHRINK:
-            return self(n.src[0], tuple(i + b for i, (b, _) in zip(idx, arg)), valid)
+            return (yield n.src[0], tuple(i + b for i, (b, _) in zip(idx, arg)), valid, False)
         if op is Ops.FLIP:
-            return self(n.src[0], tuple(iconst(s - 1) + i * -1 if d in arg else i
-                                        for d, (i, s) in enumerate(zip(idx, src))), valid)
+            return (yield n.src[0], tuple(iconst(s - 1) + i * -1 if d in arg else i
+                                          for d, (i, s) in enumerate(zip(idx, src))), valid, False)
         if op is Ops.PAD:
-            return self._pad(n, idx, valid)
+            return (yield from self._pad(n, idx, valid))
         if op is Ops.WINDOW:
-            return self._window(n, idx, valid)
+            return (yield from self._window(n, idx, valid))
         if op is Ops.GATHER:
-            return self._gather(n, idx, valid)
+            return (yield from self._gather(n, idx, valid))
         raise NotImplementedError(f"cannot lower {op}")
 
     def _pad(self, n: UOp, idx, valid):
@@ -179,7 +205,8 @@ class Lowerer:
         inside = all_true(*(c for i, (b, a), s in zip(idx, pads, n.src[0].shape)
                             for c in ((i.lt(b)).logical_not() if b else None,
                                       i.lt(b + s) if a else None)))
-        inner = self(n.src[0], tuple(i + -b for i, (b, _) in zip(idx, pads)), all_true(valid, inside))
+        inner = yield (n.src[0], tuple(i + -b for i, (b, _) in zip(idx, pads)),
+                       all_true(valid, inside), False)
         return inner if inside is None else inside.where(inner, UOp.const(fill, n.dtype))
 
     def _window(self, n: UOp, idx, valid):
@@ -187,14 +214,14 @@ class Lowerer:
         nsp, nlead = len(ks), len(n.src[0].shape) - len(ks)
         lead, outs, kern = idx[:nlead], idx[nlead:nlead + nsp], idx[nlead + nsp:]
         sp = tuple(o * s + k * d for o, k, s, d in zip(outs, kern, ss, ds))
-        return self(n.src[0], lead + sp, valid)
+        return (yield n.src[0], lead + sp, valid, False)
 
     def _gather(self, n: UOp, idx, valid):
         data, ind = n.src
         ax, r, size = n.arg, len(ind.shape), data.shape[n.arg]
-        i = self(ind, idx[ax:ax + r], valid).cast(IDX)
+        i = (yield ind, idx[ax:ax + r], valid, False).cast(IDX)
         i = i.lt(0).where(i + size, i).maximum(0).minimum(size - 1)  # clamp: never read outside
-        return self(data, idx[:ax] + (i,) + idx[ax + r:], valid)
+        return (yield data, idx[:ax] + (i,) + idx[ax + r:], valid, False)
 
 
 def root_index(views: list[UOp], idx: tuple) -> tuple:

@@ -154,10 +154,12 @@ def sin(x: UOp) -> UOp:
 
 
 def trunc(x: UOp) -> UOp:
-    """Through an integer cast where the value has a fraction; larger magnitudes are integers."""
+    """Through an integer cast where the value has a fraction; larger magnitudes are integers.
+    A zero result keeps x's sign, as truncf does (trunc(-0.5) is -0.0)."""
     f = F[x.dtype]
     small = x.maximum(-x).lt(_c(2.0 ** f["mant"], x))
-    return small.where(x.cast(f["int"]).cast(x.dtype), x)
+    t = x.cast(f["int"]).cast(x.dtype)
+    return small.where(t.eq(_c(0, x)).where(x * _c(0, x), t), x)
 
 
 def pow_(x: UOp, y: UOp) -> UOp:

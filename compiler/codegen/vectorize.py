@@ -36,9 +36,21 @@ class Zipper:
         self.memo: dict[tuple, UOp] = {}
 
     def __call__(self, lanes: tuple[UOp, ...]) -> UOp:
-        if lanes not in self.memo:
-            self.memo[lanes] = self._zip(lanes)
-        return self.memo[lanes]
+        return _memo_walk(self.memo, lanes, self._sources, self._zip)
+
+    def _sources(self, lanes: tuple[UOp, ...]) -> list:
+        """The lane tuples _zip zips to zip these: their sources', when they zip lane-wise."""
+        first = lanes[0]
+        if all(u is first for u in lanes) or not self._same(lanes) or \
+                first.op not in LANEWISE or not self._vector_ok(first):
+            return []
+        return [tuple(u.src[i] for u in lanes) for i in range(len(first.src))]
+
+    @staticmethod
+    def _same(lanes: tuple[UOp, ...]) -> bool:
+        first = lanes[0]
+        return all(u.op is first.op and u.dtype is first.dtype and u.arg == first.arg
+                   and len(u.src) == len(first.src) for u in lanes)
 
     def _zip(self, lanes: tuple[UOp, ...]) -> UOp:
         first = lanes[0]
@@ -46,8 +58,7 @@ class Zipper:
             return first  # the same value in every lane: stays scalar
         dt = first.dtype
         vdt = dt.vec(self.width)
-        same = all(u.op is first.op and u.dtype is dt and u.arg == first.arg
-                   and len(u.src) == len(first.src) for u in lanes)
+        same = self._same(lanes)
         if same and first.op is Ops.LOAD and len(first.src) == 2 and dt is not dtypes.bool \
                 and all(u.src[0] is first.src[0] for u in lanes) \
                 and _contiguous(tuple(u.src[1] for u in lanes)):
@@ -92,6 +103,25 @@ class Zipper:
         if u.op in (Ops.CAST, Ops.BITCAST) and dtypes.bool in kinds:
             return False
         return all(d.kind != "i" or d.itemsize <= 4 for d in kinds if d is not dtypes.void)
+
+
+def _memo_walk(memo: dict, key, sources, compute):
+    """memo[key] = compute(key), after memo holds every key in sources(key), transitively: a
+    recursive memoized function run without recursion (expressions are as deep as the graph's
+    elementwise chains)."""
+    stack = [key]
+    while stack:
+        top = stack[-1]
+        if top in memo:
+            stack.pop()
+            continue
+        todo = [s for s in sources(top) if s not in memo]
+        if todo:
+            stack.extend(todo)
+            continue
+        stack.pop()
+        memo[top] = compute(top)
+    return memo[key]
 
 
 def _conjuncts(g: UOp) -> list[UOp]:
@@ -156,9 +186,13 @@ class Vectorizer:
     def __call__(self, u: UOp) -> UOp:
         if u not in self.varies:
             return u  # the same value in every lane: stays scalar
-        if u not in self.memo:
-            self.memo[u] = self._vec(u)
-        return self.memo[u]
+        return _memo_walk(self.memo, u, self._sources, self._vec)
+
+    def _sources(self, u: UOp) -> list[UOp]:
+        """What _vec vectorizes to vectorize u: its lane-dependent sources, for a lane-wise op."""
+        if u.op in LANEWISE and self.zip._vector_ok(u):
+            return [s for s in u.src if s in self.varies]
+        return []
 
     def _vec(self, u: UOp) -> UOp:
         vdt = u.dtype.vec(self.width)

@@ -225,7 +225,14 @@ class Tensor:
     def cos(self): return (self + math.pi / 2).sin() if self.dtype.is_float else self
     def reciprocal(self): return self._un(Ops.RECIP)
     def trunc(self): return self._un(Ops.TRUNC)
-    def abs(self): return (self < 0).where(-self, self)
+    def abs(self):  # 0 - x: fabs(-0.0) is +0.0
+        return (self > 0).where(self, 0.0 - self) if self.dtype.is_float else \
+            (self < 0).where(-self, self)
+
+    def zero_signed_as(self, x):
+        """Where self is zero, a zero with x's sign: an odd function maps -0.0 to -0.0 (libm,
+        onnxruntime). Floats only; x * 0.0 is never folded (-0.0 * 0.0 is -0.0)."""
+        return self.eq(0.0).where(x * 0.0, self) if self.dtype.is_float else self
     def relu(self): return self.maximum(0.0 if self.dtype.is_float else 0)  # NaN stays NaN
 
     def sign(self):
@@ -247,7 +254,7 @@ class Tensor:
         f = (self + 0.5).floor()
         tie = (f - self).eq(0.5)
         odd = (f * 0.5).floor().ne(f * 0.5)
-        return (tie & odd).where(f - 1.0, f)
+        return (tie & odd).where(f - 1.0, f).zero_signed_as(self)
 
     def tanh(self):
         """(1 - e) / (1 + e) with e = exp(-2|x|); below |x| = 1/8, where 1 - e cancels, the odd
@@ -259,7 +266,7 @@ class Tensor:
         for c in TANH_SERIES[::-1]:
             s = Tensor.full(c, self.dtype, self.shape) if s is None else s * x2 + c
         t = (a < 0.125).where(a * s, t)
-        return (self < 0).where(-t, t)
+        return (self < 0).where(-t, t).zero_signed_as(self)
 
     def atan(self):
         """Reduce |x| to [0, tan(pi/8)] with atan(x) = pi/2 - atan(1/x) and
@@ -276,7 +283,7 @@ class Tensor:
             s = Tensor.full(c, self.dtype, u.shape) if s is None else s * u2 + c
         r = big.where(u * s + math.pi / 4, u * s)
         r = inv.where(math.pi / 2 - r, r)
-        return (self < 0).where(-r, r)
+        return (self < 0).where(-r, r).zero_signed_as(self)
 
     def asin(self):
         return (self / ((1.0 - self) * (1.0 + self)).sqrt()).atan()
@@ -299,7 +306,7 @@ class Tensor:
             term = term * x2 * (-1.0 / k)
             near = near + term * (1.0 / (2 * k + 1))
         r = (a < 0.5).where(near * 1.1283791670955126, far)
-        return (self < 0).where(-r, r)
+        return (self < 0).where(-r, r).zero_signed_as(self)
 
     # ---- reductions -----------------------------------------------------------------------
     def reduce(self, op: Ops, axes=None, keepdims: bool = True) -> Tensor:

@@ -9,6 +9,7 @@ import hashlib
 import itertools
 import math
 import mmap
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -26,6 +27,8 @@ from compiler.onnx.control import CONTROL, Body
 from compiler.onnx.metadata import model_meta
 from compiler.onnx.registry import MAX_OPSET, MIN_OPSET, ONNX_CODES, OPS, Ctx, onnx_dtype
 
+from runner.files import open_regular
+
 MAX_ELEMENTS = 2**31 - 1
 
 @dataclass
@@ -37,6 +40,9 @@ class Graph:
     # tensor (an Identity's output is its input's UOp, so it keeps the producer's index)
     nodes: list[tuple[str, str]] = field(default_factory=list)
     origins: dict[UOp, int] = field(default_factory=dict)
+    # inputs with an initializer compiled --overridable: its data, what a run that does not
+    # feed it reads
+    defaults: dict[str, object] = field(default_factory=dict)
 
 
 
@@ -53,12 +59,13 @@ def _load_proto(model) -> tuple[onnx.ModelProto, bytes | None, dict]:
         return model, None, {}
     try:
         in_file: dict = {}
-        small = Path(model).stat().st_size <= BIG_MODEL_BYTES
-        if small:
-            data = Path(model).read_bytes()
-        else:  # big: parsed without its weights, which are mapped from the file when built
-            with open(model, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-                data, in_file = _strip(m)
+        with open(open_regular(model), "rb") as f:
+            small = os.fstat(f.fileno()).st_size <= BIG_MODEL_BYTES
+            if small:
+                data = f.read()
+            else:  # big: parsed without its weights, mapped from the file when built (_weight)
+                with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                    data, in_file = _strip(m)
         proto = onnx.load_from_string(data)
         if _external(proto):
             # the weights stay in their files, mapped when built (_weight): a model over 2 GB
@@ -73,6 +80,8 @@ def _load_proto(model) -> tuple[onnx.ModelProto, bytes | None, dict]:
         return proto, (data if small else None), in_file
     except FileNotFoundError:
         raise CompileError(f"model file not found: {model}") from None
+    except OSError as e:  # a FIFO, a directory, a NUL in the path: refused before any read
+        raise CompileError(f"model {e.filename or model}: {e.strerror or e}") from None
     except Exception as e:  # protobuf raises several unrelated types for garbage input
         raise CompileError(f"{model}: not a valid ONNX model ({type(e).__name__}: {e})") from None
 
@@ -366,9 +375,13 @@ def _all_nodes(graph: onnx.GraphProto):
 
 def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool = False,
               pad_columns: int = 0, input_values: dict | None = None,
-              narrow_pad_divisor: int = 16, hvx: bool = False) -> Graph:
+              narrow_pad_divisor: int = 16, hvx: bool = False,
+              overridable: tuple = ()) -> Graph:
     """input_values: {input name: value}, inputs frozen to constants (they leave the blob's
-    inputs, and what depends on them folds, an If's condition included)."""
+    inputs, and what depends on them folds, an If's condition included).
+    overridable: graph inputs that also have an initializer to keep as inputs with that
+    default (onnxruntime's overridable initializers); the others are constants of the model,
+    which shapes may depend on and kernels may pack."""
     proto, data, in_file = _load_proto(model)
     _well_formed(proto, model)
     opset = _opset(proto)
@@ -385,13 +398,24 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
                                f"{[i.name for i in proto.graph.input]}")
     vals: dict[str, Tensor | None] = {"": None}
     _initializers(proto.graph, vals, {i: (str(model), *at) for i, at in in_file.items()})
-    inputs = []
+    with_init = [vi.name for vi in proto.graph.input if vi.name in vals]
+    unknown = sorted(set(overridable) - set(with_init))
+    if unknown:
+        raise CompileError(f"--overridable names {unknown}, which are not graph inputs with an "
+                           f"initializer; those are {with_init}")
+    inputs, defaults = [], {}
     for vi in proto.graph.input:
         if vi.name in input_values:  # frozen: a constant, so branches on it fold
             vals[vi.name] = Tensor.weight(_frozen(vi, input_values[vi.name], input_shapes))
             continue
         if vi.name in vals:
-            continue  # an initializer with a default value: a constant of the model
+            if vi.name not in overridable:
+                continue  # a constant of the model
+            default = np.ascontiguousarray(evaluate(vals[vi.name].uop))
+            t = Tensor.input(vi.name, tuple(default.shape), vals[vi.name].dtype)
+            vals[vi.name], defaults[vi.name] = t, default
+            inputs.append((vi.name, t.uop))
+            continue
         if not vi.type.HasField("tensor_type"):
             raise CompileError(f"input {vi.name!r} is not a tensor; "
                                "keel supports tensor inputs only")
@@ -408,14 +432,18 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
     for vi in proto.graph.output:
         if vals.get(vi.name) is None:
             raise CompileError(f"graph output {vi.name!r} is not produced by any node")
-        outputs.append((vi.name, vals[vi.name].uop))
+        if all(vi.name != name for name, _ in outputs):  # one listed twice is one output
+            outputs.append((vi.name, vals[vi.name].uop))
     props = {p.key: p.value for p in proto.metadata_props}
     meta = model_meta(props, [(name, tuple(u.shape)) for name, u in outputs])
     frozen = {n: {"dtype": str(a.dtype), "shape": list(a.shape), "values": a.reshape(-1).tolist()}
               for n, a in ((n, evaluate(vals[n].uop)) for n in input_values)}
     if frozen:  # what the model's own inputs were frozen to: tools feed onnxruntime the same
         meta["frozen_inputs"] = frozen
-    return Graph(inputs, outputs, {"opset": opset, **meta}, *_origins(proto.graph.node, vals))
+    constants = [name for name in with_init if name not in overridable]
+    meta = {**meta, "constant_inputs": constants} if constants else meta
+    return Graph(inputs, outputs, {"opset": opset, **meta}, *_origins(proto.graph.node, vals),
+                 defaults=defaults)
 
 
 def _initializers(graph: onnx.GraphProto, vals, in_file: dict | None = None) -> None:

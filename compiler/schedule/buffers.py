@@ -106,6 +106,17 @@ class Buffers:
             self.node_buf[key] = b.id
         return self.node_buf[key]
 
+    def default(self, data) -> int:
+        """A weights buffer holding an input's default value as the input's own bytes (no
+        storage policy: the runner binds it in the input's place)."""
+        self.weight_size = -(-self.weight_size // self.align) * self.align
+        b = Buffer(len(self.table), "weights", self.weight_size, data.nbytes, data.dtype.name,
+                   tuple(data.shape), "")
+        self.table[b.id] = b
+        self.weights.append((b.id, memoryview(data).cast("B")))
+        self.weight_size += b.nbytes
+        return b.id
+
     def launch(self, k: Kernel, args: list[int], plan) -> None:
         step = len(self.launches)
         for b in args:

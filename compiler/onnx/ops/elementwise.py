@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from compiler.ir.dtypes import dtypes
 from compiler.ir.tensor import Tensor
 import compiler.onnx.ops.quant as quant
@@ -21,15 +23,17 @@ for _name, _fn in {
     "Relu": Tensor.relu, "Sigmoid": Tensor.sigmoid, "Tanh": Tensor.tanh, "Exp": Tensor.exp,
     "Log": Tensor.log, "Sqrt": Tensor.sqrt, "Neg": lambda x: -x, "Abs": Tensor.abs,
     "Reciprocal": Tensor.reciprocal, "Floor": Tensor.floor, "Ceil": Tensor.ceil,
-    "Round": Tensor.round_even, "Sign": Tensor.sign, "Sin": Tensor.sin, "Cos": Tensor.cos,
+    "Round": Tensor.round_even, "Sign": Tensor.sign, "Cos": Tensor.cos,
+    "Sin": lambda x: x.sin().zero_signed_as(x),
     "Erf": Tensor.erf, "Not": Tensor.logical_not, "Identity": lambda x: x,
     "Softplus": lambda x: _softplus(x), "Mish": lambda x: x * _softplus(x).tanh(),
-    "Tan": lambda x: x.sin() / x.cos(), "IsNaN": lambda x: x.ne(x),
+    "Tan": lambda x: (x.sin() / x.cos()).zero_signed_as(x), "IsNaN": lambda x: x.ne(x),
     "Atan": Tensor.atan, "Asin": Tensor.asin, "Acos": Tensor.acos,
-    "Sinh": lambda x: (x.exp() - (-x).exp()) * 0.5, "Cosh": lambda x: (x.exp() + (-x).exp()) * 0.5,
-    "Asinh": lambda x: x.sign() * (x.abs() + (x * x + 1.0).sqrt()).log(),
+    "Sinh": lambda x: ((x.exp() - (-x).exp()) * 0.5).zero_signed_as(x),
+    "Cosh": lambda x: (x.exp() + (-x).exp()) * 0.5,
+    "Asinh": lambda x: (x.sign() * (x.abs() + (x * x + 1.0).sqrt()).log()).zero_signed_as(x),
     "Acosh": lambda x: (x + (x * x - 1.0).sqrt()).log(),
-    "Atanh": lambda x: ((1.0 + x) / (1.0 - x)).log() * 0.5,
+    "Atanh": lambda x: (((1.0 + x) / (1.0 - x)).log() * 0.5).zero_signed_as(x),
     "BitwiseNot": lambda x: x ^ Tensor.full(-1 if x.dtype.kind == "i" else x.dtype.max, x.dtype),
 }.items():
     OPS[_name] = _unary(_fn)
@@ -132,8 +136,10 @@ def _where(ctx, i, a):
 @op("Clip")
 def _clip(ctx, i, a):
     x = i[0]
-    lo = i[1] if len(i) > 1 and i[1] is not None else a.get("min")
-    hi = i[2] if len(i) > 2 and i[2] is not None else a.get("max")
+    # ONNX's defaults: the type's lowest and largest finite values (Clip(inf) is FLT_MAX)
+    big = float(np.finfo(x.dtype.np).max) if x.dtype.is_float else None
+    lo = i[1] if len(i) > 1 and i[1] is not None else a.get("min", big and -big)
+    hi = i[2] if len(i) > 2 and i[2] is not None else a.get("max", big)
     if lo is not None:
         x = x.maximum(lo if isinstance(lo, Tensor) else Tensor.full(lo, x.dtype))
     if hi is not None:  # min applied last: Clip with min > max gives max, as onnxruntime does
@@ -175,7 +181,7 @@ def _prelu(ctx, i, a):
 @op("Elu")
 def _elu(ctx, i, a):
     x = i[0]
-    return (x > 0).where(x, (x.exp() - 1.0) * a.get("alpha", 1.0))
+    return (x < 0).where((x.exp() - 1.0) * a.get("alpha", 1.0), x)  # Elu(-0.0) is -0.0
 
 
 @op("Selu")

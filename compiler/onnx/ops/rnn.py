@@ -22,7 +22,7 @@ def _activation(name: str, alpha, beta):
         "ThresholdedRelu": lambda x: (x > alpha).where(x, 0.0),
         "ScaledTanh": lambda x: (x * beta).tanh() * alpha,
         "HardSigmoid": lambda x: (x * alpha + beta).maximum(0.0).minimum(1.0),
-        "Elu": lambda x: (x > 0).where(x, (x.exp() - 1.0) * alpha),
+        "Elu": lambda x: (x < 0).where((x.exp() - 1.0) * alpha, x),
         "Softsign": lambda x: x / (x.abs() + 1.0),
         "Softplus": lambda x: x.relu() + ((-x.abs()).exp() + 1.0).log(),
     }
