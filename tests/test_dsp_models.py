@@ -132,10 +132,10 @@ def test_profile_tool_reports_packets_hvx_and_macs_per_kernel_on_the_dsp(capsys)
 
 def test_quantize_linear_divides_by_its_scale_exactly_on_the_dsp(tmp_path):
     """On dsp a QuantizeLinear to 8 bits divides by its constant scale as a multiply by the
-    nearest reciprocal and one fused correction (quant_hvx.divided): the same quotient, rounded
-    to nearest, as onnxruntime's division, so the same integers, for scales whose reciprocal
-    is not exact, at the halves where rounding decides, a float32 ulp either side of them, and
-    random values over the whole range (and past it, saturating)."""
+    nearest reciprocal and one fused correction (quant_hvx.clamped_quotient): the same
+    quotient, rounded to nearest, as onnxruntime's division, so the same integers, for scales
+    whose reciprocal is not exact, at the halves where rounding decides, a float32 ulp either
+    side of them, and random values over the whole range (and past it, saturating)."""
     from compiler.blob import write_blob
     from compiler.pipeline import compile_model
     from onnx import helper

@@ -225,6 +225,8 @@ def bisect(model_path: str, blob_or_target: str, feeds: dict | None = None,
     if target not in TARGETS:
         raise ToolError(f"{blob_or_target}: expected a .blob file or a target, one of "
                         f"{sorted(TARGETS)}")
+    if feeds is not None:  # against the model's own dims, before the feeds fix dynamic ones
+        _checked_feeds(model, feeds)
     model = static_model(model, _shapes(blob, input_shapes, feeds),
                          frozen_feeds(blob.manifest["meta"]) if blob else {})
     if perturb is not None:

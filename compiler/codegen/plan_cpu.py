@@ -29,6 +29,7 @@ from compiler.schedule.fusion import Kernel, find_reduce
 from compiler.target import LINE_BYTES, Target
 
 GATHER_LANES = 2  # what a vector of per-lane scalar loads is worth, in lanes
+SCALAR_CHAINS = 16  # independent elements a scalar elementwise kernel computes at once
 WINDOW_UNROLL = 32  # whole window reductions up to this size unroll (3x3, 5x5 depthwise)
 MAX_ROWS = 8  # accumulator rows: past this, code size (and compile time) grows for no gain
 SHORT_REDUCE = 64  # reductions shorter than this pay for a scattered store like for a gather
@@ -158,7 +159,12 @@ def plan_cpu(kernel: Kernel, params: dict[UOp, int], target: Target, packable=()
         inner = out_dims[-1] if out_dims else -1
         up = (_width(full[inner], lanes) if full[inner] % 2 == 0 else factor(full[inner], lanes)
               ) if out_dims else 1
-        tile = Tile(list(range(len(full))), {inner: up} if out_dims else {}, inner)
+        upcast = {inner: up} if out_dims else {}
+        if lanes == 1 and len(out_dims) > 1:  # scalar code (dsp float): independent elements
+            # from the next dim too, so the FP slots pair instead of waiting on one chain
+            row = out_dims[-2]
+            upcast[row] = factor(full[row], max(SCALAR_CHAINS // full[inner], 1))
+        tile = Tile(list(range(len(full))), upcast, inner)
     order, unroll, lines = _reduce_loops(tile, full, rdims)
     axes = _axes(full, rdims, order, tile, unroll, lines)
     return Plan(tuple(full), tuple(rdims), tuple(_nest(axes, tile.vec)),

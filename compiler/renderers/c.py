@@ -205,7 +205,13 @@ class CRenderer(CStyle):
             return super().render_load(body, u)
         p, idx = body.ref(u.src[0]), body.ref(u.src[1])
         load = f"(*(const {u.dtype.cname}_u *)({p} + {idx}))"
-        if len(u.src) == 3:  # one gate for every lane: nothing is read when it fails
+        if len(u.src) == 3 and self.hvx and u.dtype.scalar.is_int:
+            # one gate for every lane: on HVX, the vector at offset 0 when it fails (in bounds:
+            # the buffer holds one), masked to zero, so the read needs no branch
+            gate, lane = body.ref(u.src[2]), u.dtype.scalar.cname
+            at = f"(*(const {u.dtype.cname}_u *)({p} + ({gate} ? {idx} : 0)))"
+            load = f"({at} & ({lane})-({lane}){gate})"
+        elif len(u.src) == 3:  # one gate for every lane: nothing is read when it fails
             load = f"({body.ref(u.src[2])} ? {load} : {self.literal(0, u.dtype)})"
         elif self.hvx and u.dtype.count == 32 and u.dtype.scalar.itemsize in (1, 2) \
                 and u.src[0].arg[0] in self.overread:

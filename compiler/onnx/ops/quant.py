@@ -67,27 +67,31 @@ def _quantize(ctx, i, a):
         return q
     s = qparam(scale, x, axis, block)
     ct = onnx_dtype(a["precision"], ctx.where()) if a.get("precision") else _widest(x, s)
-    z = qparam(zp, x, axis, block).cast(dtypes.float32) if zp is not None else None
+    z = qparam(zp, x, axis, block) if zp is not None else None
     if ct is dtypes.float32 and out.itemsize <= 2:
-        return _round_to(quant_hvx.divided(ctx, x.cast(ct), s.cast(ct)), z, out)
+        return _round_to(ctx, x.cast(ct), s.cast(ct), z, out)
     v = (x.cast(ct) / s.cast(ct)).round_even()
-    return saturate(v if z is None else v.cast(dtypes.float32) + z, out)
+    return saturate(v if z is None else v.cast(dtypes.float32) + z.cast(dtypes.float32), out)
 
 
 MAGIC = 1.5 * 2 ** 23  # float32's ulp is 1 from 2**23 to 2**24
 
 
-def _round_to(v: Tensor, z: Tensor | None, out: DType) -> Tensor:
-    """saturate(round_even(v) + z, out) for float32 v and an 8- or 16-bit out. Clamping first
-    to the integers out's range allows (minus z) commutes with rounding and leaves |v| < 2**17,
-    where (v + 1.5 * 2**23) - 1.5 * 2**23 is v rounded half to even in IEEE float32 arithmetic
-    (the sum's ulp is 1): two adds where round_even() takes a floor, a halving and compares
-    (the QDQ CNN's input quantization: three kernels, a third of its DSP packets)."""
+def _round_to(ctx, x: Tensor, s: Tensor, zq: Tensor | None, out: DType) -> Tensor:
+    """saturate(round_even(x / s) + zq, out) for float32 x, s and an 8- or 16-bit out. The
+    quotient clamped to the integers out's range allows (minus zq) commutes with rounding and
+    leaves |v| < 2**17, where v + 1.5 * 2**23 is v rounded half to even in IEEE float32
+    arithmetic (the sum's ulp is 1, and 1.5 * 2**23 is even), and its bits minus those of
+    1.5 * 2**23 are that integer: one float add where round_even() takes a floor, a halving and
+    compares, and the zero point added as an integer (scalar float on the DSP: the float
+    input's quantization)."""
     lo, hi = float(out.min), float(out.max)
-    if z is not None:
+    if zq is not None:
+        z = zq.cast(dtypes.float32)
         lo, hi = Tensor.full(lo, dtypes.float32) - z, Tensor.full(hi, dtypes.float32) - z
-    v = (v.maximum(lo).minimum(hi) + MAGIC) - MAGIC
-    return (v if z is None else v + z).cast(out)
+    bits = (quant_hvx.clamped_quotient(ctx, x, s, lo, hi) + MAGIC).bitcast(dtypes.int32)
+    r = bits - int(np.float32(MAGIC).view(np.int32))
+    return (r if zq is None else r + zq.cast(dtypes.int32)).cast(out)
 
 
 @op("DequantizeLinear")

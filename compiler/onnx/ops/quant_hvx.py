@@ -44,20 +44,22 @@ def dot4_conv(ctx, q: Tensor, zp: int, wc: np.ndarray | None, bq: Tensor | None,
     return acc + Tensor.weight(bias.astype(np.int32).reshape(1, cout, 1, 1))
 
 
-def divided(ctx, x: Tensor, s: Tensor) -> Tensor:
-    """x / s for a quantization to 8 or 16 bits, which clamps the quotient to |v| < 2**17 next.
-    On HVX targets (whose float is the scalar unit, where a division is a dozen dependent
-    packets) by one constant float32 s: x clamped to 2**20 |s| (the same clamped result; no
+def clamped_quotient(ctx, x: Tensor, s: Tensor, lo, hi) -> Tensor:
+    """x / s clamped to [lo, hi] (integers, |lo|, |hi| < 2**17: a quantization to 8 or 16 bits
+    rounds it next). On HVX targets (whose float is the scalar unit, where a division is a
+    dozen dependent packets) by one constant float32 s: x clamped once, to [lo, hi] * s (its
+    quotient is then within an ulp of [lo, hi], which the rounding next takes to lo or hi; no
     infinity or overflow below), q = x * y with y the float32 nearest 1/s, then
     q + (x - q * s) * y, each multiply-add fused (the renderer's -ffp-contract=fast): the
     residual is exact, and the corrected quotient is x / s rounded to nearest (Markstein's
-    theorem: y within half an ulp of 1/s, q within one ulp of x / s). NaN stays NaN."""
+    theorem: y within half an ulp of 1/s, q within one ulp of x / s). |s| >= 2**-100 keeps
+    the bounds' products normal floats. NaN stays NaN."""
     sc = ctx.constant(s) if ctx.hvx else None
-    if sc is None or sc.size != 1 or not 0 < abs(float(sc.reshape(-1)[0])) < 2.0 ** 100:
-        return x / s
+    if sc is None or sc.size != 1 or not 2.0 ** -100 <= abs(float(sc.reshape(-1)[0])) < 2 ** 100:
+        return (x / s).maximum(lo).minimum(hi)
     s0 = float(sc.reshape(-1)[0])
-    bound = float(np.float32(abs(s0) * 2 ** 20))
-    x = x.maximum(-bound).minimum(bound)
+    xlo, xhi = (lo * s0, hi * s0) if s0 > 0 else (hi * s0, lo * s0)
+    x = x.maximum(xlo).minimum(xhi)
     y = Tensor.full(float(np.float32(1 / np.float64(s0))), dtypes.float32)
     q = x * y
     return q + (x - q * s) * y
