@@ -70,8 +70,7 @@ class BlobWriter:
         _pwrite_all(self.spill_fd, view, at)
         self.spill_end = -(-(at + len(view)) // mmap.ALLOCATIONGRANULARITY) * \
             mmap.ALLOCATIONGRANULARITY
-        return memoryview(mmap.mmap(self.spill_fd, len(view), offset=at,
-                                    access=mmap.ACCESS_READ))
+        return memoryview(Spilled(self.spill_fd, len(view), offset=at, access=mmap.ACCESS_READ))
 
     def weights(self, weights: tuple[bytes, tuple[int, ...]]) -> None:
         self.thread = threading.Thread(target=self._weights, args=weights, daemon=True)
@@ -120,6 +119,10 @@ class BlobWriter:
             os.close(self.fd)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.tmp)
+
+
+class Spilled(mmap.mmap):
+    """A packed weight's bytes mapped back from BlobWriter.spill's scratch file."""
 
 
 class Streamed(mmap.mmap):
@@ -233,6 +236,7 @@ def share_weights(builds: list, region_for=None) -> tuple[bytes, tuple[int, ...]
             region[off:off + len(data[h])] = data[h]
             if isinstance(region, Streamed):
                 region.release(off, len(data[h]))
+            _let_go(data[h])
             if last[h] == i:
                 del data[h]
         b.move_weights({bid: at[h] for bid, h in key[i].items()})
@@ -245,9 +249,20 @@ def _content_keys(weights: list[dict[int, bytes]]) -> list[dict[int, object]]:
     differently, so few are hashed (the openpilot-shaped model: 0.1 s of a 2 s recompile)."""
     def probe(d) -> tuple:
         return len(d), bytes(d[:64]), bytes(d[-64:])
+    def digest(d) -> bytes:
+        h = hashlib.sha256(d).digest()
+        _let_go(d)
+        return h
     seen = Counter(probe(d) for w in weights for d in w.values())
-    return [{bid: hashlib.sha256(d).digest() if seen[probe(d)] > 1 else probe(d)
+    return [{bid: digest(d) if seen[probe(d)] > 1 else probe(d)
              for bid, d in w.items()} for w in weights]
+
+
+def _let_go(data) -> None:
+    """Unmap a spilled weight's pages once read (BlobWriter.spill): reading it again maps them
+    back in from the scratch file; held, every variant's packed weights would be resident."""
+    if isinstance(data, memoryview) and isinstance(data.obj, Spilled):
+        data.obj.madvise(mmap.MADV_DONTNEED)
 
 
 def _variant(a: Artifact, name: str) -> tuple[dict, bytes, bytes]:
