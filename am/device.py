@@ -1,14 +1,18 @@
-"""device="amd": the Device contract (runner/device.py v2) on an AMD GPU through usbgpu/ and am/.
+"""device="amd": runner/queue.py's queue device on an AMD GPU through usbgpu/ and am/; this file
+is its verbs.
 
-load(): bring the GPU up (am/driver.py), copy the code object's loadable segments, the weights,
-the graph's kernargs and its indirect buffer (am/graph.py: recorded once) into VRAM through the
-DMA window, and give each io slot a VRAM buffer. Io slots are host arrays (HostDevice): submit()
-copies the bound inputs into their VRAM buffers, then queues INDIRECT_BUFFER + RELEASE_MEM of
-the next timeline value; completed() reads the timeline; wait() copies outputs back into the
-bound arrays once their submission is complete. Every step is bounded by the caller's deadline.
+open(): bring the GPU up (am/driver.py), copy the code object's loadable segments and the
+weights into VRAM through the DMA window. alloc(): VRAM, zero-filled, not host-visible, so
+runner/queue.py copies bound host arrays in (submit) and out (wait) with upload/download.
+record(): the graph's kernargs and one indirect buffer per entry point's launch range
+(am/graph.py: recorded once); patch() rewrites a slot's 8-byte pointers in the kernargs. kick():
+INDIRECT_BUFFER + RELEASE_MEM of the timeline value; completed() reads the timeline. Every USB
+step is bounded by the caller's deadline.
 
-A lost device (unplug, transfer error) is DeviceError; recover() opens the enclosure again and
-repeats load() (the blob stays mapped), so a replugged GPU runs the model again.
+A lost device (unplug, transfer error) is DeviceError; reset() opens the enclosure again and
+repeats the bring-up and every allocation in its order (the blob stays mapped), so a replugged
+GPU runs the model again at the same addresses. What VRAM held (state included) survives only
+where the GPU kept it: the mock does; docs/amd.md says what hardware must show.
 """
 from __future__ import annotations
 
@@ -16,16 +20,18 @@ import time
 
 from am import elf, graph, pm4
 from am.driver import TIMELINE_AT, Gpu
-from runner.device import HostDevice, wait_until
-from runner.errors import BlobError
+from runner.errors import BlobError, DeviceError
+from runner.queue import Memory, QueueDevice
 
 TARGET = "amd"
 LOAD_TIMEOUT_S = 600.0  # a whole model's weights over USB: minutes at worst, never forever
 USB_TIMEOUT_S = 1.0  # per batch of USB transfers
+STATE_IO_S = 10.0  # a state read or written between runs
 
 
-class AmdDevice(HostDevice):
+class AmdDevice(QueueDevice):
     name = "amd"
+    staged_by_copy = True
 
     def __init__(self):
         self.gpu = None
@@ -34,11 +40,11 @@ class AmdDevice(HostDevice):
         if target != TARGET:
             raise BlobError(f"device 'amd' runs target {TARGET!r} blobs, got {target!r}")
 
-    def load(self, blob) -> None:
+    def open(self, blob) -> None:
         self.blob = blob
         self.co = elf.read(bytes(blob.programs))
+        self.allocs: list[tuple[int, int]] = []  # (bytes, address) after the bring-up's own
         self._bring_up(time.monotonic() + LOAD_TIMEOUT_S)
-        self._init_io(blob)
 
     def _bring_up(self, deadline: float) -> None:
         from usbgpu.pci import UsbPci
@@ -47,20 +53,40 @@ class AmdDevice(HostDevice):
             self.gpu = None
         self.gpu = gpu = Gpu(UsbPci(USB_TIMEOUT_S))
         blob, image = self.blob, bytes(self.blob.programs)
-        code = gpu.alloc(self.co.size, deadline)
+        self.code = gpu.alloc(self.co.size, deadline)
         for va, data in elf.load_image(image):
-            gpu.upload(code + va, data, deadline)
+            gpu.upload(self.code + va, data, deadline)
         self.arena = gpu.alloc(blob.arena_bytes, deadline)
         self.weights = gpu.alloc(len(blob.weights), deadline)
         gpu.upload(self.weights, blob.weights, deadline)
-        self.slots = {b.offset: (gpu.alloc(b.nbytes, deadline), b)
-                      for b in (*blob.inputs, *blob.outputs)}
-        kernargs = gpu.alloc(256 * len(blob.launches) + 4096, deadline)
-        rec = graph.record(blob, self.co, code, kernargs, self._address)
-        gpu.upload(kernargs, bytes(rec.kernargs), deadline)
-        self.ib, self.ib_dwords = gpu.alloc(4 * len(rec.ib), deadline), len(rec.ib)
-        gpu.upload(self.ib, b"".join(w.to_bytes(4, "little") for w in rec.ib), deadline)
-        self.submitted = self.done = 0
+        self.kernargs = gpu.alloc(256 * len(blob.launches) + 4096, deadline)
+        self.submitted = 0
+        self.patches: dict[int, bytes] = {}  # kernarg address -> pointer, until the next kick
+
+    def alloc(self, nbytes: int) -> Memory:
+        va = self._vram(nbytes)
+        self.gpu.upload(va, bytes(max(nbytes, 1)), time.monotonic() + LOAD_TIMEOUT_S)
+        return Memory(va, None, nbytes)
+
+    def _vram(self, nbytes: int) -> int:
+        """VRAM after the bring-up's own, logged: reset() asks for it again in this order."""
+        va = self.gpu.alloc(nbytes, time.monotonic() + LOAD_TIMEOUT_S)
+        self.allocs.append((nbytes, va))
+        return va
+
+    def map_host(self, slot: int, array):
+        return None
+
+    def upload(self, mem: Memory, data) -> None:
+        self.gpu.upload(mem.address, memoryview(data).cast("B"), self._deadline())
+
+    def download(self, mem: Memory) -> bytes:
+        out = bytearray(mem.nbytes)
+        self.gpu.download(mem.address, memoryview(out), self._deadline())
+        return bytes(out)
+
+    def _deadline(self) -> float:
+        return time.monotonic() + (USB_TIMEOUT_S if self.value > self.retired else STATE_IO_S)
 
     def _address(self, b: int) -> int:
         spec = self.blob.buffers[b]
@@ -68,35 +94,52 @@ class AmdDevice(HostDevice):
             return self.arena + spec.offset
         if spec.region == "weights":
             return self.weights + spec.offset
-        return self.slots[spec.offset][0]
+        return self.io_address[spec.offset]
 
-    def _patch(self, slot: int, array) -> None:
-        """Nothing recorded changes: io slots have fixed VRAM buffers, and the bound host array
-        is copied in at submit() (inputs) or out at wait() (outputs)."""
+    def record(self) -> None:
+        """The kernargs and each entry's stream; a re-recording (reset) writes them where the
+        first one put them."""
+        deadline = time.monotonic() + LOAD_TIMEOUT_S
+        self.rec = rec = graph.record(self.blob, self.co, self.code, self.kernargs, self._address)
+        self.gpu.upload(self.kernargs, bytes(rec.kernargs), deadline)
+        ranges = sorted({range(len(self.blob.launches))} | {e.launches for e in self.graph.entries},
+                        key=lambda r: (r.start, r.stop))
+        streams = getattr(self, "streams", {})
+        for launches in ranges:
+            words = rec.stream(launches)
+            ib = streams[launches][0] if launches in streams else \
+                self._vram(4 * max(len(words), 1))
+            self.gpu.upload(ib, b"".join(w.to_bytes(4, "little") for w in words), deadline)
+            streams[launches] = (ib, len(words))
+        self.streams = streams
+        self.ib, self.ib_dwords = self.streams[range(len(self.blob.launches))]
 
-    def submit(self, deadline: float) -> int:
-        for slot, b in enumerate(self.blob.inputs):
-            self.gpu.upload(self.slots[b.offset][0], self._bound[slot].reshape(-1).view("u1"),
-                            deadline)
-        self.submitted += 1
-        self.gpu.launch(pm4.indirect_buffer(self.ib, self.ib_dwords) +
-                        pm4.release_mem(self.gpu.window + TIMELINE_AT, self.submitted))
-        return self.submitted
+    def patch(self, slot: int, address: int) -> None:
+        """The slot's pointers in the kernargs: written with the next kick's, in one batch."""
+        for off in self.rec.slots.get(slot, ()):
+            self.patches[self.kernargs + off] = address.to_bytes(8, "little")
+
+    def kick(self, launches: range, deadline: float, value: int) -> None:
+        if self.patches:
+            self.gpu.put(list(self.patches.items()), deadline)
+            self.patches.clear()
+        ib, dwords = self.streams[launches]
+        self.submitted = value
+        self.gpu.launch(pm4.indirect_buffer(ib, dwords) +
+                        pm4.release_mem(self.gpu.window + TIMELINE_AT, value))
 
     def completed(self) -> int:
         return self.gpu.timeline()
 
-    def wait(self, value: int, deadline: float) -> None:
-        wait_until(lambda: self.completed() >= value, deadline, f"amd submission {value}")
-        if value > self.done:
-            n_in = len(self.blob.inputs)
-            for i, b in enumerate(self.blob.outputs):
-                out = self._bound[n_in + i].reshape(-1).view("u1")
-                self.gpu.download(self.slots[b.offset][0], memoryview(out), deadline)
-            self.done = value
-
-    def recover(self) -> None:
+    def reset(self) -> None:
+        """A fresh bring-up, then every allocation again in its order: the same addresses, so
+        the io memory, staging copies, state and streams the queue holds stay valid."""
         self._bring_up(time.monotonic() + LOAD_TIMEOUT_S)
+        for nbytes, va in self.allocs:
+            if self.gpu.alloc(nbytes, time.monotonic() + LOAD_TIMEOUT_S) != va:
+                raise DeviceError(f"amd: after the bring-up, {nbytes} bytes of VRAM came back "
+                                  f"at another address than {va:#x}")
+        self.record()
 
     def close(self) -> None:
         if self.gpu is not None:

@@ -24,6 +24,12 @@ class Recording:
     ib: list[int]  # dwords
     kernargs: bytearray
     slots: dict[int, list[int]] = field(default_factory=dict)  # io slot -> kernarg offsets
+    starts: list[int] = field(default_factory=list)  # launch i's packets: ib[starts[i]:starts[i+1]]
+
+    def stream(self, launches: range) -> list[int]:
+        """The indirect buffer of a launch range (an entry point's)."""
+        ends = self.starts + [len(self.ib)]
+        return self.ib[ends[launches.start]:ends[launches.stop]]
 
 
 def record(blob, co: CodeObject, code_base: int, kernarg_base: int, address) -> Recording:
@@ -38,6 +44,7 @@ def record(blob, co: CodeObject, code_base: int, kernarg_base: int, address) -> 
         rec.kernargs += args.ljust(-(-len(args) // KERNARG_ALIGN) * KERNARG_ALIGN, b"\0")
         for slot, off in slots:
             rec.slots.setdefault(slot, []).append(at + off)
+        rec.starts.append(len(rec.ib))
         if ln.barrier:
             rec.ib += pm4.acquire_mem()
         rec.ib += _dispatch(k, code_base, kernarg_base + at, ln)

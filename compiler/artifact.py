@@ -43,6 +43,28 @@ class Launch:
     barrier: bool = False  # waits for every earlier launch (compiler/schedule/hazards.py)
 
 
+@dataclass(frozen=True)
+class Entry:
+    """One named graph of a blob: its io buffers (state ones included) and its launches, which
+    are launches[first:first + count] of the one replay table every entry shares."""
+    name: str
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    first: int
+    count: int
+
+
+@dataclass(frozen=True)
+class State:
+    """A persistent buffer: the entries' graph inputs that read it and the graph outputs whose
+    value replaces it after a run (docs/blob.md "state"). `init`: a weights buffer holding its
+    initial value, or None for zeros."""
+    name: str
+    reads: tuple[int, ...]
+    writes: tuple[int, ...]
+    init: int | None = None
+
+
 @dataclass
 class Artifact:
     target: str  # the blob's target (`cpu`: one blob for every x86-64 host)
@@ -65,6 +87,9 @@ class Artifact:
     # `weights` as the blob's weights sections (docs/blob.md): the sizes of the one every
     # variant reads, then of each variant's own, laid out as in the file. () means all shared
     weight_sections: tuple[int, ...] = ()
+    # the named graphs (one, "main", for a single ONNX model) and the state they share
+    entries: list[Entry] = field(default_factory=list)
+    state: list[State] = field(default_factory=list)
     # [input index, weights buffer id]: inputs with a default value (an ONNX initializer that is
     # also a graph input), read when a run does not feed them
     defaults: list = field(default_factory=list)

@@ -1,4 +1,4 @@
-"""Artifact -> one .blob file (format v3, docs/blob.md). Same artifact, same bytes.
+"""Artifact -> one .blob file (format v4, docs/blob.md). Same artifact, same bytes.
 
 The format's definition (constants, the replay table's record, the layout and digests) is
 runner/format.py, which the reader uses too, so the writer cannot disagree with the reader.
@@ -12,11 +12,12 @@ import os
 import threading
 from collections import Counter
 
-from compiler.artifact import Artifact, Buffer
+from compiler.artifact import Artifact, Buffer, Entry
 
 from runner.files import check_output
-from runner.format import (CHUNK_BYTES, FILE_SHA256_AT, HEADER, MAGIC, VERSION, canonical_json,
-                           chunk_sha256, file_sha256, pack_graph, section_names, section_offsets)
+from runner.format import (CHUNK_BYTES, DEFAULT_ENTRY, FILE_SHA256_AT, HEADER, MAGIC, VERSION,
+                           canonical_json, chunk_sha256, file_sha256, pack_graph, section_names,
+                           section_offsets)
 
 PRODUCER = "keel-compiler 0.1"
 SPILL_BYTES = 1 << 20  # smaller packed weights stay in memory: one map each is not worth it
@@ -280,11 +281,21 @@ def _variant(a: Artifact, name: str) -> tuple[dict, bytes, bytes]:
         "outputs": [b.id for b in a.outputs],
         "programs": programs,
     }
+    record["entries"] = [{"name": e.name, "inputs": list(e.inputs), "outputs": list(e.outputs),
+                          "launches": [e.first, e.count]} for e in _entries(a)]
+    record["state"] = [{"name": x.name, "reads": list(x.reads), "writes": list(x.writes),
+                        "init": x.init} for x in a.state]
     if a.provenance is not None:
         record["provenance"] = a.provenance
     if a.defaults:
         record["defaults"] = a.defaults
     return record, bytes(a.programs), graph
+
+
+def _entries(a: Artifact) -> list[Entry]:
+    """An artifact built without entries (by hand, in tests) is one entry: all of it."""
+    return a.entries or [Entry(DEFAULT_ENTRY, tuple(b.id for b in a.inputs),
+                               tuple(b.id for b in a.outputs), 0, len(a.launches))]
 
 
 def assemble(target: str, manifest: dict, payloads: dict[str, bytes]) -> bytes:

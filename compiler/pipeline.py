@@ -9,8 +9,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from compiler import toolchain
-from compiler.artifact import Artifact
+from compiler.artifact import Artifact, Entry, State
 from compiler.blob import share_weights
+from compiler.errors import CompileError
 from compiler.codegen.build import Built, Job, build_all
 from compiler.codegen.ranges import SAFE_MAX, Fp32Keep, keep_fp32, measure, samples
 from compiler.ir.dtypes import dtypes
@@ -23,6 +24,7 @@ from compiler.schedule.layout import canonical, channels_last, in_place, pad_in_
 from compiler.schedule.hazards import mark_barriers
 from compiler.schedule.storage import device_storage
 from compiler.target import LINE_BYTES, Target, get_target, variant_targets
+from runner.format import DEFAULT_ENTRY
 
 VERSION = "0.1.0"
 
@@ -65,8 +67,13 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
                   float16: bool = False, stages: Stages | None = None,
                   images: bool | None = None, writer=None,
                   input_values: dict | None = None,
-                  calibration: dict | None = None, overridable: tuple = ()) -> Artifact:
-    """images: GPU targets only, read eligible buffers as 2D images (None: the target's default).
+                  calibration: dict | None = None, overridable: tuple = (),
+                  state: dict[str, str] | None = None) -> Artifact:
+    """model: one ONNX model, or {entry name: ONNX model} for a blob of several entry points
+    that share weights, state and the arena (docs/blob.md "entries"). state: {input: output}
+    pairs made persistent in every entry that has them, beside each model's own metadata_props
+    `keel.state` (docs/blob.md "state").
+    images: GPU targets only, read eligible buffers as 2D images (None: the target's default).
     writer: the blob.BlobWriter the weights stream to: each packed weight as it is made
     (`spill`), laid out in the blob file (`region`), written while the programs still build.
     input_values: {input name: value}, inputs frozen to constants (an If on them folds).
@@ -77,27 +84,19 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
     the first variant's Artifact is returned, the others in its `variants` (one blob)."""
     st, tgt = stages or Stages(), get_target(target)
     targets = variant_targets(tgt)
+    models = _entry_models(model)
     with st("frontend"):
-        # outputs padded to a cache line of float32: whole vectors at every CPU width (wider
-        # multiples, for wider register tiles, measured slower: 2.36 ms at 16, 2.52 at 48)
-        graph = load_onnx(model, input_shapes or {}, float16=float16,
-                          winograd=targets[0].winograd,
-                          pad_columns=LINE_BYTES // 4 if targets[0].cpu_layouts else 0,
-                          input_values=input_values,
-                          narrow_pad_divisor=targets[0].narrow_pad_divisor,
-                          hvx=targets[0].hvx, overridable=tuple(overridable))
+        graphs = _frontend(models, input_shapes or {}, float16, targets[0], state or {},
+                           input_values or {}, tuple(overridable))
+        pairs = _state_pairs(graphs, state or {})
     with st("schedule"):
-        outs, kernels, realized, tracked = schedule([u for _, u in graph.outputs],
-                                                    tuple(graph.origins), tgt.recompute_cheap)
-        origins: dict[UOp, int] = {}
-        for u, i in zip(tracked, graph.origins.values()):
-            origins.setdefault(u, i)
-        kernels = _copies_for_shared_outputs(outs, kernels)
-        kernels, last = _layouts(kernels, realized, set(outs), targets[0])
-        keep = _calibrate(calibration if float16 else None, graph, kernels, outs, targets[0], st)
+        outs, kernels, last, nodes, origins, counts = _schedule(graphs, list(models), tgt,
+                                                                targets[0])
+        inputs = [io for g in graphs for io in g.inputs]
+        keep = _calibrate(calibration if float16 else None, inputs, kernels, outs, targets[0], st)
         plans = []  # per variant: (target, its buffers, one job per distinct kernel, launches)
         for t in targets:
-            bufs = Buffers(graph.inputs, list(zip([n for n, _ in graph.outputs], outs)),
+            bufs = Buffers(inputs, list(zip([n for g in graphs for n, _ in g.outputs], outs)),
                            device_storage(t, float16, images, frozenset(keep.buffers)),
                            t.buffer_align, writer and writer.spill)
             plans.append((t, bufs, *_jobs(kernels, bufs, last, t, keep.kernels)))
@@ -105,8 +104,9 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
     done, early = _kernels(plans, st)
     builds = [(t, bufs, _launch(bufs, {k: done[i, k] for k in jobs}, uses, st), uses)
               for i, (t, bufs, jobs, uses) in enumerate(plans)]
-    defaults = [[[j, bufs.default(graph.defaults[name])] for j, (name, _) in
-                 enumerate(graph.inputs) if name in graph.defaults] for _, bufs, _, _ in builds]
+    defaults = [_input_defaults(bufs, graphs) for _, bufs, _, _ in builds]
+    for _, bufs, _, _ in builds:  # state initial values: weights stored as the state's bytes
+        _state_inits(bufs, graphs, pairs)
     weights = share_weights([bufs for _, bufs, _, _ in builds], writer and writer.region)
     if writer is not None:
         writer.weights(weights)
@@ -116,25 +116,28 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         codes = pool.map(lambda ts: _build(*ts, st), zip(targets, sources, early))
     arts = [_artifact(tgt, t, bufs, code, weights)
             for (t, bufs, _, _), code in zip(builds, codes)]
-    meta = {"producer": f"keel {VERSION}", "float16": float16, **graph.meta,
+    meta = {"producer": f"keel {VERSION}", "float16": float16,
+            **{k: v for g in reversed(graphs) for k, v in g.meta.items()},  # the first wins
             "flops": builds[0][1].flops,
-            **({"fp16_ranges": _fp16_report(keep, graph.nodes, origins)}
+            **({"fp16_ranges": _fp16_report(keep, nodes, origins)}
                if float16 else {}),
             "stage_seconds": {k: round(v, 4) for k, v in st.times.items()}}
-    for a, (_, _, _, uses), d in zip(arts, builds, defaults):
-        a.meta, a.provenance, a.defaults = meta, provenance(uses, graph.nodes, origins), d
+    for a, (_, bufs, _, uses), d in zip(arts, builds, defaults):
+        a.meta, a.provenance, a.defaults = meta, provenance(uses, nodes, origins), d
+        a.entries, a.state = _entries(list(models), graphs, bufs, counts), \
+            _state(pairs, bufs)
     arts[0].variants = arts[1:]
     return arts[0]
 
 
-def _calibrate(calibration: dict | None, graph, kernels: list[Kernel], outs: list[UOp],
+def _calibrate(calibration: dict | None, inputs: list, kernels: list[Kernel], outs: list[UOp],
                tgt: Target, st: Stages) -> Fp32Keep:
     """float16 with sample inputs (by name: an input's shape, or a leading axis of samples
     more): the tensors and kernels that stay fp32 (codegen/ranges.py); meta "fp16_ranges"
     reports them. Nothing without samples, or where activations are fp32 anyway."""
     if not calibration or not tgt.half_activations:
         return Fp32Keep()
-    feeds = samples(calibration, graph.inputs)
+    feeds = samples(calibration, inputs)
     with st("calibrate", samples=len(feeds)):
         return keep_fp32(kernels, set(outs), measure(outs, feeds), len(feeds))
 
@@ -157,6 +160,119 @@ def _fp16_report(keep: Fp32Keep, nodes: list, origins: dict[UOp, int]) -> dict:
             "kept_fp32": [{"node": nodes[owner[u]][0] if u in owner else None,
                            "op_type": nodes[owner[u]][1] if u in owner else None,
                            "largest": m} for u, m in kept]}
+
+
+def _frontend(models: dict, input_shapes: dict, float16: bool, first: Target,
+              state: dict, input_values: dict, overridable: tuple) -> list:
+    """Each entry's ONNX model as a Graph; several entries' inputs get their entry's name as a
+    prefix inside the IR, so equal input names of two entries stay two tensors."""
+    # outputs padded to a cache line of float32: whole vectors at every CPU width (wider
+    # multiples, for wider register tiles, measured slower: 2.36 ms at 16, 2.52 at 48)
+    return [load_onnx(m, input_shapes, float16=float16, winograd=first.winograd,
+                      pad_columns=LINE_BYTES // 4 if first.cpu_layouts else 0,
+                      input_values=input_values, narrow_pad_divisor=first.narrow_pad_divisor,
+                      hvx=first.hvx, overridable=overridable, state_inputs=frozenset(state), prefix=f"{name}/" if len(models) > 1 else "",
+                      other_shapes=len(models) > 1) for name, m in models.items()]
+
+
+def _input_defaults(bufs: Buffers, graphs: list) -> list[list[int]]:
+    """[input index, weights buffer] of every input with a default value (--overridable)."""
+    pairs, j = [], 0
+    for g in graphs:
+        for name, _ in g.inputs:
+            if name in g.input_defaults:
+                pairs.append([j, bufs.default(g.input_defaults[name])])
+            j += 1
+    return pairs
+
+
+def _state_inits(bufs: Buffers, graphs: list, pairs: dict[str, str]) -> None:
+    for x in pairs:
+        default = next((g.defaults[x] for g in graphs if x in g.defaults), None)
+        if default is not None:
+            bufs.state_init(x, default)
+
+
+def _schedule(graphs: list, names: list[str], tgt: Target, first: Target) -> tuple:
+    """Each entry's graph scheduled alone (no kernel spans two entries), then put end to end:
+    (outputs, kernels, channels-last tensors, provenance nodes and origins, launches per
+    entry). Several entries' kernels are named after their entry: each schedule numbers its
+    kernels from 0, and a program's name must be one kernel's."""
+    outs, kernels, last, nodes, origins, counts = [], [], set(), [], {}, []
+    for g, name in zip(graphs, names):
+        g_outs, g_kernels, realized, tracked = schedule(
+            [u for _, u in g.outputs], tuple(g.origins), tgt.recompute_cheap)
+        for u, i in zip(tracked, g.origins.values()):
+            origins.setdefault(u, len(nodes) + i)
+        g_kernels = _copies_for_shared_outputs(g_outs, g_kernels)
+        g_kernels, g_last = _layouts(g_kernels, realized, set(g_outs), first)
+        if len(graphs) > 1:
+            for k in g_kernels:
+                k.name = f"{name}_{k.name}"
+        outs += g_outs
+        kernels += g_kernels
+        last |= g_last
+        nodes += g.nodes
+        counts.append(sum(k.root.size != 0 for k in g_kernels))  # _jobs: its launches
+    return outs, kernels, last, nodes, origins, counts
+
+
+def _entry_models(model) -> dict:
+    if not isinstance(model, dict):
+        return {DEFAULT_ENTRY: model}
+    if not model or not all(type(n) is str and n.isascii() and n.isidentifier() for n in model):
+        raise CompileError(f"entries: expected at least one, named by identifiers, got "
+                           f"{list(model)}")
+    return model
+
+
+def _state_pairs(graphs: list, extra: dict[str, str]) -> dict[str, str]:
+    """Every entry's state pairs as one {input: output}: a name pair is one state across entries;
+    each is an input or an output of some entry, with one dtype and shape everywhere."""
+    pairs = dict(extra)
+    for g in graphs:
+        for x, y in g.state.items():
+            if pairs.setdefault(x, y) != y:
+                raise CompileError(f"state {x!r}: replaced by output {pairs[x]!r} in one entry "
+                                   f"and by {y!r} in another")
+    outputs = set(pairs.values())
+    if len(outputs) != len(pairs):
+        raise CompileError(f"state: each output replaces one input, got {pairs}")
+    for x, y in pairs.items():
+        reads = [(g, u) for g in graphs for n, u in g.inputs if n == x]
+        writes = [(g, u) for g in graphs for n, u in g.outputs if n == y]
+        if not reads or not writes:
+            raise CompileError(f"state {x}={y}: expected an entry with input {x!r} and one with "
+                               f"output {y!r}; inputs are "
+                               f"{sorted({n for g in graphs for n, _ in g.inputs})}, outputs "
+                               f"{sorted({n for g in graphs for n, _ in g.outputs})}")
+        found = reads + writes
+        if len({(u.dtype, tuple(u.shape)) for _, u in found}) != 1:
+            raise CompileError(f"state {x}={y}: the input and output must have one dtype and "
+                               f"shape, got {sorted({(str(u.dtype), tuple(u.shape)) for _, u in found})}")
+        for g in graphs:
+            if x in g.defaults and tuple(g.defaults[x].shape) != tuple(found[0][1].shape):
+                raise CompileError(f"state {x}: initializer shape {g.defaults[x].shape} is not "
+                                   f"the input's {tuple(found[0][1].shape)}")
+    return pairs
+
+
+def _entries(names: list[str], graphs: list, bufs: Buffers, counts: list[int]) -> list[Entry]:
+    """Each entry's io buffers and launch range: the launches are the entries' in order."""
+    entries, n_in, n_out, first = [], 0, 0, 0
+    for name, g, count in zip(names, graphs, counts):
+        ins = bufs.inputs[n_in:n_in + len(g.inputs)]
+        outs = bufs.outputs[n_out:n_out + len(g.outputs)]
+        entries.append(Entry(name, tuple(b.id for b in ins), tuple(b.id for b in outs), first,
+                             count))
+        n_in, n_out, first = n_in + len(g.inputs), n_out + len(g.outputs), first + count
+    return entries
+
+
+def _state(pairs: dict[str, str], bufs: Buffers) -> list[State]:
+    return [State(x, tuple(b.id for b in bufs.inputs if b.name == x),
+                  tuple(b.id for b in bufs.outputs if b.name == y), bufs.inits.get(x))
+            for x, y in pairs.items()]
 
 
 def _kernels(plans: list, st: Stages) -> tuple[dict[tuple, Built], list]:

@@ -1,33 +1,47 @@
 """Runner device "dsp": a `dsp` blob's graph runs on the Hexagon DSP, one invoke per submission.
+It is runner/queue.py's queue device; this file is its verbs.
 
-The device lays one shared buffer out as [weights | arena | io slot 0 | io slot 1 | ...], each part
-on a 128-byte boundary (HVX vector alignment), hands it and the programs to the DSP-side runtime
-once at load (dsp/skel.c), and then only invokes: {sequence number, flags} out, {sequence
-number, status, per-kernel ticks} back. io slots are views of that buffer (io_buffer); a slot bound
-to other host memory is copied in at submit (inputs) or out at completion (outputs), as a FastRPC
-client copies a buffer that is not ION memory.
+The device lays one shared buffer out as [weights | arena | memory that alloc() hands out: io
+slots, staging copies, state halves], each part on a 128-byte boundary (HVX vector alignment),
+hands it, the programs and the launch table to the DSP-side runtime once at load
+(dsp/skel.c; under qemu, sim/dsp/runtime.c), and then only invokes: {sequence number, flags, launch range,
+patches} out, {sequence number, status, per-kernel ticks} back. A patch rebinds an io slot to
+other bytes of the shared buffer (a state's other half, a staging copy): the DSP side's io
+pointers are its recorded graph, and a launch table argument names an io slot, never its
+address. Host arrays are not ION memory, so runner/queue.py stages them (as a FastRPC client
+copies a buffer that is not).
 
 The transport is chosen by KEEL_FASTRPC: unset or "device", FastRPC on the comma device's cDSP
 (dsp/fastrpc.py); "mock", the same runtime built for Linux and run under qemu-hexagon
 (sim/dsp/mock.py). Faults from KEEL_MOCK_FAULTS (runner/faults.py) apply to the mock only: hang@N
 makes the emulated DSP spin without answering, fault@N makes it answer with a failure, slow@N:MS
 holds its answer back MS ms.
+
+Profiling: the runtime counts each launch's cost (the DSP's cycle counter; under qemu, qemu's
+packet count) and HVX instructions (qemu only). spans() turns costs into nanoseconds at the
+DSP's nominal clock, DSP_HZ, laid end to end on one lane: on qemu a cost model, not a latency.
 """
 from __future__ import annotations
 
+import math
+import os
 import struct
 import time
 
 import numpy as np
 
-from runner.device import Device, wait_until
+from runner.device import Span
 from runner.errors import BlobError, DeviceError
 from runner.faults import Faults, from_env
+from runner.graph import Graph, Kind
+from runner.queue import Memory, QueueDevice
 from runner.simulators import simulator
 
 TRANSPORT_VAR, FAULTS_VAR = "KEEL_FASTRPC", "KEEL_MOCK_FAULTS"
 ALIGN = 128  # HVX vector: the runtime's loads of a buffer's first vector are aligned ones
 FLAG_PROFILE, FLAG_HANG, FLAG_FAULT = 1, 2, 4  # dsp/graph_runner.h, sim/dsp/runtime.c
+IO_ARG = 1 << 31  # a launch table word naming an io slot (dsp/graph_runner.h)
+DSP_HZ = 960e6  # the cDSP's nominal clock: profile costs (cycles) as nanoseconds
 LOAD_S = 60.0  # the runtime answers once its library is loaded (qemu start included)
 # qemu-hexagon interprets every packet: a run takes one to two orders of magnitude longer than
 # on the DSP, so under KEEL_FASTRPC=mock a Model's default deadline is this many times longer
@@ -35,29 +49,18 @@ LOAD_S = 60.0  # the runtime answers once its library is loaded (qemu start incl
 EMULATED_DEADLINE_SCALE = 100.0
 
 
-def layout(blob) -> tuple[int, int, list[int], int]:
-    """(weights offset, arena offset, io slot offsets, total bytes) of the shared buffer."""
-    up = lambda n: -(-max(n, 1) // ALIGN) * ALIGN  # noqa: E731
-    specs = sorted((*blob.inputs, *blob.outputs), key=lambda b: b.offset)
-    at, arena = up(len(blob.weights)), 0
-    arena, at = at, at + up(blob.arena_bytes)
-    slots = []
-    for b in specs:
-        slots.append(at)
-        at += up(int(np.prod(b.shape)) * np.dtype(b.dtype).itemsize)
-    return 0, arena, slots, at
+def _up(n: int) -> int:
+    return -(-max(n, 1) // ALIGN) * ALIGN
 
 
-def launch_table(blob, weights: int, arena: int, slots: list[int]) -> bytes:
-    """The blob's launch table for the runtime's profiled invokes: per launch, its argument count,
-    then each argument's byte offset in the shared buffer (u32 words)."""
-    base = {"arena": arena, "weights": weights}
+def launch_table(graph: Graph, weights: int, arena: int) -> bytes:
+    """The blob's launch table for the runtime (u32 words): per launch, its argument count, then
+    each argument: its byte offset in the shared buffer, or IO_ARG | its io slot."""
+    base = {Kind.ARENA: arena, Kind.WEIGHTS: weights}
     words = []
-    for ln in blob.launches:
-        words.append(len(ln.args))
-        for bid in ln.args:
-            b = blob.buffers[bid]
-            words.append(base[b.region] + b.offset if b.region in base else slots[b.offset])
+    for args in graph.bindings:
+        words.append(len(args))
+        words += [IO_ARG | b.at if b.kind is Kind.IO else base[b.kind] + b.at for b in args]
     return struct.pack(f"<{len(words)}I", *words)
 
 
@@ -70,56 +73,63 @@ def transport():
     return FastRpcTransport()
 
 
-class DspDevice(Device):
+class DspDevice(QueueDevice):
     name = "dsp"
-    # ask the runtime for per-kernel costs: last_ticks then holds, per launch, its cycles (qemu:
-    # packets), then per launch its HVX instructions (qemu only)
-    profile = False
 
     def check_target(self, target: str) -> None:
         if target != "dsp":
             raise BlobError(f"device 'dsp' runs target 'dsp' blobs, blob target is {target!r}")
 
-    def load(self, blob) -> None:
+    def open(self, blob) -> None:
         mock = simulator(TRANSPORT_VAR) is not None
         self._faults = from_env(FAULTS_VAR) if mock else Faults({})
         self.deadline_scale = EMULATED_DEADLINE_SCALE if mock else 1.0
         self._link = transport()
-        weights, arena, slots, total = layout(blob)
-        self._shm = self._link.alloc(total)
-        mem = np.frombuffer(self._shm, np.uint8)
-        mem[weights:weights + len(blob.weights)] = np.frombuffer(blob.weights, np.uint8)
-        specs = sorted((*blob.inputs, *blob.outputs), key=lambda b: b.offset)
-        self._views = [mem[o:o + int(np.prod(b.shape)) * np.dtype(b.dtype).itemsize]
-                       .view(b.dtype).reshape(b.shape) for o, b in zip(slots, specs)]
-        self._bound = list(self._views)
-        self._inputs = len(blob.inputs)
-        self._value = self._done = self._failed = 0
+        self._programs = blob.programs
+        io = sum(_up(b.nbytes) for b in (*blob.inputs, *blob.outputs))
+        state = sum(_up(math.prod(s.shape) * s.dtype.itemsize) for s in blob.state)
+        # io slots, a staging copy of each, two halves of each state
+        self._weights, self._arena = 0, _up(len(blob.weights))
+        self._free = self._arena + _up(blob.arena_bytes)
+        self._shm = self._link.alloc(self._free + 2 * io + 2 * state)
+        self._mem = np.frombuffer(self._shm, np.uint8)
+        self._mem[:len(blob.weights)] = np.frombuffer(blob.weights, np.uint8)
+        self._done = self._failed = 0
         self._due: dict[int, float] = {}  # seq -> when a slow@N fault lets its answer through
         self._ready: list = []  # answers read, in order: (due, seq, status, ticks)
+        self._patches: dict[int, int] = {}  # slot -> offset, sent with the next invoke
+        self._profiling = False
         self.last_ticks: list[int] = []
-        self._link.open(blob.programs, weights, arena, slots, launch_table(blob, weights, arena,
-                                                                           slots),
+
+    def alloc(self, nbytes: int) -> Memory:
+        at, self._free = self._free, self._free + _up(nbytes)
+        if self._free > len(self._mem):
+            raise DeviceError(f"dsp: the shared buffer's {len(self._mem)} bytes are all handed "
+                              f"out; {nbytes} more asked")
+        return Memory(at, self._mem[at:at + nbytes], nbytes)
+
+    def map_host(self, slot: int, array):
+        return None
+
+    def record(self) -> None:
+        self._link.open(self._programs, self._weights, self._arena, list(self.io_address),
+                        launch_table(self.graph, self._weights, self._arena),
                         time.monotonic() + LOAD_S)
 
-    def io_buffer(self, slot: int) -> np.ndarray:
-        return self._views[slot]
+    def patch(self, slot: int, offset: int) -> None:
+        self._patches[slot] = offset
 
-    def bind(self, slot: int, array: np.ndarray) -> None:
-        self._bound[slot] = array
-
-    def submit(self, deadline: float) -> int:
-        self._value += 1
-        for view, arr in zip(self._views[:self._inputs], self._bound):
-            if arr is not view:
-                np.copyto(view, arr)
-        fault = self._faults.at(self._value)
-        flags = FLAG_PROFILE if self.profile else 0
+    def kick(self, launches: range, deadline: float, value: int) -> None:
+        fault = self._faults.at(value)
+        flags = FLAG_PROFILE if self._profiling else 0
         flags |= {"hang": FLAG_HANG, "fault": FLAG_FAULT}.get(fault and fault.kind, 0)
         if fault and fault.kind == "slow":
-            self._due[self._value] = time.monotonic() + fault.ms / 1000
-        self._link.invoke(self._value, flags)
-        return self._value
+            self._due[value] = time.monotonic() + fault.ms / 1000
+        patches = [w for slot, offset in self._patches.items() for w in (slot, offset)]
+        self._link.invoke(value, struct.pack(f"<{5 + len(patches)}I", value, flags,
+                                             launches.start, launches.stop,
+                                             len(self._patches), *patches))
+        self._patches.clear()
 
     def completed(self) -> int:
         for seq, status, ticks in self._link.replies():  # in submission order
@@ -127,36 +137,41 @@ class DspDevice(Device):
         now = time.monotonic()
         while self._ready and self._ready[0][0] <= now:
             _, seq, status, ticks = self._ready.pop(0)
-            self._finish(seq, status, ticks)
+            if status:
+                self._failed = seq
+            else:
+                self._done, self.last_ticks = seq, ticks
         if self._failed:
             raise DeviceError(f"dsp invoke {self._failed} failed on the DSP")
         return self._done
 
-    def _finish(self, seq: int, status: int, ticks: list[int]) -> None:
-        if status:
-            self._failed = seq
-            return
-        for view, arr in zip(self._views[self._inputs:], self._bound[self._inputs:]):
-            if arr is not view:
-                np.copyto(arr, view)
-        self._done, self.last_ticks = seq, ticks
-
     def block(self, seconds: float) -> None:
         self._link.block(seconds)
 
-    def wait(self, value: int, deadline: float) -> None:
-        wait_until(lambda: self.completed() >= value, deadline, f"dsp invoke {value}",
-                   sleep=self.block)
-
-    def recover(self) -> None:
+    def reset(self) -> None:
         """Abandon what is in flight: the DSP session is torn down and opened again (the library
-        loaded anew); the shared buffer, weights included, survives."""
+        loaded anew, with the io slots where they are now bound); the shared buffer, weights and
+        state included, survives."""
         self._link.restart(time.monotonic() + LOAD_S)
-        self._ready, self._due = [], {}
-        self._failed, self._done = 0, self._value
+        self._ready, self._due, self._patches = [], {}, dict(enumerate(self.io_address))
+        self._failed, self._done = 0, self.value
 
     def close(self) -> None:
         link = self.__dict__.pop("_link", None)
         if link is not None:
-            self._views = self._bound = []
+            self.io_arrays = self.bound = self.io_memory = self.stages = []
+            self._mem = None
             link.close()
+
+    def set_profiling(self, on: bool) -> None:
+        """Each invoke runs its launches one by one with the DSP's counters read around each:
+        last_ticks then holds, per launch, its cost, then per launch its HVX instructions."""
+        self._profiling = on
+
+    def launch_times(self, launches: range) -> list[Span]:
+        spans, at = [], 0
+        for i, cost in zip(launches, self.last_ticks):
+            end = at + round(cost * 1e9 / DSP_HZ)
+            spans.append(Span(i, 0, at, end))
+            at = end
+        return spans

@@ -257,11 +257,12 @@ class FastRpcTransport:
                               f"{self.listener.why()}")
         return handle
 
-    def invoke(self, seq: int, flags: int) -> None:
-        """Queue one invoke; the session's worker thread makes the calls one at a time, in
-        order (the DSP-side runtime runs one graph at a time)."""
+    def invoke(self, seq: int, request: bytes) -> None:
+        """Queue invoke `seq` (its RUN request, dsp/graph_runner.h); the session's worker thread
+        makes the calls one at a time, in order (the DSP-side runtime runs one graph at a
+        time)."""
         with self.cond:
-            self.pending.append((seq, flags))
+            self.pending.append((seq, request))
             self.cond.notify_all()
             if self.worker is None:
                 self.worker = threading.Thread(target=self._serve, args=(self.rpc,),
@@ -274,16 +275,16 @@ class FastRpcTransport:
                 self.cond.wait_for(lambda: self.pending or self.rpc != rpc)
                 if self.rpc != rpc:
                     return  # the session was abandoned (recover, close)
-                seq, flags = self.pending.pop(0)
-            result = _catch(lambda: self._run(rpc, seq, flags), value=True)
+                seq, request = self.pending.pop(0)
+            result = _catch(lambda: self._run(rpc, seq, request), value=True)
             with self.cond:
                 self.done.append((rpc, result))
                 self.cond.notify_all()
 
-    def _run(self, rpc: int, seq: int, flags: int) -> tuple:
+    def _run(self, rpc: int, seq: int, request: bytes) -> tuple:
         reply = 16 + 16 * 65536  # dsp/graph_runner.h: a header and 2 * launches u64 at most
-        (out,) = _call(rpc, self.handle, scalars(RUN, 1, 1), [struct.pack("<2I", seq, flags)],
-                       [reply], f"invoke {seq}")
+        (out,) = _call(rpc, self.handle, scalars(RUN, 1, 1), [request], [reply],
+                       f"invoke {seq}")
         _, status, n, _ = struct.unpack_from("<4I", out)
         return seq, status, list(struct.unpack_from(f"<{n}Q", out, 16))
 

@@ -11,7 +11,8 @@
      0, 1  open, close: a handle64 interface's own (nothing to set up or tear down)
      2     LOAD, 3 in 1 out: {shm, shm bytes, weights off, arena off, slots, slot off...},
            the programs' library name, the launch table (u32 words); out: i32 status
-     3     RUN, 1 in 1 out: {seq, flags}; out: {seq, status, nticks, 0}, nticks u64
+     3     RUN, 1 in 1 out: a Request {seq, flags, first, end, patches} and `patches` {io slot,
+           offset} pairs (graph_runner.h); out: {seq, status, nticks, 0}, nticks u64
    The emulated DSP (sim/dsp/runtime.c, under qemu-hexagon) includes this file and calls this entry
    for its load and every invoke, with remote_args built as FastRPC builds them: the same code
    path, with its own loader standing in for the PD's dlopen.
@@ -35,7 +36,7 @@ int dlclose(void *lib);
 void *malloc(size_t n);
 void free(void *p);
 
-enum { RTLD_NOW = 2, MAX_SLOTS = 256, HEAD_WORDS = 5, LOAD = 2, RUN = 3 };
+enum { RTLD_NOW = 2, HEAD_WORDS = 5, LOAD = 2, RUN = 3 };
 /* LOAD's status: what the host's DeviceError names */
 enum { OK, BAD_ARGS, NO_LIBRARY, NO_SYMBOL, BAD_TABLE, NO_MEMORY, NOT_LOADED };
 
@@ -46,6 +47,7 @@ enum { OK, BAD_ARGS, NO_LIBRARY, NO_SYMBOL, BAD_TABLE, NO_MEMORY, NOT_LOADED };
 
 static Graph g;
 static void *io[MAX_SLOTS];
+static uint32_t shm_size;
 static void *lib;
 
 static void unload_graph(void) {
@@ -70,7 +72,8 @@ static int load_graph(remote_arg *pra) {
   uint32_t *table = malloc(words * 4 + 4);
   if (!table) return NO_MEMORY;
   for (uint32_t i = 0; i < words; i++) table[i] = ((const uint32_t *)pra[2].buf.pv)[i];
-  g = (Graph){0, 0, table, words, 0, shm, shm + h[3], shm + h[2], io};
+  g = (Graph){0, 0, table, words, 0, h[4], shm, shm + h[3], shm + h[2], io};
+  shm_size = h[1];
   if (!(lib = dlopen(name, RTLD_NOW))) return unload_graph(), NO_LIBRARY;
   g.graph = (graph_fn *)dlsym(lib, "keel_graph");
   g.launch = (launch_fn *)dlsym(lib, "keel_launch");
@@ -79,12 +82,22 @@ static int load_graph(remote_arg *pra) {
   return OK;
 }
 
+/* patches first (each checked: a slot that exists, an offset inside the shared buffer), then
+   the launch range */
 static int run_invoke(remote_arg *pra) {
-  const uint32_t *req = pra[0].buf.pv;
-  if (pra[0].buf.len < 8 || pra[1].buf.len < sizeof(Reply) + 16ull * g.launches) return BAD_ARGS;
+  const Request *req = pra[0].buf.pv;
+  const uint32_t *patch = (const uint32_t *)(req + 1);
+  if (pra[0].buf.len < sizeof *req || pra[0].buf.len != sizeof *req + 8ull * req->patches ||
+      pra[1].buf.len < sizeof(Reply) + 16ull * g.launches) return BAD_ARGS;
   Reply *reply = pra[1].buf.pv;
-  if (!lib) *reply = (Reply){req[0], NOT_LOADED, 0, 0};
-  else *reply = run_graph(&g, req[0], req[1], (unsigned long long *)(reply + 1));
+  if (!lib) {
+    *reply = (Reply){req->seq, NOT_LOADED, 0, 0};
+    return OK;
+  }
+  for (uint32_t i = 0; i < req->patches; i++)
+    if (patch[2 * i] >= g.slots || patch[2 * i + 1] >= shm_size) return BAD_ARGS;
+  for (uint32_t i = 0; i < req->patches; i++) io[patch[2 * i]] = g.shm + patch[2 * i + 1];
+  *reply = run_graph(&g, req, (unsigned long long *)(reply + 1));
   return OK;
 }
 

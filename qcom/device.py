@@ -1,27 +1,25 @@
 """The qcom device (device="qcom"): qcom blobs on the Adreno 630 through KGSL, with no vendor
-runtime on the per-run path (runner/device.py's contract v2).
+runtime on the per-run path. It is runner/queue.py's queue device; this file is its verbs.
 
-load():   open KGSL (the kernel, or sim/qcom/mock_kgsl.py with KEEL_KGSL=mock), refuse unvalidated
+open():   open KGSL (the kernel, or sim/qcom/mock_kgsl.py with KEEL_KGSL=mock), refuse unvalidated
           chips, get the programs (qcom/store.py: the blob's embedded ones when they were
-          built for this chip and driver, else built once and cached by chip, driver and source), allocate GPU objects (arena, weights, one per io slot, shaders, a zeroed
-          border-colour table, the timeline word, the command ring), create a context and record
-          the whole graph into one indirect buffer (qcom/record.py).
-submit(): copies inputs bound as unaligned host arrays into their slots, writes three packets
-          into the command ring (call the graph, wait for idle, write the timeline value) and
-          makes one GPU_COMMAND ioctl. The ring refuses space a pending submission still reads.
-wait():   one timestamp wait, in slices bounded by the deadline (Kgsl.wait_until); then checks
-          the timeline word the GPU wrote and copies unaligned outputs out. A context the kernel
-          faulted or reset (EDEADLK) is a DeviceError; a timestamp that has not retired by the
-          deadline is a DeviceTimeout.
-recover(): destroys the context, creates a fresh one, re-records the graph; bindings, io
-          buffers and weights survive.
+          built for this chip and driver, else built once and cached by chip, driver and
+          source), allocate GPU objects (arena, weights, shaders, a zeroed border-colour table,
+          the timeline word, the command ring) and create a context.
+alloc():  a GPU object, mapped: io slots, staging and state memory are all host-visible.
+record(): the whole graph into one argument block and one indirect buffer per entry point's
+          launch range (qcom/record.py).
+kick():   three packets into the command ring (call the range's indirect buffer, wait for idle,
+          write the timeline value) and one GPU_COMMAND ioctl. The ring refuses space a pending
+          submission still reads.
+completed(), block(): the retired timestamp (read, or waited for in one KGSL wait of at most
+          the slice runner/device.py's wait_until asks); then the timeline word the GPU wrote
+          last. A context the kernel faulted or reset (EDEADLK) is a DeviceError.
+reset():  destroys the context, creates a fresh one, re-records the graph.
 
-Binding: io_buffer(slot) is the slot's own GPU object, mapped. bind() of another host array
-imports it zero-copy when it is whole pages (GPUOBJ_IMPORT) and patches that slot's addresses
-in the argument block; any other array is staged through a second object of the slot (copied in
-at submit, out at wait), so what was written into io_buffer(slot) stays for later runs. The
-argument block is patched in place, so rebinding while a submission is in flight is refused; so
-is a second submission while one with staged outputs is pending.
+Binding: map_host imports a host array zero-copy when it is whole pages (GPUOBJ_IMPORT); any
+other array is staged by runner/queue.py. patch() rewrites the slot's address in the argument
+block (the dwords `sites[slot]`), in place.
 """
 from __future__ import annotations
 
@@ -32,8 +30,9 @@ import numpy as np
 from qcom import kgsl, record, store
 from qcom.cmdstream import OPCODES, lohi, pkt7
 from qcom.ring import Ring
-from runner.device import Device
-from runner.errors import BlobError, ConfigError, DeviceError, DeviceTimeout
+from runner.dmabuf import DmaBuf
+from runner.errors import BlobError, ConfigError, DeviceError, InputError
+from runner.queue import Memory, QueueDevice
 
 RING_BYTES = 1 << 16  # 64 bytes per submission: a thousand in flight before the ring refuses
 PRIORITY_VAR = "KEEL_QCOM_PRIORITY"  # 0 (highest) .. 15; modeld runs where the UI preempts it
@@ -46,14 +45,14 @@ def _priority() -> int:
     return int(text)
 
 
-class QcomDevice(Device):
+class QcomDevice(QueueDevice):
     name = "qcom"
 
     def check_target(self, target: str) -> None:
         if target != "qcom":
             raise BlobError(f"device 'qcom' runs target 'qcom' blobs, blob target is {target!r}")
 
-    def load(self, blob) -> None:
+    def open(self, blob) -> None:
         self.kgsl, self.objs, self.ctx = kgsl.Kgsl(), [], None
         self.programs = store.from_blob(blob.manifest["meta"].get(store.EMBED_KEY),
                                           bytes(blob.programs).decode(),
@@ -61,16 +60,18 @@ class QcomDevice(Device):
         missing = sorted({ln.kernel for ln in blob.launches} - set(self.programs))
         if missing:
             raise BlobError(f"launches name kernels {missing} that the program does not define")
-        self.blob, self.specs = blob, [*blob.inputs, *blob.outputs]
-        if any(b.image for b in self.specs):
+        self.blob = blob
+        if any(b.image for b in (*blob.inputs, *blob.outputs)):
             raise BlobError("qcom: an input or output with an image layout; expected plain buffers")
         self._allocate(blob)
-        self.value = self.done = 0
-        self.pending: dict[int, tuple] = {}  # value -> (timestamp, staged outputs)
+        self.done = 0
+        self.timestamps: dict[int, int] = {}  # value -> KGSL timestamp, until retired
         self.ring = Ring(RING_BYTES, lambda v: v <= self.done, "command")
         self.priority = _priority()
         self.ctx = self.kgsl.context_create(self.priority)
-        self._record()
+        self.imported: dict[int, kgsl.GpuObj] = {}  # slot -> import of its bound array
+        self.dmabufs: dict[int, kgsl.GpuObj] = {}  # dma-buf fd -> its import (bind_device)
+        self.streams: dict[range, tuple] = {}  # launch range -> (GPU object, dwords)
 
     def _obj(self, nbytes: int, what: str):
         try:
@@ -97,156 +98,128 @@ class QcomDevice(Device):
         self.timeline_word = t[:4].view(np.uint32)
         self.ring_obj, r = self._obj(RING_BYTES, "command ring")
         self.ring_words = r.view(np.uint32)
-        self.io_objs, self.io = [], []
-        for b in self.specs:
-            obj, view = self._obj(b.nbytes, f"io {b.name}")
-            self.io_objs.append(obj)
-            self.io.append(view[:b.nbytes].view(b.dtype).reshape(b.shape))
-        self.addr = [o.gpuaddr for o in self.io_objs]  # what the recording holds per slot
-        self.bound: list = list(self.io)
-        self.imported: dict[int, kgsl.GpuObj] = {}  # slot -> import of its bound array
-        self.external: dict[int, kgsl.GpuObj] = {}  # slot -> GPU memory from bind_device
-        self.stages: dict[int, tuple] = {}  # slot -> (GPU object, array) for unaligned arrays
-        self.graph = self.args = None
+        self.args = None
 
-    def _record(self) -> None:
-        """The graph into fresh graph and argument objects (re-recorded by recover)."""
-        for old in (self.graph, self.args):
+    # ---- verbs (runner/queue.py) --------------------------------------------------------------
+    def alloc(self, nbytes: int) -> Memory:
+        obj, view = self._obj(nbytes, f"{nbytes} bytes of io or state memory")
+        return Memory(obj.gpuaddr, view[:nbytes], nbytes)
+
+    def map_host(self, slot: int, array):
+        ptr, n = array.ctypes.data, array.nbytes
+        if n == 0 or ptr % kgsl.PAGE or n % kgsl.PAGE:
+            return None
+        self._free_import(slot)
+        self.imported[slot] = obj = self.kgsl.import_user(ptr, n)
+        return obj.gpuaddr
+
+    def _free_import(self, slot: int) -> None:
+        old = self.imported.pop(slot, None)
+        if old is not None:
+            self.kgsl.free(old.id)
+
+    def device_address(self, slot: int, mem) -> int:
+        """`mem`: a kgsl.GpuObj of this device's KGSL (imported or allocated), >= the slot, or a
+        runner DmaBuf (a camera buffer), imported on first use and kept until close."""
+        spec = self.graph.io[slot]
+        if isinstance(mem, DmaBuf):
+            return self._dmabuf(mem).gpuaddr + mem.offset
+        if not isinstance(mem, kgsl.GpuObj) or mem.size < spec.nbytes:
+            raise DeviceError(f"qcom slot {slot} ({spec.name!r}): bind_device expected a "
+                              f"qcom.kgsl.GpuObj of at least {spec.nbytes} bytes, got {mem!r}")
+        return mem.gpuaddr
+
+    def _dmabuf(self, buf: DmaBuf) -> kgsl.GpuObj:
+        """The import of `buf`'s dma-buf: one per fd for the device's life, since VisionIPC
+        cycles through a few buffers that it keeps for as long as the camera runs."""
+        obj = self.dmabufs.get(buf.fd)
+        if obj is None:
+            obj = self.dmabufs[buf.fd] = self.kgsl.import_dmabuf(buf.fd)
+        if buf.offset + buf.nbytes > obj.size:
+            raise InputError(f"qcom: DmaBuf of fd {buf.fd}: bytes {buf.offset}.."
+                             f"{buf.offset + buf.nbytes} lie outside its {obj.size}-byte buffer")
+        return obj
+
+    def record(self) -> None:
+        """The graph into fresh argument and stream objects (re-recorded by reset)."""
+        for old in [self.args, *(obj for obj, _ in self.streams.values())]:
             if old is not None:
                 self.kgsl.free(old.id)
                 self.objs.remove(old)
         self.args, a = self._obj(record.args_bytes(self.blob, self.programs), "arguments")
         layout = record.Layout({"arena": self.arena.gpuaddr, "weights": self.weights.gpuaddr},
-                               self.addr, self.shaders, self.args.gpuaddr, self.border.gpuaddr)
+                               list(self.io_address), self.shaders, self.args.gpuaddr,
+                               self.border.gpuaddr)
         rec = record.record(self.blob, self.programs, layout)
         self.args_words = a.view(np.uint32)
         self.args_words[:len(rec.args)] = rec.args
-        self.sites = rec.sites
-        self.graph, g = self._obj(4 * len(rec.words), "graph")
-        g.view(np.uint32)[:len(rec.words)] = rec.words
-        self.graph_dwords = len(rec.words)
-        # each submission's ring entry: call the graph, wait for idle, write the timeline value
-        self.entry = np.array(
-            pkt7(OPCODES["CP_INDIRECT_BUFFER"], *lohi(self.graph.gpuaddr), self.graph_dwords)
+        self.sites = {slot: [rec.at[site] for site in sites]
+                      for slot, sites in self.graph.sites.items()}
+        ranges = {range(len(self.blob.launches))} | {e.launches for e in self.graph.entries}
+        self.streams = {}
+        for launches in ranges:
+            words = record.stream(rec, launches)
+            obj, g = self._obj(4 * len(words), "graph")
+            g.view(np.uint32)[:len(words)] = words
+            self.streams[launches] = (obj, len(words))
+        # each submission's ring entry, the timeline value left to write: call the range's
+        # stream, wait for idle, write the timeline value
+        self.ring_entries = {r: np.array(
+            pkt7(OPCODES["CP_INDIRECT_BUFFER"], *lohi(obj.gpuaddr), n)
             + pkt7(OPCODES["CP_WAIT_FOR_IDLE"])
             + pkt7(OPCODES["CP_MEM_WRITE"], *lohi(self.timeline.gpuaddr), 0), np.uint32)
+            for r, (obj, n) in self.streams.items()}
 
-    # ---- io ------------------------------------------------------------------------------------
-    def io_buffer(self, slot: int) -> np.ndarray:
-        return self.io[slot]
+    def patch(self, slot: int, address: int) -> None:
+        for i in self.sites.get(slot, ()):
+            self.args_words[i:i + 2] = lohi(address)
+        if slot in self.imported and self.imported[slot].gpuaddr != address:
+            self._free_import(slot)
 
-    def _idle(self, what: str) -> None:
-        if self.value > self.done:
-            raise DeviceError(f"qcom: {what} while submission {self.value} is in flight; wait "
-                              f"for it first (the recorded arguments are patched in place)")
-
-    def _point(self, slot: int, addr: int) -> None:
-        if addr != self.addr[slot]:
-            for i in self.sites.get(slot, ()):
-                self.args_words[i:i + 2] = lohi(addr)
-            self.addr[slot] = addr
-        old = self.imported.pop(slot, None)
-        if old is not None:
-            self.kgsl.free(old.id)
-
-    def bind(self, slot: int, array: np.ndarray) -> None:
-        if array is self.bound[slot]:
-            return
-        self._idle(f"binding slot {slot}")
-        ptr, n = array.ctypes.data, array.nbytes
-        if array is self.io[slot]:
-            self._point(slot, self.io_objs[slot].gpuaddr)
-        elif n == 0 or ptr % kgsl.PAGE or n % kgsl.PAGE:
-            self._point(slot, self._stage(slot)[0].gpuaddr)
-        else:
-            obj = self.kgsl.import_user(ptr, n)
-            self._point(slot, obj.gpuaddr)
-            self.imported[slot] = obj
-        self.external.pop(slot, None)
-        self.bound[slot] = array
-
-    def bind_device(self, slot: int, mem) -> None:
-        """`mem`: a kgsl.GpuObj of this device's KGSL (imported or allocated), >= the slot."""
-        spec = self.specs[slot]
-        if not isinstance(mem, kgsl.GpuObj) or mem.size < spec.nbytes:
-            raise DeviceError(f"qcom slot {slot} ({spec.name!r}): bind_device expected a "
-                              f"qcom.kgsl.GpuObj of at least {spec.nbytes} bytes, got {mem!r}")
-        self._idle(f"binding slot {slot}")
-        self._point(slot, mem.gpuaddr)
-        self.external[slot] = self.bound[slot] = mem
-
-    def _stage(self, slot: int) -> tuple:
-        """The slot's staging object (made on first use), never its io buffer: what a caller
-        wrote into io_buffer(slot) must survive runs that bound other arrays."""
-        if slot not in self.stages:
-            spec = self.specs[slot]
-            obj, view = self._obj(spec.nbytes, f"staging for {spec.name}")
-            self.stages[slot] = (obj, view[:spec.nbytes].view(spec.dtype).reshape(spec.shape))
-        return self.stages[slot]
-
-    def _staged(self, slot: int) -> bool:
-        a = self.bound[slot]
-        return slot not in self.external and slot not in self.imported and a is not self.io[slot]
-
-    # ---- runs ----------------------------------------------------------------------------------
-    def submit(self, deadline: float) -> int:
-        if any(outs for _, outs in self.pending.values()):
-            raise DeviceError("qcom: a submission with staged outputs has not been waited for; "
-                              "its outputs would be overwritten")
-        for slot, b in enumerate(self.blob.inputs):
-            if self._staged(slot):
-                np.copyto(self.stages[slot][1], self.bound[slot])
-        value, n = self.value + 1, len(self.entry)
-        at = self.ring.alloc(4 * n, value)
-        self.ring_words[at // 4:at // 4 + n] = self.entry
-        self.ring_words[at // 4 + n - 1] = value
-        ts = self.kgsl.submit(self.ctx, [(self.ring_obj.gpuaddr + at, 4 * n)])
-        n_in = len(self.blob.inputs)
-        self.pending[value] = (ts, [s for s in range(n_in, len(self.specs)) if self._staged(s)])
-        self.value = value
-        return value
-
-    def wait(self, value: int, deadline: float) -> None:
-        if value <= self.done:
-            return
-        ts = self.pending[value][0]
-        if not self.kgsl.wait_until(self.ctx, ts, deadline):
-            raise DeviceTimeout(f"qcom submission {value} (KGSL timestamp {ts} of context "
-                                f"{self.ctx}) not retired by its deadline")
-        self._retire(value)
+    def kick(self, launches: range, deadline: float, value: int) -> None:
+        entry = self.ring_entries[launches]
+        n = len(entry)
+        at = self.ring.alloc(4 * n, value) // 4
+        self.ring_words[at:at + n] = entry
+        self.ring_words[at + n - 1] = value
+        self.timestamps[value] = self.kgsl.submit(self.ctx, [(self.ring_obj.gpuaddr + 4 * at,
+                                                               4 * n)])
 
     def completed(self) -> int:
-        """Polls the retired timestamp (no wait); DeviceError when the context faulted."""
-        if self.pending:
+        """Polls the retired timestamp (no wait); DeviceError when the context faulted or a
+        retired submission did not run to its end."""
+        if self.timestamps:
             retired = self.kgsl.read_timestamp(self.ctx)
-            done = [v for v, (ts, _) in self.pending.items() if kgsl.ts_reached(retired, ts)]
+            done = [v for v, ts in self.timestamps.items() if kgsl.ts_reached(retired, ts)]
             if done:
-                self._retire(max(done))
+                value = max(done)
+                if self.timeline_word[0] < value:  # the ring entry did not run to its end:
+                    self.kgsl.wait(self.ctx, self.timestamps[value], 1)  # EDEADLK says why
+                    raise DeviceError(f"qcom submission {value} retired, but the timeline word "
+                                      f"the GPU writes last holds {int(self.timeline_word[0])}")
+                for v in done:
+                    del self.timestamps[v]
+                self.done = max(self.done, value)
         return self.done
 
-    def _retire(self, value: int) -> None:
-        """Submission `value` (and every earlier one) retired: check the timeline word the GPU
-        writes last, copy staged outputs out."""
-        if self.timeline_word[0] < value:  # the ring entry did not run to its end
-            raise DeviceError(f"qcom submission {value} retired, but the timeline word the GPU "
-                              f"writes last holds {int(self.timeline_word[0])}")
-        for v in sorted(v for v in self.pending if v <= value):
-            for slot in self.pending.pop(v)[1]:
-                np.copyto(self.bound[slot], self.stages[slot][1])
-        self.done = value
+    def block(self, seconds: float) -> None:
+        """One KGSL wait for the latest submission, of at most `seconds` (whole ms)."""
+        if self.timestamps:
+            ts = self.timestamps[max(self.timestamps)]
+            self.kgsl.wait(self.ctx, ts, max(1, int(seconds * 1000)))
 
-    def recover(self) -> None:
+    def reset(self) -> None:
         """A fresh context and a re-recorded graph; what was in flight is abandoned."""
         try:
             self.kgsl.context_destroy(self.ctx)
         except DeviceError:
             pass  # a context the kernel already tore down: nothing left to destroy
         self.ctx = None
-        self.pending.clear()
+        self.timestamps.clear()
         self.done = self.value
         self.ring.reset()
         self.ctx = self.kgsl.context_create(self.priority)
-        self._record()
+        self.record()
 
     def close(self) -> None:
         k = getattr(self, "kgsl", None)
@@ -255,12 +228,13 @@ class QcomDevice(Device):
         try:
             if self.ctx is not None:
                 k.context_destroy(self.ctx)
-            for obj in [*getattr(self, "imported", {}).values(), *self.objs]:
+            for obj in [*getattr(self, "imported", {}).values(),
+                        *getattr(self, "dmabufs", {}).values(), *self.objs]:
                 k.free(obj.id)
         except DeviceError:
             pass  # closing a lost device: the kernel frees what the fd held
         finally:
-            self.objs, self.imported = [], {}
+            self.objs, self.imported, self.dmabufs = [], {}, {}
             k.close()
 
     def __del__(self):

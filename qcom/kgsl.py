@@ -57,6 +57,7 @@ MEMTYPE_SHIFT, MEMTYPE_MASK = 8, 0x0000FF00
 MEMTYPE_CL, MEMTYPE_COMMAND = 10, 16
 MEMALIGN_SHIFT, MEMALIGN_MASK = 16, 0x00FF0000
 USER_MEM_TYPE_ADDR = 2
+USER_MEM_TYPE_DMABUF = 3  # also spelled USER_MEM_TYPE_ION: ION buffers are dma-bufs
 
 PROP_DEVICE_INFO = 0x1
 PROP_VERSION = 0x8
@@ -103,6 +104,7 @@ GpuobjInfo = _struct("kgsl_gpuobj_info", ("gpuaddr", c_uint64), ("flags", c_uint
 GpuobjImport = _struct("kgsl_gpuobj_import", ("priv", c_uint64), ("priv_len", c_uint64),
                        ("flags", c_uint64), ("type", c_uint32), ("id", c_uint32))
 ImportUseraddr = _struct("kgsl_gpuobj_import_useraddr", ("virtaddr", c_uint64))
+ImportDmaBuf = _struct("kgsl_gpuobj_import_dma_buf", ("fd", c_int32))
 CommandObject = _struct("kgsl_command_object", ("offset", c_uint64), ("gpuaddr", c_uint64),
                         ("size", c_uint64), ("flags", c_uint32), ("id", c_uint32))
 CommandSyncpoint = _struct("kgsl_command_syncpoint", ("priv", c_uint64), ("size", c_uint64),
@@ -220,8 +222,10 @@ class Kgsl:
         try:
             self.driver.ioctl(self.fd, ioctl.number, arg)
         except OSError as e:
-            raise DeviceError(f"{ioctl.name} failed with {_errname(e.errno)} ({e.strerror}) "
-                              f"asking to {asked}") from e
+            err = DeviceError(f"{ioctl.name} failed with {_errname(e.errno)} ({e.strerror}) "
+                              f"asking to {asked}")
+            err.errno = e.errno
+            raise err from e
         return arg
 
     def close(self) -> None:
@@ -301,6 +305,16 @@ class Kgsl:
         info = self.info(arg.id)
         return GpuObj(arg.id, info.gpuaddr, info.size, 0)
 
+    def import_dmabuf(self, fd: int, flags: int = 0) -> GpuObj:
+        """Map the whole dma-buf behind `fd` (an ION buffer: a camera frame) for the GPU,
+        zero-copy. KGSL holds its own reference: the object outlives `fd` until free()."""
+        buf = ImportDmaBuf(fd=fd)
+        arg = GpuobjImport(priv=ctypes.addressof(buf), priv_len=ctypes.sizeof(buf), flags=flags,
+                           type=USER_MEM_TYPE_DMABUF)
+        self.call(GPUOBJ_IMPORT, arg, f"import the dma-buf of fd {fd}")
+        info = self.info(arg.id)
+        return GpuObj(arg.id, info.gpuaddr, info.size, 0)
+
     # --- submission and timestamps ---
     def submit(self, ctx: int, ibs: list[tuple[int, int]]) -> int:
         """Queue indirect buffers [(gpuaddr, bytes)] on context `ctx`; returns their timestamp."""
@@ -330,13 +344,3 @@ class Kgsl:
                               f"({e.strerror}) asking to wait {timeout_ms} ms for timestamp "
                               f"{timestamp} of context {ctx}") from e
         return True
-
-    def wait_until(self, ctx: int, timestamp: int, deadline: float, slice_ms: int = 10) -> bool:
-        """Wait for `timestamp` until the monotonic `deadline`, blocking in slices of at most
-        slice_ms, never past the deadline, and re-checking the timestamp once it has passed."""
-        while True:
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            if left_ms <= 0:
-                return ts_reached(self.read_timestamp(ctx), timestamp)
-            if self.wait(ctx, timestamp, min(slice_ms, left_ms)):
-                return True

@@ -1,8 +1,10 @@
 """The whole graph as one indirect buffer, recorded once from the blob's replay table.
 
-`record(blob, programs, layout)` returns the stream (u32 words), the argument block it points
-into (kernel constants, texture descriptors, the one sampler), and where in that block each io
-slot's address sits, so a run that binds other io memory rewrites only those dwords.
+`record(blob, programs, layout)` returns each launch's packets (u32 words), the argument block
+they point into (kernel constants, texture descriptors, the one sampler), and where in that block
+each (launch, argument) that is an io slot has its address (runner/graph.py's patch sites), so a
+run that binds other io memory rewrites only those dwords. `stream(recording, launches)` is the
+indirect buffer of a launch range (an entry point's).
 
 Per launch:
   CP_WAIT_FOR_IDLE                       when the launch reads what an earlier one wrote (barrier)
@@ -11,7 +13,7 @@ Per launch:
   SP_CS_TEX_COUNT, CP_LOAD_STATE6_FRAG textures and sampler, SP_CS_TEX_CONST / _SAMP  (images)
   HLSQ_CS_NDRANGE_0..6, HLSQ_CS_KERNEL_GROUP_X..Z, CP_RUN_OPENCL   sizes, then the dispatch
                                          (CP_RUN_OPENCL: how tinygrad launches vendor binaries)
-The stream starts by entering compute mode and pointing the border-colour base at a zeroed
+A stream starts by entering compute mode and pointing the border-colour base at a zeroed
 table (clamp-to-border reads 0, OpenCL's CLK_ADDRESS_CLAMP), and ends waiting for idle.
 
 The shader registers come from the program's parse (qcom/program.py, qcom/vendor.py):
@@ -50,14 +52,23 @@ class Layout(NamedTuple):
 
 
 class Recording(NamedTuple):
-    words: list[int]
+    launches: list[list[int]]  # per launch, its packets
     args: np.ndarray  # uint32 dwords of the argument block
-    sites: dict  # io slot -> [dword index in args of a 64-bit address]
+    at: dict  # (launch, argument) of an io slot -> dword index in args of its 64-bit address
+    border: int  # the zeroed border-colour table's address
 
 
 def address(b, layout: Layout) -> int:
     return layout.io[b.offset] if b.region in ("input", "output") else \
         layout.region[b.region] + b.offset
+
+
+def stream(rec: Recording, launches: range) -> list[int]:
+    """The indirect buffer of these launches: compute mode and the border-colour base first,
+    then each launch's packets, then a wait for idle."""
+    return pkt7(OP["CP_SET_MARKER"], cs.RM6_COMPUTE) + \
+        pkt4(R["SP_PS_TP_BORDER_COLOR_BASE_ADDR_LO"], *lohi(rec.border)) + \
+        [w for i in launches for w in rec.launches[i]] + pkt7(OP["CP_WAIT_FOR_IDLE"])
 
 
 def local_size(gs: list[int]) -> list[int]:
@@ -99,7 +110,7 @@ def _sizes(ln) -> list[int]:
             + pkt7(OP["CP_RUN_OPENCL"], 0))
 
 
-def _launch(blob, ln, prog, layout: Layout, args: list[int], sites: dict) -> list[int]:
+def _launch(blob, ln, prog, layout: Layout, args: list[int], sites: list) -> list[int]:
     """One dispatch's packets; appends its constants and descriptors to `args` (dwords)."""
     if len(ln.args) != len(prog.params):
         raise BlobError(f"launch {ln.kernel}: {len(ln.args)} buffers for a kernel of "
@@ -122,7 +133,7 @@ def _launch(blob, ln, prog, layout: Layout, args: list[int], sites: dict) -> lis
             continue
         consts[at:at + 2] = lohi(address(b, layout))
         if b.region in ("input", "output"):
-            sites.setdefault(b.offset, []).append(len(args) + at)
+            sites.append((i, len(args) + at))
     base = layout.args + 4 * len(args)
     args += consts + descs
     args += [0] * (-len(args) % 16)  # every block 64-byte aligned
@@ -143,13 +154,12 @@ def _launch(blob, ln, prog, layout: Layout, args: list[int], sites: dict) -> lis
 
 def record(blob, programs: dict, layout: Layout) -> Recording:
     args = texture.sampler() + [0] * 12  # the one sampler, at the start of the block
-    sites: dict[int, list[int]] = {}
-    words = pkt7(OP["CP_SET_MARKER"], cs.RM6_COMPUTE) + \
-        pkt4(R["SP_PS_TP_BORDER_COLOR_BASE_ADDR_LO"], *lohi(layout.border))
-    for ln in blob.launches:
-        words += _launch(blob, ln, programs[ln.kernel], layout, args, sites)
-    words += pkt7(OP["CP_WAIT_FOR_IDLE"])
-    return Recording(words, np.array(args, np.uint32), sites)
+    at, launches = {}, []
+    for i, ln in enumerate(blob.launches):
+        sites: list = []
+        launches.append(_launch(blob, ln, programs[ln.kernel], layout, args, sites))
+        at.update({(i, j): dword for j, dword in sites})
+    return Recording(launches, np.array(args, np.uint32), at, layout.border)
 
 
 def args_bytes(blob, programs: dict) -> int:

@@ -59,6 +59,29 @@ class LaunchSpec:
 
 
 @dataclass(frozen=True)
+class EntrySpec:
+    """One entry point: its io buffers in slot order (state ones included) and its launches,
+    a range of the one replay table."""
+    name: str
+    inputs: tuple[BufferSpec, ...]
+    outputs: tuple[BufferSpec, ...]
+    launches: range
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """A persistent buffer (docs/blob.md "state"): the input buffers that read it, the output
+    buffers whose value replaces it after a run, its initial value (a weights buffer; None:
+    zeros). Every one of them has its dtype and shape."""
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    reads: tuple[BufferSpec, ...]
+    writes: tuple[BufferSpec, ...]
+    init: BufferSpec | None
+
+
+@dataclass(frozen=True)
 class Blob:
     target: str  # the header's: what it was compiled for (`cpu` holds several variants)
     producer: str
@@ -77,6 +100,8 @@ class Blob:
     program_names: list[str]  # program index -> kernel name
     # input index -> the weights buffer of its default value (read when a run does not feed it)
     defaults: dict[int, BufferSpec] = field(default_factory=dict)
+    entries: tuple[EntrySpec, ...] = ()
+    state: tuple[StateSpec, ...] = ()
 
 
 def read_blob(path, variant: str | None = None) -> Blob:
@@ -168,12 +193,15 @@ def parse_blob(data: memoryview, variant: str | None = None, fill=None) -> Blob:
         outputs = _io(record["outputs"], buffers, "output", first_slot=len(record["inputs"]))
         _provenance(record.get("provenance"), len(launches))
         defaults = _defaults(record.get("defaults", []), inputs, buffers)
+        entries = _entries(record["entries"], buffers, inputs, outputs, launches)
+        state = _state(record["state"], buffers, entries)
         chunks.finish()
     return Blob(target=target, producer=producer, manifest=manifest, variant=name,
                 variants=tuple(names), record=record, buffers=buffers, inputs=inputs,
                 outputs=outputs, launches=launches, arena_bytes=record["arena_bytes"],
                 program_names=record["programs"], weights=weights,
-                programs=_view(data, programs), graph=graph, defaults=defaults)
+                programs=_view(data, programs), graph=graph, entries=entries, state=state,
+                defaults=defaults)
 
 
 def _view(data: memoryview, section: dict) -> memoryview:
@@ -310,6 +338,11 @@ _RECORD = _obj({
     "inputs": _list(_int),
     "outputs": _list(_int),
     "programs": _list(_str),
+    # named graphs over one replay table, and the state they share (_entries, _state)
+    "entries": _list(_obj({"name": _str, "inputs": _list(_int), "outputs": _list(_int),
+                           "launches": _list(_int)})),
+    "state": _list(_obj({"name": _str, "reads": _list(_int), "writes": _list(_int),
+                         "init": _nullable(_int)})),
 }, optional={
     # which ONNX nodes each launch computes (tools: profile, bisect, blobinfo); checked against
     # the replay table in _provenance
@@ -548,8 +581,8 @@ def _io(ids: list[int], buffers: dict[int, BufferSpec], region: str,
     if declared != sorted(ids):
         raise BlobError(f"manifest {region}s: expected every {region} buffer {declared}, got {ids}")
     names = [b.name for b in slots]
-    if "" in names or len(set(names)) != len(names):
-        raise BlobError(f"manifest {region}s: names must be non-empty and unique, got {names}")
+    if "" in names:  # unique within each entry (_entries)
+        raise BlobError(f"manifest {region}s: names must be non-empty, got {names}")
     return slots
 
 
@@ -631,3 +664,90 @@ def _launch(i: int, rec: tuple, args: list[int], at: int, programs: list[str],
         raise BlobError(f"{what}: args reference unknown buffers {missing}")
     return LaunchSpec(programs[program], a, tuple(glob[:dims]),
                       None if no_local else tuple(local[:dims]), bool(flags & BARRIER))
+
+
+def _entries(records: list[dict], buffers: dict[int, BufferSpec], inputs: list[BufferSpec],
+             outputs: list[BufferSpec], launches: list[LaunchSpec]) -> tuple[EntrySpec, ...]:
+    """At least one entry, named by unique identifiers; their launch ranges back to back over
+    the whole replay table; every io buffer in exactly one entry, in slot order, and read or
+    written only by that entry's launches."""
+    names = [e["name"] for e in records]
+    if not names or len(set(names)) != len(names) or \
+            not all(n.isascii() and n.isidentifier() for n in names):
+        raise BlobError(f"manifest entries: expected at least one, with unique identifier names, "
+                        f"got {names}")
+    entries, at, owner = [], 0, {}
+    for e in records:
+        what = f"manifest entry {e['name']!r}"
+        if len(e["launches"]) != 2 or e["launches"][0] != at:
+            raise BlobError(f"{what}: launches expected [first, count] with first {at} (where "
+                            f"the entry before it ends), got {e['launches']}")
+        first, count = e["launches"]
+        if first + count > len(launches):
+            raise BlobError(f"{what}: launches [{first}, {first + count}) past the replay "
+                            f"table's {len(launches)}")
+        io = []
+        for key, declared in (("inputs", inputs), ("outputs", outputs)):
+            ids, slots = e[key], {b.id: b.offset for b in declared}
+            if not all(i in slots for i in ids) or \
+                    [slots[i] for i in ids] != sorted({slots[i] for i in ids}):
+                raise BlobError(f"{what}: {key} expected {key[:-1]} buffer ids in slot order, "
+                                f"got {ids}")
+            for i in ids:
+                if owner.setdefault(i, e["name"]) != e["name"]:
+                    raise BlobError(f"{what}: {key[:-1]} buffer {i} is in entry "
+                                    f"{owner[i]!r} too")
+            io.append(tuple(buffers[i] for i in ids))
+            names = [buffers[i].name for i in ids]
+            if len(set(names)) != len(names):
+                raise BlobError(f"{what}: {key} names must be non-empty and unique, got {names}")
+        entries.append(EntrySpec(e["name"], *io, range(first, first + count)))
+        at = first + count
+    unowned = [b.id for b in (*inputs, *outputs) if b.id not in owner]
+    if at != len(launches) or unowned:
+        raise BlobError(f"manifest entries: expected to cover the {len(launches)} launches and "
+                        f"every io buffer, got launches up to {at}, io buffers {unowned} in none")
+    for e in entries:
+        for i in e.launches:
+            foreign = [b for b in launches[i].args if b in owner and owner[b] != e.name]
+            if foreign:
+                raise BlobError(f"graph launch {i} ({launches[i].kernel}) of entry {e.name!r} "
+                                f"uses io buffers {foreign} of another entry")
+    return tuple(entries)
+
+
+def _state(records: list[dict], buffers: dict[int, BufferSpec],
+           entries: tuple[EntrySpec, ...]) -> tuple[StateSpec, ...]:
+    """Unique names; reads are input buffers, writes output buffers, each of at most one state
+    and at most one read and one write per state per entry; one dtype and shape throughout, the
+    initial value's included (a plain weights buffer)."""
+    names = [r["name"] for r in records]
+    if "" in names or len(set(names)) != len(names):
+        raise BlobError(f"manifest state: expected unique non-empty names, got {names}")
+    entry_of = {b.id: e.name for e in entries for b in (*e.inputs, *e.outputs)}
+    used, states = set(), []
+    for r in records:
+        what = f"manifest state {r['name']!r}"
+        io = []
+        for key, region in (("reads", "input"), ("writes", "output")):
+            got = [buffers.get(i) for i in r[key]]
+            if any(b is None or b.region != region or b.id in used for b in got):
+                raise BlobError(f"{what}: {key} expected {region} buffers of no other state, "
+                                f"got {r[key]}")
+            per_entry = [entry_of[b.id] for b in got]
+            if len(set(per_entry)) != len(per_entry):
+                raise BlobError(f"{what}: {key} expected at most one buffer per entry, got "
+                                f"entries {per_entry}")
+            used.update(r[key])
+            io.append(tuple(got))
+        init = None if r["init"] is None else buffers.get(r["init"])
+        every = [*io[0], *io[1], *([init] if r["init"] is not None else [])]
+        if not io[0] and not io[1] or any(b is None for b in every) or \
+                len({(b.dtype, b.shape) for b in every}) != 1 or \
+                init is not None and (init.region != "weights" or init.image is not None or
+                                      init.nbytes != every[0].nbytes):
+            raise BlobError(f"{what}: expected reads or writes, all of one dtype and shape, and "
+                            f"init null or a plain weights buffer of that dtype and shape, got "
+                            f"reads {r['reads']} writes {r['writes']} init {r['init']}")
+        states.append(StateSpec(r["name"], every[0].dtype, every[0].shape, *io, init))
+    return tuple(states)

@@ -64,6 +64,7 @@ cl_int clEnqueueReadBuffer(cl_command_queue, cl_mem, cl_bool, size_t, size_t, vo
                            const cl_event *, cl_event *);
 cl_int clEnqueueCopyBufferToImage(cl_command_queue, cl_mem, cl_mem, size_t, const size_t *,
                                   const size_t *, cl_uint, const cl_event *, cl_event *);
+cl_int clEnqueueMarkerWithWaitList(cl_command_queue, cl_uint, const cl_event *, cl_event *);
 cl_int clFlush(cl_command_queue);
 cl_int clFinish(cl_command_queue);
 cl_int clGetEventInfo(cl_event, cl_uint, size_t, void *, size_t *);

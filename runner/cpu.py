@@ -24,17 +24,35 @@ import cffi
 
 from runner import abi
 from runner.abi import GRAPH as ENTRY, GRAPH_MT as ENTRY_MT, PROFILE
-from runner.device import HostDevice, Span, aligned_empty
+from runner.device import Span, aligned_empty
 from runner.errors import AllocError, BlobError, ConfigError, DeviceError
 from runner.host import HOSTS, cpu_flags, machine_targets, missing_flags
+from runner.queue import Memory, QueueDevice
 
 ffi = cffi.FFI()
 ffi.cdef(abi.declarations() + "int sched_yield(void);\nint clock_gettime(int, keel_ts *);\n")
 
 
-class CpuDevice(HostDevice):
-    """Runs the graph inside submit(), on the calling thread (and the pool's workers): the
-    timeline is complete as soon as submit() returns, unless the run missed its deadline."""
+class HostQueue(QueueDevice):
+    """A device whose memory is the host's (cpu, mock): every array maps, nothing is staged;
+    an address is a cffi pointer."""
+
+    def alloc(self, nbytes: int) -> Memory:
+        mem = aligned_empty((max(nbytes, 1),), "uint8")
+        mem[:] = 0
+        return Memory(ffi.from_buffer("uint8_t[]", mem), mem, nbytes)
+
+    def map_host(self, slot: int, array):
+        return ffi.from_buffer(array)
+
+    def device_address(self, slot: int, mem):
+        raise DeviceError(f"device {self.name!r} has no device memory to bind to slot {slot}; "
+                          f"bind a host array")
+
+
+class CpuDevice(HostQueue):
+    """Runs the graph inside submit() (kick), on the calling thread (and the pool's workers):
+    the timeline is complete as soon as submit() returns, unless the run missed its deadline."""
     name = "cpu"
 
     def check_target(self, target: str) -> None:
@@ -50,16 +68,15 @@ class CpuDevice(HostDevice):
             raise BlobError(f"blob target {target!r} needs CPU features {missing}, "
                             f"which /proc/cpuinfo does not list")
 
-    def load(self, blob) -> None:
-        self._value = self._done = 0
+    def open(self, blob) -> None:
+        self._done = 0
         self._owned: list = []  # the pool; a list, so the finalizer sees one recover() replaces
         self._arena, self._arena_ptr, self._weights_ptr, self._lib = host_memory(blob)
         self._finalizer = weakref.finalize(self, shutdown, self._owned, self._lib)
         self._io_ptrs = ffi.new("void *[]", max(len(blob.inputs) + len(blob.outputs), 1))
-        self._init_io(blob)
         self._graph = _symbol(self._lib, ENTRY)
         self._n_launches, self._ticks = len(blob.launches), None
-        self._sync1 = ffi.new("keel_sync *")  # one thread profiling: its barriers never wait
+        self._sync1 = ffi.new("keel_sync *")  # one thread, a launch range or profiling
         self.threads, self._pool = threads_from_env(), None
         if self.threads > 1 and hasattr(self._lib, ENTRY_MT):
             self._new_pool()
@@ -71,29 +88,34 @@ class CpuDevice(HostDevice):
         self._owned.append(self._pool)  # an abandoned pool's late worker is waited for too
         self._use_profile(getattr(self, "_ticks", None))
 
-    def _patch(self, slot: int, array) -> None:
-        self._io_ptrs[slot] = ffi.from_buffer(array)
+    def record(self) -> None:
+        for slot, address in enumerate(self.io_address):
+            self._io_ptrs[slot] = address
 
-    def submit(self, deadline: float) -> int:
-        self._value += 1
-        if self._pool is None and getattr(self, "_ticks", None) is not None:
-            self._lib.keel_profile(self._arena_ptr, self._weights_ptr, self._io_ptrs, 0, 1,
-                                   self._sync1, self._ticks)
+    def patch(self, slot: int, address) -> None:
+        self._io_ptrs[slot] = address
+
+    def kick(self, launches: range, deadline: float, value: int) -> None:
+        whole = len(launches) == self._n_launches
+        if self._pool is None and (not whole or self._ticks is not None):
+            self._sync1.first, self._sync1.end = launches.start, launches.stop
+            if self._ticks is None:
+                self._lib.keel_graph_mt(self._arena_ptr, self._weights_ptr, self._io_ptrs, 0, 1,
+                                        self._sync1)
+            else:
+                self._lib.keel_profile(self._arena_ptr, self._weights_ptr, self._io_ptrs, 0, 1,
+                                       self._sync1, self._ticks)
         elif self._pool is None:
             self._graph(self._arena_ptr, self._weights_ptr, self._io_ptrs)
-        elif not self._pool.run(self._arena_ptr, self._weights_ptr, self._io_ptrs, deadline):
-            return self._value  # never completes: wait() raises DeviceTimeout
-        self._done = self._value
-        return self._value
+        elif not self._pool.run(self._arena_ptr, self._weights_ptr, self._io_ptrs, deadline,
+                                (launches.start, launches.stop)):
+            return  # never completes: wait() raises DeviceTimeout
+        self._done = value
 
     def completed(self) -> int:
         return self._done
 
-    def wait(self, value: int, deadline: float) -> None:
-        if self._done < value:
-            super().wait(value, deadline)
-
-    def recover(self) -> None:
+    def reset(self) -> None:
         if self._pool is not None and not self._pool.reset():
             old = self._pool  # a worker that never came back is abandoned with its pool
             self._new_pool()
@@ -103,7 +125,7 @@ class CpuDevice(HostDevice):
     def close(self) -> None:
         release_host_memory(self)
 
-    def profile(self, on: bool) -> None:
+    def set_profiling(self, on: bool) -> None:
         """keel_profile in place of keel_graph_mt: every thread stores the cycle counter before
         and after each launch into its own row of `ticks`."""
         if not on:
@@ -122,15 +144,12 @@ class CpuDevice(HostDevice):
             self._pool.profile = (self._lib.keel_profile, ticks, 2 * self._n_launches) \
                 if ticks is not None else None
 
-    def spans(self) -> list[Span]:
-        if getattr(self, "_ticks", None) is None or not self._done:
-            raise DeviceError("spans(): no profiled submission has completed; call profile(True) "
-                              "and run first")
+    def launch_times(self, launches: range) -> list[Span]:
         n, t = self._n_launches, self._ns_per_tick
         rows = [self._ticks[k * 2 * n:(k + 1) * 2 * n] for k in range(self.threads)]
-        base = min(min(r) for r in rows if r) if n else 0
+        base = min(r[2 * i] for r in rows for i in launches) if len(launches) else 0
         return [Span(i, tid, round((r[2 * i] - base) * t), round((r[2 * i + 1] - base) * t))
-                for tid, r in enumerate(rows) for i in range(n)]
+                for tid, r in enumerate(rows) for i in launches]
 
 
 def host_memory(blob) -> tuple:
@@ -227,6 +246,7 @@ class Pool:
             self.sync.yield_fn, self.sync.clock_fn = _LIBC.sched_yield, _LIBC.clock_gettime
             self.sync.clock_id = time.CLOCK_MONOTONIC
         self.args: tuple = ()
+        self.launches = (0, 0)  # the range sync holds
         self.profile = None  # set by CpuDevice.profile
         self.stop = False
         self.cond = threading.Condition()
@@ -256,9 +276,12 @@ class Pool:
                     self.running -= 1
                     self.cond.notify_all()
 
-    def run(self, arena, weights, io, deadline: float) -> bool:
-        """Run every share; False when the run missed its deadline (its results are garbage)."""
+    def run(self, arena, weights, io, deadline: float, launches: tuple) -> bool:
+        """Run every share of launches [first, end); False when the run missed its deadline
+        (its results are garbage)."""
         self.args = (arena, weights, io)
+        if launches != self.launches:  # two cffi stores per run cost more than the compare
+            self.sync.first, self.sync.end = self.launches = launches
         # on CLOCK_MONOTONIC's own base: time.monotonic() has another one on macOS
         self.sync.deadline_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC) + \
             int((deadline - time.monotonic()) * 1e9)

@@ -1,6 +1,10 @@
-"""The Device contract (v2): what every backend (CPU, OpenCL, mock; KGSL, FastRPC, AM next)
-implements, and what each call guarantees. Shaped after IREE's HAL: a device holds one loaded
-graph, io slots are binding slots, a submission is a point on a timeline.
+"""The Device contract (v3): what every backend (cpu, mock, opencl, qcom, dsp, amd) implements,
+and what each call guarantees. Shaped after IREE's HAL: a device holds one loaded graph, io
+slots are binding slots, a submission is a point on a timeline.
+
+Every backend is a runner/queue.py QueueDevice: the generic half of this contract (binding,
+staging of host arrays a device cannot map, the deadline wait, recovery, profiling spans) is
+written there once, and a backend supplies only its hardware verbs (listed on QueueDevice).
 
   check_target(target)   raises BlobError unless this device can run `target` blobs on this host.
   load(blob)             once: the arena, the weights (zero-copy where the hardware allows), the
@@ -16,10 +20,17 @@ graph, io slots are binding slots, a submission is a point on a timeline.
   bind_device(slot, mem) bind memory that already lives on the device (a camera frame in GPU
                          memory); what `mem` is belongs to the backend. Raises DeviceError where a
                          backend has no such memory.
-  submit(deadline)       one submission of the whole graph; returns its timeline value, which only
-                         grows (1, 2, ...). `deadline` is the absolute time.monotonic() the caller
-                         will wait until; only a device that runs the graph inside submit (CPU)
-                         uses it, to bound that run. Queue devices return at once.
+  submit(deadline, launches=None)
+                         one submission of the launches `launches` (a range of the replay table:
+                         an entry point's, runner/graph.py; None: all of them); returns its
+                         timeline value, which only grows (1, 2, ...). `deadline` is the absolute
+                         time.monotonic() the caller will wait until; only a device that runs the
+                         graph inside submit (CPU) uses it, to bound that run. Queue devices
+                         return at once.
+  completed()            the highest timeline value whose submission has completed, without
+                         blocking; DeviceError when the submission after it failed.
+  block(seconds)         block at most `seconds`, returning early where the device can signal
+                         progress (wait() sleeps through it; default: time.sleep).
   wait(value, deadline)  returns once the submission with timeline `value` has completed; raises
                          DeviceTimeout if it has not by `deadline` (time.monotonic() seconds) and
                          DeviceError if it failed. Never blocks past the deadline by more than
@@ -30,6 +41,17 @@ graph, io slots are binding slots, a submission is a point on a timeline.
                          rebuild the device state so the next submit() runs correctly. Bindings,
                          io buffers and weights survive.
   close()                releases everything; idempotent; the device is unusable afterwards.
+  cache_dir              (attribute) where the backend may cache what it builds from this blob
+                         (program binaries); set by Model.load before load(); None: no cache.
+
+Persistent state (runner/state.py runs the ping-pong over these; docs/ARCHITECTURE.md):
+  alloc_state(nbytes)    device-resident memory for one half of a state, zero-filled, living as
+                         long as the device; what it is belongs to the backend.
+  bind_state(slot, mem)  bind io slot `slot` to state memory for the following submissions:
+                         patches only that slot's recorded addresses, copies nothing.
+  state_view(mem)        a writable host view (uint8) of state memory, or None where the device
+                         memory is not host-visible (then read_state / write_state copy).
+  read_state(mem), write_state(mem, data)   copy a half out / in (bytes); only between runs.
 
 Per-launch timing (tools/profile.py), optional: a backend without timestamps keeps the defaults,
 which raise DeviceError.
@@ -104,7 +126,7 @@ class Device:
         raise DeviceError(f"device {self.name!r} has no device memory to bind to slot {slot}; "
                           f"bind a host array")
 
-    def submit(self, deadline: float) -> int:
+    def submit(self, deadline: float, launches: range | None = None) -> int:
         raise NotImplementedError
 
     def completed(self) -> int:
@@ -124,6 +146,21 @@ class Device:
         raise NotImplementedError
 
     def close(self) -> None:
+        raise NotImplementedError
+
+    def alloc_state(self, nbytes: int):
+        raise NotImplementedError
+
+    def bind_state(self, slot: int, mem) -> None:
+        raise NotImplementedError
+
+    def state_view(self, mem) -> np.ndarray | None:
+        raise NotImplementedError
+
+    def read_state(self, mem) -> bytes:
+        raise NotImplementedError
+
+    def write_state(self, mem, data: bytes) -> None:
         raise NotImplementedError
 
     def profile(self, on: bool) -> None:
@@ -203,27 +240,3 @@ def _huge_mapping(nbytes: int) -> mmap.mmap:
     except OSError:  # THP disabled in this kernel: the mapping still works, on small pages
         pass
     return m
-
-
-class HostDevice(Device):
-    """A device whose io slots are host memory (CPU, mock): one aligned array per slot, and the
-    array each slot is bound to. `_patch(slot, array)` rewrites the backend's recorded pointers;
-    it runs only when a slot's bound array changes."""
-
-    def _init_io(self, blob) -> None:
-        specs = sorted((*blob.inputs, *blob.outputs), key=lambda b: b.offset)
-        self._io_buffers = [aligned_empty(b.shape, b.dtype) for b in specs]
-        self._bound: list = [None] * len(specs)
-        for slot, arr in enumerate(self._io_buffers):
-            self.bind(slot, arr)
-
-    def _patch(self, slot: int, array: np.ndarray) -> None:
-        raise NotImplementedError
-
-    def io_buffer(self, slot: int) -> np.ndarray:
-        return self._io_buffers[slot]
-
-    def bind(self, slot: int, array: np.ndarray) -> None:
-        if array is not self._bound[slot]:
-            self._patch(slot, array)
-            self._bound[slot] = array

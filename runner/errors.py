@@ -24,3 +24,4 @@ class DeviceTimeout(TimeoutError):
 class DeviceError(RuntimeError):
     """The device failed at run time: a fault, a lost device, a driver call that failed. The
     next run() recovers the device first (runner/device.py: recover)."""
+    errno: int | None = None  # the kernel's errno, where a driver call failed with one

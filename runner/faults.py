@@ -79,6 +79,7 @@ SITES = {
     "kgsl.chip": "the chip id the mock KGSL reports (hex)",
     "kgsl.context": "context creation fails with this errno name",
     "kgsl.alloc": "GPU object allocation fails with this errno name",
+    "kgsl.import": "dma-buf import (a camera buffer) fails with this errno name",
     "gpu.answer": "wrong (or wrong@K: from the Kth dispatch of a submission on): the qcom and "
                   "amd mock GPUs flip the first word each such dispatch writes",
     "gpu.image": "fault: the qcom mock GPU faults on every image access",

@@ -11,7 +11,7 @@ import struct
 import numpy as np
 
 MAGIC = b"KEELBLOB"
-VERSION = 3
+VERSION = 4  # 4: entries and state in each variant's record
 # magic, version, header_size, flags, file_size, manifest_offset, manifest_size,
 # manifest_sha256, file_sha256, producer, target  (little-endian, 176 bytes)
 HEADER = struct.Struct("<8sIIQQQQ32s32s32s32s")
@@ -26,6 +26,7 @@ WEIGHTS = "weights"
 PER_VARIANT = ("weights", "programs", "graph")
 CHUNK_BYTES = 4 << 20  # sections are hashed in chunks of this size, in parallel
 MAX_INT = 2**63 - 1  # manifest integers must fit an int64 / uint64 on the C side
+DEFAULT_ENTRY = "main"  # the one entry of a blob compiled from one ONNX model
 REGIONS = ("arena", "weights", "input", "output")  # where a buffer lives
 DEVICE_REGIONS = REGIONS[:2]  # device memory the plan lays out; input and output are io slots
 DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",

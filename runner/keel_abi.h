@@ -10,7 +10,9 @@
    io slots in slot order (inputs, then outputs), each the address of its tensor's first byte.
      keel_graph(arena, weights, io)                  the whole graph on one thread
      keel_graph_mt(arena, weights, io, tid, nt, s)   called by nt threads at once, tid 0..nt-1,
-                                                     all with one zeroed keel_sync
+                                                     all with one keel_sync, zeroed but for
+                                                     the launch range [first, end) (an entry
+                                                     point's; end 0: to the last)
      keel_profile(..., tid, nt, s, ticks)            keel_graph_mt storing this thread's cycle
                                                      counter before and after launch i in
                                                      ticks[2i] and ticks[2i + 1]
@@ -27,6 +29,7 @@ typedef struct { long long sec; long nsec; } keel_ts;
 typedef struct {
   int count, sense; int (*yield_fn)(void);
   int (*clock_fn)(int, keel_ts *); int clock_id; int abort; long long deadline_ns;
+  int first, end;
 } keel_sync;
 void keel_graph(uint8_t *arena, const uint8_t *weights, void *const *io);
 void keel_graph_mt(uint8_t *arena, const uint8_t *weights, void *const *io, int tid,

@@ -18,49 +18,42 @@ import weakref
 from collections import deque
 
 from runner.abi import LAUNCH
-from runner.cpu import CpuDevice, _symbol, ffi, host_memory, release_host_memory, shutdown
-from runner.device import HostDevice, Span
+from runner.cpu import (CpuDevice, HostQueue, _symbol, ffi, host_memory, release_host_memory,
+                        shutdown)
+from runner.device import Span
 from runner.errors import DeviceError
 from runner.faults import from_env
+from runner.graph import Kind
 
 FAULTS_VAR = "KEEL_MOCK_FAULTS"
 JOIN_S = 5.0  # a replay in flight when recover() stops the worker finishes within one run
 
 
-class MockDevice(HostDevice):
+class MockDevice(HostQueue):
     name = "mock"
     check_target = CpuDevice.check_target  # it runs the CPU targets' programs
 
-    def load(self, blob) -> None:
+    def open(self, blob) -> None:
         faults = from_env(FAULTS_VAR, ("hang", "fault", "slow"))  # a bad one fails the load
         self._arena, self._arena_ptr, self._weights_ptr, self._lib = host_memory(blob)
-        self._queue = Queue(_symbol(self._lib, LAUNCH), self._record(blob), faults)
+        self._launch = _symbol(self._lib, LAUNCH)
+        self._faults = faults
+
+    def record(self) -> None:
+        """Per launch, its argument pointers, as a command stream holds addresses."""
+        bases = {Kind.ARENA: self._arena_ptr, Kind.WEIGHTS: self._weights_ptr}
+        table = [ffi.new("void *[]", [self.graph.address(b, bases, self.io_address)
+                                      for b in args]) for args in self.graph.bindings]
+        self._queue = Queue(self._launch, table, self._faults)
         self._finalizer = weakref.finalize(self, shutdown, [self._queue], self._lib)
-        self._init_io(blob)
 
-    def _record(self, blob) -> list:
-        """Per launch, its argument pointers; io slots are left for bind() to patch."""
-        base = {"arena": self._arena_ptr, "weights": self._weights_ptr}
-        table = []
-        self._uses: dict[int, list] = {}  # io slot -> [(args array, index)]
-        for ln in blob.launches:
-            args = ffi.new("void *[]", len(ln.args))
-            for j, bid in enumerate(ln.args):
-                b = blob.buffers[bid]
-                if b.region in base:
-                    args[j] = base[b.region] + b.offset
-                else:
-                    self._uses.setdefault(b.offset, []).append((args, j))
-            table.append(args)
-        return table
+    def patch(self, slot: int, address) -> None:
+        table = self._queue.table
+        for i, j in self.graph.sites.get(slot, ()):
+            table[i][j] = address
 
-    def _patch(self, slot: int, array) -> None:
-        ptr = ffi.from_buffer(array)
-        for args, j in self._uses.get(slot, ()):
-            args[j] = ptr
-
-    def submit(self, deadline: float) -> int:
-        return self._queue.submit()
+    def kick(self, launches: range, deadline: float, value: int) -> None:
+        self._queue.submit(launches)
 
     def completed(self) -> int:
         return self._queue.completed()
@@ -68,21 +61,18 @@ class MockDevice(HostDevice):
     def block(self, seconds: float) -> None:
         self._queue.block(seconds)
 
-    def recover(self) -> None:
+    def reset(self) -> None:
         self._queue.restart()
 
     def close(self) -> None:
         release_host_memory(self)  # stops the worker before the memory it replays into goes
 
-    def profile(self, on: bool) -> None:
+    def set_profiling(self, on: bool) -> None:
         self._queue.stamps = [0] * (2 * len(self._queue.table)) if on else None
 
-    def spans(self) -> list[Span]:
+    def launch_times(self, launches: range) -> list[Span]:
         stamps = self._queue.stamps
-        if stamps is None or not self._queue.done:
-            raise DeviceError("spans(): no profiled submission has completed; call "
-                              "profile(True) and run first")
-        return [Span(i, 0, stamps[2 * i], stamps[2 * i + 1]) for i in range(len(stamps) // 2)]
+        return [Span(i, 0, stamps[2 * i], stamps[2 * i + 1]) for i in launches]
 
 
 class Queue:
@@ -99,10 +89,10 @@ class Queue:
         self.stamps: list[int] | None = None  # per launch start, end (ns) when profiling
         self._start()
 
-    def submit(self) -> int:
+    def submit(self, launches: range) -> int:
         with self.cond:
             self.value += 1
-            self.pending.append(self.value)
+            self.pending.append((self.value, launches))
             self.cond.notify_all()
         return self.value
 
@@ -127,7 +117,7 @@ class Queue:
                 self.cond.wait_for(lambda: self.pending or stopped())
                 if stopped():
                     return
-                value = self.pending.popleft()
+                value, launches = self.pending.popleft()
             fault = self.faults.at(value)
             kind = fault and fault.kind
             if kind in ("hang", "slow"):
@@ -135,7 +125,7 @@ class Queue:
                     if self.cond.wait_for(stopped, None if kind == "hang" else fault.ms / 1000):
                         return
             if kind != "fault":
-                self._replay()
+                self._replay(launches)
             with self.cond:
                 if stopped():
                     return
@@ -145,13 +135,14 @@ class Queue:
                     self.done = value
                 self.cond.notify_all()
 
-    def _replay(self) -> None:
-        stamps = self.stamps  # profiling: the host clock around each launch, as a GPU's
-        if stamps is None:  # timestamp packets bracket each dispatch
-            for i, args in enumerate(self.table):
-                self.launch(i, args)
+    def _replay(self, launches: range) -> None:
+        stamps, table = self.stamps, self.table  # profiling: the host clock around each launch,
+        if stamps is None:  # as a GPU's timestamp packets bracket each dispatch
+            for i in launches:
+                self.launch(i, table[i])
             return
-        for i, args in enumerate(self.table):
+        for i in launches:
+            args = table[i]
             stamps[2 * i] = time.perf_counter_ns()
             self.launch(i, args)
             stamps[2 * i + 1] = time.perf_counter_ns()

@@ -14,10 +14,22 @@ memory (runner/device.py: io_buffer).
 External inputs (modeld's camera frames, owned by the vision pipeline): bind_input(name, arr)
 binds a C-contiguous aligned array to an input for every run() without feeds, with no copy, until
 it is bound again (None: back to the model's own slot). The Model keeps a reference to it.
+bind_input(name, DmaBuf(fd, offset, nbytes)) binds a camera buffer that is already device memory
+(a VisionIPC ION / dma-buf fd; runner/dmabuf.py) where the device can import it (qcom): imported
+once per fd, zero-copy, released at close().
 
 openpilot output slices: when the model's ONNX carried openpilot's `output_slices`,
 `output_slices` maps each name to a slice of the flattened output, and output_views(out) gives
 named zero-copy views into preallocated outputs (take them once; every run rewrites them).
+
+Entry points: a blob may hold several named graphs (Model.entries); run(feeds, entry=NAME) runs
+one. With one entry, entry= may be left out; with several, leaving it out is an InputError
+listing them. inputs, outputs, input_view and bind_input speak of the default entry the same way
+(input_view and bind_input take entry= too).
+
+State: Model.state maps each state's name to its value after the last completed run (a view of
+device memory where it is host-visible); set_state and reset_state write it. A run that fails
+leaves the state exactly as before it (runner/state.py).
 
 Deadlines: each run() waits at most `timeout_ms` (per call, else the Model's) from its submission,
 then raises DeviceTimeout. The Model's is DEFAULT_TIMEOUT_MS times its device's deadline_scale
@@ -36,14 +48,18 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 from runner import cache
 from runner.blob import Blob, read_blob
 from runner.device import Device, get_device
+from runner.dmabuf import DmaBuf
 from runner.errors import DeviceError, DeviceTimeout, InputError
+from runner.graph import Entry, Graph, Slot
 from runner.slices import read_slices
+from runner.state import States
 from runner.targets import device_of
 
 DEFAULT_TIMEOUT_MS = 2000
@@ -54,10 +70,9 @@ class Model:
         self._sliced, self._slices = read_slices(blob.manifest, blob.outputs)
         self.blob, self.device = blob, device
         self.timeout_ms = DEFAULT_TIMEOUT_MS * device.deadline_scale
-        self._in = [(b.name, b.shape, b.dtype) for b in blob.inputs]
-        self._out = [(b.name, b.shape, b.dtype) for b in blob.outputs]
-        self._slots = [device.io_buffer(i) for i in range(len(self._in))]
-        self._bound_in = list(self._slots)  # what run() without feeds reads, per input
+        self.graph = Graph(blob)
+        self._slots = [device.io_buffer(i) for i in range(len(blob.inputs))]
+        self._bound_in = list(self._slots)  # what run() without feeds reads, per input slot
         # inputs with a default (an ONNX initializer that is also an input): what a run that
         # does not feed them reads; their slots start holding it
         self._defaults = {i: np.frombuffer(blob.weights, b.dtype, math.prod(b.shape),
@@ -65,6 +80,7 @@ class Model:
                           for i, b in blob.defaults.items()}
         for i, default in self._defaults.items():
             self._slots[i][...] = default
+        self._state = States(self.graph, device, blob.weights)
         self._lock = threading.Lock()
         self._broken = False  # the last run failed: recover before the next one
         self._closed = False
@@ -91,12 +107,53 @@ class Model:
             raise
 
     @property
+    def entries(self) -> dict[str, EntryInfo]:
+        """name -> its inputs and outputs ({name: (shape, dtype)}, state left out), in blob
+        order; the first is the default when it is the only one."""
+        return {e.name: EntryInfo(_io(e.inputs), _io(e.outputs)) for e in self.graph.entries}
+
+    @property
     def inputs(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        return {name: (shape, dtype) for name, shape, dtype in self._in}
+        """The entry's inputs (the default entry's: an InputError when the blob has several)."""
+        return _io(self.graph.entry(None).inputs)
 
     @property
     def outputs(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        return {name: (shape, dtype) for name, shape, dtype in self._out}
+        return _io(self.graph.entry(None).outputs)
+
+    @property
+    def state(self) -> dict[str, np.ndarray]:
+        """name -> the state's current value (as of the last completed run): a writable view of
+        the device's memory where it is host-visible (cpu, mock, qcom, dsp), a read-only copy
+        elsewhere (opencl, amd: write with set_state). Take it again after each run: a run
+        moves the state to the other half of its ping-pong. After a failed run it is the state
+        from before that run (the device is recovered first)."""
+        with self._lock:
+            self._recover_if_broken()
+            return self._state.views()
+
+    def set_state(self, name: str, value) -> None:
+        """Write a state's current value (any device); value broadcasts to its shape."""
+        if name not in {s.name for s in self.graph.state}:
+            raise InputError(f"unknown state {name!r}; states are "
+                             f"{[s.name for s in self.graph.state]}")
+        with self._lock:
+            self._recover_if_broken()
+            self._state.set(name, value)
+
+    def reset_state(self) -> None:
+        """Every state back to its initial value (the blob's, or zeros)."""
+        with self._lock:
+            self._recover_if_broken()
+            self._state.reset()
+
+    def _recover_if_broken(self) -> None:
+        """After a DeviceTimeout or DeviceError: recover the device before it is used again."""
+        if self._closed:
+            raise DeviceError("a closed Model; load it again")
+        if self._broken:
+            self.device.recover()
+            self._broken = False
 
     @property
     def meta(self) -> dict:
@@ -112,8 +169,8 @@ class Model:
         that writes into the same `out` (run(out=out))."""
         if self._sliced is None:
             raise InputError("this model has no output_slices (its ONNX metadata_props had none)")
-        arr = _checked(f"out[{self._sliced!r}]", out.get(self._sliced),
-                       *self.outputs[self._sliced])
+        spec = next(b for b in self.blob.outputs if b.name == self._sliced)
+        arr = _checked(f"out[{self._sliced!r}]", out.get(self._sliced), spec.shape, spec.dtype)
         flat = arr.view()
         try:
             flat.shape = (-1,)  # raises rather than copy
@@ -121,30 +178,36 @@ class Model:
             raise InputError(f"out[{self._sliced!r}]: expected a C-contiguous array") from None
         return {name: flat[s] for name, s in self._slices.items()}
 
-    def input_view(self, name: str) -> np.ndarray:
+    def input_view(self, name: str, entry: str | None = None) -> np.ndarray:
         """The array run() without feeds reads for this input (its own slot unless bind_input
-        bound another): write into it, then run() without feeds."""
-        return self._bound_in[self._input_index(name)]
+        bound another, or the DmaBuf it bound): write into it, then run() without feeds."""
+        return self._bound_in[self._input(name, entry).slot]
 
-    def bind_input(self, name: str, array: np.ndarray | None) -> None:
+    def bind_input(self, name: str, array: np.ndarray | DmaBuf | None,
+                   entry: str | None = None) -> None:
         """Bind an externally owned array (a camera frame) to an input, zero-copy, for every
-        run() without feeds until bound again; None binds the model's own slot back."""
-        i = self._input_index(name)
+        run() without feeds until bound again; None binds the model's own slot back. A DmaBuf
+        binds a dma-buf as device memory (the device imports it at the next run, once per fd:
+        a refused import is the DeviceError of that run, with the kernel's errno)."""
+        s = self._input(name, entry)
+        if isinstance(array, DmaBuf):
+            self._bound_in[s.slot] = _checked_dmabuf(f"bind_input({name!r})", array, s)
+            return
         if array is None:
-            array = self._slots[i]
-        _, shape, dtype = self._in[i]
-        arr = _checked(f"bind_input({name!r})", array, shape, dtype)
+            array = self._slots[s.slot]
+        arr = _checked(f"bind_input({name!r})", array, s.shape, s.dtype)
         if not (arr.flags.c_contiguous and arr.flags.aligned):
             raise InputError(f"bind_input({name!r}): expected a C-contiguous, aligned array "
                              f"(binding is zero-copy), got c_contiguous={arr.flags.c_contiguous} "
                              f"aligned={arr.flags.aligned}")
-        self._bound_in[i] = arr  # one store: a run binding now sees the old array or this one
+        self._bound_in[s.slot] = arr  # one store: a run binding now sees the old array or this one
 
-    def _input_index(self, name: str) -> int:
-        for i, (slot_name, _, _) in enumerate(self._in):
-            if slot_name == name:
-                return i
-        raise InputError(f"unknown input {name!r}; inputs are {[n for n, _, _ in self._in]}")
+    def _input(self, name: str, entry: str | None) -> Slot:
+        inputs = self.graph.entry(entry).inputs
+        for s in inputs:
+            if s.name == name:
+                return s
+        raise InputError(f"unknown input {name!r}; inputs are {[s.name for s in inputs]}")
 
     def close(self) -> None:
         """Release the device now rather than when the Model is collected; idempotent. Waits
@@ -158,93 +221,96 @@ class Model:
             self.device.close()
 
     def run(self, feeds: dict | None = None, out: dict | None = None,
-            timeout_ms: float | None = None) -> dict[str, np.ndarray]:
+            timeout_ms: float | None = None, entry: str | None = None) -> dict[str, np.ndarray]:
+        """entry: which entry point runs (Model.entries); None: the blob's only one."""
         timeout_ms = _checked_timeout(self.timeout_ms if timeout_ms is None else timeout_ms)
         if os.getpid() != self._pid:  # the device's threads and queues stayed in the parent
             raise DeviceError(f"run() in process {os.getpid()} on a Model loaded in process "
                               f"{self._pid}: a device does not survive fork(); load the blob "
                               f"again in this process")
+        e = self.graph.entry(entry)
         if not self._lock.acquire(timeout=timeout_ms / 1000):
             raise DeviceTimeout(f"another run() on this Model did not finish within "
                                 f"{timeout_ms} ms")
         try:
-            return self._run(feeds, out, timeout_ms)
+            return self._run(e, feeds, out, timeout_ms)
         finally:
             self._lock.release()
 
-    def _run(self, feeds: dict | None, out: dict | None, timeout_ms: float) -> dict:
+    def _run(self, e: Entry, feeds: dict | None, out: dict | None, timeout_ms: float) -> dict:
         dev = self.device
         if self._closed:
             raise DeviceError("run() on a closed Model; load it again")
-        plan = self._plan(feeds, out)  # raises before anything is written
-        if self._broken:
-            dev.recover()
-            self._broken = False
+        plan = self._plan(e, feeds, out)  # raises before anything is written
+        self._recover_if_broken()
         self._bind(plan)
+        if e.stateful:
+            self._state.bind(e)
         deadline = time.monotonic() + timeout_ms / 1000
         try:
-            dev.wait(dev.submit(deadline), deadline)
-        except DeviceTimeout as e:
+            dev.wait(dev.submit(deadline, e.launches), deadline)
+        except DeviceTimeout as err:
             self._broken = True
-            raise DeviceTimeout(f"{e} ({timeout_ms} ms after submit)") from None
+            raise DeviceTimeout(f"{err} ({timeout_ms} ms after submit)") from None
         except BaseException:  # DeviceError, or an interrupt (KeyboardInterrupt) mid-run
             self._broken = True
             raise
+        if e.stateful:
+            self._state.commit(e)
         for scratch, arr in plan.staged:
             np.copyto(arr, scratch)
         return plan.results
 
-    def _plan(self, feeds: dict | None, out: dict | None) -> "_Plan":
+    def _plan(self, e: Entry, feeds: dict | None, out: dict | None) -> "_Plan":
         """Check every feed and every out= array, and decide what each slot is bound to. An
         output whose array overlaps an input the run reads is computed into the model's own
         output slot and copied out after the run (`staged`): the recurrent
         run({"h": st}, out={"h_new": st}). Two outputs in one array cannot both be right: an
         InputError naming both."""
         plan = _Plan()
-        self._plan_inputs(plan, feeds)
-        self._plan_outputs(plan, out)
+        self._plan_inputs(plan, e, feeds)
+        self._plan_outputs(plan, e, out)
         written = [(name, dst) for name, dst, _ in plan.copies]
         for i, (name, dst, src) in enumerate(plan.copies):
             if any(_overlap(src, d) for n, d in written if n != name):
                 plan.copies[i] = (name, dst, src.copy())  # read it before any copy writes
-        for k, (name, arr) in enumerate(plan.inputs):
+        for k, (slot, name, arr) in enumerate(plan.inputs):
             if any(_overlap(arr, d) for n, d in written if n != name):
-                plan.inputs[k] = (name, arr.copy())
-        first_out = len(self._in)
-        for j, (name, arr) in enumerate(plan.outputs):
+                plan.inputs[k] = (slot, name, arr.copy())
+        for j, (slot, name, arr) in enumerate(plan.outputs):
             if name not in plan.given:
                 continue
-            other = next((o for o, _ in plan.outputs[:j]
+            other = next((o for _, o, _ in plan.outputs[:j]
                           if o in plan.given and _overlap(plan.results[o], arr)), None)
             if other is not None:
                 raise InputError(f"out[{other!r}] and out[{name!r}] share memory: two outputs "
                                  f"cannot be written into one array")
-            if any(_overlap(arr, a) for _, a in plan.inputs):
-                scratch = self.device.io_buffer(first_out + j)
+            if any(_overlap(arr, a) for _, _, a in plan.inputs):
+                scratch = self.device.io_buffer(slot)
                 plan.staged.append((scratch, arr))
-                plan.outputs[j] = (name, scratch)
+                plan.outputs[j] = (slot, name, scratch)
         return plan
 
-    def _plan_inputs(self, plan: "_Plan", feeds) -> None:
+    def _plan_inputs(self, plan: "_Plan", e: Entry, feeds) -> None:
         if feeds is None:
-            plan.inputs = [(name, arr) for (name, _, _), arr in zip(self._in, self._bound_in)]
+            plan.inputs = [(s.slot, s.name, self._bound_in[s.slot]) for s in e.inputs]
             return
-        names = [n for n, _, _ in self._in]
+        names = [s.name for s in e.inputs]
         if not isinstance(feeds, Mapping):
             raise InputError(f"feeds: expected a dict {{input name: numpy.ndarray}} over inputs "
                              f"{names}, got {type(feeds).__name__}")
-        for i, (name, shape, dtype) in enumerate(self._in):
-            if name not in feeds and i in self._defaults:
-                plan.inputs.append((name, self._defaults[i]))
+        for s in e.inputs:
+            if s.name not in feeds and s.slot in self._defaults:
+                plan.inputs.append((s.slot, s.name, self._defaults[s.slot]))
                 continue
-            if name not in feeds:
-                raise InputError(f"missing input {name!r} ({dtype} {shape}); "
+            if s.name not in feeds:
+                raise InputError(f"missing input {s.name!r} ({s.dtype} {s.shape}); "
                                  f"received {sorted(map(str, feeds))}")
-            arr = _checked(f"input {name!r}", feeds[name], shape, dtype)
+            arr = _checked(f"input {s.name!r}", feeds[s.name], s.shape, s.dtype)
             if not (arr.flags.c_contiguous and arr.flags.aligned):
-                plan.copies.append((name, self._slots[i], arr))
-                arr = self._slots[i]
-            plan.inputs.append((name, arr))
+                plan.copies.append((s.name, self._slots[s.slot], arr))
+                arr = self._slots[s.slot]
+            plan.inputs.append((s.slot, s.name, arr))
         extra = sorted(map(str, set(feeds) - set(names)))
         if extra:
             constants = sorted(set(extra) & set(self.meta.get("constant_inputs", ())))
@@ -252,46 +318,49 @@ class Model:
                 f"--overridable NAME to feed them)" if constants else ""
             raise InputError(f"unexpected inputs {extra}; inputs are {names}{hint}")
 
-    def _plan_outputs(self, plan: "_Plan", out) -> None:
-        names = [n for n, _, _ in self._out]
+    def _plan_outputs(self, plan: "_Plan", e: Entry, out) -> None:
+        names = [s.name for s in e.outputs]
         if out is None:
             out = {}
         elif not isinstance(out, Mapping):
             raise InputError(f"out: expected a dict {{output name: numpy.ndarray}} over outputs "
                              f"{names}, got {type(out).__name__}")
-        for name, shape, dtype in self._out:
-            if name not in out:
-                arr = np.empty(shape, dtype)
+        for s in e.outputs:
+            if s.name not in out:
+                arr = np.empty(s.shape, s.dtype)
             else:
-                plan.given.add(name)
-                what = f"out[{name!r}]"
-                arr = _checked(what, out[name], shape, dtype)
+                plan.given.add(s.name)
+                what = f"out[{s.name!r}]"
+                arr = _checked(what, out[s.name], s.shape, s.dtype)
                 flags = arr.flags
                 if not (flags.c_contiguous and flags.aligned and flags.writeable):
                     raise InputError(f"{what}: expected a C-contiguous, aligned, writable array, "
                                      f"got c_contiguous={flags.c_contiguous} "
                                      f"aligned={flags.aligned} writeable={flags.writeable}")
-            plan.outputs.append((name, arr))
-            plan.results[name] = arr
+            plan.outputs.append((s.slot, s.name, arr))
+            plan.results[s.name] = arr
         if len(plan.given) != len(out):
             extra = sorted(map(str, set(out) - set(names)))
             raise InputError(f"out has unknown outputs {extra}; outputs are {names}")
 
     def _bind(self, plan: "_Plan") -> None:
         """Carry out a checked plan: copy the feeds that cannot be bound, bind every slot."""
-        for name, dst, src in plan.copies:
+        for _, dst, src in plan.copies:
             np.copyto(dst, src)
-        bind = self.device.bind
-        for slot, (_, arr) in enumerate(plan.inputs + plan.outputs):
-            bind(slot, arr)
+        dev = self.device
+        for slot, _, arr in plan.inputs + plan.outputs:
+            if isinstance(arr, DmaBuf):  # bound by bind_input: device memory
+                dev.bind_device(slot, arr)
+            else:
+                dev.bind(slot, arr)
 
 
 @dataclass
 class _Plan:
     """What one run binds, decided before anything is written."""
-    inputs: list = field(default_factory=list)  # per input slot: (name, array bound)
+    inputs: list = field(default_factory=list)  # per input: (slot, name, array bound)
     copies: list = field(default_factory=list)  # (input name, its own slot, feed to copy in)
-    outputs: list = field(default_factory=list)  # per output slot: (name, array bound)
+    outputs: list = field(default_factory=list)  # per output: (slot, name, array bound)
     given: set = field(default_factory=set)  # the output names out= provides
     staged: list = field(default_factory=list)  # (output slot, out= array): copied after
     results: dict = field(default_factory=dict)
@@ -299,8 +368,9 @@ class _Plan:
 
 def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether the byte ranges two arrays span meet: exact for contiguous arrays, cautious for
-    strided ones (a copy too many, never a missed overlap)."""
-    if not a.size or not b.size:
+    strided ones (a copy too many, never a missed overlap). A DmaBuf is device memory that no
+    host array can alias."""
+    if isinstance(a, DmaBuf) or isinstance(b, DmaBuf) or not a.size or not b.size:
         return False
     (lo_a, hi_a), (lo_b, hi_b) = _span(a), _span(b)
     return lo_a < hi_b and lo_b < hi_a
@@ -329,6 +399,15 @@ def _checked_timeout(timeout_ms) -> float:
     return timeout_ms.item() if isinstance(timeout_ms, np.generic) else timeout_ms
 
 
+class EntryInfo(NamedTuple):
+    inputs: dict  # name -> (shape, dtype)
+    outputs: dict
+
+
+def _io(slots) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    return {s.name: (s.shape, s.dtype) for s in slots}
+
+
 def _checked(what: str, arr, shape: tuple, dtype: np.dtype) -> np.ndarray:
     if not isinstance(arr, np.ndarray):
         raise InputError(f"{what}: expected numpy.ndarray {dtype} {shape}, "
@@ -338,3 +417,21 @@ def _checked(what: str, arr, shape: tuple, dtype: np.dtype) -> np.ndarray:
     if arr.shape != shape:
         raise InputError(f"{what}: expected shape {shape}, got {arr.shape}")
     return arr
+
+
+def _checked_dmabuf(what: str, buf: DmaBuf, spec: Slot) -> DmaBuf:
+    """The input's size and dtype; natural alignment, as bind() asks of host arrays."""
+    for field in ("fd", "offset", "nbytes"):
+        value = getattr(buf, field)
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
+            raise InputError(f"{what}: DmaBuf.{field} must be an integer >= 0, got {value!r}")
+    if np.dtype(buf.dtype) != spec.dtype:
+        raise InputError(f"{what}: expected dtype {spec.dtype}, the DmaBuf holds "
+                         f"{np.dtype(buf.dtype)}")
+    if buf.nbytes != spec.nbytes:
+        raise InputError(f"{what}: expected {spec.nbytes} bytes ({spec.dtype} {spec.shape}), the "
+                         f"DmaBuf has {buf.nbytes}")
+    if buf.offset % spec.dtype.itemsize:
+        raise InputError(f"{what}: DmaBuf.offset {buf.offset} is not a multiple of "
+                         f"{spec.dtype.itemsize} ({spec.dtype})")
+    return buf

@@ -12,11 +12,12 @@ Guarantees (beyond runner/device.py's contract):
     their first enqueue (PoCL) do it inside load, not inside the first run's deadline.
   * every tensor is a sub-buffer of the arena or weights buffer (offsets are aligned by the
     compiler to the target's buffer_align); io slots are device buffers written/read per run.
-  * io_buffer(slot) is host memory: submit() enqueues the whole graph on one in-order queue
-    (writes from the bound input arrays, kernels, reads into the bound output arrays) and
-    flushes. The timeline polls each submission's last event, so wait() never blocks in the
-    driver. A negative event status or a failed call is a DeviceError; recover() drains the
-    queue and replaces it.
+  * io slots are device buffers; io_buffer(slot) is a host array, and a bound host array is
+    written to the slot's buffer by submit() and read back by wait() (runner/queue.py: staging).
+    bind_device() patches the kernels to a cl_mem of this context and copies nothing. submit()
+    enqueues the launches on one in-order queue, then a marker, and flushes; the timeline polls
+    each marker's event, so wait() never blocks in the driver. A negative event status or a
+    failed call is a DeviceError; recover() drains the queue and replaces it.
   * image buffers: with cl_khr_image2d_from_buffer the image aliases the buffer (zero copy, the
     Adreno path, hence the pitched rows); without it (PoCL) the image is its own allocation of
     `pitch` texels per row, filled by a buffer-to-image copy after the kernel that writes it
@@ -41,35 +42,17 @@ from runner.cl import (BUILD_OPTIONS, CHANNEL_TYPES, CL_BUFFER_CREATE_TYPE_REGIO
                        CL_RGBA, CL_SUCCESS,
                        INSTALL_HINT, check, create, ffi, info_str, info_uint, platform_devices,
                        unavailable_reason)
-from runner.device import HostDevice, Span
+from runner.device import Span
 from runner.errors import BlobError, DeviceError
+from runner.graph import Kind
+from runner.queue import Memory, QueueDevice
 
 __all__ = ["OpenCLDevice", "unavailable_reason"]
 
-class _Submission:
-    """One submission in flight: its last command's event and the host arrays it reads/writes."""
-
-    def __init__(self, value: int, event, keep: list):
-        self.value, self.event, self.keep = value, event, keep
-
-    def status(self) -> int:
-        status = ffi.new("cl_int *")
-        check(cl.lib().clGetEventInfo(self.event, CL_EVENT_COMMAND_EXECUTION_STATUS,
-                                       ffi.sizeof("cl_int"), status, ffi.NULL), "clGetEventInfo")
-        return status[0]
-
-    def release(self) -> None:
-        if self.event is not None:
-            cl.lib().clReleaseEvent(self.event)
-            self.event = self.keep = None
-
-    def __del__(self):
-        self.release()
-
-
-class OpenCLDevice(HostDevice):
+class OpenCLDevice(QueueDevice):
     name = "opencl"
     runs = ("opencl", "qcom")  # both render OpenCL C; qcom blobs use Adreno limits
+    staged_by_copy = True  # io memory is cl_mem: bound host arrays are written and read per run
 
     def __init__(self):
         lib = cl.lib()
@@ -94,58 +77,87 @@ class OpenCLDevice(HostDevice):
         self.events = None  # profiling: one event per launch of the last submission
         self.queue = self._new_queue()
         self.cache_dir = None
-        self.inflight: list[_Submission] = []  # oldest first
-        self.value = self.done = 0
+        self.inflight: list[tuple[int, object]] = []  # (value, its last event), oldest first
+        self.done = 0
         # PoCL caches its compiled kernels itself (~/.cache/pocl), and asking it for a program
         # binary compiles every kernel a second time (for a generic work-group size), doubling
         # the first load; elsewhere (Adreno: seconds per build) the binary cache is the win.
         platform = info_str(lib.clGetPlatformInfo, self.platform, CL_PLATFORM_NAME)
         self.cache_binaries = platform != "Portable Computing Language"
 
-    # ---- Device interface -----------------------------------------------------------------------
+    # ---- verbs (runner/queue.py) --------------------------------------------------------------
     def check_target(self, target: str) -> None:
         if target not in self.runs:
             raise BlobError(f"device 'opencl' runs targets {list(self.runs)}, blob target is "
                             f"{target!r}")
 
-    def load(self, blob) -> None:
+    def open(self, blob) -> None:
         self.arena = self._buffer(CL_MEM_READ_WRITE, blob.arena_bytes)
         self._upload(blob.weights)
-        program, cache = self._program(bytes(blob.programs))
+        self.program, self.cache = self._program(bytes(blob.programs))
         self.buffers = buffers = blob.buffers
-        self.mems = {b.id: self._tensor(b) for b in buffers.values()}
-        self.io_specs = [*blob.inputs, *blob.outputs]  # slot order
-        self.slot_args: dict[int, list] = {}  # io slot -> [(kernel, arg index)] that read it
-        self.external: dict[int, object] = {}  # io slot -> cl_mem bound by bind_device
+        self.mems = {b.id: self._tensor(b) for b in buffers.values()
+                     if b.region in ("arena", "weights")}
         self.images = {b.id: self._image(b, *b.image) for b in buffers.values() if b.image}
         for bid, img in self.images.items():  # weights: filled once, here
             if img.copy is not None and buffers[bid].region == "weights":
                 self._copy_to_image(img)
         check(self.lib.clFinish(self.queue), "clFinish")
-        self.commands = [cmd for ln in blob.launches for cmd in self._record(program, ln)]
-        # Run the graph once (on whatever the buffers hold): drivers that compile each kernel at
-        # its first enqueue (PoCL) do it now, not inside the first run()'s deadline.
-        self._enqueue_commands()
-        check(self.lib.clFinish(self.queue), "clFinish (warm-up run)")
-        if cache is not None:
-            self._save_binary(program, cache)
-        self._init_io(blob)
 
-    def _record(self, program, ln) -> list:
+    def record(self) -> None:
+        """Every launch's kernel with its arguments set; then the whole graph once (on whatever
+        the buffers hold): drivers that compile each kernel at its first enqueue (PoCL) do it
+        now, not inside the first run()'s deadline."""
+        self.kernels, self.commands = [], []
+        for ln, args in zip(self.graph.launches, self.graph.bindings):
+            kernel, cmds = self._record(ln, args)
+            self.kernels.append(kernel)
+            self.commands.append(cmds)
+        self._enqueue(range(len(self.commands)))
+        check(self.lib.clFinish(self.queue), "clFinish (warm-up run)")
+        if self.cache is not None:
+            self._save_binary(self.program, self.cache)
+
+    def _record(self, ln, args) -> tuple:
         """One launch as queue commands: the kernel with its args set, then the image copy of
         its output where the image does not alias the buffer."""
         kernel = ffi.gc(create(self.lib.clCreateKernel, f"clCreateKernel({ln.kernel})",
-                               program, ln.kernel.encode()), self.lib.clReleaseKernel)
-        for i, bid in enumerate(ln.args):
-            mem = self.images[bid].mem if i > 0 and bid in self.images else self.mems[bid]
+                               self.program, ln.kernel.encode()), self.lib.clReleaseKernel)
+        for i, (bid, binding) in enumerate(zip(ln.args, args)):
+            if binding.kind is Kind.IO:
+                mem = self.io_address[binding.at]
+            else:
+                mem = self.images[bid].mem if i > 0 and bid in self.images else self.mems[bid]
             self._set_arg(kernel, i, mem)
-            if self.buffers[bid].region in ("input", "output"):
-                self.slot_args.setdefault(self.buffers[bid].offset, []).append((kernel, i))
         gs = ffi.new("size_t[]", list(ln.global_size))
         ls = ffi.NULL if ln.local_size is None else ffi.new("size_t[]", list(ln.local_size))
         image = self.images.get(ln.args[0])
-        return [(kernel, len(ln.global_size), gs, ls, ln.kernel)] + \
+        return kernel, [(kernel, len(ln.global_size), gs, ls, ln.kernel)] + \
             ([image] if image is not None and image.copy is not None else [])
+
+    def alloc(self, nbytes: int) -> Memory:
+        zeros = ffi.new("char[]", max(nbytes, 1))
+        mem = ffi.gc(create(self.lib.clCreateBuffer, "clCreateBuffer", self.ctx,
+                            CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, max(nbytes, 1), zeros),
+                     self.lib.clReleaseMemObject)
+        return Memory(mem, None, nbytes)
+
+    def map_host(self, slot: int, array):
+        return None
+
+    def upload(self, mem: Memory, data) -> None:
+        if mem.nbytes:
+            check(self.lib.clEnqueueWriteBuffer(self.queue, mem.address, 1, 0, mem.nbytes,
+                                                ffi.from_buffer(data), 0, ffi.NULL, ffi.NULL),
+                  "clEnqueueWriteBuffer")
+
+    def download(self, mem: Memory) -> bytes:
+        out = bytearray(mem.nbytes)
+        if mem.nbytes:
+            check(self.lib.clEnqueueReadBuffer(self.queue, mem.address, 1, 0, mem.nbytes,
+                                               ffi.from_buffer(out), 0, ffi.NULL, ffi.NULL),
+                  "clEnqueueReadBuffer")
+        return bytes(out)
 
     def _upload(self, weights: memoryview) -> None:
         if len(weights) == 0:
@@ -160,18 +172,14 @@ class OpenCLDevice(HostDevice):
         check(self.lib.clSetKernelArg(kernel, i, ffi.sizeof("cl_mem"), ffi.new("cl_mem *", mem)),
               f"clSetKernelArg({i})")
 
-    def _patch(self, slot: int, array) -> None:
-        """A host array: each submission copies from / into it. Leaving device memory bound by
-        bind_device patches the kernels back to the slot's own buffer."""
-        if self.external.pop(slot, None) is not None:
-            mem = self.mems[self.io_specs[slot].id]
-            for kernel, i in self.slot_args.get(slot, ()):
-                self._set_arg(kernel, i, mem)
+    def patch(self, slot: int, mem) -> None:
+        for i, j in self.graph.sites.get(slot, ()):
+            self._set_arg(self.kernels[i], j, mem)
 
-    def bind_device(self, slot: int, mem) -> None:
+    def device_address(self, slot: int, mem):
         """A cl_mem of this device's context, at least the slot's size: kernels use it directly
         and the submission copies nothing for this slot."""
-        spec = self.io_specs[slot]
+        spec = self.graph.io[slot]
         if not (isinstance(mem, ffi.CData) and ffi.typeof(mem) is ffi.typeof("cl_mem")):
             raise DeviceError(f"opencl slot {slot} ({spec.name!r}): bind_device expected a "
                               f"cl_mem, got {type(mem).__name__}")
@@ -184,54 +192,37 @@ class OpenCLDevice(HostDevice):
             raise DeviceError(f"opencl slot {slot} ({spec.name!r}): bind_device expected a "
                               f"cl_mem of this device's context with >= {spec.nbytes} bytes, "
                               f"got {size[0]} bytes, same context: {ctx[0] == self.ctx}")
-        for kernel, i in self.slot_args.get(slot, ()):
-            self._set_arg(kernel, i, mem)
-        self.external[slot] = self._bound[slot] = mem
+        return mem
 
-    def submit(self, deadline: float) -> int:
-        lib, q = self.lib, self.queue
-        self.value += 1
-        io = [(b, arr) for slot, (b, arr) in enumerate(zip(self.io_specs, self._bound))
-              if slot not in self.external]
-        for b, arr in io:
-            if b.region == "input" and b.nbytes:
-                check(lib.clEnqueueWriteBuffer(q, self.mems[b.id], 0, 0, b.nbytes,
-                                               ffi.from_buffer(arr), 0, ffi.NULL, ffi.NULL),
-                      f"write input {b.name!r}")
-        self._enqueue_commands()
-        # in-order queue: the last read completing means the whole submission has
+    def kick(self, launches: range, deadline: float, value: int) -> None:
+        """The launches on the one in-order queue, then a marker whose event is the
+        submission's completion; flushed, never waited for here."""
+        self._enqueue(launches)
         event = ffi.new("cl_event *")
-        outputs = [(b, arr) for b, arr in io if b.region == "output" and b.nbytes]
-        for j, (b, arr) in enumerate(outputs):
-            last = j == len(outputs) - 1
-            check(lib.clEnqueueReadBuffer(q, self.mems[b.id], 0, 0, b.nbytes,
-                                          ffi.from_buffer(arr), 0, ffi.NULL,
-                                          event if last else ffi.NULL),
-                  f"read output {b.name!r}")
-        if not outputs:  # nothing to read back: finish here
-            check(lib.clFinish(q), "clFinish")
-            self.done = self.value
-            return self.value
-        check(lib.clFlush(q), "clFlush")
-        # the queue uses the host arrays until the submission completes, even after a timeout
-        self.inflight.append(_Submission(self.value, event[0], list(self._bound)))
-        return self.value
+        check(self.lib.clEnqueueMarkerWithWaitList(self.queue, 0, ffi.NULL, event),
+              "clEnqueueMarkerWithWaitList")
+        check(self.lib.clFlush(self.queue), "clFlush")
+        self.inflight.append((value, event[0]))
 
     def completed(self) -> int:
+        """Polls each submission's marker event: the timeline never blocks in the driver."""
+        status = ffi.new("cl_int *")
         while self.inflight:
-            sub = self.inflight[0]
-            status = sub.status()
-            if status < 0:
-                raise DeviceError(f"opencl submission {sub.value} failed with execution "
-                                  f"status {status}")
-            if status != CL_COMPLETE:
+            value, event = self.inflight[0]
+            check(self.lib.clGetEventInfo(event, CL_EVENT_COMMAND_EXECUTION_STATUS,
+                                          ffi.sizeof("cl_int"), status, ffi.NULL),
+                  "clGetEventInfo")
+            if status[0] < 0:
+                raise DeviceError(f"opencl submission {value} failed with execution status "
+                                  f"{status[0]}")
+            if status[0] != CL_COMPLETE:
                 break
-            self.done = sub.value
-            sub.release()
+            self.done = value
+            self.lib.clReleaseEvent(event)
             self.inflight.pop(0)
         return self.done
 
-    def recover(self) -> None:
+    def reset(self) -> None:
         """Drain the queue (a lost device returns an error at once), then replace it."""
         self.close()
         self.done = self.value
@@ -242,22 +233,18 @@ class OpenCLDevice(HostDevice):
         return ffi.gc(create(self.lib.clCreateCommandQueue, "clCreateCommandQueue", self.ctx,
                              self.dev, props), self.lib.clReleaseCommandQueue)
 
-    def profile(self, on: bool) -> None:
+    def set_profiling(self, on: bool) -> None:
         """Event profiling: a queue created with CL_QUEUE_PROFILING_ENABLE, and an event kept
         per kernel launch, whose START and END the device stamps."""
         self.close()
         self._release_events()
-        n = sum(1 for cmd in self.commands if not isinstance(cmd, _Image))
-        self.events = ffi.new("cl_event[]", max(n, 1)) if on else None
+        self.events = ffi.new("cl_event[]", max(len(self.commands), 1)) if on else None
         self.queue = self._new_queue()
 
-    def spans(self) -> list[Span]:
-        if self.events is None or not self.done or self.events[0] == ffi.NULL:
-            raise DeviceError("spans(): no profiled submission has completed; call "
-                              "profile(True) and run first")
+    def launch_times(self, launches: range) -> list[Span]:
         stamp = ffi.new("cl_ulong *")
         out = []
-        for i in range(len(self.events)):
+        for i in launches:
             times = []
             for param in (CL_PROFILING_COMMAND_START, CL_PROFILING_COMMAND_END):
                 check(self.lib.clGetEventProfilingInfo(self.events[i], param, 8, stamp, ffi.NULL),
@@ -277,8 +264,8 @@ class OpenCLDevice(HostDevice):
         after this); the OpenCL objects are released when the device is collected."""
         if getattr(self, "queue", None) is not None:
             self.lib.clFinish(self.queue)
-        for sub in getattr(self, "inflight", ()):
-            sub.release()
+        for _, event in getattr(self, "inflight", ()):
+            self.lib.clReleaseEvent(event)
         self.inflight = []
         if getattr(self, "events", None) is not None:
             self._release_events()
@@ -286,19 +273,19 @@ class OpenCLDevice(HostDevice):
     def __del__(self):
         self.close()
 
-    def _enqueue_commands(self) -> None:
+    def _enqueue(self, launches: range) -> None:
         if self.events is not None:
             self._release_events()
-        launch = 0
-        for cmd in self.commands:
-            if isinstance(cmd, _Image):
-                self._copy_to_image(cmd)
-                continue
-            kernel, dims, gs, ls, name = cmd
-            event = ffi.NULL if self.events is None else self.events + launch
-            check(self.lib.clEnqueueNDRangeKernel(self.queue, kernel, dims, ffi.NULL, gs, ls, 0,
-                                                   ffi.NULL, event), f"enqueue kernel {name}")
-            launch += 1
+        for i in launches:
+            for cmd in self.commands[i]:
+                if isinstance(cmd, _Image):
+                    self._copy_to_image(cmd)
+                    continue
+                kernel, dims, gs, ls, name = cmd
+                event = ffi.NULL if self.events is None else self.events + i
+                check(self.lib.clEnqueueNDRangeKernel(self.queue, kernel, dims, ffi.NULL, gs, ls,
+                                                       0, ffi.NULL, event),
+                      f"enqueue kernel {name}")
 
     # ---- memory -------------------------------------------------------------------------------
     def _buffer(self, flags: int, nbytes: int):
@@ -306,7 +293,7 @@ class OpenCLDevice(HostDevice):
                            max(nbytes, 1), ffi.NULL), self.lib.clReleaseMemObject)
 
     def _tensor(self, b):
-        if b.region in ("input", "output") or b.nbytes == 0:
+        if b.nbytes == 0:
             return self._buffer(CL_MEM_READ_WRITE, b.nbytes)
         parent = self.arena if b.region == "arena" else self.weights
         if b.offset % self.base_align:

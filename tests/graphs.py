@@ -164,9 +164,9 @@ def keel_load(model: onnx.ModelProto, target: str = "cpu", threads=(None,), **co
         return [_load_at(path, n) for n in threads]  # a mapping outlives its file
 
 
-def compiled_blob(model: onnx.ModelProto, target: str = "cpu", **compile_kwargs) -> pathlib.Path:
-    """The blob of `model`, compiled once per compiler version across test files and workers:
-    cached beside the ONNX suite's blobs (keel/backend.py, keyed by the compile path's
+def compiled_blob(model, target: str = "cpu", **compile_kwargs) -> pathlib.Path:
+    """The blob of `model` (or of {entry name: model}), compiled once per compiler version across
+    test files and workers, cached beside the ONNX suite's blobs (keel/backend.py, keyed by the compile path's
     sources), under the hash of the model, the target and the options. Whole models cost tens of
     seconds each, and several test files run the same ones."""
     import hashlib
@@ -181,7 +181,9 @@ def compiled_blob(model: onnx.ModelProto, target: str = "cpu", **compile_kwargs)
     options = inspect.signature(compile_model).bind(model, target=target, **compile_kwargs)
     options.apply_defaults()
     del options.arguments["model"]
-    key = hashlib.sha256(model.SerializeToString() + repr(sorted(options.arguments.items()))
+    raw = b"".join(name.encode() + b"\0" + m.SerializeToString() for name, m in model.items()) \
+        if isinstance(model, dict) else model.SerializeToString()  # several entries' models
+    key = hashlib.sha256(raw + repr(sorted(options.arguments.items()))
                          .encode()).hexdigest()[:24]
     folder = cache_dir() or pathlib.Path(tempfile.mkdtemp(prefix="keel-test-"))
     path = folder / "models" / f"{key}.blob"

@@ -30,6 +30,7 @@
   OFF(kgsl_gpuobj_info, va_addr) OFF(kgsl_gpuobj_info, id) \
   SIZE(kgsl_gpuobj_import) OFF(kgsl_gpuobj_import, priv_len) OFF(kgsl_gpuobj_import, type) \
   OFF(kgsl_gpuobj_import, id) SIZE(kgsl_gpuobj_import_useraddr) \
+  SIZE(kgsl_gpuobj_import_dma_buf) \
   SIZE(kgsl_command_object) OFF(kgsl_command_object, gpuaddr) OFF(kgsl_command_object, size) \
   OFF(kgsl_command_object, flags) OFF(kgsl_command_object, id) \
   SIZE(kgsl_command_syncpoint) OFF(kgsl_command_syncpoint, type) \
@@ -53,7 +54,8 @@
   NUM(KGSL_CACHEMODE_WRITECOMBINE) NUM(KGSL_CACHEMODE_UNCACHED) \
   NUM(KGSL_CACHEMODE_WRITETHROUGH) NUM(KGSL_CACHEMODE_WRITEBACK) NUM(KGSL_MEMTYPE_MASK) \
   NUM(KGSL_MEMTYPE_SHIFT) NUM(KGSL_MEMTYPE_CL) NUM(KGSL_MEMTYPE_COMMAND) NUM(KGSL_MEMALIGN_MASK) \
-  NUM(KGSL_MEMALIGN_SHIFT) NUM(KGSL_USER_MEM_TYPE_ADDR) NUM(KGSL_PROP_DEVICE_INFO) \
+  NUM(KGSL_MEMALIGN_SHIFT) NUM(KGSL_USER_MEM_TYPE_ADDR) NUM(KGSL_USER_MEM_TYPE_DMABUF) \
+  NUM(KGSL_PROP_DEVICE_INFO) \
   NUM(KGSL_PROP_VERSION) NUM(KGSL_TIMESTAMP_CONSUMED) NUM(KGSL_TIMESTAMP_RETIRED) \
   NUM(KGSL_TIMESTAMP_QUEUED)
 

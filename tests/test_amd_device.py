@@ -179,7 +179,7 @@ def test_everything_runs_on_virtual_addresses_through_the_page_table(enclosure):
     cntl = gpu.regs[regs.GCVM_CONTEXT0_CNTL]
     assert cntl & regs.CONTEXT_ENABLE and cntl >> regs.CONTEXT_DEPTH_SHIFT & 3 == vm.DEPTH
     d = m.device
-    for va in (d.arena, d.weights, d.ib, d.gpu.window, *(va for va, _ in d.slots.values())):
+    for va in (d.arena, d.weights, d.ib, d.gpu.window, *(mem.address for mem in d.io_memory)):
         assert VM_AT <= va < VM_AT + VM_BYTES  # virtual, not the FB location's physical
         _, leaf, _ = gpu.space.walk(va)  # PDB2 -> PDB1 -> PDB0 -> PTB in the mock's VRAM
         assert leaf & vm.VALID and leaf & vm.READABLE

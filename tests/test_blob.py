@@ -187,6 +187,41 @@ def _set(path, value, top=False):
     (_set(["target"], "tpu"), r"variants\[0\].target: expected one of"),
     (_set(["target"], "opencl"), "manifest variants: expected distinct targets run by the 'cpu'"),
     (_set(["variants"], [], top=True), "manifest variants: expected distinct targets"),
+    # entries (docs/blob.md "Entries and state")
+    (_set(["entries"], []), r"manifest entries: expected at least one, with unique identifier"),
+    (_set(["entries", 0, "name"], "not an id"), r"unique identifier names, got \['not an id'\]"),
+    (_set(["entries", 0, "launches"], [1, 1]), r"entry 'main': launches expected \[first, "
+                                                r"count\] with first 0"),
+    (_set(["entries", 0, "launches"], [0, 3]), r"launches \[0, 3\) past the replay table's 2"),
+    (_set(["entries", 0, "launches"], [0, 1]), r"expected to cover the 2 launches"),
+    (_set(["entries", 0, "inputs"], [1, 0]), r"inputs expected input buffer ids in slot order"),
+    (_set(["entries", 0, "inputs"], [0, 2]), r"inputs expected input buffer ids in slot order"),
+    (_set(["entries", 0, "outputs"], []), r"io buffers \[2\] in none"),
+    (lambda m: m["variants"][0]["entries"].append(
+        {"name": "b", "inputs": [1], "outputs": [], "launches": [2, 0]}),
+     r"entry 'b': input buffer 1 is in entry 'main' too"),
+    (lambda m: m["variants"][0]["entries"][0].pop("launches"), r"entries\[0\]: expected keys"),
+    # state
+    (_set(["state"], [{"name": "s", "reads": [1], "writes": [2], "init": None, "x": 1}]),
+     r"state\[0\]: expected keys"),
+    (_set(["state"], [{"name": "s", "reads": [2], "writes": [], "init": None}]),
+     r"state 's': reads expected input buffers of no other state"),
+    (_set(["state"], [{"name": "s", "reads": [], "writes": [1], "init": None}]),
+     r"state 's': writes expected output buffers"),
+    (_set(["state"], [{"name": "s", "reads": [], "writes": [], "init": None}]),
+     r"state 's': expected reads or writes"),
+    (_set(["state"], [{"name": "s", "reads": [0], "writes": [2], "init": None}]),
+     r"state 's': expected reads or writes, all of one dtype and shape"),
+    (_set(["state"], [{"name": "s", "reads": [1], "writes": [2], "init": 4}]),
+     r"init null or a plain weights buffer"),
+    (_set(["state"], [{"name": "s", "reads": [1], "writes": [2], "init": 9}]),
+     r"init null or a plain weights buffer"),
+    (_set(["state"], [{"name": "s", "reads": [1], "writes": [2], "init": None},
+                      {"name": "s", "reads": [], "writes": [], "init": None}]),
+     r"manifest state: expected unique non-empty names"),
+    (_set(["state"], [{"name": "s", "reads": [1], "writes": [2], "init": None},
+                      {"name": "t", "reads": [1], "writes": [], "init": None}]),
+     r"state 't': reads expected input buffers of no other state"),
 ])
 def test_semantic_errors_name_the_field_expected_and_got(edit, message):
     with pytest.raises(BlobError, match=message):

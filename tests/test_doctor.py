@@ -76,8 +76,9 @@ FAULTS = [
     ("qcom", "properties", {"KEEL_MOCK_BRINGUP": "kgsl.chip=0x06040001"}, "unvalidated chip"),
     ("qcom", "context", {"KEEL_MOCK_BRINGUP": "kgsl.context=EINVAL"}, "EINVAL"),
     ("qcom", "memory", {"KEEL_MOCK_BRINGUP": "kgsl.alloc=ENOMEM"}, "ENOMEM"),
-    ("qcom", "nop", {"KEEL_MOCK_FAULTS": "hang@1"}, "not retired"),  # a NOP that never retires
-    ("qcom", "deadline", {"KEEL_MOCK_FAULTS": "slow@2:3000"}, "DeviceTimeout"),
+    ("qcom", "memory", {"KEEL_MOCK_BRINGUP": "kgsl.import=EINVAL"}, "EINVAL"),  # the dma-buf
+    ("qcom", "nop", {"KEEL_MOCK_FAULTS": "hang@2"}, "not retired"),  # qcom.memory submits 1
+    ("qcom", "deadline", {"KEEL_MOCK_FAULTS": "slow@3:3000"}, "DeviceTimeout"),
     ("qcom", "dispatch", {"KEEL_MOCK_BRINGUP": "gpu.answer=wrong"}, "wrong answer"),
     ("qcom", "image", {"KEEL_MOCK_BRINGUP": "gpu.image=fault"}, "EDEADLK"),
     # wrong from the third dispatch of a submission on: only a graph that deep shows it
@@ -108,7 +109,8 @@ NEXT = {"kgsl.open=ENOENT": "kgsl driver", "kgsl.open=EPERM": "udev rule",
         "usb.link=down": "link behind the bridge is down", "kgsl.chip=0x06040001": "opencl",
         "amd.tlb=mm": "MM hub never acknowledged", "amd.tlb=gc": "GC hub never acknowledged",
         "amd.queue=inactive": "MEC is not running", "fastrpc.memory=ENOMEM": "ION system heap",
-        "gpu.image=fault": "texture descriptor", "amd.huge=alias": "maps 2 MiB pages"}
+        "gpu.image=fault": "texture descriptor", "amd.huge=alias": "maps 2 MiB pages",
+        "kgsl.import=EINVAL": "CONFIG_DMA_SHARED_BUFFER"}
 
 
 def _check_named(rep: dict, device: str, stage: str, code: str) -> dict:
@@ -137,6 +139,8 @@ def test_each_fault_is_named_at_its_own_stage(device, stage, env, code, sims, ca
     row = _check_named(rep, device, stage, code)
     hint = NEXT.get(env.get("KEEL_MOCK_BRINGUP", ""))
     assert hint is None or hint in row["next"], row["next"]
+    if env.get("KEEL_MOCK_BRINGUP", "").startswith("kgsl.import"):
+        assert row["call"] == "IOCTL_KGSL_GPUOBJ_IMPORT(dma-buf)", row  # not the other imports
 
 
 def test_a_missing_firmware_file_is_named_at_the_firmware_stage(sims, capsys):
@@ -221,3 +225,12 @@ def test_the_hardware_gate_names_the_missing_device_node(monkeypatch):
     with pytest.raises(pytest.skip.Exception, match=r"doctor: qcom.open failed \(open\(/dev/"
                        r"kgsl-3d0\): ENOENT\).*kgsl driver"):
         conftest.doctor_gate("qcom")
+
+
+def test_amd_usb_reports_the_bridge_firmware_version(sims, capsys, monkeypatch):
+    monkeypatch.setenv("KEEL_MOCK_BRINGUP", "usb.link=down")  # stop at the stage after amd.usb
+    status, rep = run(capsys, "--device", "amd")
+    row = {r["stage"]: r for r in rep["stages"]}["amd.usb"]
+    assert status == 1 and row["status"] == "pass", row
+    assert "firmware 261126_EE_00_01" in row["measured"]  # sim/usb/mock.py's MOCK_FW_VERSION
+    assert rep["properties"]["amd"]["bridge_firmware"] == "261126_EE_00_01"

@@ -274,7 +274,7 @@ def test_profiled_runs_count_packets_per_kernel_and_hvx_only_where_integer(blobs
     for name, hvx in (("int8", True), ("conv", False)):
         model, path = blobs(name)
         m, feeds = _load(path), random_feeds(model, seed=1)
-        m.device.profile = True
+        m.device.profile(True)
         got, n = m.run(feeds), len(m.blob.launches)
         packets, hvx_ops = m.device.last_ticks[:n], m.device.last_ticks[n:]
         assert len(m.device.last_ticks) == 2 * n and all(p > 0 for p in packets)
@@ -293,7 +293,7 @@ def test_hvx_kernel_takes_a_tenth_of_the_packets_of_scalar_code(blobs, tmp_path)
     feeds, packets = random_feeds(model, seed=1), []
     for p in (path, tmp_path / "scalar.blob"):
         m = _load(p)
-        m.device.profile = True
+        m.device.profile(True)
         np.testing.assert_array_equal(m.run(feeds)["y"], ort_run(model, feeds)["y"])
         packets.append(sum(m.device.last_ticks[:len(m.blob.launches)]))
     assert packets[0] * 10 < packets[1], packets
@@ -577,9 +577,9 @@ def _integer_kernels_run_hvx(path, m: Model, feeds: dict, float_ops: set | None)
     executes some under qemu; every other launch computes only `float_ops` (ONNX op types;
     None: any). Returns the number of integer launches."""
     from runner.blob import read_blob
-    m.device.profile = True
+    m.device.profile(True)
     m.run(feeds)
-    m.device.profile = False
+    m.device.profile(False)
     blob, n = read_blob(path), len(m.blob.launches)
     kinds = {i: np.dtype(b.dtype).kind for i, b in blob.buffers.items()}
     code, prov = _functions(_disassemble(path)), blob.record["provenance"]
@@ -619,7 +619,7 @@ def test_hang_times_out_at_its_deadline_and_the_next_run_matches(blobs, monkeypa
     feeds = [random_feeds(model, seed=s) for s in (1, 2)]
     np.testing.assert_array_equal(m.run(feeds[0])["y"], ort_run(model, feeds[0])["y"])
     t = time.monotonic()
-    with pytest.raises(DeviceTimeout, match=r"dsp invoke 2 not complete by its deadline "
+    with pytest.raises(DeviceTimeout, match=r"dsp submission 2 not complete by its deadline "
                                             r"\(100 ms after submit\)"):
         m.run(feeds[1], timeout_ms=100)
     assert 0.100 <= time.monotonic() - t < 0.100 + SCHEDULING_MARGIN_S

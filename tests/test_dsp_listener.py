@@ -178,7 +178,8 @@ class MockDsp:
         elif key == (SKEL_HANDLE, fastrpc.scalars(fastrpc.LOAD, 3, 1)):
             self._load(pd, arg.pra)
         elif key == (SKEL_HANDLE, fastrpc.scalars(fastrpc.RUN, 1, 1)):
-            seq, _ = struct.unpack("<2I", _arg(arg.pra, 0))
+            seq, _, _, _, patches = struct.unpack_from("<5I", _arg(arg.pra, 0))
+            assert len(_arg(arg.pra, 0)) == 20 + 8 * patches  # dsp/graph_runner.h's Request
             ctypes.memmove(arg.pra[1].buf.pv, struct.pack("<4I", seq, 0, 0, 0), 16)
         else:
             raise OSError(errno.EINVAL, f"no such handle/method {key}")
@@ -321,7 +322,7 @@ def test_opening_serves_the_skel_and_the_programs_through_the_listener(device_fi
     assert {0x13050100, 0x04010200, 0x09010000, 0x03010000, 0x1f020100, 0x02010100} <= \
         set(kernel.reverse_scs)
     assert t.listener.error is None and t.listener.unserved == []
-    t.invoke(1, 0)
+    t.invoke(1, struct.pack("<5I", 1, 0, 0, 1, 0))  # seq 1, no flags, launch 0, no patches
     deadline, got = time.monotonic() + WAIT_S, []
     while not got and time.monotonic() < deadline:
         t.block(0.05)

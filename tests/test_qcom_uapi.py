@@ -10,6 +10,9 @@ the probe reads was compared by hand with the msm-4.9 header (arter97/caf_msm-4.
 include/uapi/linux/msm_kgsl.h): identical, except that msm-4.9 spells `size_t`/`uint64_t` where the
 newer header spells `__kernel_size_t`/`__u64`, the same types on arm64. A newer UAPI only adds
 ioctls and flags; the ones keel uses have kept their numbers and layouts.
+The dma-buf import facts (kgsl_gpuobj_import_dma_buf, KGSL_USER_MEM_TYPE_DMABUF) were added on
+2026-11-26 from the same header and commit; msm-4.9's header declares them alike (`int fd`;
+DMABUF = 3, the value it also names KGSL_USER_MEM_TYPE_ION).
 
 To re-check against another copy of the header (say, the one on a comma device):
     KEEL_KGSL_HEADER=path/to/msm_kgsl.h pytest tests/test_qcom_uapi.py
@@ -64,6 +67,7 @@ FACTS = {
     'offsetof kgsl_gpuobj_import.type': 24,
     'offsetof kgsl_gpuobj_import.id': 28,
     'sizeof kgsl_gpuobj_import_useraddr': 8,
+    'sizeof kgsl_gpuobj_import_dma_buf': 4,
     'sizeof kgsl_command_object': 32,
     'offsetof kgsl_command_object.gpuaddr': 8,
     'offsetof kgsl_command_object.size': 16,
@@ -122,6 +126,7 @@ FACTS = {
     'KGSL_MEMALIGN_MASK': 0xff0000,
     'KGSL_MEMALIGN_SHIFT': 16,
     'KGSL_USER_MEM_TYPE_ADDR': 2,
+    'KGSL_USER_MEM_TYPE_DMABUF': 3,
     'KGSL_PROP_DEVICE_INFO': 1,
     'KGSL_PROP_VERSION': 8,
     'KGSL_TIMESTAMP_CONSUMED': 1,

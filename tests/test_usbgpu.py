@@ -50,6 +50,15 @@ def test_link_up_assigns_buses_and_bars_and_enables_the_function(dev):
     assert all(p.config.data[0x19] == b + 1 for b, p in zip(pci.path, lib.bridge.ports))
 
 
+def test_the_firmware_version_is_read_from_xdata_with_the_vendor_read(dev):
+    pci, lib, _ = dev
+    lib.bridge.xdata[asm24.FW_VERSION:asm24.FW_VERSION + 6] = bytes.fromhex("2303210a0b0c")
+    lib.bridge.xdata[asm24.FW_VERSION + 6] = 0xFF  # a byte past the field is not read
+    assert pci.bridge.firmware_version() == "230321_0A_0B_0C"
+    # the CDB as cyrozap's asm2x6x_tool sends it to an ASM246x: E4, 6 bytes, 0x50:07F0
+    assert asm24.xdata_cdb(asm24.XDATA_READ, 6, asm24.FW_VERSION) == bytes.fromhex("e406 5007f0 00")
+
+
 def test_bar_reads_and_writes_reach_the_function_memory(dev):
     pci, _, gpu = dev
     pci.write32(5, 0x1230, 0xCAFEF00D)

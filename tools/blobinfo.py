@@ -52,6 +52,12 @@ def describe(path: str, variant: str | None = None) -> dict:
         "kernels": len(r["programs"]),
         "inputs": _io(blob.inputs),
         "outputs": _io(blob.outputs),
+        "entries": [{"name": e.name, "inputs": [b.offset for b in e.inputs],
+                     "outputs": [b.offset for b in e.outputs],
+                     "launches": [e.launches.start, e.launches.stop]} for e in blob.entries],
+        "state": [{"name": x.name, "dtype": str(x.dtype), "shape": list(x.shape),
+                   "reads": [b.offset for b in x.reads], "writes": [b.offset for b in x.writes],
+                   "init": x.init is not None} for x in blob.state],
         "launches": [{"kernel": l.kernel, "args": list(l.args), "barrier": l.barrier,
                       "global_size": list(l.global_size),
                       "local_size": l.local_size and list(l.local_size),
@@ -115,6 +121,13 @@ def print_text(d: dict) -> None:
     for kind in ("inputs", "outputs"):
         for b in d[kind]:
             print(f"{kind[:-1]:6s} {b['slot']}: {b['name']} {b['dtype']} {tuple(b['shape'])}")
+    for e in d["entries"]:
+        print(f"entry {e['name']}: launches [{e['launches'][0]}, {e['launches'][1]}), input "
+              f"slots {e['inputs']}, output slots {e['outputs']}")
+    for x in d["state"]:
+        print(f"state {x['name']} {x['dtype']} {tuple(x['shape'])}: read by slots {x['reads']}, "
+              f"written by slots {x['writes']}, initial value "
+              f"{'stored' if x['init'] else 'zeros'}")
     print(f"kernels: {d['kernels']}, launches: {len(d['launches'])} (| = barrier before)")
     for i, l in enumerate(d["launches"]):
         ops = "+".join(dict.fromkeys(n["op_type"] for n in l["onnx"])) or "-"

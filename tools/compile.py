@@ -2,8 +2,16 @@
 
   python tools/compile.py MODEL.onnx -o OUT.blob [--target cpu] [--input-shape NAME=d0,d1,...]...
                           [--input-value NAME=v0,v1,...]... [--overridable NAME]...
+                          [--state IN=OUT]...
                           [--float16 [--calibrate FEEDS.npz]]
                           [--embed-binaries] [--verbose]
+  python tools/compile.py --entry NAME=MODEL.onnx [--entry NAME=MODEL.onnx]... -o OUT.blob ...
+
+--entry (repeatable, instead of MODEL.onnx): one entry point per ONNX model, in this order, in one
+blob that shares their weights (equal bytes stored once), state and arena; run one with
+Model.run(feeds, entry=NAME). --state IN=OUT (repeatable): input IN is persistent state, replaced
+after each run by output OUT, in every entry that has them (beside the models' own
+metadata_props "keel.state"); docs/blob.md "state".
 
 --input-value freezes an input to a constant: the blob no longer takes it, and what depends on
 it folds (an If on a sample-rate input builds only the branch it takes).
@@ -41,6 +49,14 @@ from runner.errors import BlobError, DeviceError  # noqa: E402
 from tools.cli import Parser, number  # noqa: E402
 
 DIM = number(int, 0, 2**63 - 1)
+
+
+def parse_pair(text: str) -> tuple[str, str]:
+    """NAME=VALUE, both non-empty."""
+    name, sep, value = text.partition("=")
+    if not sep or not name or not value:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
 
 
 def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -114,7 +130,12 @@ def print_fp16_ranges(r: dict) -> None:
 
 def main(argv=None) -> int:
     ap = Parser(description=__doc__.splitlines()[0])
-    ap.add_argument("model", help="ONNX model file")
+    ap.add_argument("model", nargs="?", help="ONNX model file (or --entry, for several)")
+    ap.add_argument("--entry", action="append", type=parse_pair, default=[],
+                    metavar="NAME=MODEL.onnx", help="an entry point and its ONNX model "
+                    "(repeatable; instead of MODEL)")
+    ap.add_argument("--state", action="append", type=parse_pair, default=[], metavar="IN=OUT",
+                    help="input IN is state, replaced by output OUT after each run (repeatable)")
     ap.add_argument("-o", "--output", required=True, help="blob file to write")
     ap.add_argument("--target", default="cpu", choices=sorted(TARGETS))
     ap.add_argument("--input-shape", action="append", type=parse_shape, default=[],
@@ -132,6 +153,11 @@ def main(argv=None) -> int:
     ap.add_argument("--verbose", action="store_true",
                     help="each stage as it ends: its time and what it handled")
     args = ap.parse_args(argv)
+    if (args.model is None) == (not args.entry):
+        ap.error("give one ONNX model, or --entry NAME=MODEL.onnx for each entry point")
+    entries = dict(args.entry)
+    if len(entries) != len(args.entry):
+        ap.error(f"--entry names must be unique, got {[n for n, _ in args.entry]}")
     if args.embed_binaries and args.target != "qcom":
         ap.error(f"--embed-binaries needs --target qcom, not {args.target}")
     if args.calibrate and not args.float16:
@@ -139,13 +165,14 @@ def main(argv=None) -> int:
     stages = Stages(progress=Progress(), report=report if args.verbose else None)
     t0 = time.perf_counter()
     try:
-        with BlobWriter(args.output, inputs=[args.model]) as out:  # checked before the compile
+        sources = [args.model] if args.model else list(entries.values())
+        with BlobWriter(args.output, inputs=sources) as out:  # checked before the compile
             calibration = load_calibration(args.calibrate) if args.calibrate else None
-            art = compile_model(args.model, target=args.target,
+            art = compile_model(args.model or entries, target=args.target,
                                 input_shapes=dict(args.input_shape), float16=args.float16,
                                 stages=stages, writer=out,
                                 input_values=dict(args.input_value), calibration=calibration,
-                                overridable=args.overridable)
+                                overridable=args.overridable, state=dict(args.state))
             if args.embed_binaries:
                 art.meta[store.EMBED_KEY] = store.embed_here(bytes(art.programs).decode())
             out.finish(art)

@@ -328,8 +328,53 @@ def _kgsl_memory(p):
     p.call("IOCTL_KGSL_GPUOBJ_FREE", k.free, user.id)
     p.state["objects"] = [obj]
     p.state["close"].append(lambda: k.free(obj.id))
+    camera = _kgsl_dmabuf(p, obj)
     return (f"64 KiB object {obj.id} at GPU {obj.gpuaddr:#x} mapped twice, coherent; a page "
-            f"of user memory imported at GPU {user.gpuaddr:#x} and freed")
+            f"of user memory imported at GPU {user.gpuaddr:#x} and freed; {camera}")
+
+
+def _dmabuf_source(p, nbytes: int):
+    """A dma-buf as camerad's are made: ION (the comma 3X's 4.9 kernel has no dma-heaps), or
+    under the mock KGSL a memfd standing in for one. (fd, host view, release, what it is)."""
+    from qcom import kgsl
+    if not isinstance(p.state["kgsl"].driver, kgsl.KernelDriver):
+        fd = os.memfd_create("keel-doctor-dmabuf", os.MFD_CLOEXEC)
+        os.ftruncate(fd, nbytes)
+        return fd, mmap.mmap(fd, nbytes), lambda: os.close(fd), "a memfd standing in"
+    from dsp.fastrpc import Ion
+    ion = p.call("ION_IOC_ALLOC + ION_IOC_SHARE (/dev/ion)", Ion, nbytes)
+    return ion.fd, ion.map, ion.close, "ION system heap"
+
+
+def _kgsl_dmabuf(p, target) -> str:
+    """A camera-style buffer imported as a GPU object: the host writes a word, then the GPU must
+    read it (an IB gated on that word by CP_WAIT_REG_MEM, then a marker write). The word is
+    written before the import, as a frame is before modeld binds it; whether a cached ION
+    buffer's CPU writes reach the GPU that way is what this shows on a device."""
+    from qcom.cmdstream import OPCODES, WAIT_POLL_MEMORY, lohi, pkt7
+    k, word, marker = p.state["kgsl"], 0x43414D21, 0x72656164  # "CAM!", "read"
+    fd, host, release, kind = _dmabuf_source(p, 4096)
+    p.state["close"].append(release)
+    host[:4] = word.to_bytes(4, "little")
+    buf = p.call("IOCTL_KGSL_GPUOBJ_IMPORT(dma-buf)", k.import_dmabuf, fd)
+    p.state["close"].append(lambda: k.free(buf.id))
+    p.state["objects"].append(buf)  # lives until the doctor closes: IBs may address it
+    view = k.mmap(target)
+    view[:4] = bytes(4)
+    equal = 3  # cp_cond_function WRITE_EQ, as qcom.deadline's gate
+    words = pkt7(OPCODES["CP_WAIT_REG_MEM"], WAIT_POLL_MEMORY | equal, *lohi(buf.gpuaddr), word,
+                 0xFFFFFFFF, 16) + _marker_words(target.gpuaddr, marker)
+    ts, _ = _submit_words(p, words, "IB gated on the dma-buf's word")
+    if not p.call("IOCTL_KGSL_DEVICE_WAITTIMESTAMP_CTXTID", k.wait, p.state["ctx"], ts, 1000):
+        raise Failure(f"an IB waiting for the host's word {word:#x} in the imported dma-buf did "
+                      f"not retire within 1 s", "GPU does not see the dma-buf",
+                      "the GPU reads other pages than the CPU wrote: check the import's "
+                      "GPUOBJ_INFO size and gpuaddr, and `dmesg | grep -i kgsl` for a fault")
+    if int.from_bytes(view[:4], "little") != marker:
+        raise Failure("the gated IB retired without writing its marker", "memory not written",
+                      "see qcom.nop: the CP_MEM_WRITE address or the object's mapping is wrong")
+    return (f"a {buf.size >> 10} KiB dma-buf ({kind}) imported at GPU {buf.gpuaddr:#x}: the GPU "
+            f"read the host's word")
 
 
 def _submit_words(p, words: list[int], what: str) -> tuple[int, object]:
@@ -360,8 +405,7 @@ def _kgsl_nop(p):
     view[:4] = bytes(4)
     start = time.monotonic()
     ts, _ = _submit_words(p, _marker_words(target.gpuaddr, marker), "NOP + timestamp write")
-    retired = p.call("IOCTL_KGSL_DEVICE_WAITTIMESTAMP_CTXTID", k.wait_until, p.state["ctx"], ts,
-                     start + 2.0)
+    retired = p.call("IOCTL_KGSL_DEVICE_WAITTIMESTAMP_CTXTID", k.wait, p.state["ctx"], ts, 2000)
     took = time.monotonic() - start
     if not retired:
         raise Failure(f"timestamp {ts} not retired within 2 s", "not retired",
@@ -388,7 +432,7 @@ def _kgsl_deadline(p):
                  0xFFFFFFFF, 16) + _marker_words(target.gpuaddr, marker)
     ts, _ = _submit_words(p, words, "IB gated on a memory word")
     start = time.monotonic()
-    done = p.call("Kgsl.wait_until(10 ms)", k.wait_until, p.state["ctx"], ts, start + 0.010)
+    done = p.call("Kgsl.wait(10 ms)", k.wait, p.state["ctx"], ts, 10)
     tiny = time.monotonic() - start
     if done:
         raise Failure(f"the gated IB retired before its gate was opened (marker "
@@ -401,7 +445,7 @@ def _kgsl_deadline(p):
                       "risk; report the kernel version")
     view[64:68] = (1).to_bytes(4, "little")
     start = time.monotonic()
-    done = p.call("Kgsl.wait_until(1 s)", k.wait_until, p.state["ctx"], ts, start + 1.0)
+    done = p.call("Kgsl.wait(1 s)", k.wait, p.state["ctx"], ts, 1000)
     took = time.monotonic() - start
     if took > 1.0 + LATE_S:
         raise Failure(f"a wait with a 1 s deadline returned after {_ms(took)}", "overran",
@@ -463,10 +507,15 @@ def qcom() -> list[Stage]:
               {"EINVAL": "the kernel refuses keel's context flags: check its msm_kgsl.h "
                          "CONTEXT_* bits against qcom/kgsl.py", "": "see dmesg for kgsl"},
               needs=("qcom.open",)),
-        Stage("qcom.memory", "alloc, mmap (twice, coherent), user-memory import, free",
+        Stage("qcom.memory", "alloc, mmap (twice, coherent), user-memory import, free; a "
+              "dma-buf (ION; a memfd on the mock) imported, the GPU reads the host's word",
               _kgsl_memory, {"ENOMEM": "the GPU's memory is exhausted: close other GPU users "
-                             "(the UI, camerad) and retry", "": "check `dmesg | grep -i kgsl`"},
-              needs=("qcom.open",)),
+                             "(the UI, camerad) and retry",
+                             "EBADF": "the dma-buf fd was closed before its import",
+                             "EINVAL": "KGSL refused the object or the dma-buf: a dma-buf "
+                             "import needs the kernel's CONFIG_DMA_SHARED_BUFFER and an fd that "
+                             "is one", "": "check `dmesg | grep -i kgsl`"},
+              needs=("qcom.open", "qcom.context")),
         Stage("qcom.nop", "an IB of CP_NOP + CP_MEM_WRITE retires within 2 s and writes its "
               "marker", _kgsl_nop, {"EDEADLK": "the context faulted: `dmesg | grep -i kgsl` "
                                     "shows the fault address"},
@@ -612,13 +661,17 @@ def dsp() -> list[Stage]:
 # ---- amd: an RX 7900 behind an ASM2464 ---------------------------------------------------
 
 def _usb(p):
-    from usbgpu import pci
+    from usbgpu import asm24, pci
     lib = p.call("libusb_init (usbgpu.pci.open_lib)", pci.open_lib)
     usb = p.call("libusb_open_device_with_vid_pid (ASM24xx ids)", pci._open, lib)
     ids = "{:04x}:{:04x}".format(*usb.ids)
     p.state["properties"]["usb_id"] = ids
+    version = p.call(f"E4 XDATA read {asm24.FW_VERSION:#06x} (firmware version)",
+                     asm24.Bridge(usb).firmware_version)
+    p.state["properties"]["bridge_firmware"] = version
     p.call("libusb_close", usb.close)
-    return f"bridge {ids} opened, interface claimed (UAS alt setting, streams) and released"
+    return (f"bridge {ids} opened, interface claimed (UAS alt setting, streams), firmware "
+            f"{version} (a vendor XDATA read), released")
 
 
 def _pcie(p):
@@ -737,8 +790,8 @@ def amd() -> list[Stage]:
     queue_next = {"GPU queue": "the compute queue never ran its packets: MEC is not running, or "
                   "the MQD or doorbell routing is wrong (am/mqd.py, am/gc.py); send the bundle"}
     return [
-        Stage("amd.usb", "an ASM24xx bridge (174c:2464 or 2d01:3666) opens, its interface claimed",
-              _usb, AMD_USB),
+        Stage("amd.usb", "an ASM24xx bridge (174c:2464 or 2d01:3666) opens, its interface "
+              "claimed; its firmware version read (vendor CDB E4)", _usb, AMD_USB),
         Stage("amd.pcie", "the link up: an AMD display function behind the bridge, BARs sized",
               _pcie, {"no display-class": LINK_DOWN, "unsupported request": LINK_DOWN,
                       "": "send the bundle"}, deadline_s=30.0),

@@ -54,6 +54,11 @@ REG_KICK, REG_STATUS, REG_COMPLETION, REG_CPL_FLAGS = 0xB254, 0xB296, 0xB22A, 0x
 MEM_READ, MEM_WRITE, CFG_READ, CFG_WRITE = 0x00, 0x40, 0x04, 0x44
 RETRIES = 10
 CPL_STATUS = {0: "successful", 1: "unsupported request", 2: "configuration retry", 4: "abort"}
+# The stock firmware's version: 6 bytes of XDATA at FW_VERSION, shown as YYMMDD_CC_VV_VV (the
+# `info` command of cyrozap's usb-to-pcie-re, ASM2x6x/tools/asm2x6x_tool.py, reads it so on
+# ASM236x and ASM246x alike; docs/doctor.md). UNVERIFIED on a custom firmware, which need not
+# keep it there.
+FW_VERSION, FW_VERSION_BYTES = 0x07F0, 6
 # After a WRITE(16) into the window tinygrad's controller rewrites these two XDATA locations
 # (their meaning is not public; without them the next WRITE(16) is not accepted on hardware).
 WINDOW_REARM = ((0x171, b"\xff\xff\xff"), (0xCE6E, b"\x00\x00"))
@@ -116,6 +121,10 @@ class Bridge:
         sizes = [(o, min(MAX_READ, n - o)) for o in range(0, n, MAX_READ)]
         return b"".join(self.commands([(xdata_cdb(XDATA_READ, k, addr + o), k, None)
                                        for o, k in sizes]))
+
+    def firmware_version(self) -> str:
+        return "{:02X}{:02X}{:02X}_{:02X}_{:02X}_{:02X}".format(
+            *self.read(FW_VERSION, FW_VERSION_BYTES))
 
     # ---- the DMA window -------------------------------------------------------------------------
     def window_write(self, data: bytes, then: tuple[int, int] | None = None) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import math
 import mmap
 import os
@@ -40,9 +41,13 @@ class Graph:
     # tensor (an Identity's output is its input's UOp, so it keeps the producer's index)
     nodes: list[tuple[str, str]] = field(default_factory=list)
     origins: dict[UOp, int] = field(default_factory=dict)
+    # state pairs this model declares (metadata_props STATE_KEY): input -> output that replaces it
+    state: dict[str, str] = field(default_factory=dict)
+    # initial values: the initializers of state inputs (an input with a default value)
+    defaults: dict[str, np.ndarray] = field(default_factory=dict)
     # inputs with an initializer compiled --overridable: its data, what a run that does not
     # feed it reads
-    defaults: dict[str, object] = field(default_factory=dict)
+    input_defaults: dict[str, object] = field(default_factory=dict)
 
 
 
@@ -376,12 +381,17 @@ def _all_nodes(graph: onnx.GraphProto):
 def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool = False,
               pad_columns: int = 0, input_values: dict | None = None,
               narrow_pad_divisor: int = 16, hvx: bool = False,
-              overridable: tuple = ()) -> Graph:
+              overridable: tuple = (), state_inputs: frozenset = frozenset(),
+              prefix: str = "", other_shapes: bool = False) -> Graph:
     """input_values: {input name: value}, inputs frozen to constants (they leave the blob's
     inputs, and what depends on them folds, an If's condition included).
     overridable: graph inputs that also have an initializer to keep as inputs with that
     default (onnxruntime's overridable initializers); the others are constants of the model,
-    which shapes may depend on and kernels may pack."""
+    which shapes may depend on and kernels may pack.
+    state_inputs: input names that are state (docs/blob.md) even where an initializer gives
+    them a default value, which is then their initial value. prefix: put before every input's
+    name inside the IR, so the inputs of several models compiled into one blob stay distinct
+    tensors. other_shapes: input_shapes may name inputs of other models (entries) too."""
     proto, data, in_file = _load_proto(model)
     _well_formed(proto, model)
     opset = _opset(proto)
@@ -391,19 +401,30 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
     _validate(proto, model, data)
     del data  # the file's bytes, as large as the weights: freed before the weights are built
     input_values = input_values or {}
+    names = {i.name for i in proto.graph.input}
+    if other_shapes:  # several entries: each takes what names its own inputs
+        input_shapes = {k: v for k, v in input_shapes.items() if k in names}
+        input_values = {k: v for k, v in input_values.items() if k in names}
+        overridable = tuple(n for n in overridable if n in names)
     for flag, given in (("--input-shape", input_shapes), ("--input-value", input_values)):
-        unknown = set(given) - {i.name for i in proto.graph.input}
+        unknown = set(given) - names
         if unknown:
             raise CompileError(f"{flag} names unknown input(s) {sorted(unknown)}; inputs are "
                                f"{[i.name for i in proto.graph.input]}")
     vals: dict[str, Tensor | None] = {"": None}
+    props = {p.key: p.value for p in proto.metadata_props}
+    pairs = state_pairs(props.get(STATE_KEY))
+    state_inputs = state_inputs | set(pairs)
     _initializers(proto.graph, vals, {i: (str(model), *at) for i, at in in_file.items()})
+    # a state input's initializer is its initial value, not a constant of the model
+    defaults = {n: np.ascontiguousarray(evaluate(vals.pop(n).uop))
+                for n in sorted(state_inputs) if n in vals}
     with_init = [vi.name for vi in proto.graph.input if vi.name in vals]
     unknown = sorted(set(overridable) - set(with_init))
     if unknown:
         raise CompileError(f"--overridable names {unknown}, which are not graph inputs with an "
                            f"initializer; those are {with_init}")
-    inputs, defaults = [], {}
+    inputs, input_defaults = [], {}
     for vi in proto.graph.input:
         if vi.name in input_values:  # frozen: a constant, so branches on it fold
             vals[vi.name] = Tensor.weight(_frozen(vi, input_values[vi.name], input_shapes))
@@ -412,15 +433,15 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
             if vi.name not in overridable:
                 continue  # a constant of the model
             default = np.ascontiguousarray(evaluate(vals[vi.name].uop))
-            t = Tensor.input(vi.name, tuple(default.shape), vals[vi.name].dtype)
-            vals[vi.name], defaults[vi.name] = t, default
+            t = Tensor.input(prefix + vi.name, tuple(default.shape), vals[vi.name].dtype)
+            vals[vi.name], input_defaults[vi.name] = t, default
             inputs.append((vi.name, t.uop))
             continue
         if not vi.type.HasField("tensor_type"):
             raise CompileError(f"input {vi.name!r} is not a tensor; "
                                "keel supports tensor inputs only")
         dt = onnx_dtype(vi.type.tensor_type.elem_type, f"input {vi.name!r}")
-        t = Tensor.input(vi.name, _input_shape(vi, input_shapes), dt)
+        t = Tensor.input(prefix + vi.name, _input_shape(vi, input_shapes), dt)
         vals[vi.name] = t
         inputs.append((vi.name, t.uop))
     functions = {(f.domain, f.name): f for f in proto.functions}
@@ -434,8 +455,8 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
             raise CompileError(f"graph output {vi.name!r} is not produced by any node")
         if all(vi.name != name for name, _ in outputs):  # one listed twice is one output
             outputs.append((vi.name, vals[vi.name].uop))
-    props = {p.key: p.value for p in proto.metadata_props}
-    meta = model_meta(props, [(name, tuple(u.shape)) for name, u in outputs])
+    meta = model_meta({k: v for k, v in props.items() if k != STATE_KEY},
+                      [(name, tuple(u.shape)) for name, u in outputs])
     frozen = {n: {"dtype": str(a.dtype), "shape": list(a.shape), "values": a.reshape(-1).tolist()}
               for n, a in ((n, evaluate(vals[n].uop)) for n in input_values)}
     if frozen:  # what the model's own inputs were frozen to: tools feed onnxruntime the same
@@ -443,7 +464,7 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
     constants = [name for name in with_init if name not in overridable]
     meta = {**meta, "constant_inputs": constants} if constants else meta
     return Graph(inputs, outputs, {"opset": opset, **meta}, *_origins(proto.graph.node, vals),
-                 defaults=defaults)
+                 pairs, defaults, input_defaults)
 
 
 def _initializers(graph: onnx.GraphProto, vals, in_file: dict | None = None) -> None:
@@ -483,6 +504,25 @@ def _frozen(vi: onnx.ValueInfoProto, value, given: dict) -> np.ndarray:
 def _dims_text(dims) -> str:
     return "(" + ", ".join(str(static_dim(d)) if static_dim(d) is not None else
                            repr(d.dim_param or "?") for d in dims) + ")"
+
+
+STATE_KEY = "keel.state"  # metadata_props: JSON {"input": "output", ...}, docs/blob.md "state"
+
+
+def state_pairs(text: str | None) -> dict[str, str]:
+    """metadata_props[STATE_KEY] -> {state input: the output that replaces it after a run}."""
+    if text is None:
+        return {}
+    try:
+        pairs = json.loads(text)
+    except ValueError as e:
+        raise CompileError(f"metadata_props {STATE_KEY}: expected JSON, got {text[:80]!r} ({e})") \
+            from None
+    if type(pairs) is not dict or not all(type(k) is str and type(v) is str and k and v
+                                          for k, v in pairs.items()):
+        raise CompileError(f"metadata_props {STATE_KEY}: expected a JSON object of input name -> "
+                           f"output name strings, got {text[:80]!r}")
+    return pairs
 
 
 def node_name(node: onnx.NodeProto, i: int) -> str:

@@ -4,7 +4,8 @@ the same program split into one unit per kernel, which toolchain.py builds and c
 The entry points are the CPU "command buffer": one call from the runner executes the whole model.
 Their ABI (signatures, argument encoding, keel_sync) is runner/keel_abi.h, pasted into the program.
   keel_graph(arena, weights, io)                     one thread
-  keel_graph_mt(arena, weights, io, tid, nt, sync)   called by nt threads at once: each kernel
+  keel_graph_mt(arena, weights, io, tid, nt, sync)   called by nt threads at once, for launches
+      [sync->first, sync->end) (an entry point's range; end 0: to the last): each kernel
       splits its outermost loop between them; a spin barrier separates a kernel from the next
       one only where that one reads or overwrites something written since the last barrier
   keel_profile(arena, weights, io, tid, nt, sync, ticks)   keel_graph_mt, with this thread's
@@ -85,7 +86,8 @@ def _threaded(name: str, sig: str, timed: bool) -> str:
     return (f"void {name}({sig}, int tid, int nt, keel_sync *s{extra}) {{\n"
             f"  int sense = __atomic_load_n(&s->sense, __ATOMIC_ACQUIRE);\n"
             f"  void *a[KEEL_MAX_ARGS];\n"
-            f"  for (int i = 0; i < KEEL_LAUNCHES; i++) {{\n"
+            f"  int end = s->end > 0 && s->end < KEEL_LAUNCHES ? s->end : KEEL_LAUNCHES;\n"
+            f"  for (int i = s->first > 0 ? s->first : 0; i < end; i++) {{\n"
             f"    const keel_row *r = &keel_rows[i];\n"
             f"    if (r->barrier) keel_barrier(s, nt, &sense);  /* compiler/schedule/hazards.py */\n"
             f"    {call}\n  }}\n"

@@ -52,6 +52,7 @@ class Buffers:
         self.launches: list[Launch] = []
         self.flops: list[int] = []
         self.life: dict[int, list[int]] = {}
+        self.inits: dict[str, int] = {}  # state name -> weights buffer of its initial value
 
     def _new(self, region: str, offset: int, u: UOp, name: str = "") -> Buffer:
         dt, image = self.storage(region, u.dtype, u.shape, u)
@@ -116,6 +117,17 @@ class Buffers:
         self.weights.append((b.id, memoryview(data).cast("B")))
         self.weight_size += b.nbytes
         return b.id
+
+    def state_init(self, name: str, value: np.ndarray) -> None:
+        """A state's initial value as a weights buffer stored exactly as the state input is."""
+        like = next(b for b in self.inputs if b.name == name)
+        self.weight_size = -(-self.weight_size // self.align) * self.align
+        b = Buffer(len(self.table), "weights", self.weight_size, like.nbytes, like.dtype,
+                   like.shape, f"{name} (initial value)")
+        self.table[b.id] = b
+        self.weights.append((b.id, np.ascontiguousarray(value, like.dtype).tobytes()))
+        self.weight_size += b.nbytes
+        self.inits[name] = b.id
 
     def launch(self, k: Kernel, args: list[int], plan) -> None:
         step = len(self.launches)

@@ -102,9 +102,10 @@ class QemuTransport:
                 raise DeviceTimeout(f"{QEMU}: the DSP runtime did not load the programs in time")
             self.block(0.05)
 
-    def invoke(self, seq: int, flags: int) -> None:
+    def invoke(self, seq: int, request: bytes) -> None:
+        """Send invoke `seq`: its RUN request as dsp/graph_runner.h lays it out."""
         try:
-            os.write(self.proc.stdin.fileno(), struct.pack("<2I", seq, flags))
+            os.write(self.proc.stdin.fileno(), request)
         except (BrokenPipeError, OSError) as e:
             raise DeviceError(f"{QEMU}: the DSP runtime is gone ({e}); {self._why()}") from None
 

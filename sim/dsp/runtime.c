@@ -17,11 +17,12 @@
 
    The fds are inherited memfds; the shared buffer SHM is mapped MAP_SHARED by both sides (the
    stand-in for the ION / dma-buf buffer FastRPC maps). TABLE is the launch table as u32 words:
-   per launch, its argument count, then each argument's byte offset in SHM. Invokes
-   arrive on stdin as {u32 seq, u32 flags} and are answered on stdout with {u32 seq, u32 status,
+   per launch, its argument count, then each argument: its byte offset in SHM, or IO_ARG | its io
+   slot (graph_runner.h). Invokes arrive on stdin as a Request {seq, flags, first, end, patches}
+   and its {slot, offset} patches, and are answered on stdout with {u32 seq, u32 status,
    u32 nticks, u32 0, u64 ticks[nticks]}; a first answer with seq 0 says the library is loaded.
-   A profiled invoke answers 2 * launches ticks: per launch its cost (cycles, or qemu's packets),
-   then per launch its HVX instructions (qemu only; 0 on the DSP).
+   A profiled invoke answers 2 * (end - first) ticks: per launch its cost (cycles, or qemu's
+   packets), then per launch its HVX instructions (qemu only; 0 on the DSP).
    It runs the cDSP library itself: dsp/skel.c is included and its entry,
    keel_dsp_skel_handle_invoke, gets the LOAD and every RUN with remote_args and sc as FastRPC
    passes them. What stands in for the user PD around it: the ELF loader below (the PD's dlopen
@@ -267,10 +268,13 @@ static int serve(int argc, char **argv) {
   load_skel(argc, argv);
   io_all(SYS_write, 1, (char *)reply, sizeof *reply);  /* loaded: seq 0 */
   for (;;) {
-    uint32_t req[2];
-    io_all(SYS_read, 0, (char *)req, sizeof req);
+    static uint32_t req[5 + 2 * MAX_SLOTS];  /* a Request, then its patches */
+    io_all(SYS_read, 0, (char *)req, sizeof(Request));
+    if (req[4] > MAX_SLOTS) die(4, "RUN with too many patches", "");
+    io_all(SYS_read, 0, (char *)(req + 5), 8 * req[4]);
     if (req[1] & FLAG_HANG) for (;;) __asm__ volatile("" ::: "memory");  /* never answers */
-    remote_arg pra[2] = {{.buf = {req, 8}}, {.buf = {reply, sizeof reply}}};
+    remote_arg pra[2] = {{.buf = {req, sizeof(Request) + 8 * req[4]}},
+                         {.buf = {reply, sizeof reply}}};
     if (req[1] & FLAG_FAULT) *reply = (Reply){req[0], 1, 0, 0};
     else if (keel_dsp_skel_handle_invoke(0, SC(RUN, 1, 1), pra)) die(4, "RUN refused", "");
     io_all(SYS_write, 1, (char *)reply, sizeof *reply + reply->nticks * 8);

@@ -8,7 +8,8 @@ the two sizes):
 - an nr KGSL does not have: ENOTTY; an nr it has with another size or direction: EINVAL;
   an argument buffer shorter than the request says: EFAULT;
 - getproperty sizes, context ids, object ids, page alignment of imported memory: EINVAL, as the
-  kernel does;
+  kernel does; a dma-buf import of a closed fd: EBADF, of an fd that is no dma-buf or of 0
+  bytes: EINVAL (a memfd stands in for the dma-buf: the mock has no exporter);
 - every submitted indirect buffer is decoded with qcom.cmdstream.decode (parity, opcodes,
   registers, payload lengths, every GPU address inside an allocation, IB2s followed): anything
   malformed is EINVAL with the decoder's message, naming the packet;
@@ -27,7 +28,8 @@ run), fault@N faults the context, slow@N:MS retires MS milliseconds late. `hang`
 do the same for every submission.
 
 Bring-up faults (KEEL_MOCK_BRINGUP, runner/faults.py's SITES): kgsl.open=ERRNO fails open(),
-kgsl.chip=ID reports another chip, kgsl.context=ERRNO and kgsl.alloc=ERRNO fail those ioctls.
+kgsl.chip=ID reports another chip, kgsl.context=ERRNO, kgsl.alloc=ERRNO and kgsl.import=ERRNO
+(dma-buf imports) fail those ioctls.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ import errno
 import itertools
 import mmap
 import os
+import stat
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -64,7 +67,8 @@ class Obj:
     size: int
     flags: int
     view: object  # the host bytes the "GPU" reads and writes
-    fd: int = -1  # the memfd behind an allocation; -1 for imported user memory
+    fd: int = -1  # the memfd behind an allocation or a dma-buf import; -1 for user memory
+    imported: bool = False  # user memory or a dma-buf: KGSL does not mmap it again
 
 
 class Memory:
@@ -73,12 +77,12 @@ class Memory:
     def __init__(self):
         self.objs, self.ids, self.next_addr = {}, itertools.count(1), GPU_BASE
 
-    def add(self, size: int, flags: int, view, fd: int = -1) -> int:
+    def add(self, size: int, flags: int, view, fd: int = -1, imported: bool = False) -> int:
         align = max(kgsl.PAGE, 1 << ((flags & kgsl.MEMALIGN_MASK) >> kgsl.MEMALIGN_SHIFT))
         addr = -(-self.next_addr // align) * align
         self.next_addr = addr + size + kgsl.PAGE  # a guard page between objects
         obj_id = next(self.ids)
-        self.objs[obj_id] = Obj(addr, size, flags, view, fd)
+        self.objs[obj_id] = Obj(addr, size, flags, view, fd, imported or fd < 0)
         return obj_id
 
     def spans(self) -> list[tuple[int, int]]:
@@ -124,6 +128,7 @@ class MockKgsl:
         self.faults, self.count = from_env(FAULTS_VAR, ("hang", "fault", "slow")), 0  # count: submissions so far
         self.mem, self.contexts, self.ctx_ids = Memory(), {}, itertools.count(1)
         self.fds, self.submissions = set(), []
+        self.dmabuf_imports = 0  # dma-buf imports so far: what zero-copy binding must keep at one
         self.handlers = {i.number: getattr(self, "_" + i.name.removeprefix("IOCTL_KGSL_").lower())
                          for i in kgsl.IOCTLS}
         self.by_nr = {kgsl.ioc_nr(i.number): i for i in kgsl.IOCTLS}
@@ -161,8 +166,8 @@ class MockKgsl:
         o = self.mem.objs.get(offset // kgsl.PAGE)
         if fd not in self.fds or o is None or offset % kgsl.PAGE:
             raise OSError(errno.EINVAL, f"no GPU object for mmap offset {offset:#x}")
-        if o.fd < 0:
-            raise OSError(errno.EBUSY, "imported user memory cannot be mapped again")
+        if o.imported:
+            raise OSError(errno.EBUSY, "imported memory cannot be mapped again through KGSL")
         if length != o.size:
             raise OSError(errno.EINVAL, f"mmap of {length} bytes, object has {o.size}")
         return mmap.mmap(o.fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -233,12 +238,41 @@ class MockKgsl:
         return self.mem.add(size, flags, (ctypes.c_char * size).from_address(addr))
 
     def _gpuobj_import(self, a) -> None:
-        if a.type != kgsl.USER_MEM_TYPE_ADDR:
-            _fail(errno.EOPNOTSUPP, f"import type {a.type}: the mock imports user addresses only")
+        if a.type not in (kgsl.USER_MEM_TYPE_ADDR, kgsl.USER_MEM_TYPE_DMABUF):
+            _fail(errno.EOPNOTSUPP, f"import type {a.type}: KGSL imports user addresses "
+                  f"({kgsl.USER_MEM_TYPE_ADDR}) and dma-bufs ({kgsl.USER_MEM_TYPE_DMABUF})")
         if not a.priv:
             _fail(errno.EINVAL, "import with a null priv pointer")
+        if a.type == kgsl.USER_MEM_TYPE_DMABUF:
+            self._import_dmabuf(a)
+            return
         ua = kgsl.ImportUseraddr.from_address(a.priv)
         a.id = self._import(ua.virtaddr, a.priv_len, a.flags)  # priv_len is the mapping's size
+
+    def _import_dmabuf(self, a) -> None:
+        """As kgsl.c's _gpuobj_map_dma_buf: an empty priv_len copies nothing (EINVAL), a
+        negative fd is EINVAL, dma_buf_get() of a closed fd EBADF and of a file that is no
+        dma-buf EINVAL, a buffer of 0 bytes EINVAL. A memfd (any mmap-able regular file of whole
+        pages) stands in for the dma-buf; its pages become the object's, shared, not copied."""
+        _injected("kgsl.import", "dma-buf import")
+        if a.priv_len == 0:
+            _fail(errno.EINVAL, "dma-buf import with priv_len 0: nothing to copy")
+        fd = kgsl.ImportDmaBuf.from_address(a.priv).fd
+        if fd < 0:
+            _fail(errno.EINVAL, f"dma-buf fd {fd}")
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            _fail(errno.EBADF, f"fd {fd} is not open")
+        if not stat.S_ISREG(st.st_mode):
+            _fail(errno.EINVAL, f"fd {fd} is not a dma-buf (nor a memfd standing in for one)")
+        if st.st_size == 0 or st.st_size % kgsl.PAGE:
+            _fail(errno.EINVAL, f"dma-buf of {st.st_size} bytes: expected whole pages, at least "
+                  f"one")
+        own = os.dup(fd)  # the kernel keeps its own reference to the buffer, as this does
+        view = mmap.mmap(own, st.st_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        a.id = self.mem.add(st.st_size, a.flags, view, own, imported=True)
+        self.dmabuf_imports += 1
 
     def _map_user_mem(self, a) -> None:
         if a.memtype != kgsl.USER_MEM_TYPE_ADDR or a.offset:

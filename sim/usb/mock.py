@@ -116,6 +116,8 @@ class Function:
             if be >> i & 1:
                 self.memory[bar][offset + i] = (value >> 8 * i) & 0xFF
 
+MOCK_FW_VERSION = bytes.fromhex("261126ee0001")  # shown as 261126_EE_00_01
+
 
 class MockBridge:
     """The ASM24xx: XDATA, vendor CDBs, and a TLP engine over `ports` (bus 0, 1, ...) and the
@@ -123,6 +125,8 @@ class MockBridge:
 
     def __init__(self, ports: list[Port], function):
         self.xdata = bytearray(0x20000)
+        at = asm24.FW_VERSION  # a version no ASMedia firmware has: the mock's own
+        self.xdata[at:at + asm24.FW_VERSION_BYTES] = MOCK_FW_VERSION
         self.sram = bytearray(asm24.SRAM_BYTES)  # its first 4 KiB are XDATA 0xF000 (the window)
         self.fill = 0  # where the next long WRITE(16) lands (asm24.SRAM_BYTES's note)
         self.ports, self.function = ports, function

@@ -1,0 +1,227 @@
+"""The generic queue device: the half of runner/device.py's contract that is the same on every
+backend, written once. A backend (cpu, mock, opencl, qcom, dsp, amd) subclasses QueueDevice and
+supplies only its hardware verbs (listed on the class); this module owns:
+
+  * binding: each io slot is bound to its own io memory, to mapped host memory (zero-copy), to
+    memory the caller already has on the device (bind_device) or to a half of a state
+    (bind_state). A binding that changes the slot's address patches that slot's recorded
+    addresses (the backend's `patch`) and nothing else; rebinding the bound array is free.
+    Patching while a submission is in flight is refused: the recording is patched in place.
+  * staging, at one moment each: a host array the device cannot map is bound through the slot's
+    staging memory; inputs are copied in by submit(), before the kick; outputs are copied out by
+    wait(), once it has seen the submission complete. The caller keeps the arrays untouched in
+    between (the contract's rule for every binding). Submissions in flight together share their
+    bindings (rebinding waits for them) and their inputs, so they compute the same outputs: the
+    staged outputs of a submission not yet waited for are copied out with the next one's.
+  * the deadline wait: wait() is runner/device.py's wait_until over `completed`, sleeping in the
+    backend's `block`.
+  * recovery: recover() calls the backend's `reset`, then drops what was in flight; bindings,
+    io memory, state and weights survive.
+  * profiling: profile(on) and spans() keep the submitted launch range and refuse spans() before
+    a profiled submission completed; the backend reads its own timestamps (`launch_times`).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from runner.device import Device, Span, wait_until
+from runner.errors import DeviceError
+from runner.graph import Graph
+
+
+class Memory(NamedTuple):
+    """Device memory: its address as the backend patches it (a pointer, a GPU address, a buffer
+    offset, a cl_mem), a host view of it (uint8) or None where it is not host-visible, and its
+    size."""
+    address: object
+    view: np.ndarray | None
+    nbytes: int
+
+
+class QueueDevice(Device):
+    """Backend verbs (each subclass implements these and nothing of the generic half):
+      open(blob)                 allocate and fill arena, weights, programs (load time)
+      alloc(nbytes) -> Memory    device memory, zero-filled
+      map_host(slot, array)      a zero-copy address of host memory for slot, or None (staged)
+      device_address(slot, mem)  the address of memory bind_device was given, checked
+      record()                   record the graph (self.graph) into the command format, io
+                                 slots at self.io_address[slot]
+      patch(slot, address)       rewrite the slot's recorded addresses (graph.sites[slot])
+      kick(launches, deadline, value)   start submission `value` (timeline value) of the
+                                 launch range; `deadline` bounds it where it runs inside
+      completed(), block(s)      the contract's (runner/device.py)
+      reset()                    abandon what is in flight, make the queue usable again
+      upload(mem, data), download(mem) -> bytes   for memory without a host view (whole)
+      launch_times(launches)     spans of the last profiled submission (optional)
+    """
+    staged_by_copy = False  # the io memory is not host-visible: io_buffer is a host array
+
+    def load(self, blob) -> None:
+        self.graph = Graph(blob)
+        self.value = self.retired = 0
+        self.pending: dict[int, list] = {}  # value -> [(slot, output array, staging)], if any
+        self.profiled: range | None = None
+        self.profiling = False
+        self.open(blob)
+        self.io_memory = [self.alloc(b.nbytes) for b in self.graph.io]
+        self.io_arrays = [self._host_array(m, b) for m, b in zip(self.io_memory, self.graph.io)]
+        self.io_address = [m.address for m in self.io_memory]
+        self.bound: list = list(self.io_arrays)
+        self.stages: dict[int, Memory] = {}  # slot -> its staging memory, made on first use
+        self.typed: dict[tuple, np.ndarray] = {}  # (slot, id(memory)) -> _typed's view
+        self.staged: set[int] = {s for s in range(len(self.graph.io)) if self.staged_by_copy}
+        self.record()
+
+    def _host_array(self, mem: Memory, spec) -> np.ndarray:
+        if mem.view is None:  # the host side of a slot the device copies in and out
+            return np.zeros(spec.shape, spec.dtype)
+        return mem.view[:spec.nbytes].view(spec.dtype).reshape(spec.shape)
+
+    # ---- binding -----------------------------------------------------------------------------
+    def io_buffer(self, slot: int) -> np.ndarray:
+        return self.io_arrays[slot]
+
+    def bind(self, slot: int, array: np.ndarray) -> None:
+        if array is self.bound[slot]:
+            return
+        self._idle(slot)
+        own = array is self.io_arrays[slot]
+        mapped = None if own else self.map_host(slot, array)
+        if mapped is not None:  # zero-copy: the recording points at the array itself
+            address, staged = mapped, False
+        elif own or self.staged_by_copy:  # the slot's own memory (not host-visible: copied
+            address, staged = self.io_memory[slot].address, self.staged_by_copy  # to and from)
+        else:  # host-visible, but not this array: copied through the slot's staging memory
+            address, staged = self._stage(slot).address, True
+        self._point(slot, address)
+        (self.staged.add if staged else self.staged.discard)(slot)
+        self.bound[slot] = array
+
+    def bind_device(self, slot: int, mem) -> None:
+        address = self.device_address(slot, mem)
+        self._idle(slot)
+        self._point(slot, address)
+        self.staged.discard(slot)
+        self.bound[slot] = mem
+
+    def bind_state(self, slot: int, mem: Memory) -> None:
+        if mem is not self.bound[slot]:
+            self._idle(slot)
+            self._point(slot, mem.address)
+            self.staged.discard(slot)
+            self.bound[slot] = mem
+
+    def _idle(self, slot: int) -> None:
+        if self.value > self.retired:
+            raise DeviceError(f"{self.name}: binding slot {slot} while submission {self.value} "
+                              f"is in flight; wait for it first (the recording is patched in "
+                              f"place)")
+
+    def _point(self, slot: int, address) -> None:
+        if address is self.io_address[slot] or address == self.io_address[slot]:
+            return
+        self.patch(slot, address)
+        self.io_address[slot] = address
+
+    def _stage(self, slot: int) -> Memory:
+        """The slot's staging memory, never its io memory: what a caller wrote into
+        io_buffer(slot) stays for later runs that bind it again."""
+        if slot not in self.stages:
+            self.stages[slot] = self.alloc(self.graph.io[slot].nbytes)
+        return self.stages[slot]
+
+    def _staging(self, slot: int) -> Memory:
+        return self.io_memory[slot] if self.staged_by_copy or self.bound[slot] is \
+            self.io_arrays[slot] else self.stages[slot]
+
+    # ---- state memory ------------------------------------------------------------------------
+    def alloc_state(self, nbytes: int) -> Memory:
+        return self.alloc(nbytes)
+
+    def state_view(self, mem: Memory) -> np.ndarray | None:
+        return mem.view
+
+    def read_state(self, mem: Memory) -> bytes:
+        return mem.view.tobytes() if mem.view is not None else self.download(mem)
+
+    def write_state(self, mem: Memory, data: bytes) -> None:
+        if mem.view is not None:
+            mem.view[:len(data)] = np.frombuffer(data, np.uint8)
+        else:
+            self.upload(mem, data)
+
+    # ---- runs --------------------------------------------------------------------------------
+    def submit(self, deadline: float, launches: range | None = None) -> int:
+        if self.pending:
+            self.pending.clear()  # superseded: the same outputs arrive with this one (see above)
+        launches = range(len(self.graph.launches)) if launches is None else launches
+        n_in, outs = self.graph.n_inputs, []
+        for slot in self.staged:
+            if slot < n_in:
+                self._copy_in(slot)
+            else:
+                outs.append(slot)
+        self.kick(launches, deadline, self.value + 1)
+        self.value += 1
+        if outs:
+            self.pending[self.value] = [(slot, self.bound[slot], self._staging(slot))
+                                        for slot in outs]
+        if self.profiling:
+            self.profiled = launches
+        return self.value
+
+    def _copy_in(self, slot: int) -> None:
+        mem, arr = self._staging(slot), self.bound[slot]
+        if mem.view is not None:
+            np.copyto(self._typed(slot, mem), arr)
+        else:
+            self.upload(mem, arr.reshape(-1).view(np.uint8))
+
+    def _typed(self, slot: int, mem: Memory) -> np.ndarray:
+        """Host-visible memory of a slot as the slot's array (made once per memory)."""
+        key = (slot, id(mem))
+        view = self.typed.get(key)
+        if view is None:
+            spec = self.graph.io[slot]
+            view = self.typed[key] = mem.view[:spec.nbytes].view(spec.dtype).reshape(spec.shape)
+        return view
+
+    def wait(self, value: int, deadline: float) -> None:
+        if self.completed() < value:
+            wait_until(lambda: self.completed() >= value, deadline,
+                       f"{self.name} submission {value}", sleep=self.block)
+        if self.pending:
+            self._retire(value)
+        if value > self.retired:
+            self.retired = value
+
+    def _retire(self, value: int) -> None:
+        """Copy out the staged outputs of every submission up to `value` (complete)."""
+        for v in sorted(v for v in self.pending if v <= value):
+            for slot, arr, mem in self.pending.pop(v):
+                if mem.view is not None:
+                    np.copyto(arr, self._typed(slot, mem))
+                else:
+                    arr.reshape(-1).view(np.uint8)[:] = np.frombuffer(self.download(mem),
+                                                                      np.uint8)[:arr.nbytes]
+
+    def recover(self) -> None:
+        self.reset()
+        self.pending.clear()
+        self.retired = self.value
+
+    # ---- profiling ---------------------------------------------------------------------------
+    def profile(self, on: bool) -> None:
+        self.set_profiling(on)
+        self.profiling, self.profiled = on, None
+
+    def spans(self) -> list[Span]:
+        if self.profiled is None or self.retired < self.value:
+            raise DeviceError("spans(): no profiled submission has completed; call "
+                              "profile(True) and run first")
+        return self.launch_times(self.profiled)
+
+    def set_profiling(self, on: bool) -> None:
+        raise DeviceError(f"device {self.name!r} has no per-launch timestamps")
