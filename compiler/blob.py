@@ -15,10 +15,12 @@ from collections import Counter
 from compiler.artifact import Artifact, Buffer, Entry
 
 from runner.files import check_output
-from runner.format import (DEFAULT_ENTRY, FILE_SHA256_AT, HEADER, MAGIC, VERSION, canonical_json, chunk_sha256,
-                           file_sha256, pack_graph, section_names, section_offsets)
+from runner.format import (CHUNK_BYTES, DEFAULT_ENTRY, FILE_SHA256_AT, HEADER, MAGIC, VERSION,
+                           canonical_json, chunk_sha256, file_sha256, pack_graph, section_names,
+                           section_offsets)
 
 PRODUCER = "keel-compiler 0.1"
+SPILL_BYTES = 1 << 20  # smaller packed weights stay in memory: one map each is not worth it
 
 
 def write_blob(artifact: Artifact, path) -> None:
@@ -28,18 +30,48 @@ def write_blob(artifact: Artifact, path) -> None:
 
 class BlobWriter:
     """A blob written in two steps: the weights region as soon as it is final (`weights`, on
-    a thread: compile_model's on_weights, while the kernels compile), then the rest (`finish`).
-    The weights come first in the file, so their place does not wait for the programs. Written
-    to a temporary file and renamed: a reader never sees half a blob, and an error or an
-    interrupt leaves nothing behind."""
+    a thread: compile_model's writer, while the kernels compile), then the rest (`finish`).
+    The weights come first in the file, so their place does not wait for the programs; given
+    `region` (compile_model's weights_region) they are laid out in the file itself, streamed
+    to it as they are copied in. Written to a temporary file and renamed: a reader never sees
+    half a blob, and an error or an interrupt leaves nothing behind."""
 
     def __init__(self, path, inputs=()):
         check_output(path, inputs)
         self.path, self.tmp = path, f"{path}.tmp{os.getpid()}"
-        self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.fd = os.open(self.tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.spill_fd: int | None = None  # scratch file of the packed weights (`spill`)
+        self.spill_end = 0
         self.early: tuple | None = None  # (region, chunk digests of its sections)
         self.thread: threading.Thread | None = None
         self.failed: OSError | None = None  # what writing the weights on the thread raised
+
+    def region(self, sizes: tuple[int, ...]):
+        """A weights region of sections `sizes`: the blob file's own bytes where the weights go,
+        mapped shared (`Streamed`)."""
+        _, end = _weight_starts(sizes)
+        if not end:
+            return bytearray()
+        at = section_offsets(list(sizes))[0]
+        os.ftruncate(self.fd, at + end)
+        return Streamed(self.fd, end, offset=at)
+
+    def spill(self, data) -> memoryview:
+        """`data`'s bytes out of memory: written to a scratch file beside the blob (unlinked as
+        soon as it is made: nothing is left behind) and mapped back read-only, so they cost
+        memory only while read (share_weights copies them into the region). Small ones stay."""
+        view = memoryview(data).cast("B")
+        if len(view) < SPILL_BYTES:
+            return view
+        if self.spill_fd is None:
+            scratch = f"{self.path}.spill{os.getpid()}"
+            self.spill_fd = os.open(scratch, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.unlink(scratch)
+        at = self.spill_end
+        _pwrite_all(self.spill_fd, view, at)
+        self.spill_end = -(-(at + len(view)) // mmap.ALLOCATIONGRANULARITY) * \
+            mmap.ALLOCATIONGRANULARITY
+        return memoryview(Spilled(self.spill_fd, len(view), offset=at, access=mmap.ACCESS_READ))
 
     def weights(self, weights: tuple[bytes, tuple[int, ...]]) -> None:
         self.thread = threading.Thread(target=self._weights, args=weights, daemon=True)
@@ -48,9 +80,9 @@ class BlobWriter:
     def _weights(self, region: bytes, sizes: tuple[int, ...]) -> None:
         try:
             starts, _ = _weight_starts(sizes)
-            view = memoryview(region)
-            digests = [chunk_sha256(view[s:s + n]) for s, n in zip(starts, sizes)]
-            _pwrite_all(self.fd, view, section_offsets(list(sizes))[0])
+            digests = [_streamed_digests(region, s, n) for s, n in zip(starts, sizes)]
+            if not isinstance(region, Streamed):  # else it is in the file already
+                _pwrite_all(self.fd, region, section_offsets(list(sizes))[0])
             self.early = (region, digests)
         except OSError as e:  # ENOSPC: raised by finish() in the caller's thread, once
             self.failed = e
@@ -69,7 +101,13 @@ class BlobWriter:
             pos += len(piece)
         os.close(self.fd)
         self.fd = None
+        self._close_spill()
         os.replace(self.tmp, self.path)
+
+    def _close_spill(self) -> None:
+        if self.spill_fd is not None:  # its maps, if any are left, keep the file open
+            os.close(self.spill_fd)
+            self.spill_fd = None
 
     def __enter__(self):
         return self
@@ -77,10 +115,43 @@ class BlobWriter:
     def __exit__(self, *exc):
         if self.thread is not None:
             self.thread.join()
+        self._close_spill()
         if self.fd is not None:  # not finished: an error
             os.close(self.fd)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.tmp)
+
+
+class Spilled(mmap.mmap):
+    """A packed weight's bytes mapped back from BlobWriter.spill's scratch file."""
+
+
+class Streamed(mmap.mmap):
+    """A weights region mapped from the blob file being written. Its pages are let go once
+    written (`release`): they stay in the page cache and go to the file from there, so the
+    compile holds no second copy of the weights."""
+
+    def release(self, start: int, size: int) -> None:
+        """Unmap the whole pages of [start, start + size) from this process (the file keeps
+        their bytes: a later read maps them back in)."""
+        page = mmap.PAGESIZE
+        lo, hi = start // page * page, (start + size) // page * page
+        if hi > lo:
+            self.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+
+def _streamed_digests(region, start: int, size: int) -> list[str]:
+    """chunk_sha256 of a section of `region`; a Streamed region's pages are let go after each
+    chunk is hashed, so hashing does not map the whole region back in."""
+    view = memoryview(region)
+    if not isinstance(region, Streamed):
+        return chunk_sha256(view[start:start + size])
+    digests = []
+    for at in range(start, start + size, CHUNK_BYTES):
+        n = min(CHUNK_BYTES, start + size - at)
+        digests += chunk_sha256(view[at:at + n])
+        region.release(at, n)
+    return digests
 
 
 def _pwrite_all(fd: int, data, offset: int) -> None:
@@ -129,12 +200,14 @@ def _weight_starts(sizes) -> tuple[list[int], int]:
     return starts, max((s + n for s, n in zip(starts, sizes) if n), default=0)
 
 
-def share_weights(builds: list) -> tuple[bytes, tuple[int, ...]]:
+def share_weights(builds: list, region_for=None) -> tuple[bytes, tuple[int, ...]]:
     """One weights region for every build (variant) of a model (compiler/schedule/buffers.py
     Buffers: their weights are moved into it): (the region, its sections' sizes). A weight
     stored with the same bytes in every build is stored once, in the shared section (content
     addressed: also a weight stored twice in one build); the rest goes to its build's own
-    section, so a runner reading one build touches the shared section and its own only."""
+    section, so a runner reading one build touches the shared section and its own only.
+    region_for: sizes -> the writable region to lay them out in (BlobWriter.region); by default
+    anonymous memory."""
     key = _content_keys([dict(b.weights) for b in builds])
     data = {k[bid]: d for b, k in zip(builds, key) for bid, d in b.weights}
     for b in builds:  # from here `data` holds each weight's bytes, until its last copy below:
@@ -153,7 +226,7 @@ def share_weights(builds: list) -> tuple[bytes, tuple[int, ...]]:
         sizes.append(size)
     starts, end = _weight_starts(sizes)
     # anonymous memory: its pages are paid for as the weights are copied in, each freed after
-    region = mmap.mmap(-1, end) if end else bytearray()
+    region = region_for(tuple(sizes)) if region_for else mmap.mmap(-1, end) if end else bytearray()
     last = {h: i for i, place in enumerate(places[1:]) for h in place}  # its last build
     last.update(dict.fromkeys(places[0], 0))  # a shared weight: the first build copies it
     shared = {h: starts[0] + off for h, off in places[0].items()}
@@ -162,6 +235,9 @@ def share_weights(builds: list) -> tuple[bytes, tuple[int, ...]]:
         at = {**shared, **own}
         for h, off in (own if i else at).items():  # the shared section once
             region[off:off + len(data[h])] = data[h]
+            if isinstance(region, Streamed):
+                region.release(off, len(data[h]))
+            _let_go(data[h])
             if last[h] == i:
                 del data[h]
         b.move_weights({bid: at[h] for bid, h in key[i].items()})
@@ -174,9 +250,20 @@ def _content_keys(weights: list[dict[int, bytes]]) -> list[dict[int, object]]:
     differently, so few are hashed (the openpilot-shaped model: 0.1 s of a 2 s recompile)."""
     def probe(d) -> tuple:
         return len(d), bytes(d[:64]), bytes(d[-64:])
+    def digest(d) -> bytes:
+        h = hashlib.sha256(d).digest()
+        _let_go(d)
+        return h
     seen = Counter(probe(d) for w in weights for d in w.values())
-    return [{bid: hashlib.sha256(d).digest() if seen[probe(d)] > 1 else probe(d)
+    return [{bid: digest(d) if seen[probe(d)] > 1 else probe(d)
              for bid, d in w.items()} for w in weights]
+
+
+def _let_go(data) -> None:
+    """Unmap a spilled weight's pages once read (BlobWriter.spill): reading it again maps them
+    back in from the scratch file; held, every variant's packed weights would be resident."""
+    if isinstance(data, memoryview) and isinstance(data.obj, Spilled):
+        data.obj.madvise(mmap.MADV_DONTNEED)
 
 
 def _variant(a: Artifact, name: str) -> tuple[dict, bytes, bytes]:

@@ -65,7 +65,7 @@ class Stages:
 
 def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None = None,
                   float16: bool = False, stages: Stages | None = None,
-                  images: bool | None = None, on_weights=None,
+                  images: bool | None = None, writer=None,
                   input_values: dict | None = None,
                   calibration: dict | None = None, overridable: tuple = (),
                   state: dict[str, str] | None = None) -> Artifact:
@@ -74,8 +74,8 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
     pairs made persistent in every entry that has them, beside each model's own metadata_props
     `keel.state` (docs/blob.md "state").
     images: GPU targets only, read eligible buffers as 2D images (None: the target's default).
-    on_weights: called with (weights region, section sizes) once they are final, while the
-    programs still build (blob.BlobWriter.weights writes them then).
+    writer: the blob.BlobWriter the weights stream to: each packed weight as it is made
+    (`spill`), laid out in the blob file (`region`), written while the programs still build.
     input_values: {input name: value}, inputs frozen to constants (an If on them folds).
     calibration: float16's sample inputs by name, which decide what stays fp32 (_calibrate).
     overridable: inputs with an initializer that stay inputs, with it as their default
@@ -98,7 +98,7 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         for t in targets:
             bufs = Buffers(inputs, list(zip([n for g in graphs for n, _ in g.outputs], outs)),
                            device_storage(t, float16, images, frozenset(keep.buffers)),
-                           t.buffer_align)
+                           t.buffer_align, writer and writer.spill)
             plans.append((t, bufs, *_jobs(kernels, bufs, last, t, keep.kernels)))
         st.count("schedule", kernels=len(kernels), programs=sum(len(p[2]) for p in plans))
     done, early = _kernels(plans, st)
@@ -107,9 +107,9 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
     defaults = [_input_defaults(bufs, graphs) for _, bufs, _, _ in builds]
     for _, bufs, _, _ in builds:  # state initial values: weights stored as the state's bytes
         _state_inits(bufs, graphs, pairs)
-    weights = share_weights([bufs for _, bufs, _, _ in builds])
-    if on_weights is not None:
-        on_weights(weights)
+    weights = share_weights([bufs for _, bufs, _, _ in builds], writer and writer.region)
+    if writer is not None:
+        writer.weights(weights)
     sources = [_render(t, bufs, built, st) for t, bufs, built, _ in builds]
     # every variant's compilers at once: no core waits while another variant's last batch ends
     with ThreadPoolExecutor(len(builds)) as pool:

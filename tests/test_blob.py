@@ -1,3 +1,4 @@
+import dataclasses
 import hashlib
 import json
 import threading
@@ -52,7 +53,7 @@ def test_same_artifact_gives_identical_bytes():
 
 def test_weights_written_before_the_programs_give_the_same_file(tmp_path):
     # tools/compile.py writes the weights region while the kernels still compile
-    # (compile_model's on_weights); the file must be the one write_blob makes
+    # (compile_model's writer); the file must be the one write_blob makes
     path = tmp_path / "m.blob"
     with BlobWriter(path) as out:
         out.weights((ARTIFACT.weights, (len(ARTIFACT.weights), 0)))
@@ -64,6 +65,20 @@ def test_weights_written_before_the_programs_give_the_same_file(tmp_path):
             out.weights((ARTIFACT.weights, (len(ARTIFACT.weights), 0)))
             raise RuntimeError("kernel failed")
     assert [p.name for p in tmp_path.iterdir()] == ["m.blob"]
+
+
+def test_weights_laid_out_in_the_blob_file_give_the_same_file(tmp_path):
+    # a big model's region is the blob file itself (BlobWriter.region), its pages let go as
+    # they are written: the file must still be the one write_blob makes
+    path = tmp_path / "m.blob"
+    sizes = (len(ARTIFACT.weights), 0)
+    with BlobWriter(path) as out:
+        region = out.region(sizes)
+        region[:] = ARTIFACT.weights
+        region.release(0, len(region))
+        out.weights((region, sizes))
+        out.finish(dataclasses.replace(ARTIFACT, weights=region))
+    assert path.read_bytes() == BLOB
 
 
 def test_sections_are_4k_aligned_and_weights_are_a_zero_copy_view(tmp_path):

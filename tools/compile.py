@@ -170,7 +170,7 @@ def main(argv=None) -> int:
             calibration = load_calibration(args.calibrate) if args.calibrate else None
             art = compile_model(args.model or entries, target=args.target,
                                 input_shapes=dict(args.input_shape), float16=args.float16,
-                                stages=stages, on_weights=out.weights,
+                                stages=stages, writer=out,
                                 input_values=dict(args.input_value), calibration=calibration,
                                 overridable=args.overridable, state=dict(args.state))
             if args.embed_binaries:

@@ -6,9 +6,13 @@ the graph: inputs and their static shapes, initializers, dtype mapping, unsuppor
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
+import mmap
+import os
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -24,7 +28,7 @@ from compiler.onnx.control import CONTROL, Body
 from compiler.onnx.metadata import model_meta
 from compiler.onnx.registry import MAX_OPSET, MIN_OPSET, ONNX_CODES, OPS, Ctx, onnx_dtype
 
-from runner.files import read_regular
+from runner.files import open_regular
 
 MAX_ELEMENTS = 2**31 - 1
 
@@ -52,13 +56,21 @@ class Graph:
 BIG_MODEL_BYTES, BIG_TENSOR_BYTES = 256 << 20, 1 << 20
 
 
-def _load_proto(model) -> tuple[onnx.ModelProto, bytes | None]:
-    """The model, and the file's bytes when they are the whole model (no external data): the
-    checks then read those bytes instead of serializing the model again."""
+def _load_proto(model) -> tuple[onnx.ModelProto, bytes | None, dict]:
+    """The model, the file's bytes when they are the whole model (no external data): the
+    checks then read those bytes instead of serializing the model again, and where a big
+    model's large initializers lie in its file ({index: (offset, length)}, _strip)."""
     if isinstance(model, onnx.ModelProto):
-        return model, None
+        return model, None, {}
     try:
-        data = read_regular(model)
+        in_file: dict = {}
+        with open(open_regular(model), "rb") as f:
+            small = os.fstat(f.fileno()).st_size <= BIG_MODEL_BYTES
+            if small:
+                data = f.read()
+            else:  # big: parsed without its weights, mapped from the file when built (_weight)
+                with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                    data, in_file = _strip(m)
         proto = onnx.load_from_string(data)
         if _external(proto):
             # the weights stay in their files, mapped when built (_weight): a model over 2 GB
@@ -68,9 +80,9 @@ def _load_proto(model) -> tuple[onnx.ModelProto, bytes | None]:
                 for entry in t.external_data:
                     if entry.key == "location":
                         entry.value = str(Path(model).parent / entry.value)
-            return proto, None
-        # a big model's bytes go now: the checks read a copy without its weights (_lent)
-        return proto, (data if len(data) <= BIG_MODEL_BYTES else None)
+            return proto, None, {}
+        # a big model's checks read a copy without its weights (_lent)
+        return proto, (data if small else None), in_file
     except FileNotFoundError:
         raise CompileError(f"model file not found: {model}") from None
     except OSError as e:  # a FIFO, a directory, a NUL in the path: refused before any read
@@ -79,15 +91,87 @@ def _load_proto(model) -> tuple[onnx.ModelProto, bytes | None]:
         raise CompileError(f"{model}: not a valid ONNX model ({type(e).__name__}: {e})") from None
 
 
+def _strip(data) -> tuple[bytes, dict[int, tuple[int, int]]]:
+    """The model file's bytes without the raw_data of its initializers over BIG_TENSOR_BYTES,
+    and where each of those lies in the file: {initializer index: (offset, length)}. Works on
+    the protobuf wire format (ModelProto.graph is field 7, GraphProto.initializer 5,
+    TensorProto.raw_data 9) and reads only the headers of the fields it leaves out."""
+    found, count = {}, itertools.count()
+
+    def tensor(p: int, q: int) -> bytes:
+        i, parts = next(count), []
+        for field, key, start, end in _wire(data, p, q):
+            if field == (9, 2) and end - start > BIG_TENSOR_BYTES:
+                found[i] = (start, end - start)
+            else:
+                parts.append(data[key:end])
+        return b"".join(parts)
+
+    def rebuilt(p: int, q: int, number: int, inner) -> bytes:
+        parts = []
+        for field, key, start, end in _wire(data, p, q):
+            if field == (number, 2):
+                body = inner(start, end)
+                parts += [_varint_bytes(number << 3 | 2), _varint_bytes(len(body)), body]
+            else:
+                parts.append(data[key:end])
+        return b"".join(parts)
+
+    return rebuilt(0, len(data), 7, lambda p, q: rebuilt(p, q, 5, tensor)), found
+
+
+def _wire(data, pos: int, end: int):
+    """The fields of the message in data[pos:end]: ((number, wire type), where its key starts,
+    where its value starts, where it ends)."""
+    while pos < end:
+        key_at = pos
+        key, pos = _varint(data, pos)
+        kind = key & 7
+        if kind == 2:
+            size, pos = _varint(data, pos)
+            stop = pos + size
+        elif kind in (0, 1, 5):
+            stop = _varint(data, pos)[1] if kind == 0 else pos + (8 if kind == 1 else 4)
+        else:
+            raise ValueError(f"protobuf wire type {kind} at byte {key_at}")
+        if stop > end:
+            raise ValueError(f"protobuf field at byte {key_at} runs past its message")
+        yield (key >> 3, kind), key_at, pos, stop
+        pos = stop
+
+
+def _varint(data, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        b = data[pos]
+        value |= (b & 0x7F) << shift
+        pos, shift = pos + 1, shift + 7
+        if b < 0x80:
+            return value, pos
+
+
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
 def _external(proto: onnx.ModelProto) -> bool:
     return any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
 
 
-def _weight(init: onnx.TensorProto) -> np.ndarray:
-    """An initializer's values; those in an external file mapped read-only, not read."""
-    if init.data_location != onnx.TensorProto.EXTERNAL:
+def _weight(init: onnx.TensorProto, in_file: tuple[str, int, int] | None = None) -> np.ndarray:
+    """An initializer's values; those in an external file, or at in_file's (path, offset,
+    length) of the model file, mapped read-only, not read."""
+    if init.data_location == onnx.TensorProto.EXTERNAL:
+        where = {e.key: e.value for e in init.external_data}
+    elif in_file is not None:
+        where = dict(zip(("location", "offset", "length"), in_file))
+    else:
         return numpy_helper.to_array(init)
-    where = {e.key: e.value for e in init.external_data}
     dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(init.data_type))
     shape, offset = tuple(init.dims), int(where.get("offset", 0))
     nbytes = math.prod(shape) * dtype.itemsize
@@ -308,7 +392,7 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
     them a default value, which is then their initial value. prefix: put before every input's
     name inside the IR, so the inputs of several models compiled into one blob stay distinct
     tensors. other_shapes: input_shapes may name inputs of other models (entries) too."""
-    proto, data = _load_proto(model)
+    proto, data, in_file = _load_proto(model)
     _well_formed(proto, model)
     opset = _opset(proto)
     if not MIN_OPSET <= opset <= MAX_OPSET + 7:  # newer opsets are accepted op by op
@@ -331,7 +415,7 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
     props = {p.key: p.value for p in proto.metadata_props}
     pairs = state_pairs(props.get(STATE_KEY))
     state_inputs = state_inputs | set(pairs)
-    _initializers(proto.graph, vals)
+    _initializers(proto.graph, vals, {i: (str(model), *at) for i, at in in_file.items()})
     # a state input's initializer is its initial value, not a constant of the model
     defaults = {n: np.ascontiguousarray(evaluate(vals.pop(n).uop))
                 for n in sorted(state_inputs) if n in vals}
@@ -383,12 +467,13 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
                  pairs, defaults, input_defaults)
 
 
-def _initializers(graph: onnx.GraphProto, vals) -> None:
-    """A graph's (or a subgraph's) initializers into `vals`, as weights."""
-    for init in graph.initializer:
+def _initializers(graph: onnx.GraphProto, vals, in_file: dict | None = None) -> None:
+    """A graph's (or a subgraph's) initializers into `vals`, as weights; in_file: {index:
+    (path, offset)} of those mapped from the model file."""
+    for i, init in enumerate(graph.initializer):
         onnx_dtype(init.data_type, f"initializer {init.name!r}")
         try:
-            vals[init.name] = Tensor.weight(_weight(init))
+            vals[init.name] = Tensor.weight(_weight(init, (in_file or {}).get(i)))
         except (ValueError, TypeError) as e:  # its data does not fill its dims
             raise CompileError(f"initializer {init.name!r}: {e}") from None
 

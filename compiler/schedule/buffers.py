@@ -34,8 +34,10 @@ class Buffers:
     """Every buffer the graph touches, their regions, and the launch records that use them."""
 
     def __init__(self, inputs: list[tuple[str, UOp]], outputs: list[tuple[str, UOp]],
-                 storage: StoragePolicy, align: int = WEIGHT_ALIGN):
-        self.storage = storage
+                 storage: StoragePolicy, align: int = WEIGHT_ALIGN, spill=None):
+        """spill: stored bytes -> the same bytes out of memory (compiler/blob.py BlobWriter.spill),
+        so the packed weights are not all held at once beside the model's own."""
+        self.storage, self.spill = storage, spill
         self.align = max(align, WEIGHT_ALIGN)
         self.table: dict[int, Buffer] = {}
         self.node_buf: dict[UOp, int] = {}
@@ -99,7 +101,8 @@ class Buffers:
             self.weight_size = -(-self.weight_size // self.align) * self.align
             b = self._new("weights", self.weight_size, u if packing is None else
                           UOp(Ops.WEIGHT, u.dtype, (), Weight(data)))
-            self.weights.append((b.id, storage_bytes(data, b)))
+            stored = storage_bytes(data, b)
+            self.weights.append((b.id, self.spill(stored) if self.spill else stored))
             self.weight_size += b.nbytes
             self.node_buf[key] = b.id
         return self.node_buf[key]
