@@ -3,6 +3,7 @@ frontend -> schedule -> layout -> per variant: kernels (plan, lower, simplify, l
 memory plan -> shared weights -> per variant: render -> build."""
 from __future__ import annotations
 
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -24,7 +25,7 @@ from compiler.schedule.layout import canonical, channels_last, in_place, pad_in_
 from compiler.schedule.hazards import mark_barriers
 from compiler.schedule.storage import device_storage
 from compiler.target import LINE_BYTES, Target, get_target, variant_targets
-from runner.format import DEFAULT_ENTRY
+from runner.format import DEFAULT_ENTRY, ENTRY_NAME, entry_name_ok
 
 VERSION = "0.1.0"
 
@@ -196,10 +197,11 @@ def _state_inits(bufs: Buffers, graphs: list, pairs: dict[str, str]) -> None:
 def _schedule(graphs: list, names: list[str], tgt: Target, first: Target) -> tuple:
     """Each entry's graph scheduled alone (no kernel spans two entries), then put end to end:
     (outputs, kernels, channels-last tensors, provenance nodes and origins, launches per
-    entry). Several entries' kernels are named after their entry: each schedule numbers its
-    kernels from 0, and a program's name must be one kernel's."""
+    entry). Several entries' kernels are named after their entry's index and name, made a C
+    identifier (e1_1928x1208_run_policy_k0...): each schedule numbers its kernels from 0, and a
+    program's name must be one kernel's."""
     outs, kernels, last, nodes, origins, counts = [], [], set(), [], {}, []
-    for g, name in zip(graphs, names):
+    for i, (g, name) in enumerate(zip(graphs, names)):
         g_outs, g_kernels, realized, tracked = schedule(
             [u for _, u in g.outputs], tuple(g.origins), tgt.recompute_cheap)
         for u, i in zip(tracked, g.origins.values()):
@@ -208,7 +210,7 @@ def _schedule(graphs: list, names: list[str], tgt: Target, first: Target) -> tup
         g_kernels, g_last = _layouts(g_kernels, realized, set(g_outs), first)
         if len(graphs) > 1:
             for k in g_kernels:
-                k.name = f"{name}_{k.name}"
+                k.name = f"e{i}_{re.sub(r'[^A-Za-z0-9_]', '_', name)}_{k.name}"
         outs += g_outs
         kernels += g_kernels
         last |= g_last
@@ -220,9 +222,9 @@ def _schedule(graphs: list, names: list[str], tgt: Target, first: Target) -> tup
 def _entry_models(model) -> dict:
     if not isinstance(model, dict):
         return {DEFAULT_ENTRY: model}
-    if not model or not all(type(n) is str and n.isascii() and n.isidentifier() for n in model):
-        raise CompileError(f"entries: expected at least one, named by identifiers, got "
-                           f"{list(model)}")
+    if not model or not all(entry_name_ok(n) for n in model):
+        raise CompileError(f"entries: expected at least one, each named by "
+                           f"{ENTRY_NAME.pattern!r}, got {list(model)}")
     return model
 
 

@@ -2,10 +2,10 @@
 
 Per camera resolution WxH two entry points, as openpilot's compile_modeld.py builds them
 (openpilot keys them `[(W, H)]["warp_enqueue"]`; keel's entry names are identifiers, so here
-`warp_enqueue_WxH` and `run_policy_WxH`: entry_name):
-- `warp_enqueue_WxH` (a frame whose model run is skipped): frame, big_frame (the flat NV12
+`WxH/warp_enqueue` and `WxH/run_policy`: entry_name):
+- `WxH/warp_enqueue` (a frame whose model run is skipped): frame, big_frame (the flat NV12
   uint8 buffers), tfm, big_tfm (3x3 inverse homographies) -> the frame queues shifted.
-- `run_policy_WxH`: the same, plus desire (8,) and traffic_convention (2,) -> vision_out
+- `WxH/run_policy`: the same, plus desire (8,) and traffic_convention (2,) -> vision_out
   (1, N) and policy_out (1, M) float32, with the vision and policy models inlined.
 
 The queues are state pairs (metadata_props `keel.state` = {input: output}): each entry's graph
@@ -24,7 +24,7 @@ the warp keeps it inside its kernel.
 
 split_entries builds the same step as two blobs for two devices, the warp apart.
 
-The driver-monitoring blob has one entry per camera, `dmonitoring_WxH`: frame, tfm, calib ->
+The driver-monitoring blob has one entry per camera, `WxH/dmonitoring`: frame, tfm, calib ->
 the DM model's `outputs`, the Y plane warped to the model's input size on the way.
 """
 from __future__ import annotations
@@ -220,9 +220,8 @@ def opset_of(model: onnx.ModelProto) -> int:
 
 
 def entry_name(cam: tuple[int, int], kind: str) -> str:
-    """A blob entry's name, `kind_WxH` (run_policy_1928x1208): keel's entry names are
-    identifiers (runner/blob.py checks them), so openpilot's `WxH/kind` cannot be one."""
-    return f"{kind}_{cam[0]}x{cam[1]}"
+    """A blob entry's name, openpilot's own `WxH/kind` (1928x1208/run_policy)."""
+    return f"{cam[0]}x{cam[1]}/{kind}"
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -384,7 +383,7 @@ def run_policy(name: str, source, spec: Spec, cams) -> onnx.ModelProto:
 
 def step_entries(vision: onnx.ModelProto, policy: onnx.ModelProto, model_size: tuple[int, int],
                  cams: list[tuple[int, int]], fs: int) -> dict[str, onnx.ModelProto]:
-    """{'warp_enqueue_WxH': graph, 'run_policy_WxH': graph} for each camera resolution."""
+    """{'WxH/warp_enqueue': graph, 'WxH/run_policy': graph} for each camera resolution."""
     spec = Spec(vision, policy, model_size, fs)
     entries = {}
     for cam in cams:
@@ -409,7 +408,7 @@ def split_entries(vision: onnx.ModelProto, policy: onnx.ModelProto, model_size: 
 
 
 def dm_entries(dm: onnx.ModelProto, cams: list[tuple[int, int]]) -> dict[str, onnx.ModelProto]:
-    """{'dmonitoring_WxH': graph} per driver camera resolution: the Y plane warped to the DM
+    """{'WxH/dmonitoring': graph} per driver camera resolution: the Y plane warped to the DM
     model's `input_img` size (its width and height from the model's metadata or, as openpilot's,
     1440x960), then the model."""
     ins = io_shapes(dm, "inputs")

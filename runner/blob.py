@@ -26,10 +26,10 @@ import numpy as np
 
 from runner.errors import BlobError, ConfigError
 from runner.files import open_regular
-from runner.format import (CHUNK_BYTES, DTYPES, FILE_SHA256_AT, FLAGS, GRAPH_HEAD, HEADER, LAUNCH,
-                           MAGIC, MAX_DIMS, MAX_INT, REGIONS, DEVICE_REGIONS, SECTION_ALIGN,
-                           VERSION, BARRIER,
-                           file_sha256, section_names, section_offsets, variant_sections)
+from runner.format import (BARRIER, CHUNK_BYTES, DEVICE_REGIONS, DTYPES, ENTRY_NAME,
+                           FILE_SHA256_AT, FLAGS, GRAPH_HEAD, HEADER, LAUNCH, MAGIC, MAX_DIMS,
+                           MAX_INT, REGIONS, SECTION_ALIGN, VERSION, entry_name_ok, file_sha256,
+                           section_names, section_offsets, variant_sections)
 from runner.host import choose
 from runner.targets import TARGETS, device_of
 
@@ -668,14 +668,14 @@ def _launch(i: int, rec: tuple, args: list[int], at: int, programs: list[str],
 
 def _entries(records: list[dict], buffers: dict[int, BufferSpec], inputs: list[BufferSpec],
              outputs: list[BufferSpec], launches: list[LaunchSpec]) -> tuple[EntrySpec, ...]:
-    """At least one entry, named by unique identifiers; their launch ranges back to back over
+    """At least one entry, named uniquely (format.ENTRY_NAME); their launch ranges back to back over
     the whole replay table; every io buffer in exactly one entry, in slot order, and read or
     written only by that entry's launches."""
     names = [e["name"] for e in records]
     if not names or len(set(names)) != len(names) or \
-            not all(n.isascii() and n.isidentifier() for n in names):
-        raise BlobError(f"manifest entries: expected at least one, with unique identifier names, "
-                        f"got {names}")
+            not all(entry_name_ok(n) for n in names):
+        raise BlobError(f"manifest entries: expected at least one, with unique names of "
+                        f"{ENTRY_NAME.pattern!r}, got {names}")
     entries, at, owner = [], 0, {}
     for e in records:
         what = f"manifest entry {e['name']!r}"

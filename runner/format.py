@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import struct
 
 import numpy as np
@@ -27,6 +28,13 @@ PER_VARIANT = ("weights", "programs", "graph")
 CHUNK_BYTES = 4 << 20  # sections are hashed in chunks of this size, in parallel
 MAX_INT = 2**63 - 1  # manifest integers must fit an int64 / uint64 on the C side
 DEFAULT_ENTRY = "main"  # the one entry of a blob compiled from one ONNX model
+# an entry point's name: openpilot's own "1928x1208/run_policy" is one (kernels are named after
+# their entry's index and name, made an identifier: compiler/pipeline.py)
+ENTRY_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]{0,63}")
+
+
+def entry_name_ok(name) -> bool:
+    return type(name) is str and ENTRY_NAME.fullmatch(name) is not None
 REGIONS = ("arena", "weights", "input", "output")  # where a buffer lives
 DEVICE_REGIONS = REGIONS[:2]  # device memory the plan lays out; input and output are io slots
 DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",

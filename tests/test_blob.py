@@ -188,8 +188,8 @@ def _set(path, value, top=False):
     (_set(["target"], "opencl"), "manifest variants: expected distinct targets run by the 'cpu'"),
     (_set(["variants"], [], top=True), "manifest variants: expected distinct targets"),
     # entries (docs/blob.md "Entries and state")
-    (_set(["entries"], []), r"manifest entries: expected at least one, with unique identifier"),
-    (_set(["entries", 0, "name"], "not an id"), r"unique identifier names, got \['not an id'\]"),
+    (_set(["entries"], []), r"manifest entries: expected at least one, with unique names"),
+    (_set(["entries", 0, "name"], "not an id"), r"unique names of .*, got \['not an id'\]"),
     (_set(["entries", 0, "launches"], [1, 1]), r"entry 'main': launches expected \[first, "
                                                 r"count\] with first 0"),
     (_set(["entries", 0, "launches"], [0, 3]), r"launches \[0, 3\) past the replay table's 2"),

@@ -62,7 +62,7 @@ def test_blob_has_both_entries_per_camera_and_the_queues_as_state(models):
     assert set(m.entries) == {entry_name(c, e) for c in CAMS
                               for e in ("warp_enqueue", "run_policy")}
     nv12 = ref.nv12_layout(*CAMS[0])
-    run = m.entries["run_policy_1928x1208"]
+    run = m.entries["1928x1208/run_policy"]
     assert run.inputs["frame"] == ((nv12.size,), np.uint8) and run.inputs["tfm"][0] == (3, 3)
     assert run.inputs["desire"][0] == (8,) and run.inputs["traffic_convention"][0] == (2,)
     assert set(run.outputs) == {"vision_out", "policy_out"}

@@ -95,7 +95,7 @@ def test_dm_graph_matches_reference_in_onnxruntime():
     dm = make_dmonitoring()
     cam = (1928, 1208)
     (name, graph), = dm_entries(dm, [cam]).items()
-    assert name == "dmonitoring_1928x1208"
+    assert name == "1928x1208/dmonitoring"
     session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
     nv12, rng = ref.nv12_layout(*cam), np.random.default_rng(2)
     frame = rng.integers(0, 256, nv12.size, dtype=np.uint8)
@@ -190,4 +190,4 @@ def test_compile_modeld_cli(tmp_path, capsys):
     out = str(tmp_path / "dm.blob")
     assert main(["--dm-onnx", paths["dm"], "--camera-resolutions", "1928x1208", "1344x760",
                  "--output", out, "--target", "cpu-avx2"]) == 0
-    assert set(Model.load(out).entries) == {"dmonitoring_1928x1208", "dmonitoring_1344x760"}
+    assert set(Model.load(out).entries) == {"1928x1208/dmonitoring", "1344x760/dmonitoring"}

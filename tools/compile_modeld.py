@@ -5,10 +5,10 @@
       [--target cpu] [--float16] [--verbose]
   python tools/compile_modeld.py --dm-onnx DM --camera-resolutions 1928x1208 --output dm.blob ...
 
-The driving blob has, per camera resolution WxH, the entries `warp_enqueue_WxH` (frames and
-transforms into the frame queues, for a frame whose model run is skipped) and `run_policy_WxH`
+The driving blob has, per camera resolution WxH, the entries `WxH/warp_enqueue` (frames and
+transforms into the frame queues, for a frame whose model run is skipped) and `WxH/run_policy`
 (the same, then vision, the feature and desire queues and the policy). The queues are the blob's
-state, shared by every entry; the weights are stored once. The DM blob has `dmonitoring_WxH`
+state, shared by every entry; the weights are stored once. The DM blob has `WxH/dmonitoring`
 per resolution: the Y plane warped to the DM model's input, then the model.
 models/modeld_step.py builds the graphs; docs/modeld.md shows how modeld runs the blob.
 
@@ -78,9 +78,10 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     try:
         graphs = entries(args)
-        with BlobWriter(args.output) as out:
+        sources = [p for p in (args.vision_onnx, args.policy_onnx, args.dm_onnx) if p]
+        with BlobWriter(args.output, inputs=sources) as out:  # -o never names a model
             art = compile_model(graphs, target=args.target, float16=args.float16,
-                                stages=stages, on_weights=out.weights)
+                                stages=stages, writer=out)
             out.finish(art)
     except (CompileError, ValueError, DecodeError) as e:
         print(f"error: {e}", file=sys.stderr)

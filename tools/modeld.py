@@ -8,7 +8,7 @@ openpilot's modeld feeds its compiled step (PipelineFeeder): synthetic NV12 fram
 (--camera, default the blob's first resolution) written into rings of page-aligned buffers and
 bound zero-copy to `frame` and `big_frame`, the transforms and traffic convention written once,
 the desire as modeld's rising-edge pulse; the frame right after frames the loop dropped goes
-through `warp_enqueue_WxH` (modeld's prepare_only), every other one through `run_policy_WxH`.
+through `WxH/warp_enqueue` (modeld's prepare_only), every other one through `WxH/run_policy`.
 Nothing is fed back on the host: the queues live in the blob's state.
 
 Any other blob, per frame (the README's "Feeding a model like modeld" is the same sequence):
@@ -196,7 +196,7 @@ def replay(m: Model, hz: float, frames: int, timeout_ms: float, budget_ms: float
             continue
         feed.after(entry)
         times.append(time.perf_counter() - start)
-        warp_only += entry is not None and entry.startswith("warp_enqueue_")
+        warp_only += entry is not None and entry.endswith("/warp_enqueue")
         if trace is not None:
             trace.append((i, entry))
         prepare_only = False
