@@ -105,9 +105,7 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
     done, early = _kernels(plans, st)
     builds = [(t, bufs, _launch(bufs, {k: done[i, k] for k in jobs}, uses, st), uses)
               for i, (t, bufs, jobs, uses) in enumerate(plans)]
-    defaults = [_input_defaults(bufs, graphs) for _, bufs, _, _ in builds]
-    for _, bufs, _, _ in builds:  # state initial values: weights stored as the state's bytes
-        _state_inits(bufs, graphs, pairs)
+    defaults = [_defaults(bufs, graphs, pairs) for _, bufs, _, _ in builds]
     weights = share_weights([bufs for _, bufs, _, _ in builds], writer and writer.region)
     if writer is not None:
         writer.weights(weights)
@@ -117,12 +115,8 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         codes = pool.map(lambda ts: _build(*ts, st), zip(targets, sources, early))
     arts = [_artifact(tgt, t, bufs, code, weights)
             for (t, bufs, _, _), code in zip(builds, codes)]
-    meta = {"producer": f"keel {VERSION}", "float16": float16,
-            **{k: v for g in reversed(graphs) for k, v in g.meta.items()},  # the first wins
-            "flops": builds[0][1].flops,
-            **({"fp16_ranges": _fp16_report(keep, nodes, origins)}
-               if float16 else {}),
-            "stage_seconds": {k: round(v, 4) for k, v in st.times.items()}}
+    meta = _meta(graphs, float16, builds[0][1].flops,
+                 _fp16_report(keep, nodes, origins) if float16 else None, st)
     for a, (_, bufs, _, uses), d in zip(arts, builds, defaults):
         a.meta, a.provenance, a.defaults = meta, provenance(uses, nodes, origins), d
         a.entries, a.state = _entries(list(models), graphs, bufs, counts), \
@@ -176,15 +170,24 @@ def _frontend(models: dict, input_shapes: dict, float16: bool, first: Target,
                       other_shapes=len(models) > 1) for name, m in models.items()]
 
 
-def _input_defaults(bufs: Buffers, graphs: list) -> list[list[int]]:
-    """[input index, weights buffer] of every input with a default value (--overridable)."""
-    pairs, j = [], 0
+def _meta(graphs: list, float16: bool, flops, fp16_ranges: dict | None, st: Stages) -> dict:
+    return {"producer": f"keel {VERSION}", "float16": float16,
+            **{k: v for g in reversed(graphs) for k, v in g.meta.items()},  # the first wins
+            "flops": flops, **({"fp16_ranges": fp16_ranges} if fp16_ranges else {}),
+            "stage_seconds": {k: round(v, 4) for k, v in st.times.items()}}
+
+
+def _defaults(bufs: Buffers, graphs: list, pairs: dict[str, str]) -> list[list[int]]:
+    """Stores the states' initial values (weights with the state's bytes) and the inputs'
+    default values (--overridable); returns [input index, weights buffer] of the latter."""
+    _state_inits(bufs, graphs, pairs)
+    found, j = [], 0
     for g in graphs:
         for name, _ in g.inputs:
             if name in g.input_defaults:
-                pairs.append([j, bufs.default(g.input_defaults[name])])
+                found.append([j, bufs.default(g.input_defaults[name])])
             j += 1
-    return pairs
+    return found
 
 
 def _state_inits(bufs: Buffers, graphs: list, pairs: dict[str, str]) -> None:

@@ -24,7 +24,7 @@ import pytest
 
 from compiler.blob import BlobWriter, write_blob
 from compiler.errors import CompileError
-from compiler.onnx import load
+from compiler.onnx import proto
 from compiler.pipeline import compile_model
 from runner import Model
 from tests.graphs import assert_close
@@ -112,7 +112,7 @@ def test_the_streaming_writers_peak_does_not_grow_with_the_weights(tmp_path, mon
     # file, each packed copy goes to the scratch file as it is made, the region is the blob
     # file; held in memory, the 8 layers' packed weights add 24 MiB over the 2 layers' (measured
     # with compile_model(path) and write_blob: 8 and 32 MiB; streamed: 4.3 and 4.2 MiB)
-    monkeypatch.setattr(load, "BIG_MODEL_BYTES", 1 << 20)
+    monkeypatch.setattr(proto, "BIG_MODEL_BYTES", 1 << 20)
     peaks = {}
     for layers in (2, 8):
         path = tmp_path / f"m{layers}.onnx"
@@ -128,12 +128,12 @@ def test_a_big_models_file_is_parsed_without_its_large_weights(tmp_path):
     path = tmp_path / "m.onnx"
     make(str(path), layers=2, width=1024, external=False)  # two 4 MiB weights
     data = path.read_bytes()
-    stripped, where = load._strip(data)
-    proto, full = onnx.load_from_string(stripped), onnx.load_from_string(data)
+    stripped, where = proto._strip(data)
+    lean, full = onnx.load_from_string(stripped), onnx.load_from_string(data)
     assert len(stripped) < len(data) - 2 * 4 * 1024 * 1024
-    assert sorted(where) == [0, 1] and not any(t.raw_data for t in proto.graph.initializer)
+    assert sorted(where) == [0, 1] and not any(t.raw_data for t in lean.graph.initializer)
     for i, t in enumerate(full.graph.initializer):
         start, size = where[i]
         assert data[start:start + size] == t.raw_data
         t.ClearField("raw_data")
-    assert proto == full  # nothing else changed
+    assert lean == full  # nothing else changed
