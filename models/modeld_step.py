@@ -1,8 +1,8 @@
 """openpilot's modeld step as ONNX graphs keel compiles into one blob (tools/compile_modeld.py).
 
 Per camera resolution WxH two entry points, as openpilot's compile_modeld.py builds them
-(openpilot keys them `[(W, H)]["warp_enqueue"]`; keel's entry names are identifiers, so here
-`WxH/warp_enqueue` and `WxH/run_policy`: entry_name):
+(openpilot keys them `[(W, H)]["warp_enqueue"]`; keel names them `WxH/warp_enqueue` and
+`WxH/run_policy`: entry_name):
 - `WxH/warp_enqueue` (a frame whose model run is skipped): frame, big_frame (the flat NV12
   uint8 buffers), tfm, big_tfm (3x3 inverse homographies) -> the frame queues shifted.
 - `WxH/run_policy`: the same, plus desire (8,) and traffic_convention (2,) -> vision_out
@@ -396,7 +396,7 @@ def step_entries(vision: onnx.ModelProto, policy: onnx.ModelProto, model_size: t
 def split_entries(vision: onnx.ModelProto, policy: onnx.ModelProto, model_size: tuple[int, int],
                   cams: list[tuple[int, int]], fs: int) -> tuple[dict, dict]:
     """The step as two blobs for two devices (openpilot's WARP_DEV: the warp on the Adreno, the
-    models on the USB GPU): ({'warp_WxH': frames -> planes, big_planes}, {'warp_enqueue',
+    models on the USB GPU): ({'WxH/warp': frames -> planes, big_planes}, {'warp_enqueue',
     'run_policy': planes, big_planes (, desire, traffic_convention) -> as step_entries'}). The
     model blob is the same for every camera; the queues are its state."""
     spec = Spec(vision, policy, model_size, fs)

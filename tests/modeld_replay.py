@@ -104,9 +104,9 @@ class TwoDevices:
         return self.model.state
 
     def run(self, feeds: dict, entry: str, timeout_ms: float) -> dict:
-        kind, cam = entry.rsplit("_", 1)
+        cam, kind = entry.split("/")
         warp_in = ("frame", "tfm", "big_frame", "big_tfm")
-        planes = self.warp.run({k: feeds[k] for k in warp_in}, entry=f"warp_{cam}",
+        planes = self.warp.run({k: feeds[k] for k in warp_in}, entry=f"{cam}/warp",
                                timeout_ms=timeout_ms)
         rest = {k: v for k, v in feeds.items() if k not in warp_in}
         return self.model.run({**planes, **rest}, entry=kind, timeout_ms=timeout_ms)
