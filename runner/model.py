@@ -52,7 +52,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from runner import cache
+from runner.cache import beside
 from runner.blob import Blob, read_blob
 from runner.device import Device, get_device
 from runner.dmabuf import DmaBuf
@@ -96,7 +96,7 @@ class Model:
         blob = read_blob(path, variant)
         dev = get_device(device_of(blob.variant) if device is None else device)
         dev.check_target(blob.variant)
-        dev.cache_dir = cache.beside(path)
+        dev.cache_dir = beside(path)
         try:
             dev.load(blob)
             return cls(blob, dev)
@@ -421,10 +421,10 @@ def _checked(what: str, arr, shape: tuple, dtype: np.dtype) -> np.ndarray:
 
 def _checked_dmabuf(what: str, buf: DmaBuf, spec: Slot) -> DmaBuf:
     """The input's size and dtype; natural alignment, as bind() asks of host arrays."""
-    for field in ("fd", "offset", "nbytes"):
-        value = getattr(buf, field)
+    for attr in ("fd", "offset", "nbytes"):
+        value = getattr(buf, attr)
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
-            raise InputError(f"{what}: DmaBuf.{field} must be an integer >= 0, got {value!r}")
+            raise InputError(f"{what}: DmaBuf.{attr} must be an integer >= 0, got {value!r}")
     if np.dtype(buf.dtype) != spec.dtype:
         raise InputError(f"{what}: expected dtype {spec.dtype}, the DmaBuf holds "
                          f"{np.dtype(buf.dtype)}")

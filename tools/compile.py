@@ -128,7 +128,7 @@ def print_fp16_ranges(r: dict) -> None:
               file=sys.stderr)
 
 
-def main(argv=None) -> int:
+def parser() -> Parser:
     ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("model", nargs="?", help="ONNX model file (or --entry, for several)")
     ap.add_argument("--entry", action="append", type=parse_pair, default=[],
@@ -152,6 +152,11 @@ def main(argv=None) -> int:
                     help="qcom, on the device: embed this GPU's parsed kernel binaries")
     ap.add_argument("--verbose", action="store_true",
                     help="each stage as it ends: its time and what it handled")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     if (args.model is None) == (not args.entry):
         ap.error("give one ONNX model, or --entry NAME=MODEL.onnx for each entry point")
@@ -185,7 +190,12 @@ def main(argv=None) -> int:
     except OSError as e:  # the path that failed: the output, its temporary, a C source...
         print(f"error: {e.filename or args.output}: {e.strerror or e}", file=sys.stderr)
         return 2
-    total = time.perf_counter() - t0
+    summary(args, art, stages, time.perf_counter() - t0)
+    return 0
+
+
+def summary(args, art, stages: Stages, total: float) -> None:
+    """What the compile did, on stderr (--verbose, fp16 ranges), and the blob written."""
     if args.verbose and stages.times.get("lower"):  # the kernel builder's own steps
         inner = {k: v for k, v in stages.times.items() if k in ("optimize", "lower", "linearize", "kernel text")}
         print("  in kernels: " + ", ".join(f"{k} {v:.2f} s" for k, v in inner.items())
@@ -199,7 +209,6 @@ def main(argv=None) -> int:
     print(f"wrote {args.output}: {size / 2**20:.1f} MiB, {len(art.launches)} launches, "
           f"arena {art.arena_bytes / 2**20:.2f} MiB (lower bound "
           f"{art.arena_lower_bound_bytes / 2**20:.2f} MiB), {total:.1f} s")
-    return 0
 
 
 if __name__ == "__main__":

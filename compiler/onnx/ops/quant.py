@@ -24,7 +24,7 @@ import numpy as np
 
 from compiler.ir.dtypes import DType, dtypes
 from compiler.ir.uop import Ops
-from compiler.onnx.ops import quant_hvx
+from compiler.onnx.ops.quant_hvx import clamped_quotient, dot4_conv
 from compiler.onnx.registry import OPS, onnx_dtype, op
 from compiler.ir.tensor import Tensor
 
@@ -89,7 +89,7 @@ def _round_to(ctx, x: Tensor, s: Tensor, zq: Tensor | None, out: DType) -> Tenso
     if zq is not None:
         z = zq.cast(dtypes.float32)
         lo, hi = Tensor.full(lo, dtypes.float32) - z, Tensor.full(hi, dtypes.float32) - z
-    bits = (quant_hvx.clamped_quotient(ctx, x, s, lo, hi) + MAGIC).bitcast(dtypes.int32)
+    bits = (clamped_quotient(ctx, x, s, lo, hi) + MAGIC).bitcast(dtypes.int32)
     r = bits - int(np.float32(MAGIC).view(np.int32))
     return (r if zq is None else r + zq.cast(dtypes.int32)).cast(out)
 
@@ -260,7 +260,7 @@ def integer_contract(ctx, i: list, a: dict, float_op, w_axis: int, out_axis: int
     # the weight's first axis is the output channel's; a grouped conv's channels are its groups'
     if w_axis == 0 and wc is not None and a.get("group", 1) == 1:
         wq, bq, scale = _whole_vectors(ctx, wq, wc, bq, scale)
-    if (acc := quant_hvx.dot4_conv(ctx, x.q, int(x.zp.reshape(-1)[0]),
+    if (acc := dot4_conv(ctx, x.q, int(x.zp.reshape(-1)[0]),
                                    ctx.constant(wq) if wc is not None else None, bq, a)) is None:
         if ctx.hvx and wq.dtype in (dtypes.int8, dtypes.uint8):  # weights fit a halfword
             a = {**a, PRODUCT: Tensor.mul16}
