@@ -22,8 +22,11 @@ import onnx
 CALIBRATION_INPUTS = 8
 
 
-def quantize(model: onnx.ModelProto, feeds: list[dict]) -> onnx.ModelProto:
-    """`model` pre-processed and quantized by onnxruntime, calibrated on `feeds`."""
+def quantize(model: onnx.ModelProto, feeds: list[dict], activations: str = "uint8",
+             pre_process: bool = True) -> onnx.ModelProto:
+    """`model` quantized by onnxruntime's quantize_static, calibrated on `feeds`: QDQ format,
+    int8 weights per output channel, `activations` ("uint8" or "int8"). `pre_process`: first
+    onnxruntime's quant_pre_process, which folds BatchNormalizations into the convs."""
     from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
                                           quantize_static)
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -36,9 +39,14 @@ def quantize(model: onnx.ModelProto, feeds: list[dict]) -> onnx.ModelProto:
             return next(self.it, None)
     with tempfile.TemporaryDirectory(prefix="keel-quant-") as d:
         onnx.save(model, f"{d}/float.onnx")
-        quant_pre_process(f"{d}/float.onnx", f"{d}/pre.onnx", skip_symbolic_shape=True)
-        quantize_static(f"{d}/pre.onnx", f"{d}/qdq.onnx", Feeds(), quant_format=QuantFormat.QDQ,
-                        per_channel=True, activation_type=QuantType.QUInt8,
+        source = f"{d}/float.onnx"
+        if pre_process:
+            quant_pre_process(source, f"{d}/pre.onnx", skip_symbolic_shape=True)
+            source = f"{d}/pre.onnx"
+        quantize_static(source, f"{d}/qdq.onnx", Feeds(), quant_format=QuantFormat.QDQ,
+                        per_channel=True,
+                        activation_type={"uint8": QuantType.QUInt8,
+                                         "int8": QuantType.QInt8}[activations],
                         weight_type=QuantType.QInt8)
         return onnx.load(f"{d}/qdq.onnx")
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import re
 import subprocess
-import tempfile
 import time
 
 import numpy as np
@@ -24,6 +23,7 @@ from compiler.blob import write_blob
 from compiler.pipeline import compile_model
 from compiler.target import get_target
 from dsp import build
+from models.quantized import quantize
 from sim.dsp import mock
 from runner import DeviceError, DeviceTimeout, Model
 from runner.errors import ConfigError
@@ -121,21 +121,7 @@ def image(seed: int) -> dict:
 def quantized(model: onnx.ModelProto, images: list[dict]) -> onnx.ModelProto:
     """`model` through onnxruntime's quantize_static: QDQ format, int8 activations calibrated on
     `images`, int8 weights per output channel, int32 biases."""
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
-                                          quantize_static)
-
-    class Images(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter(images)
-
-        def get_next(self):
-            return next(self.it, None)
-    with tempfile.TemporaryDirectory(prefix="keel-qdq-") as d:
-        onnx.save(model, f"{d}/model.onnx")
-        quantize_static(f"{d}/model.onnx", f"{d}/qdq.onnx", Images(), quant_format=QuantFormat.QDQ,
-                        per_channel=True, activation_type=QuantType.QInt8,
-                        weight_type=QuantType.QInt8)
-        return onnx.load(f"{d}/qdq.onnx")
+    return quantize(model, images, activations="int8", pre_process=False)
 
 
 def qdq_cnn() -> onnx.ModelProto:
