@@ -17,9 +17,16 @@ The transport is chosen by KEEL_FASTRPC: unset or "device", FastRPC on the comma
 makes the emulated DSP spin without answering, fault@N makes it answer with a failure, slow@N:MS
 holds its answer back MS ms.
 
-Profiling: the runtime counts each launch's cost (the DSP's cycle counter; under qemu, qemu's
-packet count) and HVX instructions (qemu only). spans() turns costs into nanoseconds at the
-DSP's nominal clock, DSP_HZ, laid end to end on one lane: on qemu a cost model, not a latency.
+Threads (dsp/graph_runner.h, docs/dsp.md "Threads"): the runtime shares each launch whose
+kernel splits between the cDSP's hardware threads (HVX kernels: its HVX contexts), one launch
+after another; KEEL_DSP_SERIAL=1 (or `serial = True` before load) runs everything on one thread.
+
+Profiling: the runtime counts each worker's cost of each launch (the DSP's cycle counter; under
+qemu, qemu's packet count, which it keeps per thread) and HVX instructions (qemu only).
+`worker_ticks` holds them per worker; `last_ticks` per launch its critical path (its slowest
+worker's cost: the launch ends when its last share does), then its HVX instructions (all
+workers'). spans() turns costs into nanoseconds at the DSP's nominal clock, DSP_HZ, one lane per
+worker, launches end to end: on qemu a cost model, not a latency.
 """
 from __future__ import annotations
 
@@ -37,9 +44,11 @@ from runner.graph import Graph, Kind
 from runner.queue import Memory, QueueDevice
 from runner.simulators import simulator
 
-TRANSPORT_VAR, FAULTS_VAR = "KEEL_FASTRPC", "KEEL_MOCK_FAULTS"
+TRANSPORT_VAR, FAULTS_VAR, SERIAL_VAR = "KEEL_FASTRPC", "KEEL_MOCK_FAULTS", "KEEL_DSP_SERIAL"
 ALIGN = 128  # HVX vector: the runtime's loads of a buffer's first vector are aligned ones
-FLAG_PROFILE, FLAG_HANG, FLAG_FAULT = 1, 2, 4  # dsp/graph_runner.h, sim/dsp/runtime.c
+# dsp/graph_runner.h, sim/dsp/runtime.c
+FLAG_PROFILE, FLAG_HANG, FLAG_FAULT, FLAG_SERIAL = 1, 2, 4, 8
+MAX_WORKERS = 4  # a profiled answer's rows: the cDSP's hardware threads
 IO_ARG = 1 << 31  # a launch table word naming an io slot (dsp/graph_runner.h)
 DSP_HZ = 960e6  # the cDSP's nominal clock: profile costs (cycles) as nanoseconds
 LOAD_S = 60.0  # the runtime answers once its library is loaded (qemu start included)
@@ -75,6 +84,7 @@ def transport():
 
 class DspDevice(QueueDevice):
     name = "dsp"
+    serial = False  # every launch on one hardware thread (also KEEL_DSP_SERIAL=1)
 
     def check_target(self, target: str) -> None:
         if target != "dsp":
@@ -99,7 +109,9 @@ class DspDevice(QueueDevice):
         self._ready: list = []  # answers read, in order: (due, seq, status, ticks)
         self._patches: dict[int, int] = {}  # slot -> offset, sent with the next invoke
         self._profiling = False
+        self.serial = self.serial or os.environ.get(SERIAL_VAR) == "1"
         self.last_ticks: list[int] = []
+        self.worker_ticks: list[list[int]] = []  # per worker, per launch: its share's cost
 
     def alloc(self, nbytes: int) -> Memory:
         at, self._free = self._free, self._free + _up(nbytes)
@@ -121,7 +133,7 @@ class DspDevice(QueueDevice):
 
     def kick(self, launches: range, deadline: float, value: int) -> None:
         fault = self._faults.at(value)
-        flags = FLAG_PROFILE if self._profiling else 0
+        flags = (FLAG_PROFILE if self._profiling else 0) | (FLAG_SERIAL if self.serial else 0)
         flags |= {"hang": FLAG_HANG, "fault": FLAG_FAULT}.get(fault and fault.kind, 0)
         if fault and fault.kind == "slow":
             self._due[value] = time.monotonic() + fault.ms / 1000
@@ -140,7 +152,8 @@ class DspDevice(QueueDevice):
             if status:
                 self._failed = seq
             else:
-                self._done, self.last_ticks = seq, ticks
+                self._done = seq
+                self._read_ticks(ticks)
         if self._failed:
             raise DeviceError(f"dsp invoke {self._failed} failed on the DSP")
         return self._done
@@ -164,14 +177,28 @@ class DspDevice(QueueDevice):
             link.close()
 
     def set_profiling(self, on: bool) -> None:
-        """Each invoke runs its launches one by one with the DSP's counters read around each:
-        last_ticks then holds, per launch, its cost, then per launch its HVX instructions."""
+        """Each invoke reads the DSP's counters around each worker's share of each launch:
+        worker_ticks then holds each worker's costs; last_ticks per launch its critical path
+        (the slowest worker's cost), then per launch its HVX instructions (all workers')."""
         self._profiling = on
 
+    def _read_ticks(self, ticks: list[int]) -> None:
+        """A profiled answer: per worker its costs, then per worker its HVX counts, each one per
+        launch of the invoke (dsp/graph_runner.h)."""
+        if not ticks:
+            return
+        n = len(ticks) // (2 * MAX_WORKERS)
+        rows = [ticks[w * n:(w + 1) * n] for w in range(2 * MAX_WORKERS)]
+        self.worker_ticks = rows[:MAX_WORKERS]
+        self.last_ticks = [max(c) for c in zip(*rows[:MAX_WORKERS])] + \
+            [sum(h) for h in zip(*rows[MAX_WORKERS:])]
+
     def launch_times(self, launches: range) -> list[Span]:
+        """One span per worker's share, on that worker's lane; a launch starts when the one
+        before it has ended on every worker."""
         spans, at = [], 0
-        for i, cost in zip(launches, self.last_ticks):
-            end = at + round(cost * 1e9 / DSP_HZ)
-            spans.append(Span(i, 0, at, end))
-            at = end
+        for k, i in enumerate(launches):
+            costs = [round(row[k] * 1e9 / DSP_HZ) for row in self.worker_ticks]
+            spans += [Span(i, w, at, at + c) for w, c in enumerate(costs) if c]
+            at += max(costs, default=0)
         return spans

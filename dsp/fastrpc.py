@@ -43,9 +43,12 @@ SHELLS = ("/dsp/cdsp/fastrpc_shell_unsigned_3", "/vendor/dsp/cdsp/fastrpc_shell_
 UNSIGNED_PD = 0x8  # FASTRPC_MODE_UNSIGNED_MODULE (adsprpc.c): spawn an unsigned user PD
 PROGRAMS = "libkeel_programs.so"  # the name the listener serves the blob's programs under
 STOP_S = 2.0  # the PD's exit, when a session is dropped
+# dsp/graph_runner.h: an answer's head {seq, status, nticks, 0}; a profiled one then has
+# 2 * MAX_WORKERS u64 per launch (each worker's cost and HVX count)
+REPLY_HEAD, FLAG_PROFILE, MAX_WORKERS = 16, 1, 4
 LOAD, RUN = 2, 3  # the skel's methods (0 and 1 are a handle interface's open and close)
-LOAD_ERRORS = {1: "bad arguments", 2: f"dlopen of {PROGRAMS} failed", 3: "keel_graph or "
-               "keel_launch missing", 4: "a bad launch table", 5: "out of memory"}  # dsp/skel.c
+LOAD_ERRORS = {1: "bad arguments", 2: f"dlopen of {PROGRAMS} failed", 3: "keel_graph, "
+               "keel_launch_part or keel_split missing", 4: "a bad launch table", 5: "out of memory"}  # dsp/skel.c
 # legacy ION (msm-4.9): allocate a handle, share it as a dma-buf fd; the system heap, cached
 ION_SYSTEM_HEAP_ID, ION_FLAG_CACHED = 25, 1
 
@@ -282,7 +285,7 @@ class FastRpcTransport:
                 self.cond.notify_all()
 
     def _run(self, rpc: int, seq: int, request: bytes) -> tuple:
-        reply = 16 + 16 * 65536  # dsp/graph_runner.h: a header and 2 * launches u64 at most
+        reply = REPLY_HEAD + profile_bytes(request)
         (out,) = _call(rpc, self.handle, scalars(RUN, 1, 1), [request], [reply],
                        f"invoke {seq}")
         _, status, n, _ = struct.unpack_from("<4I", out)
@@ -347,3 +350,9 @@ def _catch(fn, value: bool = False):
     except Exception as e:  # handed to the waiting caller, which raises it
         return (e, None) if value else e
     return (None, result) if value else None
+
+
+def profile_bytes(request: bytes) -> int:
+    """The bytes of ticks a RUN request {seq, flags, first, end, ...} is answered with."""
+    _, flags, first, end = struct.unpack_from("<4I", request)
+    return 16 * MAX_WORKERS * (end - first) if flags & FLAG_PROFILE and end > first else 0

@@ -19,6 +19,12 @@
      keel_ticks()                                    the cycle counter, to calibrate it
      keel_launch(i, args)                            launch i of the blob's replay table alone,
                                                      args[j] the address of its j-th buffer
+     keel_launch_part(i, args, tid, nt)              share tid of nt of launch i: its kernel's
+                                                     outermost output loop split nt ways (the
+                                                     DSP's hardware threads, dsp/graph_runner.h)
+     keel_split(i)                                   how launch i shares: 0 not at all (share 0
+                                                     does it all), 1 split, 2 split and on
+                                                     vectors (HVX on the DSP)
 
    keel_sync: the threads' barrier (count, sense) and what the runner supplies to it: yield_fn
    (sched_yield) gives a waiting thread's core away when the machine is oversubscribed;
@@ -38,3 +44,5 @@ void keel_profile(uint8_t *arena, const uint8_t *weights, void *const *io, int t
                   int nt, keel_sync *sync, unsigned long long *ticks);
 unsigned long long keel_ticks(void);
 void keel_launch(int launch, void *const *args);
+void keel_launch_part(int launch, void *const *args, int tid, int nt);
+int keel_split(int launch);

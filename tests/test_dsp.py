@@ -285,6 +285,62 @@ def test_hvx_kernel_takes_a_tenth_of_the_packets_of_scalar_code(blobs, tmp_path)
     assert packets[0] * 10 < packets[1], packets
 
 
+# ---- threads: each launch shared between the cDSP's hardware threads ----------------------------
+
+SHARE_PACKETS = 200  # a share's own cost: its call, its loop bounds (two divisions), measured
+# 2026-11-26 at 30-190 packets per extra share on these models
+
+
+def _threaded_and_serial(model, path, feeds):
+    """Profiled runs with the runtime's workers, then on one thread: (outputs, per worker per
+    launch packets) for each."""
+    runs = []
+    for serial in (False, True):
+        m = _load(path)
+        m.device.serial = serial
+        m.device.profile(True)
+        runs.append((m.run(feeds), m.device.worker_ticks))
+        m.close()
+    return runs
+
+
+@pytest.mark.parametrize("name", ["conv", "qdq"])
+def test_threaded_runs_are_bit_identical_to_one_thread_and_shorten_the_critical_path(name, blobs):
+    """The float model (scalar FP: split four ways) and the quantized CNN (HVX: two ways, the
+    SD845's HVX contexts): every output bit for bit as on one thread (each output keeps its
+    reduction order), the threads' packets together the single thread's plus at most
+    SHARE_PACKETS per extra share, and the critical path (per launch its slowest thread, summed)
+    well under the total."""
+    model, path = blobs(name)
+    (got, threads), (want, serial) = _threaded_and_serial(model, path, random_feeds(model, seed=1))
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+    assert not any(map(any, serial[1:]))  # serial: worker 0 alone
+    shares = sum(p > 0 for row in threads for p in row)
+    total, one = sum(map(sum, threads)), sum(serial[0])
+    assert one <= total <= one + SHARE_PACKETS * (shares - len(serial[0])), (one, total)
+    critical = sum(map(max, zip(*threads)))
+    assert critical < 0.6 * total, (critical, total)
+    workers = {sum(p > 0 for p in launch) for launch in zip(*threads)}
+    assert max(workers) == {"conv": 4, "qdq": 4}[name]
+
+
+def test_hvx_kernels_split_two_ways_and_a_kernel_with_one_output_runs_on_one_thread(blobs):
+    """The quantized CNN's HVX convs run on the 2 HVX contexts; the float model's softmax max
+    over one row (one output: nothing to split) runs on worker 0 alone."""
+    from runner.blob import read_blob
+    for name in ("qdq", "conv"):
+        model, path = blobs(name)
+        (_, threads), _ = _threaded_and_serial(model, path, random_feeds(model, seed=1))
+        blob = read_blob(path)
+        for i, ln in enumerate(blob.launches):
+            on = [w for w, row in enumerate(threads) if row[i]]
+            if blob.buffers[ln.args[0]].nbytes <= 4:
+                assert on == [0], (name, ln.kernel, on)
+            elif name == "qdq" and "_radd_1x32x" in ln.kernel:
+                assert on == [0, 1], (ln.kernel, on)
+
+
 # ---- the int8 QDQ path -------------------------------------------------------------------------
 
 def _output_step(model: onnx.ModelProto) -> float:

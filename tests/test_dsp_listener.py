@@ -29,9 +29,12 @@ from tests.deps import needs
 READELF = "llvm-readelf-19"
 ENTRY = "keel_dsp_skel_handle_invoke"
 # what the skel imports from the PD, and why (dsp/skel.c): the programs are a second library
-# (dlopen, dlsym, dlclose), the launch table is copied out of LOAD's buffer (malloc, free), and
-# clang calls memset for a struct cleared at once
-IMPORTS = {"dlopen", "dlsym", "dlclose", "malloc", "free", "memset"}
+# (dlopen, dlsym, dlclose), the launch table is copied out of LOAD's buffer (malloc, free),
+# clang calls memset for a struct cleared at once, and the workers are QuRT threads that sleep
+# on futexes and hold HVX contexts (dsp/graph_runner.h, "Threads")
+IMPORTS = {"dlopen", "dlsym", "dlclose", "malloc", "free", "memset", "qurt_thread_create",
+           "qurt_futex_wait", "qurt_futex_wake", "qurt_hvx_lock", "qurt_hvx_unlock",
+           "qurt_hvx_get_units"}
 TOOLS = needs("clang-19, lld-19, llvm-19", build.missing(("clang-19", "ld.lld-19", READELF)))
 PROGRAMS = b"\x7fELF programs stand-in: the mock compares bytes, it does not run them" * 50
 CHUNK = 4096  # the mock loader's read size: the skel takes several reads

@@ -110,9 +110,9 @@ def test_dm_shaped_model_matches_onnxruntime_on_the_emulated_dsp():
 
 @pytest.mark.slow  # the 32x32 MobileNetV2's blob (shared with the test above), ~7 s cold alone
 def test_profile_tool_reports_packets_hvx_and_macs_per_kernel_on_the_dsp(capsys):
-    """tools/profile.py on a dsp blob: the documented totals are the launches' sums (one
-    thread: the critical path is every launch), and each kernel's MACs per packet is its MACs
-    over its packets."""
+    """tools/profile.py on a dsp blob: a launch's packets are its slowest thread's, `packets`
+    (the critical path) their sum over launches, `packets_total` every thread's, per thread in
+    `packets_per_thread`; each kernel's MACs per packet is its MACs over its packets."""
     model = quantized.mobilenetv2(size=32, classes=10)
     path = compiled_blob(model, target="dsp")
     argv, sys.argv = sys.argv, ["profile.py", str(path), "--device", "dsp", "--json"]
@@ -123,6 +123,11 @@ def test_profile_tool_reports_packets_hvx_and_macs_per_kernel_on_the_dsp(capsys)
     s = json.loads(capsys.readouterr().out)
     assert s["counter"] == "packets"
     assert s["packets"] == sum(r["packets"] for r in s["launches"]) > 0
+    assert all(r["packets"] == max(r["threads"]) for r in s["launches"])
+    assert s["packets_total"] == sum(s["packets_per_thread"]) == \
+        sum(sum(r["threads"]) for r in s["launches"])
+    assert len(s["packets_per_thread"]) == 4  # the SD845 cDSP's hardware threads
+    assert s["packets"] < 0.7 * s["packets_total"]  # the convs split between threads
     assert s["hvx_instructions"] == sum(r["hvx_instructions"] for r in s["launches"]) > 0
     assert sum(k["packets"] for k in s["kernels"]) == s["packets"]
     for k in s["kernels"]:

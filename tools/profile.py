@@ -20,9 +20,9 @@ of the overhead between before and after the launches is not measured). --timeli
 median run's slices as a PNG.
 
 On the DSP (`--device dsp`, or a dsp blob) the runtime counts instead of timing: one profiled
-run, per launch its packets (qemu-hexagon under KEEL_FASTRPC=mock; cycles on the device) and HVX
-instructions, the totals in `packets` (the critical path) and `hvx_instructions`, and a table
-per kernel with its MACs per packet (dsp_counts).
+run, per launch and hardware thread its packets (qemu-hexagon under KEEL_FASTRPC=mock; cycles on
+the device) and HVX instructions, the totals in `packets` (the critical path), `packets_total`
+and `hvx_instructions`, and a table per kernel with its MACs per packet (dsp_counts).
 """
 import os
 import sys
@@ -67,11 +67,14 @@ def profile(path: str, device: str | None = None, runs: int = 20, warmup: int = 
 
 
 def dsp_counts(path: str, device: str | None = None) -> dict:
-    """One profiled run on the DSP (docs/dsp.md, "Profiling"): per launch, the runtime's two
-    counters. Under qemu-hexagon (KEEL_FASTRPC=mock) they are executed packets and HVX
-    instructions; on the device the first is UPCYCLE cycles. `packets` is the critical path:
-    the runtime runs the launches one after another on one hardware thread, so it is their
-    sum. MACs per launch are the blob's meta flops / 2 (a reduction's multiply-adds; an
+    """One profiled run on the DSP (docs/dsp.md, "Profiling" and "Threads"): per launch and
+    hardware thread, the runtime's two counters. Under qemu-hexagon (KEEL_FASTRPC=mock) they
+    are executed packets and HVX instructions; on the device the first is UPCYCLE cycles.
+    A launch is shared between threads and ends with its slowest share, and launches run one
+    after another, so `packets` is the critical path: the sum over launches of the most any
+    thread spent on it. `packets_total` sums every thread's packets (the work, >= `packets`),
+    `packets_per_thread` each thread's, and each launch row has its `threads` [per thread].
+    MACs per launch are the blob's meta flops / 2 (a reduction's multiply-adds; an
     elementwise launch counts one op per element, half a MAC)."""
     m = Model.load(path, device)
     try:
@@ -80,7 +83,7 @@ def dsp_counts(path: str, device: str | None = None) -> dict:
             m.input_view(name)[:] = arr
         counters(m.device, True)
         m.run()
-        ticks, blob = list(m.device.last_ticks), m.blob
+        ticks, threads, blob = list(m.device.last_ticks), m.device.worker_ticks, m.blob
     finally:
         m.close()
     n = len(blob.launches)
@@ -88,7 +91,8 @@ def dsp_counts(path: str, device: str | None = None) -> dict:
     flops = blob.manifest["meta"].get("flops") or [0] * n
     nodes = launch_nodes(blob)
     rows = [{"launch": i, "kernel": ln.kernel, "packets": packets[i], "hvx_instructions": hvx[i],
-             "macs": flops[i] // 2, "ops": list(dict.fromkeys(op for _, op in nodes[i]))}
+             "threads": [t[i] for t in threads], "macs": flops[i] // 2,
+             "ops": list(dict.fromkeys(op for _, op in nodes[i]))}
             for i, ln in enumerate(blob.launches)]
     kernels: dict[str, dict] = {}
     for r in rows:
@@ -101,7 +105,8 @@ def dsp_counts(path: str, device: str | None = None) -> dict:
         k["macs_per_packet"] = k["macs"] / k["packets"] if k["packets"] else 0.0
     total = sum(packets)
     return {"device": "dsp", "counter": "packets" if os.environ.get("KEEL_FASTRPC") == "mock"
-            else "cycles", "packets": total, "hvx_instructions": sum(hvx),
+            else "cycles", "packets": total, "packets_total": sum(map(sum, threads)),
+            "packets_per_thread": [sum(t) for t in threads], "hvx_instructions": sum(hvx),
             "macs": sum(r["macs"] for r in rows),
             "macs_per_packet": sum(r["macs"] for r in rows) / total if total else 0.0,
             "launches": rows,
@@ -118,9 +123,11 @@ def counters(device, on: bool) -> None:
 
 
 def print_dsp_table(s: dict) -> None:
-    print(f"device dsp ({s['counter']}): {s['packets']:,} on the critical path, "
+    print(f"device dsp ({s['counter']}): {s['packets']:,} on the critical path "
+          f"({s['packets_total']:,} on all threads: "
+          f"{', '.join(f'{p:,}' for p in s['packets_per_thread'])}), "
           f"{s['hvx_instructions']:,} HVX instructions, {s['macs_per_packet']:.1f} MACs per "
-          f"{s['counter'][:-1]}")
+          f"{s['counter'][:-1]} of the critical path")
     print(f"{'kernel':32s} {'launches':>8} {s['counter']:>12} {'HVX':>12} {'MACs':>12} "
           f"{'MACs/' + s['counter'][:-1]:>14}")
     for k in s["kernels"]:

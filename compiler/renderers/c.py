@@ -13,6 +13,10 @@ Their ABI (signatures, argument encoding, keel_sync) is runner/keel_abi.h, paste
   keel_ticks()                                       the cycle counter, to calibrate it
   keel_launch(i, args)                               launch i alone, on args[j] = its j-th buffer:
       what a queue device replaying the blob's launch table does (runner/mock.py)
+  keel_launch_part(i, args, tid, nt)                 share tid of nt of launch i (the DSP's
+      hardware threads, dsp/graph_runner.h); keel_split(i) says how launch i's kernel shares:
+      SPLIT_NONE (tid 0 does it all), SPLIT_SCALAR or SPLIT_VECTOR (its outermost output loop
+      is split, and it uses vectors: HVX on the DSP)
 Threads come from the runner (created once per model); the barrier is C11-style atomics and
 needs no libc.
 """
@@ -25,9 +29,11 @@ from compiler.ir.dtypes import DType, dtypes
 from compiler.renderers.cstyle import INFIX, Body, CStyle, dot4_bytes, dot4_text
 from compiler.ir.uop import Ops, UOp
 from runner import abi
-from runner.abi import GRAPH as ENTRY, GRAPH_MT as ENTRY_MT, LAUNCH, PROFILE
+from runner.abi import GRAPH as ENTRY, GRAPH_MT as ENTRY_MT, LAUNCH, LAUNCH_PART, PROFILE, SPLIT
 
 SPLIT_MIN = 8  # trip count from which a loop is split between threads
+SPLIT_NONE, SPLIT_SCALAR, SPLIT_VECTOR = 0, 1, 2  # keel_split's answers (runner/keel_abi.h)
+Piece = tuple[str, frozenset, int]  # CRenderer.kernel_piece: text, vector types, its split
 # Cycle counter without libc: clang's builtin on every target (rdtsc / cntvct), gcc on x86 only.
 TICKS = """
 #if defined(__clang__)
@@ -112,49 +118,51 @@ class CRenderer(CStyle):
             # per launch costs nothing against a kernel)
             self.kernel_prefix = "static __attribute__((noinline)) void"
 
-    def kernel_piece(self, lin: list[UOp], param_dtypes: list[DType]) -> tuple[str, frozenset]:
+    def kernel_piece(self, lin: list[UOp], param_dtypes: list[DType]) -> tuple[str, frozenset, int]:
         """What render_program needs of one kernel, rendered where the kernel was built (a
-        worker process, build.py): its text after the name, "(params) {body}", and the vector
-        types it declares. `param_dtypes`: every parameter the launch passes, even one whose
-        loads simplified away."""
+        worker process, build.py): its text after the name, "(params) {body}", the vector
+        types it declares and how it shares out between threads (keel_split). `param_dtypes`:
+        every parameter the launch passes, even one whose loads simplified away."""
         self.param_dtypes = param_dtypes
         self.whole = {}  # narrow HVX loads -> the whole 128-byte vector from their address
         text = self.render_kernel("K", lin)
         used = {u.dtype for u in lin if u.dtype.count > 1}
-        return text[len(f"{self.kernel_prefix} K"):], frozenset(used)
+        split = SPLIT_NONE if self.split is None else SPLIT_VECTOR if used else SPLIT_SCALAR
+        return text[len(f"{self.kernel_prefix} K"):], frozenset(used), split
 
-    def render_program(self, kernels: list[tuple[str, tuple[str, frozenset]]],
-                       launches: list[Launch], buffers: dict[int, Buffer]) -> Program:
+    def render_program(self, kernels: list[tuple[str, Piece]], launches: list[Launch],
+                       buffers: dict[int, Buffer]) -> Program:
         """kernels: (name, kernel_piece)."""
-        texts = {name: f"{self.kernel_prefix} {name}{rest}" for name, (rest, _) in kernels}
-        used = frozenset().union(*(used for _, (_, used) in kernels))
+        texts = {name: f"{self.kernel_prefix} {name}{rest}" for name, (rest, *_) in kernels}
+        used = frozenset().union(*(used for _, (_, used, _) in kernels))
+        splits = {name: split for name, (*_, split) in kernels}
         whole = (TICKS + "\n".join([_typedefs(self, used), *texts.values()]) + "\n"
-                 + _entries(self, launches, buffers, {}))
+                 + _entries(self, launches, buffers, {}, splits))
         return Program(whole, self._units(kernels, launches, buffers))
 
-    def kernel_units(self, kernels: list[tuple[str, tuple[str, frozenset]]]
-                     ) -> list[tuple[str, str]]:
+    def kernel_units(self, kernels: list[tuple[str, Piece]]) -> list[tuple[str, str]]:
         """The kernels as separate units [(symbol, C source)]: extern and named by a hash of
         their own text, so an object built once serves every model (and every position in a
         model) that has the kernel; kernels of equal text are one unit. They need no launch:
         toolchain.precompile starts on them while the launches are still being planned."""
         return list(dict(self._unit(piece) for _, piece in kernels).items())
 
-    def _unit(self, piece: tuple[str, frozenset]) -> tuple[str, str]:
-        rest, used = piece  # rest: "(params) {body}"
+    def _unit(self, piece: Piece) -> tuple[str, str]:
+        rest, used, _ = piece  # rest: "(params) {body}"
         unit = _typedefs(self, used) + "void KEEL_KERNEL" + rest
         sym = "keel_" + hashlib.sha256(unit.encode()).hexdigest()[:20]
         return sym, unit.replace("void KEEL_KERNEL", f"void {sym}", 1)
 
-    def _units(self, kernels: list[tuple[str, tuple[str, frozenset]]], launches: list[Launch],
+    def _units(self, kernels: list[tuple[str, Piece]], launches: list[Launch],
                buffers: dict[int, Buffer]) -> list[tuple[str, str]]:
         """kernel_units, and a unit for the entry points, which call the kernels by symbol."""
         units = [self._unit(piece) for _, piece in kernels]  # each rendered and hashed once
         syms = {name: sym for (name, _), (sym, _) in zip(kernels, units)}
         protos = "".join(f"void {syms[name]}{rest.split(' {', 1)[0]};\n"
-                         for name, (rest, _) in kernels)
+                         for name, (rest, *_) in kernels)
+        splits = {syms[name]: split for name, (*_, split) in kernels}
         return list(dict(units).items()) + \
-            [("keel_graph", TICKS + protos + _entries(self, launches, buffers, syms))]
+            [("keel_graph", TICKS + protos + _entries(self, launches, buffers, syms, splits))]
 
     # ---- threads: each kernel takes its share of the outermost loop ---------------------------
     def extra_params(self) -> list[str]:
@@ -417,8 +425,9 @@ static inline void keel_store_bytes32(void *p, int32x32 v) {
 
 
 def _entries(r: CRenderer, launches: list[Launch], buffers: dict[int, Buffer],
-             syms: dict[str, str]) -> str:
-    """The entry points (module docstring); `syms` renames kernels (units call them by symbol).
+             syms: dict[str, str], splits: dict[str, int]) -> str:
+    """The entry points (module docstring); `syms` renames kernels (units call them by symbol),
+    `splits` says how each (by its symbol) shares out between threads.
 
     They are a loop over a table, one row per launch (its kernel, its barrier, where its
     arguments live), and a switch with one call per kernel: code that grows with the kernels,
@@ -455,10 +464,20 @@ def _entries(r: CRenderer, launches: list[Launch], buffers: dict[int, Buffer],
     graph = _threaded(ENTRY_MT, sig, timed=False) + _threaded(PROFILE, sig, timed=True) + \
         f"void {ENTRY}({sig}) {{\n  keel_sync s = {{0}};\n  {ENTRY_MT}(arena, weights, io, 0, 1, &s);\n}}\n" + \
         f"unsigned long long {abi.TICKS}(void) {{ return KEEL_TICKS(); }}\n"
-    replay = (f"void {LAUNCH}(int launch, void *const *args) {{\n"
-              f"  if (launch >= 0 && launch < KEEL_LAUNCHES) "
-              f"keel_call(keel_rows[launch].kernel, args, 0, 1);\n}}\n")
-    return table + graph + replay
+    return table + graph + _replay(n, [splits[sym] for sym in case])
+
+
+def _replay(n: int, splits: list[int]) -> str:
+    """keel_launch, keel_launch_part and keel_split: a launch alone, or one share of it (what a
+    device replaying the launch table calls, runner/mock.py and dsp/graph_runner.h)."""
+    return (f"static const unsigned char keel_splits[{max(len(splits), 1)}] = "
+            f"{{{', '.join(map(str, splits)) or '0'}}};\n"
+            f"int {SPLIT}(int launch) {{\n"
+            f"  return launch >= 0 && launch < {n} ? keel_splits[keel_rows[launch].kernel] : 0;\n}}\n"
+            f"void {LAUNCH_PART}(int launch, void *const *args, int tid, int nt) {{\n"
+            f"  if (launch >= 0 && launch < {n}) "
+            f"keel_call(keel_rows[launch].kernel, args, tid, nt);\n}}\n"
+            f"void {LAUNCH}(int launch, void *const *args) {{ {LAUNCH_PART}(launch, args, 0, 1); }}\n")
 
 
 BASES = {"arena": 0, "weights": 1}  # an argument's region code in keel_args; io (inputs and

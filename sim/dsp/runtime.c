@@ -3,11 +3,12 @@
 
    Loaded once per Model.load. It receives one shared buffer holding the weights, the arena and
    every io slot (offsets given at start), so an invoke passes no buffers at all: FastRPC's
-   per-call buffer cap never applies. Per invoke it runs keel_graph, or, when the host asks for
-   per-kernel costs, each launch of the blob's launch table through keel_launch with a counter
-   read around it: the Hexagon cycle counter (UPCYCLE) on the DSP; under qemu (KEEL_QEMU), qemu's
-   own packet and HVX-instruction counters, which the emulator keeps in control registers c20
-   and c22 (reserved on the hardware).
+   per-call buffer cap never applies. Per invoke it runs each launch of the blob's launch table
+   shared between its worker threads through keel_launch_part (or keel_graph on one thread,
+   FLAG_SERIAL), with, when the host asks for per-kernel costs, each worker's counters read
+   around its share: the Hexagon cycle counter (UPCYCLE) on the DSP; under qemu (KEEL_QEMU),
+   qemu's own packet and HVX-instruction counters, which the emulator keeps in control registers
+   c20 and c22 (reserved on the hardware) per thread (dsp/graph_runner.h, "Threads").
 
    This build is the emulated DSP (sim/dsp/mock.py, KEEL_FASTRPC=mock): a static Hexagon Linux
    executable for qemu-hexagon, with the same kernels the DSP runs.
@@ -21,19 +22,20 @@
    slot (graph_runner.h). Invokes arrive on stdin as a Request {seq, flags, first, end, patches}
    and its {slot, offset} patches, and are answered on stdout with {u32 seq, u32 status,
    u32 nticks, u32 0, u64 ticks[nticks]}; a first answer with seq 0 says the library is loaded.
-   A profiled invoke answers 2 * (end - first) ticks: per launch its cost (cycles, or qemu's
-   packets), then per launch its HVX instructions (qemu only; 0 on the DSP).
+   A profiled invoke answers 2 * MAX_WORKERS * (end - first) ticks: per worker, per launch its
+   cost (cycles, or qemu's packets), then per worker, per launch its HVX instructions (qemu
+   only; 0 on the DSP).
    It runs the cDSP library itself: dsp/skel.c is included and its entry,
    keel_dsp_skel_handle_invoke, gets the LOAD and every RUN with remote_args and sc as FastRPC
    passes them. What stands in for the user PD around it: the ELF loader below (the PD's dlopen
-   of the programs library, which the skel asks for by name), malloc and free, the pipe loop (the
-   FastRPC invokes) and the division helpers (the DSP C library's). Exit status: 0 host closed
+   of the programs library, which the skel asks for by name), malloc and free, the workers'
+   threads, the pipe loop (the FastRPC invokes) and the division helpers (the DSP C library's). Exit status: 0 host closed
    stdin, 2 usage, 3 file, 4 object it cannot load (or the skel refused it). */
 #include <stddef.h>
 #include <stdint.h>
 
-enum { SYS_close = 57, SYS_read = 63, SYS_write = 64, SYS_exit_group = 94, SYS_munmap = 215,
-       SYS_mmap2 = 222 };
+enum { SYS_close = 57, SYS_read = 63, SYS_write = 64, SYS_exit = 93, SYS_exit_group = 94,
+       SYS_futex = 98, SYS_munmap = 215, SYS_clone = 220, SYS_mmap2 = 222 };
 enum { PROT_RWX = 7, MAP_SHARED = 1, MAP_PRIVATE_ANON = 0x02 | 0x20 };
 enum { FLAG_HANG = 2, FLAG_FAULT = 4 };  /* injected faults; FLAG_PROFILE is graph_runner.h's */
 enum { FIRST_SLOT = 9 };
@@ -53,10 +55,11 @@ static long sys6(long n, long a, long b, long c, long d, long e, long f) {
 
 /* ---- what a kernel object may import (the DSP's C library provides them on the device) ----- */
 /* Hexagon has no divide instruction: clang calls these (C semantics: truncate toward zero).
-   Shift-subtract, so nothing here calls them back. */
+   Shift-subtract from n's highest set bit (a kernel's share of its loop, tid * n / nt, divides
+   a small number: a few steps, not 64), so nothing here calls them back. */
 static uint64_t udivmod(uint64_t n, uint64_t d, uint64_t *rem) {
   uint64_t q = 0, r = 0;
-  for (int i = 63; i >= 0; i--) {
+  for (int i = n ? 63 - __builtin_clzll(n) : -1; i >= 0; i--) {
     r = r << 1 | (n >> i & 1);
     if (r >= d) r -= d, q |= 1ull << i;
   }
@@ -203,6 +206,43 @@ static Image load_elf(const char *file, uint32_t size) {
 /* ---- the user PD around the skel ---------------------------------------------------------- */
 #include "skel.c"  /* the cDSP library: keel_dsp_skel_handle_invoke and graph_runner.h */
 
+/* The workers (graph_runner.h, "Threads") as Linux threads: qemu-hexagon's user mode runs each
+   on its own host thread with its own CPU state, so its packet and HVX counters count that
+   worker alone. The SD845's HVX contexts are emulated as a count (qemu has no such limit). */
+enum { CLONE_THREAD_FLAGS = 0x50f00, /* VM, FS, FILES, SIGHAND, THREAD, SYSVSEM */
+       FUTEX_WAIT_PRIVATE = 128, FUTEX_WAKE_PRIVATE = 129, WORKER_STACK = 1 << 20,
+       SD845_HVX_CONTEXTS = 2 };
+
+/* clone: the child starts on its own stack in the middle of this asm with fn and arg in r16
+   and r17 (callee-saved, copied with the registers), calls fn(arg) and ends its thread */
+static int start_worker(void (*fn)(void *), void *arg) {
+  char *stack = map(WORKER_STACK, 3, MAP_PRIVATE_ANON, -1);
+  register long r6 __asm__("r6") = SYS_clone, r0 __asm__("r0") = CLONE_THREAD_FLAGS;
+  register long r1 __asm__("r1") = (long)(stack + WORKER_STACK), r2 __asm__("r2") = 0;
+  register long r3 __asm__("r3") = 0, r4 __asm__("r4") = 0;
+  register long r16 __asm__("r16") = (long)fn, r17 __asm__("r17") = (long)arg;
+  __asm__ volatile("trap0(#1)\n"
+                   "p0 = cmp.eq(r0, #0)\n"
+                   "if (!p0) jump 1f\n"
+                   "r0 = r17\n"
+                   "callr r16\n"
+                   "r0 = #0\n"
+                   "r6 = #93\n"  /* SYS_exit: this thread only */
+                   "trap0(#1)\n"
+                   "1:\n"
+                   : "+r"(r0) : "r"(r6), "r"(r1), "r"(r2), "r"(r3), "r"(r4), "r"(r16), "r"(r17)
+                   : "memory", "p0", "r28", "r31");
+  return r0 < 0;
+}
+static void wait_word(volatile uint32_t *word, uint32_t seen) {
+  sys6(SYS_futex, (long)word, FUTEX_WAIT_PRIVATE, (long)seen, 0, 0, 0);
+}
+static void wake_word(volatile uint32_t *word) {
+  sys6(SYS_futex, (long)word, FUTEX_WAKE_PRIVATE, MAX_WORKERS, 0, 0, 0);
+}
+static uint32_t hvx_contexts(void) { return SD845_HVX_CONTEXTS; }
+static void hold_hvx(int on) { (void)on; }  /* qemu runs HVX on any thread */
+
 static const char *programs_file, *programs_name = "libkeel_programs.so";  /* dsp/fastrpc.py's */
 static uint32_t programs_size;
 static Image programs;
@@ -238,7 +278,7 @@ static char *map_fd(const char *fd, uint32_t size, long prot, long flags) {
 
 #define SC(method, ins, outs) ((uint32_t)(method) << 24 | (ins) << 16 | (outs) << 8)
 static const char *const LOAD_FAILURES[] = {"", "bad arguments", "no programs library",
-  "programs without keel_graph or keel_launch", "a bad launch table", "out of memory"};
+  "programs without keel_graph, keel_launch_part or keel_split", "a bad launch table", "out of memory"};
 
 /* the skel's LOAD, as FastRPC passes it: {shm, bytes, weights, arena, slots, offsets...}, the
    programs' name, the launch table; out: the status */
@@ -261,7 +301,8 @@ static void load_skel(int argc, char **argv) {
 }
 
 static int serve(int argc, char **argv) {
-  static Reply reply[1 + 4 * MAX_LAUNCHES];  /* the header, then 2 * launches u64 */
+  static Reply reply[1 + MAX_WORKERS * MAX_LAUNCHES];  /* the header, then 2 * MAX_WORKERS u64
+                                                          per launch */
   if (argc < FIRST_SLOT || argc - FIRST_SLOT > MAX_SLOTS)
     die(2, "usage: runtime PROGRAMS_FD PROGRAMS_BYTES SHM_FD SHM_BYTES TABLE_FD TABLE_BYTES "
         "WEIGHTS_OFF ARENA_OFF IO_OFF...", "");
