@@ -47,8 +47,9 @@ STOP_S = 2.0  # the PD's exit, when a session is dropped
 # 2 * MAX_WORKERS u64 per launch (each worker's cost and HVX count)
 REPLY_HEAD, FLAG_PROFILE, MAX_WORKERS = 16, 1, 4
 LOAD, RUN = 2, 3  # the skel's methods (0 and 1 are a handle interface's open and close)
-LOAD_ERRORS = {1: "bad arguments", 2: f"dlopen of {PROGRAMS} failed", 3: "keel_graph, "
-               "keel_launch_part or keel_split missing", 4: "a bad launch table", 5: "out of memory"}  # dsp/skel.c
+LOAD_ERRORS = {1: "bad arguments", 2: f"dlopen of {PROGRAMS} failed",  # dsp/skel.c
+               3: "keel_graph, keel_launch_part or keel_split missing",
+               4: "a bad launch table", 5: "out of memory"}
 # legacy ION (msm-4.9): allocate a handle, share it as a dma-buf fd; the system heap, cached
 ION_SYSTEM_HEAP_ID, ION_FLAG_CACHED = 25, 1
 

@@ -76,7 +76,10 @@ static void wait_word(volatile uint32_t *word, uint32_t seen) {
 }
 static void wake_word(volatile uint32_t *word) { qurt_futex_wake((void *)word, MAX_WORKERS); }
 static uint32_t hvx_contexts(void) { return (uint32_t)qurt_hvx_get_units() >> 8 & 0xff; }
-static void hold_hvx(int on) { on ? (void)qurt_hvx_lock(QURT_HVX_MODE_128B) : (void)qurt_hvx_unlock(); }
+static void hold_hvx(int on) {
+  if (on) qurt_hvx_lock(QURT_HVX_MODE_128B);
+  else qurt_hvx_unlock();
+}
 #endif
 
 enum { RTLD_NOW = 2, HEAD_WORDS = 5, LOAD = 2, RUN = 3 };

@@ -6,7 +6,8 @@ from pathlib import Path
 
 HEADER = Path(__file__).with_name("keel_abi.h")
 GRAPH, GRAPH_MT, PROFILE = "keel_graph", "keel_graph_mt", "keel_profile"
-TICKS, LAUNCH, LAUNCH_PART, SPLIT = "keel_ticks", "keel_launch", "keel_launch_part", "keel_split"
+TICKS, LAUNCH = "keel_ticks", "keel_launch"
+LAUNCH_PART, SPLIT = "keel_launch_part", "keel_split"
 
 
 def declarations() -> str:

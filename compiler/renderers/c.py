@@ -118,7 +118,7 @@ class CRenderer(CStyle):
             # per launch costs nothing against a kernel)
             self.kernel_prefix = "static __attribute__((noinline)) void"
 
-    def kernel_piece(self, lin: list[UOp], param_dtypes: list[DType]) -> tuple[str, frozenset, int]:
+    def kernel_piece(self, lin: list[UOp], param_dtypes: list[DType]) -> Piece:
         """What render_program needs of one kernel, rendered where the kernel was built (a
         worker process, build.py): its text after the name, "(params) {body}", the vector
         types it declares and how it shares out between threads (keel_split). `param_dtypes`:
@@ -470,14 +470,15 @@ def _entries(r: CRenderer, launches: list[Launch], buffers: dict[int, Buffer],
 def _replay(n: int, splits: list[int]) -> str:
     """keel_launch, keel_launch_part and keel_split: a launch alone, or one share of it (what a
     device replaying the launch table calls, runner/mock.py and dsp/graph_runner.h)."""
+    known = f"launch >= 0 && launch < {n}"
     return (f"static const unsigned char keel_splits[{max(len(splits), 1)}] = "
             f"{{{', '.join(map(str, splits)) or '0'}}};\n"
             f"int {SPLIT}(int launch) {{\n"
-            f"  return launch >= 0 && launch < {n} ? keel_splits[keel_rows[launch].kernel] : 0;\n}}\n"
+            f"  return {known} ? keel_splits[keel_rows[launch].kernel] : 0;\n}}\n"
             f"void {LAUNCH_PART}(int launch, void *const *args, int tid, int nt) {{\n"
-            f"  if (launch >= 0 && launch < {n}) "
-            f"keel_call(keel_rows[launch].kernel, args, tid, nt);\n}}\n"
-            f"void {LAUNCH}(int launch, void *const *args) {{ {LAUNCH_PART}(launch, args, 0, 1); }}\n")
+            f"  if ({known}) keel_call(keel_rows[launch].kernel, args, tid, nt);\n}}\n"
+            f"void {LAUNCH}(int launch, void *const *args) {{\n"
+            f"  {LAUNCH_PART}(launch, args, 0, 1);\n}}\n")
 
 
 BASES = {"arena": 0, "weights": 1}  # an argument's region code in keel_args; io (inputs and

@@ -29,8 +29,9 @@
    keel_dsp_skel_handle_invoke, gets the LOAD and every RUN with remote_args and sc as FastRPC
    passes them. What stands in for the user PD around it: the ELF loader below (the PD's dlopen
    of the programs library, which the skel asks for by name), malloc and free, the workers'
-   threads, the pipe loop (the FastRPC invokes) and the division helpers (the DSP C library's). Exit status: 0 host closed
-   stdin, 2 usage, 3 file, 4 object it cannot load (or the skel refused it). */
+   threads, the pipe loop (the FastRPC invokes) and the division helpers (the DSP C library's).
+   Exit status: 0 host closed stdin, 2 usage, 3 file, 4 object it cannot load (or the skel
+   refused it). */
 #include <stddef.h>
 #include <stdint.h>
 
@@ -278,7 +279,8 @@ static char *map_fd(const char *fd, uint32_t size, long prot, long flags) {
 
 #define SC(method, ins, outs) ((uint32_t)(method) << 24 | (ins) << 16 | (outs) << 8)
 static const char *const LOAD_FAILURES[] = {"", "bad arguments", "no programs library",
-  "programs without keel_graph, keel_launch_part or keel_split", "a bad launch table", "out of memory"};
+  "programs without keel_graph, keel_launch_part or keel_split", "a bad launch table",
+  "out of memory"};
 
 /* the skel's LOAD, as FastRPC passes it: {shm, bytes, weights, arena, slots, offsets...}, the
    programs' name, the launch table; out: the status */
