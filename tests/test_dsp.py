@@ -293,13 +293,13 @@ SHARE_PACKETS = 200  # a share's own cost: its call, its loop bounds (two divisi
 
 def _threaded_and_serial(model, path, feeds):
     """Profiled runs with the runtime's workers, then on one thread: (outputs, per worker per
-    launch packets) for each."""
+    launch packets, spans) for each."""
     runs = []
     for serial in (False, True):
         m = _load(path)
         m.device.serial = serial
         m.device.profile(True)
-        runs.append((m.run(feeds), m.device.worker_ticks))
+        runs.append((m.run(feeds), m.device.worker_ticks, m.device.spans()))
         m.close()
     return runs
 
@@ -312,7 +312,8 @@ def test_threaded_runs_are_bit_identical_to_one_thread_and_shorten_the_critical_
     SHARE_PACKETS per extra share, and the critical path (per launch its slowest thread, summed)
     well under the total."""
     model, path = blobs(name)
-    (got, threads), (want, serial) = _threaded_and_serial(model, path, random_feeds(model, seed=1))
+    (got, threads, _), (want, serial, _) = _threaded_and_serial(model, path,
+                                                                random_feeds(model, seed=1))
     for k in want:
         np.testing.assert_array_equal(got[k], want[k])
     assert not any(map(any, serial[1:]))  # serial: worker 0 alone
@@ -327,12 +328,19 @@ def test_threaded_runs_are_bit_identical_to_one_thread_and_shorten_the_critical_
 
 def test_hvx_kernels_split_two_ways_and_a_kernel_with_one_output_runs_on_one_thread(blobs):
     """The quantized CNN's HVX convs run on the 2 HVX contexts; the float model's softmax max
-    over one row (one output: nothing to split) runs on worker 0 alone."""
+    over one row (one output: nothing to split) runs on worker 0 alone; spans() draws each
+    share on its worker's lane."""
     from runner.blob import read_blob
     for name in ("qdq", "conv"):
         model, path = blobs(name)
-        (_, threads), _ = _threaded_and_serial(model, path, random_feeds(model, seed=1))
+        (_, threads, spans), _ = _threaded_and_serial(model, path, random_feeds(model, seed=1))
         blob = read_blob(path)
+        # the timeline: a lane per worker with a share; a launch starts when the last share of
+        # the one before it has ended
+        assert {(s.launch, s.lane) for s in spans} == \
+            {(i, w) for w, row in enumerate(threads) for i, p in enumerate(row) if p}
+        ends = [max(s.end_ns for s in spans if s.launch == i) for i in range(len(threads[0]))]
+        assert all(s.start_ns == (ends[s.launch - 1] if s.launch else 0) for s in spans)
         for i, ln in enumerate(blob.launches):
             on = [w for w, row in enumerate(threads) if row[i]]
             if blob.buffers[ln.args[0]].nbytes <= 4:
