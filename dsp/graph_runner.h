@@ -111,14 +111,16 @@ static void worker(void *arg) {
   }
 }
 
-/* Workers 1.. started once; 0 when a thread could not be (the invoke then runs serially). */
+/* Workers 1.. started once; as many as could be (with none, every launch runs serially).
+   Returns whether there are any. */
 static int start_pool(void) {
-  if (pool.started) return pool.threads;
-  uint32_t hvx = hvx_contexts();
-  pool.threads = MAX_WORKERS, pool.vectors = hvx < 1 ? 1 : hvx > MAX_WORKERS ? MAX_WORKERS : hvx;
-  for (uint32_t t = 1; t < pool.threads; t++)
-    if (start_worker(worker, (void *)(uintptr_t)t)) return pool.threads = pool.vectors = 1, 0;
-  return pool.started = 1, pool.threads;
+  if (!pool.started) {
+    uint32_t hvx = hvx_contexts(), t = 1;
+    pool.vectors = hvx < 1 ? 1 : hvx > MAX_WORKERS ? MAX_WORKERS : hvx;
+    while (t < MAX_WORKERS && !start_worker(worker, (void *)(uintptr_t)t)) t++;
+    pool.threads = t, pool.vectors = pool.vectors < t ? pool.vectors : t, pool.started = 1;
+  }
+  return pool.threads > 1;
 }
 
 /* Launch i shared between its workers (worker 0 is this thread); returns when all are done. */
