@@ -349,6 +349,29 @@ def test_hvx_kernels_split_two_ways_and_a_kernel_with_one_output_runs_on_one_thr
                 assert on == [0, 1], (ln.kernel, on)
 
 
+def test_fastrpc_sizes_a_profiled_answer_as_the_runtime_fills_it(blobs):
+    """dsp/fastrpc.py gives RUN an out buffer of the answer's size; the emulated runtime's
+    answer to the same request (the skel's code) is exactly that long."""
+    import struct
+    from dsp import fastrpc
+    model, path = blobs("conv")
+    m, answers = _load(path), []
+    link = m.device._link
+    replies = link.replies
+
+    def spy():
+        got = replies()
+        answers.extend(got)
+        return got
+    link.replies = spy
+    m.device.profile(True)
+    m.run(random_feeds(model, seed=1))
+    n = len(m.blob.launches)
+    (_, _, ticks), = [a for a in answers if a[0]]  # (seq, status, ticks); seq 0: loaded
+    assert fastrpc.profile_bytes(struct.pack("<5I", 1, 1, 0, n, 0)) == 8 * len(ticks) > 0
+    assert fastrpc.profile_bytes(struct.pack("<5I", 1, 0, 0, n, 0)) == 0  # unprofiled
+
+
 # ---- the int8 QDQ path -------------------------------------------------------------------------
 
 def _output_step(model: onnx.ModelProto) -> float:
