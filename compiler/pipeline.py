@@ -69,12 +69,15 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
                   images: bool | None = None, writer=None,
                   input_values: dict | None = None,
                   calibration: dict | None = None, overridable: tuple = (),
-                  state: dict[str, str] | None = None) -> Artifact:
+                  state: dict[str, str] | None = None,
+                  image_inputs: dict | None = None) -> Artifact:
     """model: one ONNX model, or {entry name: ONNX model} for a blob of several entry points
     that share weights, state and the arena (docs/blob.md "entries"). state: {input: output}
     pairs made persistent in every entry that has them, beside each model's own metadata_props
     `keel.state` (docs/blob.md "state").
     images: GPU targets only, read eligible buffers as 2D images (None: the target's default).
+    image_inputs: {input name: {element count: (width, height)}}, uint8 inputs read as R8 images
+    (schedule/storage.py), e.g. a camera frame a gather samples.
     writer: the blob.BlobWriter the weights stream to: each packed weight as it is made
     (`spill`), laid out in the blob file (`region`), written while the programs still build.
     input_values: {input name: value}, inputs frozen to constants (an If on them folds).
@@ -98,7 +101,8 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         plans = []  # per variant: (target, its buffers, one job per distinct kernel, launches)
         for t in targets:
             bufs = Buffers(inputs, list(zip([n for g in graphs for n, _ in g.outputs], outs)),
-                           device_storage(t, float16, images, frozenset(keep.buffers)),
+                           device_storage(t, float16, images, frozenset(keep.buffers),
+                                          image_inputs),
                            t.buffer_align, writer and writer.spill)
             plans.append((t, bufs, *_jobs(kernels, bufs, last, t, keep.kernels)))
         st.count("schedule", kernels=len(kernels), programs=sum(len(p[2]) for p in plans))

@@ -55,7 +55,7 @@ class Buffers:
         self.inits: dict[str, int] = {}  # state name -> weights buffer of its initial value
 
     def _new(self, region: str, offset: int, u: UOp, name: str = "") -> Buffer:
-        dt, image = self.storage(region, u.dtype, u.shape, u)
+        dt, image = self.storage(region, u.dtype, u.shape, u, name)
         b = Buffer(len(self.table), region, offset, storage_nbytes(dt, u.shape, image), dt.name,
                    tuple(u.shape), name, image)
         self.table[b.id] = b
