@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from models.modeld_step import dm_entries, entry_name, split_entries, step_entries
+from models.modeld_step import (dm_entries, entry_name, frame_images, split_entries,
+                                step_entries)
 from models.openpilot_split import DM_SIZE, make_dmonitoring, make_policy, make_vision
 from models import modeld_ref as ref
 from runner import Model
@@ -47,6 +48,8 @@ def usb_gpu(tmp_path, monkeypatch):
 
 
 def pipeline(models, target, **kw):
+    """As tools/compile_modeld.py builds it: on qcom the camera frames are R8 images."""
+    kw.setdefault("image_inputs", frame_images(CAMS, target))
     return compiled_blob(step_entries(*models, MODEL_SIZE, CAMS, FS), target, **kw)
 
 
@@ -145,7 +148,8 @@ def test_dm_blob_matches_reference(target, monkeypatch):
     for graph in entries.values() if exposed else ():
         graph.graph.output.append(helper.make_tensor_value_info(
             "input_img", TensorProto.UINT8, [1, DM_SIZE[0] * DM_SIZE[1]]))
-    m = Model.load(compiled_blob(entries, target, float16=not exposed), device=target)
+    m = Model.load(compiled_blob(entries, target, float16=not exposed,
+                                 image_inputs=frame_images(CAMS, target)), device=target)
     assert set(m.entries) == {entry_name(c, "dmonitoring") for c in CAMS}
     model, tol = ref.ort_runner(dm), FP32_TOL if exposed else FP16_TOL
     rng = np.random.default_rng(5)
@@ -214,7 +218,9 @@ def test_camera_frames_bind_without_a_copy(models):
 
 def split(models, warp_target, model_target, **kw):
     warps, steps = split_entries(*models, MODEL_SIZE, CAMS, FS)
-    return compiled_blob(warps, warp_target, **kw), compiled_blob(steps, model_target)
+    images = frame_images(CAMS, warp_target)
+    return compiled_blob(warps, warp_target, image_inputs=images, **kw), \
+        compiled_blob(steps, model_target)
 
 
 @pytest.mark.slow
