@@ -262,6 +262,13 @@ def test_roofline_bounds_one_entry(models):
     assert np.isclose(sum(r["bound_ms"] for r in per.values()), whole["bound_ms"])
     run = per[entry_name(CAMS[0], "run_policy")]
     assert any("Gather" in x["ops"] for x in run["launches_by_bound"])  # the warp is in it
+    # each warp launch counts what its gather can touch: six planes of 128 x 256 samples of
+    # the 4.8 MB frame, not the frame
+    gathers = blob.manifest["meta"]["gathers"]
+    frames = [(blob.buffers[blob.launches[i].args[j]].name, n)
+              for i in entries[entry_name(CAMS[0], "run_policy")].launches for j, n in gathers[i]
+              if blob.buffers[blob.launches[i].args[j]].name in ("frame", "big_frame")]
+    assert sorted(frames) == [("big_frame", 6 * 128 * 256), ("frame", 6 * 128 * 256)]
 
 
 def test_a_visionipc_buffer_binds_zero_copy_on_qcom(models, monkeypatch):
