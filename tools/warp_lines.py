@@ -53,7 +53,7 @@ def kernel_reads(path: str) -> list[dict]:
         body = src[src.index(f"__kernel void {name}("):]
         body = body[:body.find("\n}") + 2]
         out.append({"kernel": name, "image_reads": body.count("read_imageui("),
-                    "buffer_reads": len(re.findall(r"\bp\d+\[", body)),
+                    "buffer_reads": len(re.findall(r"\bp[1-9]\d*\[", body)),  # p0: the output
                     "div_mod": len(re.findall(r" [/%] ", body)), "lines": body.count("\n")})
     return out
 
