@@ -66,18 +66,15 @@ class Stages:
 
 def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None = None,
                   float16: bool = False, stages: Stages | None = None,
-                  images: bool | None = None, writer=None,
-                  input_values: dict | None = None,
+                  images: bool | None = None, writer=None, input_values: dict | None = None,
                   calibration: dict | None = None, overridable: tuple = (),
-                  state: dict[str, str] | None = None,
-                  image_inputs: dict | None = None) -> Artifact:
+                  state: dict[str, str] | None = None, image_inputs=None) -> Artifact:
     """model: one ONNX model, or {entry name: ONNX model} for a blob of several entry points
     that share weights, state and the arena (docs/blob.md "entries"). state: {input: output}
     pairs made persistent in every entry that has them, beside each model's own metadata_props
     `keel.state` (docs/blob.md "state").
-    images: GPU targets only, read eligible buffers as 2D images (None: the target's default).
-    image_inputs: {input name: {element count: (width, height)}}, uint8 inputs read as R8 images
-    (schedule/storage.py), e.g. a camera frame a gather samples.
+    images: GPU targets only, read eligible buffers as 2D images (None: the target's default);
+    image_inputs: uint8 inputs read as R8 images (schedule/storage.py: a camera frame).
     writer: the blob.BlobWriter the weights stream to: each packed weight as it is made
     (`spill`), laid out in the blob file (`region`), written while the programs still build.
     input_values: {input name: value}, inputs frozen to constants (an If on them folds).
