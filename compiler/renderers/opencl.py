@@ -256,10 +256,18 @@ class OpenCLRenderer(CStyle):
         """Element `elem` of an R8 unsigned-int image: the texture unit reads it at integer
         coordinates through its 2D cache, where a buffer load would fetch a 64-byte line."""
         width = self.images[p.arg[0]].width
-        x = self.expr(body, graph_rewrite(elem % width, symbolic))
-        y = self.expr(body, graph_rewrite(elem // width, symbolic))
+        x, y = (self._coord(body, graph_rewrite(c, symbolic)) for c in (elem % width,
+                                                                        elem // width))
         expr = f"(({self.dtype(dt)})read_imageui(p{p.arg[0]}, {SAMPLER}, (int2)({x}, {y})).x)"
         return expr if valid is None else f"({valid} ? {expr} : {self.literal(0, dt)})"
+
+    def _coord(self, body: Body, c: UOp) -> str:
+        """A coordinate; a gather's clamped index is never negative, so its `/` and `%` by the
+        row width are unsigned: a shift and a mask for 2048, no sign fix-up for 1408."""
+        if c.op in (Ops.IDIV, Ops.MOD) and c.src[1].op is Ops.CONST and c.src[0].vmin >= 0:
+            sym = "/" if c.op is Ops.IDIV else "%"
+            return f"((int)((uint)({self.expr(body, c.src[0])}) {sym} {c.src[1].arg}u))"
+        return self.expr(body, c)
 
     def _texel(self, body: Body, p: UOp, elem: UOp, valid: str | None) -> str:
         """The texel holding element `elem` of image param p; read once per scope."""
