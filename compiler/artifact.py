@@ -9,15 +9,19 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class Image:
-    """How a GPU kernel reads a buffer as a 2D RGBA image (OpenCL `read_imagef`).
+    """How a GPU kernel reads a buffer as a 2D image.
 
-    The tensor is viewed as (height, inner) with inner = 4 * width: texel (x, y) holds elements
-    [y * inner + 4x, +4). In memory, row y starts `pitch` texels after row y - 1 (pitch >= width,
-    a multiple of the target's pitch alignment), so the buffer can back an image directly
+    channels 4: a float16/float32 tensor as RGBA texels (OpenCL `read_imagef`), viewed as
+    (height, inner) with inner = 4 * width: texel (x, y) holds elements [y * inner + 4x, +4).
+    channels 1: a uint8 graph input as R8 unsigned-int texels (`read_imageui`), texel (x, y) the
+    element y * width + x: a camera frame read by a gather (storage.py: io_image).
+    In memory, row y starts `pitch` texels after row y - 1 (pitch >= width, a multiple of the
+    target's pitch alignment), so the buffer can back an image directly
     (cl_khr_image2d_from_buffer); the texels from width to pitch are padding, never read."""
     width: int
     height: int
     pitch: int
+    channels: int = 4
 
 
 @dataclass(frozen=True)

@@ -336,6 +336,8 @@ def _layout(target: str, manifest: dict, payloads: dict, digests: dict | None = 
 def _buffer_record(b: Buffer) -> dict:
     image = None if b.image is None else \
         {"width": b.image.width, "height": b.image.height, "pitch": b.image.pitch}
+    if b.image is not None and b.image.channels != 4:  # RGBA blobs stay as they were
+        image["channels"] = b.image.channels
     return {"id": b.id, "region": b.region, "offset": b.offset, "nbytes": b.nbytes,
             "dtype": b.dtype, "shape": list(b.shape), "name": b.name, "image": image}
 

@@ -66,15 +66,15 @@ class Stages:
 
 def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None = None,
                   float16: bool = False, stages: Stages | None = None,
-                  images: bool | None = None, writer=None,
-                  input_values: dict | None = None,
+                  images: bool | None = None, writer=None, input_values: dict | None = None,
                   calibration: dict | None = None, overridable: tuple = (),
-                  state: dict[str, str] | None = None) -> Artifact:
+                  state: dict[str, str] | None = None, image_inputs=None) -> Artifact:
     """model: one ONNX model, or {entry name: ONNX model} for a blob of several entry points
     that share weights, state and the arena (docs/blob.md "entries"). state: {input: output}
     pairs made persistent in every entry that has them, beside each model's own metadata_props
     `keel.state` (docs/blob.md "state").
-    images: GPU targets only, read eligible buffers as 2D images (None: the target's default).
+    images: GPU targets only, read eligible buffers as 2D images (None: the target's default);
+    image_inputs: uint8 inputs read as R8 images (schedule/storage.py: a camera frame).
     writer: the blob.BlobWriter the weights stream to: each packed weight as it is made
     (`spill`), laid out in the blob file (`region`), written while the programs still build.
     input_values: {input name: value}, inputs frozen to constants (an If on them folds).
@@ -98,7 +98,8 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         plans = []  # per variant: (target, its buffers, one job per distinct kernel, launches)
         for t in targets:
             bufs = Buffers(inputs, list(zip([n for g in graphs for n, _ in g.outputs], outs)),
-                           device_storage(t, float16, images, frozenset(keep.buffers)),
+                           device_storage(t, float16, images, frozenset(keep.buffers),
+                                          image_inputs),
                            t.buffer_align, writer and writer.spill)
             plans.append((t, bufs, *_jobs(kernels, bufs, last, t, keep.kernels)))
         st.count("schedule", kernels=len(kernels), programs=sum(len(p[2]) for p in plans))
@@ -115,7 +116,7 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         codes = pool.map(lambda ts: _build(*ts, st), zip(targets, sources, early))
     arts = [_artifact(tgt, t, bufs, code, weights)
             for (t, bufs, _, _), code in zip(builds, codes)]
-    meta = _meta(graphs, float16, builds[0][1].flops,
+    meta = _meta(graphs, float16, builds[0][1],
                  _fp16_report(keep, nodes, origins) if float16 else None, st)
     for a, (_, bufs, _, uses), d in zip(arts, builds, defaults):
         a.meta, a.provenance, a.defaults = meta, provenance(uses, nodes, origins), d
@@ -170,10 +171,13 @@ def _frontend(models: dict, input_shapes: dict, float16: bool, first: Target,
                       other_shapes=len(models) > 1) for name, m in models.items()]
 
 
-def _meta(graphs: list, float16: bool, flops, fp16_ranges: dict | None, st: Stages) -> dict:
+def _meta(graphs: list, float16: bool, bufs: Buffers, fp16_ranges: dict | None,
+          st: Stages) -> dict:
+    gathers = {"gathers": bufs.gathers} if any(bufs.gathers) else {}  # tools/roofline.py
     return {"producer": f"keel {VERSION}", "float16": float16,
             **{k: v for g in reversed(graphs) for k, v in g.meta.items()},  # the first wins
-            "flops": flops, **({"fp16_ranges": fp16_ranges} if fp16_ranges else {}),
+            "flops": bufs.flops, **gathers,
+            **({"fp16_ranges": fp16_ranges} if fp16_ranges else {}),
             "stage_seconds": {k: round(v, 4) for k, v in st.times.items()}}
 
 

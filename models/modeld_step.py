@@ -37,6 +37,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from compiler.target import get_target
 from models.modeld_ref import UV_SCALE, Y_PHASES, Nv12, nv12_layout, queue_shapes
 
 STATE_KEY = "keel.state"
@@ -391,6 +392,20 @@ def step_entries(vision: onnx.ModelProto, policy: onnx.ModelProto, model_size: t
         for kind, build in (("warp_enqueue", warp_enqueue), ("run_policy", run_policy)):
             entries[entry_name(cam, kind)] = build(entry_name(cam, kind), source, spec, cams)
     return entries
+
+
+def frame_images(cams: list[tuple[int, int]], target: str) -> dict | None:
+    """compile_model's `image_inputs` for the camera frames on a target that reads images by
+    default (qcom; None elsewhere): each NV12 buffer read as an R8 image of `stride` texels by
+    y_height + uv_height rows (its Y, then its interleaved UV rows), so the warp's gather goes
+    through the GPU's texture path (docs/modeld.md "The warp's gather")."""
+    if not get_target(target).images:
+        return None
+    sizes = {}
+    for cam in cams:
+        nv12 = nv12_layout(*cam)
+        sizes[nv12.size] = (nv12.stride, nv12.y_height + nv12.uv_height)
+    return {name: sizes for name in ("frame", "big_frame")}
 
 
 def split_entries(vision: onnx.ModelProto, policy: onnx.ModelProto, model_size: tuple[int, int],

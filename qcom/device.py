@@ -27,7 +27,7 @@ import os
 
 import numpy as np
 
-from qcom import kgsl, record, store
+from qcom import kgsl, record, store, texture
 from qcom.cmdstream import OPCODES, lohi, pkt7
 from qcom.ring import Ring
 from runner.dmabuf import DmaBuf
@@ -61,8 +61,8 @@ class QcomDevice(QueueDevice):
         if missing:
             raise BlobError(f"launches name kernels {missing} that the program does not define")
         self.blob = blob
-        if any(b.image for b in (*blob.inputs, *blob.outputs)):
-            raise BlobError("qcom: an input or output with an image layout; expected plain buffers")
+        if any(b.image for b in blob.outputs):
+            raise BlobError("qcom: an output with an image layout; expected plain buffers")
         self._allocate(blob)
         self.done = 0
         self.timestamps: dict[int, int] = {}  # value -> KGSL timestamp, until retired
@@ -155,6 +155,7 @@ class QcomDevice(QueueDevice):
         self.args_words[:len(rec.args)] = rec.args
         self.sites = {slot: [rec.at[site] for site in sites]
                       for slot, sites in self.graph.sites.items()}
+        self.textures = rec.textures
         ranges = {range(len(self.blob.launches))} | {e.launches for e in self.graph.entries}
         self.streams = {}
         for launches in ranges:
@@ -171,8 +172,17 @@ class QcomDevice(QueueDevice):
             for r, (obj, n) in self.streams.items()}
 
     def patch(self, slot: int, address: int) -> None:
-        for i in self.sites.get(slot, ()):
-            self.args_words[i:i + 2] = lohi(address)
+        sites = self.sites.get(slot, ())
+        if address % texture.BASE_ALIGN and any(i in self.textures for i in sites):
+            spec = self.graph.io[slot]
+            raise InputError(f"qcom slot {slot} ({spec.name!r}): kernels read it as an image, "
+                             f"whose base must be {texture.BASE_ALIGN}-byte aligned; got GPU "
+                             f"address {address:#x}")
+        for i in sites:
+            if i in self.textures:
+                texture.set_base(self.args_words, i, address)
+            else:
+                self.args_words[i:i + 2] = lohi(address)
         if slot in self.imported and self.imported[slot].gpuaddr != address:
             self._free_import(slot)
 

@@ -54,8 +54,10 @@ class Layout(NamedTuple):
 class Recording(NamedTuple):
     launches: list[list[int]]  # per launch, its packets
     args: np.ndarray  # uint32 dwords of the argument block
-    at: dict  # (launch, argument) of an io slot -> dword index in args of its 64-bit address
+    at: dict  # (launch, argument) of an io slot -> dword index in args of its 64-bit address,
+    # or of its texture descriptor when the kernel reads it as an image (an R8 camera frame)
     border: int  # the zeroed border-colour table's address
+    textures: frozenset  # the `at` values that are texture descriptors (texture.set_base)
 
 
 def address(b, layout: Layout) -> int:
@@ -111,7 +113,8 @@ def _sizes(ln) -> list[int]:
 
 
 def _launch(blob, ln, prog, layout: Layout, args: list[int], sites: list) -> list[int]:
-    """One dispatch's packets; appends its constants and descriptors to `args` (dwords)."""
+    """One dispatch's packets; appends its constants and descriptors to `args` (dwords), and to
+    `sites` (argument, dword, is a descriptor) for each io argument."""
     if len(ln.args) != len(prog.params):
         raise BlobError(f"launch {ln.kernel}: {len(ln.args)} buffers for a kernel of "
                         f"{len(prog.params)} parameters")
@@ -126,14 +129,18 @@ def _launch(blob, ln, prog, layout: Layout, args: list[int], sites: list) -> lis
                                 f"has no image layout")
             if at is not None:  # mock binaries: the slot is a constant too
                 consts[at] = len(descs) // texture.DESCRIPTOR_DWORDS
+            if b.region in ("input", "output"):
+                sites.append((i, len(args) + len(consts) + len(descs), True))
+            img = b.image
             try:
-                descs += texture.descriptor(texture.Texture(address(b, layout), *b.image, b.dtype))
+                descs += texture.descriptor(texture.Texture(
+                    address(b, layout), img.width, img.height, img.pitch, b.dtype))
             except ValueError as e:
                 raise BlobError(f"launch {ln.kernel}: buffer {bid} as an image: {e}") from None
             continue
         consts[at:at + 2] = lohi(address(b, layout))
         if b.region in ("input", "output"):
-            sites.append((i, len(args) + at))
+            sites.append((i, len(args) + at, False))
     base = layout.args + 4 * len(args)
     args += consts + descs
     args += [0] * (-len(args) % 16)  # every block 64-byte aligned
@@ -154,12 +161,13 @@ def _launch(blob, ln, prog, layout: Layout, args: list[int], sites: list) -> lis
 
 def record(blob, programs: dict, layout: Layout) -> Recording:
     args = texture.sampler() + [0] * 12  # the one sampler, at the start of the block
-    at, launches = {}, []
+    at, launches, textures = {}, [], set()
     for i, ln in enumerate(blob.launches):
         sites: list = []
         launches.append(_launch(blob, ln, programs[ln.kernel], layout, args, sites))
-        at.update({(i, j): dword for j, dword in sites})
-    return Recording(launches, np.array(args, np.uint32), at, layout.border)
+        at.update({(i, j): dword for j, dword, _ in sites})
+        textures.update(dword for _, dword, desc in sites if desc)
+    return Recording(launches, np.array(args, np.uint32), at, layout.border, frozenset(textures))
 
 
 def args_bytes(blob, programs: dict) -> int:

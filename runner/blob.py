@@ -21,6 +21,7 @@ import mmap
 import os
 import threading
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -37,6 +38,15 @@ MAX_HASH_THREADS = 8
 _NP_DTYPES = {name: np.dtype(name) for name in DTYPES}
 
 
+class ImageSpec(NamedTuple):
+    """A buffer kernels read as a 2D image (compiler/artifact.py Image): rows of `width`
+    texels, `pitch` texels apart; a texel is 4 float elements (RGBA) or 1 uint8 (R8 uint)."""
+    width: int
+    height: int
+    pitch: int
+    channels: int = 4
+
+
 @dataclass(frozen=True)
 class BufferSpec:
     id: int
@@ -46,7 +56,7 @@ class BufferSpec:
     dtype: np.dtype
     shape: tuple[int, ...]
     name: str
-    image: tuple[int, int, int] | None = None  # (width, height, pitch) in texels: GPU images
+    image: ImageSpec | None = None  # GPU images
 
 
 @dataclass(frozen=True)
@@ -285,6 +295,11 @@ def _one_of(choices):
     return check
 
 
+def _channels(v):
+    if type(v) is not int or v not in (1, 4):
+        raise _Invalid("1 (R8 uint) or 4 (RGBA)", v)
+
+
 def _list(item):
     def check(v):
         if type(v) is not list:
@@ -329,7 +344,8 @@ def _obj(fields, optional=None):
 
 _BUFFER = _obj({"id": _int, "region": _one_of(REGIONS), "offset": _int, "nbytes": _int,
                 "dtype": _one_of(DTYPES), "shape": _list(_int), "name": _str,
-                "image": _nullable(_obj({"width": _int, "height": _int, "pitch": _int}))})
+                "image": _nullable(_obj({"width": _int, "height": _int, "pitch": _int},
+                                        {"channels": _channels}))})
 _RECORD = _obj({
     "target": _one_of(TARGETS),
     "arena_bytes": _int,
@@ -540,7 +556,8 @@ def _buffers(records: list[dict]) -> dict[int, BufferSpec]:
     for r in records:
         if r["id"] in buffers:
             raise BlobError(f"manifest buffers: id {r['id']} appears twice")
-        img = r["image"] and (r["image"]["width"], r["image"]["height"], r["image"]["pitch"])
+        img = r["image"] and ImageSpec(r["image"]["width"], r["image"]["height"],
+                                       r["image"]["pitch"], r["image"].get("channels", 4))
         buffers[r["id"]] = BufferSpec(r["id"], r["region"], r["offset"], r["nbytes"],
                                       _NP_DTYPES[r["dtype"]], tuple(r["shape"]), r["name"], img)
     return buffers
@@ -601,8 +618,16 @@ def _defaults(pairs: list[list[int]], inputs: list[BufferSpec],
 
 
 def _image(b: BufferSpec) -> None:
-    """An image is RGBA rows of `width` texels, `pitch` apart, over the whole tensor."""
-    width, height, pitch = b.image
+    """An image is RGBA rows of `width` texels, `pitch` apart, over the whole tensor; or, R8,
+    a uint8 graph input's first `height` rows of `width` bytes (the caller's own layout)."""
+    width, height, pitch, channels = b.image
+    if channels == 1:
+        if b.dtype != np.dtype("uint8") or b.region != "input" or not 1 <= width == pitch or \
+                height < 1 or width * height > math.prod(b.shape):
+            raise BlobError(f"buffer {b.id} ({b.name!r}): R8 image (width {width}, height "
+                            f"{height}, pitch {pitch}) expected a uint8 input holding height "
+                            f"rows of pitch == width bytes, got {b.region} {b.dtype} {b.shape}")
+        return
     texel = 4 * b.dtype.itemsize
     if b.dtype not in (np.dtype("float16"), np.dtype("float32")) or \
             b.region not in DEVICE_REGIONS or not 1 <= width <= pitch or \

@@ -99,6 +99,10 @@ CL_QUEUE_PROFILING_ENABLE, CL_PROFILING_COMMAND_START, CL_PROFILING_COMMAND_END 
     1 << 1, 0x1282, 0x1283
 CL_MEM_SIZE, CL_MEM_CONTEXT = 0x1102, 0x1106
 CHANNEL_TYPES = {np.dtype("float32"): CL_FLOAT, np.dtype("float16"): CL_HALF_FLOAT}
+CL_R, CL_UNSIGNED_INT8 = 0x10B0, 0x10DA
+# per element dtype: (channel order, channel type, channels): float RGBA texels or R8 uint
+IMAGE_FORMATS = {**{dt: (CL_RGBA, ct, 4) for dt, ct in CHANNEL_TYPES.items()},
+                 np.dtype("uint8"): (CL_R, CL_UNSIGNED_INT8, 1)}
 BUILD_OPTIONS = b""  # IEEE semantics: no fast-relaxed-math (ONNX NaN/inf behaviour must hold)
 
 _lib = None
@@ -289,13 +293,15 @@ class HostExecutor:
                       self.lib.clReleaseMemObject)
 
     def image(self, host: int, width: int, height: int, pitch: int, dtype):
-        """A read-only RGBA image copied from `pitch`-texel rows of host memory at `host`."""
+        """A read-only image (RGBA float, or R8 uint for uint8) copied from `pitch`-texel rows of
+        host memory at `host`."""
         dtype = np.dtype(dtype)
-        fmt = ffi.new("cl_image_format *", (CL_RGBA, CHANNEL_TYPES[dtype]))
+        order, channel, n = IMAGE_FORMATS[dtype]
+        fmt = ffi.new("cl_image_format *", (order, channel))
         desc = ffi.new("cl_image_desc *")
         desc.image_type, desc.image_width, desc.image_height = \
             CL_MEM_OBJECT_IMAGE2D, width, height
-        desc.image_row_pitch = pitch * 4 * dtype.itemsize
+        desc.image_row_pitch = pitch * n * dtype.itemsize
         return ffi.gc(create(self.lib.clCreateImage, "clCreateImage", self.ctx,
                              CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, fmt, desc,
                              ffi.cast("void *", host)), self.lib.clReleaseMemObject)

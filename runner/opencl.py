@@ -21,7 +21,9 @@ Guarantees (beyond runner/device.py's contract):
   * image buffers: with cl_khr_image2d_from_buffer the image aliases the buffer (zero copy, the
     Adreno path, hence the pitched rows); without it (PoCL) the image is its own allocation of
     `pitch` texels per row, filled by a buffer-to-image copy after the kernel that writes it
-    (weights: once, at load).
+    (weights: once, at load). An input read as an R8 image (a camera frame, qcom blobs) aliases
+    the slot's bound cl_mem the same way, re-made when the slot is rebound; without the
+    extension its image is refreshed by a copy from the slot before each launch that reads it.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ import hashlib
 from pathlib import Path
 
 from runner import cache, cl
-from runner.cl import (BUILD_OPTIONS, CHANNEL_TYPES, CL_BUFFER_CREATE_TYPE_REGION, CL_COMPLETE,
+from runner.cl import (BUILD_OPTIONS, CL_BUFFER_CREATE_TYPE_REGION, CL_COMPLETE,
                        CL_DEVICE_EXTENSIONS, CL_DEVICE_IMAGE2D_MAX_HEIGHT,
                        CL_DEVICE_IMAGE2D_MAX_WIDTH, CL_DEVICE_IMAGE_BASE_ADDRESS_ALIGNMENT,
                        CL_DEVICE_IMAGE_PITCH_ALIGNMENT, CL_DEVICE_MEM_BASE_ADDR_ALIGN,
@@ -39,7 +41,7 @@ from runner.cl import (BUILD_OPTIONS, CHANNEL_TYPES, CL_BUFFER_CREATE_TYPE_REGIO
                        CL_MEM_READ_WRITE, CL_MEM_SIZE,
                        CL_PLATFORM_NAME, CL_PLATFORM_VERSION, CL_PROFILING_COMMAND_END,
                        CL_PROFILING_COMMAND_START, CL_QUEUE_PROFILING_ENABLE,
-                       CL_RGBA, CL_SUCCESS,
+                       CL_SUCCESS, IMAGE_FORMATS,
                        INSTALL_HINT, check, create, ffi, info_str, info_uint, platform_devices,
                        unavailable_reason)
 from runner.device import Span
@@ -98,7 +100,10 @@ class OpenCLDevice(QueueDevice):
         self.buffers = buffers = blob.buffers
         self.mems = {b.id: self._tensor(b) for b in buffers.values()
                      if b.region in ("arena", "weights")}
-        self.images = {b.id: self._image(b, *b.image) for b in buffers.values() if b.image}
+        parents = {"arena": self.arena, "weights": self.weights}
+        self.images = {b.id: self._image(b, self.mems[b.id], parents[b.region], b.offset)
+                       for b in buffers.values() if b.image and b.region in parents}
+        self.frames: dict[int, _Image] = {}  # io slot -> the image an input is read through
         for bid, img in self.images.items():  # weights: filled once, here
             if img.copy is not None and buffers[bid].region == "weights":
                 self._copy_to_image(img)
@@ -123,8 +128,13 @@ class OpenCLDevice(QueueDevice):
         its output where the image does not alias the buffer."""
         kernel = ffi.gc(create(self.lib.clCreateKernel, f"clCreateKernel({ln.kernel})",
                                self.program, ln.kernel.encode()), self.lib.clReleaseKernel)
+        before = []  # frame copies, where the image does not alias the slot
         for i, (bid, binding) in enumerate(zip(ln.args, args)):
-            if binding.kind is Kind.IO:
+            if binding.kind is Kind.IO and self.graph.io[binding.at].image is not None:
+                frame = self._frame(binding.at, self.io_address[binding.at])
+                before += [frame] if frame.copy is not None else []
+                mem = frame.mem
+            elif binding.kind is Kind.IO:
                 mem = self.io_address[binding.at]
             else:
                 mem = self.images[bid].mem if i > 0 and bid in self.images else self.mems[bid]
@@ -132,7 +142,7 @@ class OpenCLDevice(QueueDevice):
         gs = ffi.new("size_t[]", list(ln.global_size))
         ls = ffi.NULL if ln.local_size is None else ffi.new("size_t[]", list(ln.local_size))
         image = self.images.get(ln.args[0])
-        return kernel, [(kernel, len(ln.global_size), gs, ls, ln.kernel)] + \
+        return kernel, before + [(kernel, len(ln.global_size), gs, ls, ln.kernel)] + \
             ([image] if image is not None and image.copy is not None else [])
 
     def alloc(self, nbytes: int) -> Memory:
@@ -173,8 +183,20 @@ class OpenCLDevice(QueueDevice):
               f"clSetKernelArg({i})")
 
     def patch(self, slot: int, mem) -> None:
+        if self.graph.io[slot].image is not None:
+            mem = self._frame(slot, mem).mem
         for i, j in self.graph.sites.get(slot, ()):
             self._set_arg(self.kernels[i], j, mem)
+
+    def _frame(self, slot: int, source) -> "_Image":
+        """The R8 image kernels read input slot `slot` through, over its memory `source`: an
+        alias of it, or an image of its own whose copy (the frame's bytes) now reads `source`."""
+        img = self.frames.get(slot)
+        if img is not None and img.copy is not None:
+            img.copy = (source, *img.copy[1:])
+        else:
+            img = self.frames[slot] = self._image(self.graph.io[slot], source, source, 0)
+        return img
 
     def device_address(self, slot: int, mem):
         """A cl_mem of this device's context, at least the slot's size: kernels use it directly
@@ -305,17 +327,20 @@ class OpenCLDevice(QueueDevice):
                            parent, flags, CL_BUFFER_CREATE_TYPE_REGION, region),
                       self.lib.clReleaseMemObject)
 
-    def _image(self, b, width: int, height: int, pitch: int) -> "_Image":
-        if b.dtype not in CHANNEL_TYPES:
-            raise BlobError(f"buffer {b.id}: images hold float16/float32, got {b.dtype}")
-        texel = 4 * b.dtype.itemsize
-        fmt = ffi.new("cl_image_format *", (CL_RGBA, CHANNEL_TYPES[b.dtype]))
-        zero_copy = self._aliases(b, pitch * texel)
+    def _image(self, b, alias, parent, offset: int) -> "_Image":
+        """b's image: over `alias` (its own buffer) when the device can, else its own memory
+        filled by copies from `parent` at `offset`."""
+        if b.dtype not in IMAGE_FORMATS:
+            raise BlobError(f"buffer {b.id}: images hold float16/float32 or uint8, got {b.dtype}")
+        order, channel, n = IMAGE_FORMATS[b.dtype]
+        width, height, pitch = b.image.width, b.image.height, b.image.pitch
+        texel = n * b.dtype.itemsize
+        fmt = ffi.new("cl_image_format *", (order, channel))
+        zero_copy = self._aliases(pitch * texel, texel, offset)
         desc = ffi.new("cl_image_desc *")
         desc.image_type, desc.image_height = CL_MEM_OBJECT_IMAGE2D, height
         if zero_copy:
-            desc.image_width, desc.image_row_pitch, desc.buffer = width, pitch * texel, \
-                self.mems[b.id]
+            desc.image_width, desc.image_row_pitch, desc.buffer = width, pitch * texel, alias
         else:
             desc.image_width = pitch  # rows hold the padding too, so one copy moves them all
         limits = [info_uint(self.lib.clGetDeviceInfo, self.dev, p, "size_t")
@@ -324,26 +349,24 @@ class OpenCLDevice(QueueDevice):
             raise BlobError(f"buffer {b.id}: image {desc.image_width}x{height} exceeds this "
                             f"device's {limits[0]}x{limits[1]} limit")
         mem = ffi.gc(create(self.lib.clCreateImage, f"clCreateImage(buffer {b.id})", self.ctx,
-                          CL_MEM_READ_ONLY if b.region == "weights" else CL_MEM_READ_WRITE,
+                          CL_MEM_READ_WRITE if b.region == "arena" else CL_MEM_READ_ONLY,
                           fmt, desc, ffi.NULL), self.lib.clReleaseMemObject)
         # copies read the parent buffer at the tensor's offset: PoCL 3.1 crashes copying from a
         # sub-buffer to an image
-        parent = self.arena if b.region == "arena" else self.weights
-        copy = None if zero_copy else (parent, b.offset, ffi.new("size_t[3]", [0, 0, 0]),
+        copy = None if zero_copy else (parent, offset, ffi.new("size_t[3]", [0, 0, 0]),
                                        ffi.new("size_t[3]", [pitch, height, 1]))
         return _Image(mem, copy)
 
-    def _aliases(self, b, row_pitch: int) -> bool:
+    def _aliases(self, row_pitch: int, texel: int, offset: int) -> bool:
         """Can an image alias the buffer (cl_khr_image2d_from_buffer, pitch/base aligned)?"""
         if "cl_khr_image2d_from_buffer" not in self.extensions:
             return False
         get = self.lib.clGetDeviceInfo
         pitch_align = info_uint(get, self.dev, CL_DEVICE_IMAGE_PITCH_ALIGNMENT)
         base_align = info_uint(get, self.dev, CL_DEVICE_IMAGE_BASE_ADDRESS_ALIGNMENT)
-        texel = 4 * b.dtype.itemsize
         # both limits are in pixels (texels)
         return (pitch_align == 0 or row_pitch % (pitch_align * texel) == 0) and \
-            (base_align == 0 or b.offset % (base_align * texel) == 0)
+            (base_align == 0 or offset % (base_align * texel) == 0)
 
     def _copy_to_image(self, img: "_Image") -> None:
         src, offset, origin, region = img.copy

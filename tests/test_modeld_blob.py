@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from models.modeld_step import dm_entries, entry_name, split_entries, step_entries
+from models.modeld_step import (dm_entries, entry_name, frame_images, split_entries,
+                                step_entries)
 from models.openpilot_split import DM_SIZE, make_dmonitoring, make_policy, make_vision
 from models import modeld_ref as ref
 from runner import Model
@@ -47,6 +48,8 @@ def usb_gpu(tmp_path, monkeypatch):
 
 
 def pipeline(models, target, **kw):
+    """As tools/compile_modeld.py builds it: on qcom the camera frames are R8 images."""
+    kw.setdefault("image_inputs", frame_images(CAMS, target))
     return compiled_blob(step_entries(*models, MODEL_SIZE, CAMS, FS), target, **kw)
 
 
@@ -145,7 +148,8 @@ def test_dm_blob_matches_reference(target, monkeypatch):
     for graph in entries.values() if exposed else ():
         graph.graph.output.append(helper.make_tensor_value_info(
             "input_img", TensorProto.UINT8, [1, DM_SIZE[0] * DM_SIZE[1]]))
-    m = Model.load(compiled_blob(entries, target, float16=not exposed), device=target)
+    m = Model.load(compiled_blob(entries, target, float16=not exposed,
+                                 image_inputs=frame_images(CAMS, target)), device=target)
     assert set(m.entries) == {entry_name(c, "dmonitoring") for c in CAMS}
     model, tol = ref.ort_runner(dm), FP32_TOL if exposed else FP16_TOL
     rng = np.random.default_rng(5)
@@ -214,7 +218,9 @@ def test_camera_frames_bind_without_a_copy(models):
 
 def split(models, warp_target, model_target, **kw):
     warps, steps = split_entries(*models, MODEL_SIZE, CAMS, FS)
-    return compiled_blob(warps, warp_target, **kw), compiled_blob(steps, model_target)
+    images = frame_images(CAMS, warp_target)
+    return compiled_blob(warps, warp_target, image_inputs=images, **kw), \
+        compiled_blob(steps, model_target)
 
 
 @pytest.mark.slow
@@ -256,6 +262,13 @@ def test_roofline_bounds_one_entry(models):
     assert np.isclose(sum(r["bound_ms"] for r in per.values()), whole["bound_ms"])
     run = per[entry_name(CAMS[0], "run_policy")]
     assert any("Gather" in x["ops"] for x in run["launches_by_bound"])  # the warp is in it
+    # each warp launch counts what its gather can touch: six planes of 128 x 256 samples of
+    # the 4.8 MB frame, not the frame
+    gathers = blob.manifest["meta"]["gathers"]
+    frames = [(blob.buffers[blob.launches[i].args[j]].name, n)
+              for i in entries[entry_name(CAMS[0], "run_policy")].launches for j, n in gathers[i]
+              if blob.buffers[blob.launches[i].args[j]].name in ("frame", "big_frame")]
+    assert sorted(frames) == [("big_frame", 6 * 128 * 256), ("frame", 6 * 128 * 256)]
 
 
 def test_a_visionipc_buffer_binds_zero_copy_on_qcom(models, monkeypatch):
@@ -296,3 +309,17 @@ def test_a_visionipc_buffer_binds_zero_copy_on_qcom(models, monkeypatch):
         m.close()
         for fd in fds:
             os.close(fd)
+
+
+def test_the_frame_switch_and_what_the_warp_reads(models):
+    """tools/warp_lines.py: on qcom the warp kernels read the frames with read_imageui (the
+    default) or as buffers (compile_modeld --frame-buffers: image_inputs=None); what the gather
+    touches is bounded by its samples, and its 64-byte lines by the frame."""
+    from tools.warp_lines import kernel_reads, touched
+    image = kernel_reads(str(pipeline(models, "qcom", float16=True)))
+    plain = kernel_reads(str(pipeline(models, "qcom", float16=True, image_inputs=None)))
+    assert len(image) == len(plain) == len(CAMS)
+    assert all(k["image_reads"] > 0 for k in image) and not any(k["image_reads"] for k in plain)
+    t = touched(CAMS[0], 2)
+    assert t["samples"] == 6 * 128 * 256
+    assert t["distinct_bytes"] <= t["samples"] <= t["line_bytes"] < t["frame_bytes"]

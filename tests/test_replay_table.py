@@ -116,7 +116,8 @@ def test_images_travel_in_the_buffer_table_not_in_the_program_text():
     model, _ = mlp(np.random.default_rng(1))
     art = compile_model(model, target="opencl", images=True)
     blob = parse_blob(blob_bytes(art))
-    want = {b.id: (b.image.width, b.image.height, b.image.pitch) for b in art.buffers if b.image}
+    want = {b.id: (b.image.width, b.image.height, b.image.pitch, b.image.channels)
+            for b in art.buffers if b.image}
     assert want and {i: b.image for i, b in blob.buffers.items() if b.image} == want
     assert b"// keel" not in art.programs and "images" not in art.meta
 

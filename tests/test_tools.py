@@ -113,6 +113,27 @@ def test_roofline_bound_is_the_larger_of_compute_and_traffic_per_launch(tmp_path
     assert r["bytes_moved"] >= r["weights_bytes"] > 0
 
 
+@pytest.mark.parametrize("size, n", [(8192, 256), (100, 1000)], ids=["large-source", "small"])
+def test_roofline_counts_the_bytes_a_gather_can_touch(size, n):
+    """A Gather touches at most one element of its data per output element: the launch counts
+    n samples of a large source (a camera frame), and never more than the whole source."""
+    from compiler.blob import blob_bytes
+    from compiler.pipeline import compile_model
+    from runner.blob import parse_blob
+    from tests.graphs import make_model
+    from tools.roofline import CHIPS, bound
+
+    model = make_model([helper.make_node("Gather", ["frame", "idx"], ["y"], axis=0)],
+                       [("frame", (size,), "uint8"), ("idx", (n,), "int32")],
+                       [("y", (n,), "uint8")])
+    blob = parse_blob(blob_bytes(compile_model(model, target="qcom")))
+    ln, = blob.launches
+    j = next(j for j, b in enumerate(ln.args) if blob.buffers[b].shape == (size,))
+    assert blob.manifest["meta"]["gathers"] == [[[j, n]]]  # the frame's parameter, n samples
+    row, = bound(blob, CHIPS["adreno630"])["launches_by_bound"]
+    assert row["bytes"] == n + 4 * n + min(n, size)  # y written, idx read, the frame's samples
+
+
 def test_roofline_cli_names_a_bad_blob(tmp_path):
     bad = tmp_path / "bad.blob"
     bad.write_bytes(b"not a blob")

@@ -2,7 +2,7 @@
 
   python tools/compile_modeld.py --vision-onnx V --policy-onnx P --model-size 512x256 \\
       --camera-resolutions 1928x1208 1344x760 --frame-skip 4 --output modeld.blob \\
-      [--target cpu] [--float16] [--verbose]
+      [--target cpu] [--float16] [--frame-buffers] [--verbose]
   python tools/compile_modeld.py --dm-onnx DM --camera-resolutions 1928x1208 --output dm.blob ...
 
 The driving blob has, per camera resolution WxH, the entries `WxH/warp_enqueue` (frames and
@@ -10,6 +10,8 @@ transforms into the frame queues, for a frame whose model run is skipped) and `W
 (the same, then vision, the feature and desire queues and the policy). The queues are the blob's
 state, shared by every entry; the weights are stored once. The DM blob has `WxH/dmonitoring`
 per resolution: the Y plane warped to the DM model's input, then the model.
+On qcom the camera frames are read as R8 images, so the warp's gather goes through the texture
+path; --frame-buffers reads them as plain buffers instead, to compare (docs/modeld.md).
 models/modeld_step.py builds the graphs; docs/modeld.md shows how modeld runs the blob.
 
 Exit codes: 0 success, 2 bad input (unreadable or unsupported model, bad arguments).
@@ -30,7 +32,7 @@ from compiler.blob import BlobWriter  # noqa: E402
 from compiler.errors import CompileError  # noqa: E402
 from compiler.pipeline import Stages, compile_model  # noqa: E402
 from compiler.target import TARGETS  # noqa: E402
-from models.modeld_step import dm_entries, parse_size, step_entries  # noqa: E402
+from models.modeld_step import dm_entries, frame_images, parse_size, step_entries  # noqa: E402
 from tools.cli import Parser, positive_int  # noqa: E402
 from tools.compile import Progress, report  # noqa: E402
 
@@ -63,6 +65,8 @@ def main(argv=None) -> int:
     ap.add_argument("--target", default="cpu", choices=sorted(TARGETS))
     ap.add_argument("--float16", action="store_true", help="store weights (GPU: activations) "
                     "as fp16; the warp's coordinates stay fp32")
+    ap.add_argument("--frame-buffers", action="store_true", help="read the camera frames as "
+                    "plain buffers, not as R8 images (qcom: the texture path, the default)")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args(argv)
     driving = (args.vision_onnx, args.policy_onnx, args.model_size, args.frame_skip)
@@ -80,8 +84,10 @@ def main(argv=None) -> int:
         graphs = entries(args)
         sources = [p for p in (args.vision_onnx, args.policy_onnx, args.dm_onnx) if p]
         with BlobWriter(args.output, inputs=sources) as out:  # -o never names a model
+            images = None if args.frame_buffers else \
+                frame_images(args.camera_resolutions, args.target)
             art = compile_model(graphs, target=args.target, float16=args.float16,
-                                stages=stages, writer=out)
+                                stages=stages, writer=out, image_inputs=images)
             out.finish(art)
     except (CompileError, ValueError, DecodeError) as e:
         print(f"error: {e}", file=sys.stderr)

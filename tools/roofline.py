@@ -11,7 +11,10 @@ bytes at the memory's peak bandwidth; the model's bound is their sum (launches r
 another). A launch's FLOPs are the compiler's count (manifest meta "flops": two per
 multiply-add, one per elementwise op). Its bytes are the sizes of the buffers it touches,
 each once (an image's data, not its row padding): weights, activations and images read, its
-outputs written. That is the least
+outputs written; but a buffer the launch gathers from (manifest meta "gathers": [parameter,
+samples] per launch, one sample per element of the Gather's output) counts only the bytes the
+gather can touch, samples x its element size, capped by the buffer's size: the warp reads
+196,608 bytes of a 4.8 MB camera frame. That is the least
 traffic there can be with no reuse across launches (on-chip caches are far smaller than the
 activations here) and perfect reuse within one, so the bound stays a bound. Half arithmetic
 counts at the half rate only when the blob computes in half (`--target qcom --float16`).
@@ -59,18 +62,31 @@ def _data_bytes(buf) -> int:
     return math.prod(buf.shape) * buf.dtype.itemsize
 
 
+def _launch_bytes(blob, ln, samples: dict) -> int:
+    """Each buffer once; one the launch gathers from (samples: {parameter: samples}) at most its
+    samples' bytes, unless the launch also reads it as a whole through another parameter."""
+    touched = {}
+    for j, bid in enumerate(ln.args):
+        b = blob.buffers[bid]
+        full = _data_bytes(b)
+        part = min(full, samples[j] * b.dtype.itemsize) if j in samples else full
+        touched[bid] = max(touched.get(bid, 0), part)
+    return sum(touched.values())
+
+
 def bound(blob, chip: Chip, entry: str | None = None) -> dict:
     meta = blob.manifest["meta"]
     half = TARGETS[blob.target].half_compute and bool(meta.get("float16"))
     peak = (chip.fp16_gflops if half else chip.fp32_gflops) * 1e9
     flops = meta.get("flops") or [0] * len(blob.launches)
+    gathers = meta.get("gathers") or [[]] * len(blob.launches)
     nodes = launch_nodes(blob)
     rows = []
     launches = range(len(blob.launches)) if entry is None else \
         next(e.launches for e in blob.entries if e.name == entry)
     for i in launches:
         ln = blob.launches[i]
-        nbytes = sum(_data_bytes(blob.buffers[b]) for b in set(ln.args))
+        nbytes = _launch_bytes(blob, ln, dict(gathers[i]))
         compute, memory = flops[i] / peak, nbytes / (chip.gbps * 1e9)
         rows.append({"launch": i, "kernel": ln.kernel, "flops": flops[i], "bytes": nbytes,
                      "bound_us": max(compute, memory) * 1e6,

@@ -8,7 +8,8 @@ Rendered from the same linearized UOps as C, with these differences:
   * buffers with an image layout (compiler.schedule.storage) are `image2d_t` parameters, read with
     `read_imagef` / `read_imageh`: 4 consecutive, texel-aligned loads are one texel read, other
     loads pick one lane of a texel (texel reads are shared within a scope). Their writer stores
-    through the pitched row layout.
+    through the pitched row layout. An R8 input image (a camera frame a gather samples) is read
+    with `read_imageui` at the element's integer coordinates (index % width, index / width).
   * half buffers without `target.half_compute` are storage only: values are float in registers,
     memory is accessed with vload_half/vstore_half (core OpenCL, no cl_khr_fp16).
 """
@@ -211,6 +212,9 @@ class OpenCLRenderer(CStyle):
                 for lane, m in enumerate(members):
                     body.names[m] = f"{vec}.s{lane}"
             return
+        if p.arg[0] in self.images and self.images[p.arg[0]].channels == 1:
+            body.bind(u, self._pixel(body, p, idx, valid, u.dtype))
+            return
         if p.arg[0] in self.images:
             lane = graph_rewrite(idx % 4, symbolic)
             texel = self._texel(body, p, idx, valid)
@@ -247,6 +251,23 @@ class OpenCLRenderer(CStyle):
         name = f"v{len(body.lines)}"
         body.emit(f"{vtype} {name} = {expr};")
         return name
+
+    def _pixel(self, body: Body, p: UOp, elem: UOp, valid: str | None, dt: DType) -> str:
+        """Element `elem` of an R8 unsigned-int image: the texture unit reads it at integer
+        coordinates through its 2D cache, where a buffer load would fetch a 64-byte line."""
+        width = self.images[p.arg[0]].width
+        x, y = (self._coord(body, graph_rewrite(c, symbolic)) for c in (elem % width,
+                                                                        elem // width))
+        expr = f"(({self.dtype(dt)})read_imageui(p{p.arg[0]}, {SAMPLER}, (int2)({x}, {y})).x)"
+        return expr if valid is None else f"({valid} ? {expr} : {self.literal(0, dt)})"
+
+    def _coord(self, body: Body, c: UOp) -> str:
+        """A coordinate; a gather's clamped index is never negative, so its `/` and `%` by the
+        row width are unsigned: a shift and a mask for 2048, no sign fix-up for 1408."""
+        if c.op in (Ops.IDIV, Ops.MOD) and c.src[1].op is Ops.CONST and c.src[0].vmin >= 0:
+            sym = "/" if c.op is Ops.IDIV else "%"
+            return f"((int)((uint)({self.expr(body, c.src[0])}) {sym} {c.src[1].arg}u))"
+        return self.expr(body, c)
 
     def _texel(self, body: Body, p: UOp, elem: UOp, valid: str | None) -> str:
         """The texel holding element `elem` of image param p; read once per scope."""

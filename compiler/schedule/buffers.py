@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from compiler.artifact import Buffer, Image, Launch
-from compiler.ir.uop import Ops, UOp, Weight
+from compiler.ir.uop import MOVEMENT, Ops, UOp, Weight
 from compiler.schedule.fusion import Kernel
 from compiler.schedule.memory import plan as plan_memory
 from compiler.schedule.storage import StoragePolicy, storage_bytes, storage_nbytes
@@ -28,6 +28,33 @@ class Layout:
     region: str
     dtype: str  # storage dtype's numpy name
     image: Image | None
+
+
+def gather_samples(k: Kernel) -> list[list[int]]:
+    """[parameter, samples] for each input the kernel reads only through Gathers: a Gather
+    touches at most one element of its data per element of its output, however large the data
+    (a camera frame); tools/roofline.py counts those bytes, not the whole buffer."""
+    params = {u: j for j, u in enumerate(k.inputs, 1)}
+    found: dict[int, int] = {}
+    direct, stack, seen = set(), [k.root], set()  # inputs read other than as a Gather's data
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in params and n is not k.root:
+            direct.add(params[n])
+            continue
+        if n.op is Ops.GATHER:
+            data = n.src[0]
+            while data not in params and data.op in MOVEMENT:
+                data = data.src[0]
+            if data in params:
+                found[params[data]] = found.get(params[data], 0) + prod(n.shape)
+                stack.append(n.src[1])
+                continue
+        stack.extend(n.src)
+    return [[j, found[j]] for j in sorted(found) if j not in direct]
 
 
 class Buffers:
@@ -51,11 +78,12 @@ class Buffers:
         self.weight_size = 0
         self.launches: list[Launch] = []
         self.flops: list[int] = []
+        self.gathers: list[list[list[int]]] = []  # per launch: gather_samples
         self.life: dict[int, list[int]] = {}
         self.inits: dict[str, int] = {}  # state name -> weights buffer of its initial value
 
     def _new(self, region: str, offset: int, u: UOp, name: str = "") -> Buffer:
-        dt, image = self.storage(region, u.dtype, u.shape, u)
+        dt, image = self.storage(region, u.dtype, u.shape, u, name)
         b = Buffer(len(self.table), region, offset, storage_nbytes(dt, u.shape, image), dt.name,
                    tuple(u.shape), name, image)
         self.table[b.id] = b
@@ -139,6 +167,7 @@ class Buffers:
         per = 4 if any(n.op is Ops.DOT4 for n in k.root.toposort(leaves=set(k.inputs))) else 1
         self.flops.append(2 * per * prod(plan.full_shape) if plan.reduce_dims
                           else prod(plan.full_shape))
+        self.gathers.append(gather_samples(k))
 
     def plan_arena(self) -> None:
         n_in = len(self.inputs)

@@ -39,7 +39,7 @@ class HostHalf:
         for kind, addr, what in args:
             if kind == "image":
                 img = hostcl.Image(addr, what.width, what.height, what.pitch,
-                                   what.dtype == np.float16)
+                                   what.dtype == np.float16, what.dtype == np.uint8)
                 keep.append(img)
                 addr = ctypes.addressof(img)
             ptrs.append(addr)

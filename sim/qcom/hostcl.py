@@ -4,7 +4,8 @@ where no OpenCL device has cl_khr_fp16 (CI: PoCL 3.1).
 A shim header maps OpenCL C onto C with clang's `_Float16` for `half`, and
 `-ffloat16-excess-precision=none` makes every half operation round to half, as the Adreno's ALU
 does (clang's default on x86 keeps half expressions in float until an assignment, which would
-hide fp16 error). Images read texels from the pitched buffer with clamp-to-border; work-group
+hide fp16 error). Images read texels from the pitched buffer with clamp-to-border (RGBA fp16/fp32
+with read_imagef/h, R8 uint with read_imageui); work-group
 kernels with barriers run each group's work items as coroutines (ucontext) that yield at every
 barrier.
 
@@ -51,7 +52,7 @@ typedef int sampler_t;
 #define CLK_ADDRESS_CLAMP 0
 #define CLK_FILTER_NEAREST 0
 #define CLK_LOCAL_MEM_FENCE 0
-typedef struct { const void *data; int width, height, pitch, is_half; } image2d_t;
+typedef struct { const void *data; int width, height, pitch, is_half, is_u8; } image2d_t;
 
 static int keel_gid[3], keel_lid[3];
 static inline int get_global_id(int d) { return keel_gid[d]; }
@@ -106,6 +107,13 @@ static inline half4 read_imageh(image2d_t im, int s, int2 c) {
   const half *h = im.data;
   long i = ((long)c.y * im.pitch + c.x) * 4;
   return (half4){h[i], h[i + 1], h[i + 2], h[i + 3]};
+}
+
+static inline uint4 read_imageui(image2d_t im, int s, int2 c) {  /* R8 uint: (r, 0, 0, 1) */
+  (void)s;
+  if (!im.is_u8) abort();
+  if (c.x < 0 || c.y < 0 || c.x >= im.width || c.y >= im.height) return (uint4){0, 0, 0, 0};
+  return (uint4){((const uchar *)im.data)[(long)c.y * im.pitch + c.x], 0, 0, 1};
 }
 
 typedef void (*keel_item)(void **);
@@ -221,6 +229,6 @@ def build(src: str, workdir: Path | None = None) -> ctypes.CDLL:
 
 class Image(ctypes.Structure):
     _fields_ = [("data", ctypes.c_void_p), ("width", ctypes.c_int), ("height", ctypes.c_int),
-                ("pitch", ctypes.c_int), ("is_half", ctypes.c_int)]
+                ("pitch", ctypes.c_int), ("is_half", ctypes.c_int), ("is_u8", ctypes.c_int)]
 
 

@@ -124,8 +124,7 @@ class Gpu:
             t = texture.decode(mem.words(descs + 64 * value, texture.DESCRIPTOR_DWORDS))
         except ValueError as e:
             raise GpuFault(f"{where}: {e}") from None
-        nbytes = ((t.height - 1) * t.pitch + t.width) * 4 * t.dtype.itemsize
-        return ("image", host_address(mem, t.gpuaddr, nbytes)[0], t)
+        return ("image", host_address(mem, t.gpuaddr, texture.nbytes(t))[0], t)
 
 
 def memory_writes(packets, mem) -> None:
