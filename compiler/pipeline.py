@@ -115,7 +115,7 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         codes = pool.map(lambda ts: _build(*ts, st), zip(targets, sources, early))
     arts = [_artifact(tgt, t, bufs, code, weights)
             for (t, bufs, _, _), code in zip(builds, codes)]
-    meta = _meta(graphs, float16, builds[0][1].flops,
+    meta = _meta(graphs, float16, builds[0][1],
                  _fp16_report(keep, nodes, origins) if float16 else None, st)
     for a, (_, bufs, _, uses), d in zip(arts, builds, defaults):
         a.meta, a.provenance, a.defaults = meta, provenance(uses, nodes, origins), d
@@ -170,10 +170,13 @@ def _frontend(models: dict, input_shapes: dict, float16: bool, first: Target,
                       other_shapes=len(models) > 1) for name, m in models.items()]
 
 
-def _meta(graphs: list, float16: bool, flops, fp16_ranges: dict | None, st: Stages) -> dict:
+def _meta(graphs: list, float16: bool, bufs: Buffers, fp16_ranges: dict | None,
+          st: Stages) -> dict:
+    """bufs: the first variant's launches, whose per-launch work and L2 models it records."""
     return {"producer": f"keel {VERSION}", "float16": float16,
             **{k: v for g in reversed(graphs) for k, v in g.meta.items()},  # the first wins
-            "flops": flops, **({"fp16_ranges": fp16_ranges} if fp16_ranges else {}),
+            "flops": bufs.flops, **({"memory": bufs.memory} if any(bufs.memory) else {}),
+            **({"fp16_ranges": fp16_ranges} if fp16_ranges else {}),
             "stage_seconds": {k: round(v, 4) for k, v in st.times.items()}}
 
 

@@ -32,6 +32,8 @@ class Plan:
     lanes: int = 1  # C targets: the last upcast axis is zipped into vectors of this many lanes
     # C targets: a heavy epilogue (lower.py) runs as a loop over the register tile
     loop_epilogue: bool = False
+    # targets with l2fetch: the lowered kernel's memory model (codegen/l2fetch.py Memory)
+    memory: object = None
 
     @property
     def global_size(self) -> tuple[int, ...]:

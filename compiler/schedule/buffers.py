@@ -51,6 +51,7 @@ class Buffers:
         self.weight_size = 0
         self.launches: list[Launch] = []
         self.flops: list[int] = []
+        self.memory: list[dict | None] = []  # per launch, its kernel's L2 model (l2fetch.py)
         self.life: dict[int, list[int]] = {}
         self.inits: dict[str, int] = {}  # state name -> weights buffer of its initial value
 
@@ -139,6 +140,7 @@ class Buffers:
         per = 4 if any(n.op is Ops.DOT4 for n in k.root.toposort(leaves=set(k.inputs))) else 1
         self.flops.append(2 * per * prod(plan.full_shape) if plan.reduce_dims
                           else prod(plan.full_shape))
+        self.memory.append(plan.memory and plan.memory.record())
 
     def plan_arena(self) -> None:
         n_in = len(self.inputs)
