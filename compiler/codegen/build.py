@@ -157,7 +157,7 @@ def build_kernel(job: Job, st) -> Built:
             sink = prefetch_next_tiles(sink, job.packable)
         if tgt.l2fetch:
             sink, memory = l2fetch_next_tile(sink, {i: math.prod(u.shape)
-                                                    for u, i in params.items()})
+                                                    for u, i in params.items()}, tgt.l2_bytes)
             plan = replace(plan, memory=memory)
     with st("linearize"):
         lin = linearize(sink)

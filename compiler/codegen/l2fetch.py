@@ -128,10 +128,12 @@ def packets_per_trip(sink: UOp, outer: UOp) -> int:
     return max(1, ops // PACKET_OPS)
 
 
-def l2fetch_next_tile(sink: UOp, sizes: dict[int, int]) -> tuple[UOp, Memory | None]:
+def l2fetch_next_tile(sink: UOp, sizes: dict[int, int], l2: int) -> tuple[UOp, Memory | None]:
     """The kernel with one PREFETCH (arg: the box (width, height, stride) in bytes) of the block
     `ahead` trips on, and its Memory; unchanged and None without an outer loop. `sizes`: param
-    index -> its element count (the box is clamped inside)."""
+    index -> its element count (the box is clamped inside). The box is cut to what `l2` bytes
+    hold beside the resident set and a trip's live bytes: a hint that evicts the lines the
+    current trip still reads costs more than it saves."""
     outer = outer_range(sink)
     if outer is None:
         return sink, None
@@ -155,7 +157,9 @@ def l2fetch_next_tile(sink: UOp, sizes: dict[int, int]) -> tuple[UOp, Memory | N
     start = build([(f.step, trip)], f.hi - elements, dtypes.index)
     start = start.alu(Ops.MIN, UOp.const(sizes[f.param.arg[0]] - elements, dtypes.index)).alu(
         Ops.MAX, UOp.const(0, dtypes.index))
-    height = min(-(-elements * size // ROW), MAX_HEIGHT)
+    height = min(-(-elements * size // ROW), MAX_HEIGHT, (l2 - resident - live) // (ROW * ahead))
+    if height < 1:
+        return sink, Memory(trips, resident, live, 0, 0)
     hint = UOp(Ops.PREFETCH, dtypes.void, (f.param, start), (ROW, height, ROW))
     memory = Memory(trips, resident, live, height * ROW, ahead)
     return UOp(Ops.SINK, dtypes.void, sink.src + (hint,), sink.arg), memory
