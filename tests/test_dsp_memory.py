@@ -87,3 +87,21 @@ def test_l2fetch_hints_change_no_output_bit_and_the_switch_removes_them():
     assert hinted and all(re.search(r"\bl2fetch\(", code[k]) for k in hinted)
     assert not re.search(r"\bl2fetch\(", _disassemble(off))
     assert "memory" not in read_blob(off).manifest["meta"]
+
+
+def test_memory_tool_sums_each_kernels_launches_and_refuses_a_blob_without_the_model():
+    """tools/dsp_memory.py: a kernel's working set is resident + live + ahead boxes, the bytes
+    it moves are its launches' buffers, and a blob compiled without l2fetch is refused by
+    name."""
+    from tools import dsp_memory
+    model = qdq_resblock()
+    on, off = compiled_blob(model, target="dsp"), \
+        compiled_blob(model, target=replace(DSP, l2fetch=False))
+    blob, table = read_blob(on), dsp_memory.rows(str(on))
+    assert sum(r["launches"] for r in table) == len(blob.launches)
+    assert sum(r["moved"] for r in table) == sum(blob.buffers[a].nbytes
+                                                 for ln in blob.launches for a in ln.args)
+    for r in table:
+        assert r["working_set"] == r["resident"] + r["live"] + r["ahead"] * r["fetched"]
+    with pytest.raises(SystemExit, match="no memory model"):
+        dsp_memory.rows(str(off))
