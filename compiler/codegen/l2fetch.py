@@ -2,10 +2,10 @@
 memory model.
 
 HVX loads are served by the L2 cache, not L1 (the V65 HVX PRM: an unaligned vmemu "generates
-multiple accesses to the L2 cache"), so the prefetch that matters is `l2fetch(Rs, Rtt)`: a
-background fetch of a box of `height` rows of `width` bytes, `stride` bytes apart, into L2
-(Rtt: height bits 15:0, width 31:16, stride 47:32; qemu's imported system.idef, Y5_l2fetch).
-It issues in slot 0 only and does not stall. `dcfetch` fills L1, which vector loads bypass.
+multiple accesses to the L2 cache"), so the prefetch that matters is `l2fetch`: a background
+fetch into L2 of a box of `height` rows of `width` bytes, `stride` bytes apart (the fields of
+Rt or Rtt: qemu's imported system.idef, Y4_l2fetch and Y5_l2fetch; renderers/c.py packs
+them). It issues in slot 0 only. `dcfetch` fills L1, which vector loads bypass.
 
 Each kernel's outermost loop walks output tiles (rows, pixel groups, or output-channel tiles,
 as codegen/plan_cpu.py chose, blocking for the target's L2). At the top of every trip the
@@ -31,7 +31,7 @@ from compiler.ir.dtypes import dtypes
 from compiler.ir.symbolic import build, linear_form
 from compiler.ir.uop import Ops, UOp
 
-ROW = 128  # bytes per box row: one HVX vector, one L2 line
+ROW = 128  # bytes per box row: one HVX vector
 AHEAD_PACKETS = 400  # how far ahead (estimated packets) the block is hinted
 PACKET_OPS = 2  # vector ops per packet, for the estimate (issue 36's convs issue about 2)
 MAX_HEIGHT = (1 << 16) - 1  # Rtt's height field
