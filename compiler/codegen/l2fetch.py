@@ -26,6 +26,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from compiler.codegen.linearize import KIND_ORDER
 from compiler.ir.dtypes import dtypes
 from compiler.ir.symbolic import build, linear_form
@@ -35,14 +37,15 @@ ROW = 128  # bytes per box row: one HVX vector
 AHEAD_PACKETS = 400  # how far ahead (estimated packets) the block is hinted
 PACKET_OPS = 2  # vector ops per packet, for the estimate (issue 36's convs issue about 2)
 MAX_HEIGHT = (1 << 16) - 1  # Rtt's height field
+LINES_MAX = 1 << 18  # accesses per trip the model enumerates (a few ms each)
 
 
 @dataclass(frozen=True)
 class Footprint:
     """What one trip of the outer loop reads of one buffer: within [lo, hi) (elements, at trip
     0), advancing `step` elements per trip (0: the same block every trip, resident); `touched`
-    bytes of it, counting each access a line at least (a strided read of channels-first data
-    touches a line per element, not the interval between)."""
+    bytes of it: the ROW-byte lines its accesses touch (a strided read touches a line per
+    access, not the interval between)."""
     param: UOp
     lo: int
     hi: int
@@ -81,7 +84,7 @@ def outer_range(sink: UOp) -> UOp | None:
 def footprints(sink: UOp, outer: UOp, op: Ops) -> list[Footprint]:
     """Per buffer that `op` (LOAD or STORE) accesses at indices affine in the loops, its block
     per trip of `outer` (gated reads count whole: their gate only trims a border)."""
-    blocks: dict[UOp, list[Footprint]] = {}
+    blocks: dict[UOp, list] = {}
     for u in sink.toposort():
         if u.op is not op:
             continue
@@ -89,21 +92,37 @@ def footprints(sink: UOp, outer: UOp, op: Ops) -> list[Footprint]:
         if any(t.op is not Ops.RANGE for t in coef):
             continue
         width = (u.dtype if op is Ops.LOAD else u.src[2].dtype)
-        count = -(-width.itemsize * width.count // u.src[0].arg[1].itemsize)  # elements read
+        size = u.src[0].arg[1].itemsize
+        count = -(-width.itemsize * width.count // size)  # elements one access reads
         inner = [(c, t.src[0].arg) for t, c in coef.items() if t is not outer]
         lo = const + sum(min(0, c * (n - 1)) for c, n in inner)
         hi = const + sum(max(0, c * (n - 1)) for c, n in inner) + count
-        size = u.src[0].arg[1].itemsize
-        touched = min((hi - lo) * size, math.prod(n for _, n in inner) * max(count * size, ROW))
-        blocks.setdefault(u.src[0], []).append(
-            Footprint(u.src[0], lo, hi, coef.get(outer, 0), touched))
+        lines = _lines(const, inner, size, count * size)
+        blocks.setdefault(u.src[0], []).append((lo, hi, coef.get(outer, 0), lines))
     out = []
-    for param, fs in blocks.items():
-        if len({f.step for f in fs}) == 1 and fs[0].step >= 0:  # one stride per trip
-            lo, hi = min(f.lo for f in fs), max(f.hi for f in fs)
-            touched = min((hi - lo) * param.arg[1].itemsize, sum(f.touched for f in fs))
-            out.append(Footprint(param, lo, hi, fs[0].step, touched))
+    for param, accesses in blocks.items():
+        steps = {step for _, _, step, _ in accesses}
+        if len(steps) > 1 or min(steps) < 0:  # one stride per trip
+            continue
+        lo, hi = min(a[0] for a in accesses), max(a[1] for a in accesses)
+        touched = (hi - lo) * param.arg[1].itemsize
+        if all(a[3] is not None for a in accesses):
+            touched = ROW * len(np.unique(np.concatenate([a[3] for a in accesses])))
+        out.append(Footprint(param, lo, hi, steps.pop(), touched))
     return out
+
+
+def _lines(const: int, inner: list[tuple[int, int]], size: int, nbytes: int):
+    """The ROW-byte lines (at or past the buffer's start) that one trip's accesses of `nbytes`
+    at element `const + sum(c * r)` touch, or None past LINES_MAX accesses (the interval
+    stands in)."""
+    if math.prod(n for _, n in inner) > LINES_MAX:
+        return None
+    at = np.zeros(1, np.int64) + const * size
+    for c, n in inner:
+        at = (at[:, None] + c * size * np.arange(n, dtype=np.int64)).reshape(-1)
+    lines = np.concatenate([at // ROW, (at + nbytes - 1) // ROW])
+    return lines[lines >= 0]
 
 
 def _nbytes(f: Footprint, elements: int) -> int:
