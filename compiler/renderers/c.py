@@ -95,16 +95,15 @@ def _threaded(name: str, sig: str, timed: bool) -> str:
 
 
 def _l2fetch(address: str, width: int, height: int, stride: int) -> str:
-    """l2fetch as inline asm without a memory clobber, as the Hexagon SDK's q6cache.h writes it
-    (clang's builtin may write memory: no load moves across it). Boxes of up to 255 rows take
-    the 32-bit descriptor (stride 31:16, width 15:8, height 7:0) built right there; a 64-bit
-    one (stride 47:32, width 31:16, height 15:0) keeps a register pair live, and the stem conv,
-    which already spills, spilled more (+7.8% packets)."""
+    """Boxes of up to 255 rows take the 32-bit descriptor (stride 31:16, width 15:8, height
+    7:0), larger ones the 64-bit one (stride 47:32, width 31:16, height 15:0). clang's builtin,
+    not inline asm: a volatile asm statement bounds the scheduler's region, and MobileNetV2 took
+    0.65% more packets with it (-0.06% with the builtin; docs/perf.md)."""
     if width < 256 and height < 256:
-        return f'__asm__ volatile("l2fetch(%0, %1)" :: "r"({address}), ' \
-               f'"r"(0x{stride << 16 | width << 8 | height:x}u));'
-    return f'__asm__ volatile("l2fetch(%0, %1)" :: "r"({address}), ' \
-           f'"r"(0x{stride << 32 | width << 16 | height:x}ull));'
+        return f"__builtin_HEXAGON_Y4_l2fetch((void *)({address}), " \
+               f"0x{stride << 16 | width << 8 | height:x}u);"
+    return f"__builtin_HEXAGON_Y5_l2fetch((void *)({address}), " \
+           f"0x{stride << 32 | width << 16 | height:x}ull);"
 
 
 class CRenderer(CStyle):
