@@ -169,7 +169,8 @@ def l2fetch_next_tile(sink: UOp, sizes: dict[int, int], l2: int) -> tuple[UOp, M
     elements, size = min(_new(f), sizes[f.param.arg[0]]), f.param.arg[1].itemsize
     if elements * size < ROW:  # a scalar loop's element per trip: a packet each, for a line
         return sink, Memory(trips, resident, live, 0, 0)
-    ahead = max(1, min(trips - 1, -(-AHEAD_PACKETS // packets_per_trip(sink, outer))))
+    # at most a quarter of the trips ahead: further, most trips would hint the clamped last block
+    ahead = max(1, min(trips // 4, -(-AHEAD_PACKETS // packets_per_trip(sink, outer))))
     # the block trip (outer + ahead) reads first, the last trip's when past the end
     trip = outer.alu(Ops.ADD, UOp.const(ahead, dtypes.index)).alu(
         Ops.MIN, UOp.const(trips - 1, dtypes.index))
