@@ -173,10 +173,12 @@ def _frontend(models: dict, input_shapes: dict, float16: bool, first: Target,
 
 def _meta(graphs: list, float16: bool, bufs: Buffers, fp16_ranges: dict | None,
           st: Stages) -> dict:
+    """bufs: the first variant's launches, whose per-launch work and L2 models it records."""
     gathers = {"gathers": bufs.gathers} if any(bufs.gathers) else {}  # tools/roofline.py
     return {"producer": f"keel {VERSION}", "float16": float16,
             **{k: v for g in reversed(graphs) for k, v in g.meta.items()},  # the first wins
             "flops": bufs.flops, **gathers,
+            **({"memory": bufs.memory} if any(bufs.memory) else {}),
             **({"fp16_ranges": fp16_ranges} if fp16_ranges else {}),
             "stage_seconds": {k: round(v, 4) for k, v in st.times.items()}}
 

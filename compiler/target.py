@@ -28,6 +28,9 @@ class Target:
     l2_bytes: int = 256 << 10
     # CPU: hint the next output tile's weights into L2 while this tile computes (pack.py)
     prefetch: bool = False
+    # HVX: each trip of a kernel's outer loop hints, with one l2fetch box, the block a later
+    # trip streams in (codegen/l2fetch.py); off, the same kernels without the hint
+    l2fetch: bool = False
     max_workgroup: int = 0  # GPU only
     # Sub-buffers (one per tensor in the arena / weights) must start on the device's base address
     # alignment (CL_DEVICE_MEM_BASE_ADDR_ALIGN: 1024 bits on Adreno 6xx and PoCL).
@@ -132,7 +135,7 @@ TARGETS = {t.name: t for t in (
     Target("dsp", renderer="c", vector_bytes=128, float_vector_bytes=4,
            registers=16, l2_bytes=512 << 10, buffer_align=128, cpu_layouts=True,
            pack_weights=True, shared_object=True, kernel_symbols=True,
-           narrow_pad_divisor=1, hvx=True),
+           narrow_pad_divisor=1, hvx=True, l2fetch=True),
 )}
 
 

@@ -4,6 +4,7 @@ time, so on Linux they build in forked worker processes, one per core."""
 from __future__ import annotations
 
 import hashlib
+import math
 import multiprocessing
 import pickle
 import sys
@@ -12,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from compiler import cache
 from compiler.codegen.half import demote_half, half_rules, promote_for_half_compute, storage_casts
+from compiler.codegen.l2fetch import l2fetch_next_tile
 from compiler.codegen.linearize import linearize
 from compiler.codegen.lower import lower_kernel
 from compiler.codegen.pack import Packing, pack_weights, prefetch_next_tiles
@@ -153,6 +155,10 @@ def build_kernel(job: Job, st) -> Built:
         sink = vectorize(sink, rw, job.arena)
         if tgt.prefetch:
             sink = prefetch_next_tiles(sink, job.packable)
+        if tgt.l2fetch:
+            sink, memory = l2fetch_next_tile(sink, {i: math.prod(u.shape)
+                                                    for u, i in params.items()}, tgt.l2_bytes)
+            plan = replace(plan, memory=memory)
     with st("linearize"):
         lin = linearize(sink)
     with st("kernel text"):

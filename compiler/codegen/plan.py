@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from compiler.codegen.l2fetch import Memory
+
 LOOP_KINDS = ("global", "group", "loop", "reduce")
 FULL_UNROLL = 8  # reduce dims up to this size disappear into straight-line code
 
@@ -32,6 +34,8 @@ class Plan:
     lanes: int = 1  # C targets: the last upcast axis is zipped into vectors of this many lanes
     # C targets: a heavy epilogue (lower.py) runs as a loop over the register tile
     loop_epilogue: bool = False
+    # targets with l2fetch: the lowered kernel's memory model (codegen/l2fetch.py)
+    memory: Memory | None = None
 
     @property
     def global_size(self) -> tuple[int, ...]:

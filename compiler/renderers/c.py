@@ -100,6 +100,18 @@ def _threaded(name: str, sig: str, timed: bool) -> str:
             f"  keel_barrier(s, nt, &sense);  /* all work done before any thread returns */\n}}\n")
 
 
+def _l2fetch(address: str, width: int, height: int, stride: int) -> str:
+    """Boxes of up to 255 rows take the 32-bit descriptor (stride 31:16, width 15:8, height
+    7:0), larger ones the 64-bit one (stride 47:32, width 31:16, height 15:0). clang's builtin,
+    not inline asm: a volatile asm statement bounds the scheduler's region, and MobileNetV2 took
+    0.65% more packets with it (-0.06% with the builtin; docs/perf.md)."""
+    if width < 256 and height < 256:
+        return f"__builtin_HEXAGON_Y4_l2fetch((void *)({address}), " \
+               f"0x{stride << 16 | width << 8 | height:x}u);"
+    return f"__builtin_HEXAGON_Y5_l2fetch((void *)({address}), " \
+           f"0x{stride << 32 | width << 16 | height:x}ull);"
+
+
 class CRenderer(CStyle):
     """Vectors use the GCC/clang `vector_size` extension: lane-wise arithmetic and compares (which
     give 0/-1 integer masks), `__builtin_convertvector` for casts, a plain cast for bit casts."""
@@ -241,6 +253,8 @@ class CRenderer(CStyle):
         body.emit(f"*({val.dtype.cname}_u *)({p} + {idx}) = {body.ref(val)};")
 
     def render_prefetch(self, body: Body, u: UOp) -> None:
+        if u.arg is not None:  # an l2fetch box (codegen/l2fetch.py)
+            return body.emit(_l2fetch(f"{body.ref(u.src[0])} + {body.ref(u.src[1])}", *u.arg))
         # read (0), into L2 but not L1 (locality 2: prefetcht1, PLDL2KEEP): the slice is needed
         # one tile from now, and L1 holds the slice in use
         body.emit(f"__builtin_prefetch({body.ref(u.src[0])} + {body.ref(u.src[1])}, 0, 2);")

@@ -79,6 +79,7 @@ class Buffers:
         self.launches: list[Launch] = []
         self.flops: list[int] = []
         self.gathers: list[list[list[int]]] = []  # per launch: gather_samples
+        self.memory: list[dict | None] = []  # per launch, its kernel's L2 model (l2fetch.py)
         self.life: dict[int, list[int]] = {}
         self.inits: dict[str, int] = {}  # state name -> weights buffer of its initial value
 
@@ -168,6 +169,7 @@ class Buffers:
         self.flops.append(2 * per * prod(plan.full_shape) if plan.reduce_dims
                           else prod(plan.full_shape))
         self.gathers.append(gather_samples(k))
+        self.memory.append(plan.memory and plan.memory.record())
 
     def plan_arena(self) -> None:
         n_in = len(self.inputs)
