@@ -1,7 +1,7 @@
 """AM: a user-space driver for a gfx11 GPU on any usbgpu.pci.PciDevice.
 
-Bring-up (`Gpu.__init__`): read where VRAM sits in the GPU's address space, read IP discovery
-near the top of VRAM through BAR0, check every firmware file the discovered IP versions need
+Bring-up (`Gpu.__init__`): read VRAM's size (RCC_CONFIG_MEMSIZE) and where it sits in the GPU's
+address space, read IP discovery near the top of VRAM through BAR0 (resized to reach it), check every firmware file the discovered IP versions need
 (am/firmware.py), open NBIO's doorbell aperture, give the MM hub VM context 0 on a four-level
 page table (am/vm.py) mapping the bridge's staging memory (its first page is the DMA window),
 bring the firmware up through the PSP, which reads each image staged there (am/boot.py:
@@ -57,10 +57,23 @@ VM_AT, VM_BYTES = 0x2000_0000_0000, 1 << 40  # GPU virtual range (below the FB l
 BOOT_TIMEOUT_S = 5.0
 
 
-def discover(pci: PciDevice) -> dict:
-    """The IP discovery binary, read through BAR0 DISCOVERY_TMR_OFFSET below its end (BAR0 must
-    reach the top of VRAM: a resizable BAR, or the mock's small VRAM)."""
-    at = pci.bars[0][1] - discovery.DISCOVERY_TMR_OFFSET
+def vram_size(pci: PciDevice) -> int:
+    """VRAM's bytes, from RCC_CONFIG_MEMSIZE (MiB); BAR0 must reach its top, where IP discovery
+    is (usbgpu/pci.py grows BAR0 through its Resizable BAR capability)."""
+    mib = pci.read32(5, 4 * regs.RCC_CONFIG_MEMSIZE)
+    if mib in (0, 0xFFFFFFFF):
+        raise DeviceError(f"RCC_CONFIG_MEMSIZE reads 0x{mib:x}: expected VRAM's size in MiB "
+                          f"(is the GPU out of reset?)")
+    if pci.bars[0][1] < mib << 20:
+        raise DeviceError(f"BAR0 is {pci.bars[0][1] >> 20} MiB, VRAM {mib} MiB: expected a BAR0 "
+                          f"resized to reach the top of VRAM, where IP discovery is (does the "
+                          f"GPU offer a Resizable BAR that large?)")
+    return mib << 20
+
+
+def discover(pci: PciDevice, vram_bytes: int) -> dict:
+    """The IP discovery binary, read through BAR0 DISCOVERY_TMR_OFFSET below the top of VRAM."""
+    at = vram_bytes - discovery.DISCOVERY_TMR_OFFSET
     head = bar0_read(pci, at, 12)
     return discovery.parse(bar0_read(pci, at, 10 + struct.unpack_from("<H", head, 10)[0]))
 
@@ -77,7 +90,7 @@ class Gpu:
     def __init__(self, pci: PciDevice, fw_dir=None, steps=STEPS):
         self.pci, self.fw_dir = pci, fw_dir
         self.window_bus, self.window_bytes = pci.window
-        self.vram_bytes = pci.bars[0][1]
+        self.vram_bytes = vram_size(pci)
         self.fb = self.reg(regs.GCMC_VM_FB_LOCATION_BASE) << 24
         self.phys = self.reg(regs.GCMC_VM_FB_OFFSET) << 24  # VRAM offset 0's physical address
         self.window, self.va_top, self.top = VM_AT, VM_AT + pci.staging[1], HEAP_AT
@@ -89,7 +102,7 @@ class Gpu:
          "psp": self._psp, "gc_hub": self._gc_hub, "queue": self._queue}[name]()
 
     def _discovery(self) -> None:
-        self.ips = discover(self.pci)
+        self.ips = discover(self.pci, self.vram_bytes)
 
     def _firmware(self) -> None:
         """Every file the discovered IP versions need, read and parsed before the GPU is touched."""
