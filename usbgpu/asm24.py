@@ -100,6 +100,10 @@ class Bridge:
         """Run (cdb, bytes to read, bytes to write) commands, STREAMS at a time; the data read
         by each. DeviceError for a command the bridge refused (CHECK CONDITION)."""
         out = []
+        for cdb, n_in, data in cmds:  # each stream's buffer holds one CHUNK
+            if n_in > CHUNK or (data is not None and len(data) > CHUNK):
+                raise ValueError(f"CDB {cdb.hex()} moves {max(n_in, len(data or b''))} bytes; "
+                                 f"a command moves at most {CHUNK}")
         self.commands_sent += len(cmds)
         for at in range(0, len(cmds), STREAMS):
             chunk = cmds[at:at + STREAMS]
