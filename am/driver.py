@@ -1,13 +1,14 @@
 """AM: a user-space driver for a gfx11 GPU on any usbgpu.pci.PciDevice.
 
 Bring-up (`Gpu.__init__`): read VRAM's size (RCC_CONFIG_MEMSIZE) and where it sits in the GPU's
-address space, read IP discovery near the top of VRAM through BAR0 (resized to reach it), check every firmware file the discovered IP versions need
-(am/firmware.py), open NBIO's doorbell aperture, give the MM hub VM context 0 on a four-level
-page table (am/vm.py) mapping the bridge's staging memory (its first page is the DMA window),
-bring the firmware up through the PSP, which reads each image staged there (am/boot.py:
-bootloader components, sOS, its ring, the TOC, SMU, TMR, PFP/ME/MEC/IMU/RLC, the RLC's autoload,
-MEC pipe 0's start), then the GC hub on the same table, one compute queue whose ring lives in the
-window, the new tables cleared through the queue, and the GC hub's whole virtual range opened.
+address space, read IP discovery near the top of VRAM through BAR0 (resized to reach it), check
+every firmware file the discovered IP versions need (am/firmware.py), open NBIO's doorbell
+aperture, give the MM hub VM context 0 on a four-level page table (am/vm.py) mapping the bridge's
+staging memory (its first page is the DMA window), bring the firmware up through the PSP, which
+reads each image staged there (am/boot.py: bootloader components, sOS, its ring, the TOC, SMU,
+TMR, PFP/ME/MEC/IMU/RLC, the RLC's autoload, MEC pipe 0's start), then the GC hub on the same
+table, one compute queue whose ring lives in the window, the new tables cleared through the
+queue, and the GC hub's whole virtual range opened.
 
 GPU virtual memory: everything the queue and the kernels touch (the ring and the window's slots,
 the code object, weights, arena, io buffers, kernargs, the indirect buffer) is at a virtual

@@ -209,10 +209,12 @@ def test_vram_above_4_gib_through_a_resized_bar0_at_32_gib(enclosure):
     gpu.download(va, memoryview(out), deadline)
     assert bytes(out) == data == mock.vram.read(GPU_BASE + phys, len(data))
     assert gpu.pci.read32(0, phys) == struct.unpack_from("<I", data)[0]  # a 64-bit TLP
+    assert enclosure.shared().bytes == gpu.pci.usb.bytes  # the mock counts what the host sent
     with pytest.raises(DeviceError, match="unsupported request"):
         gpu.pci.bridge.tlp(asm24.MEM_READ, 32 * GiB + phys)  # 3 dwords: the top half is lost
+    with pytest.raises(DeviceError, match="past the 24576 MiB of VRAM"):
+        gpu.pci.read32(0, 25 * GiB)  # inside the 32 GiB BAR0, past VRAM
     assert _anon_kib() - before < 256 << 10, "the mock's VRAM is not sparse"
-    assert enclosure.shared().bytes == gpu.pci.usb.bytes  # the mock counts what the host sent
     gpu.close()
 
 

@@ -19,9 +19,10 @@ fmt/type (0x00/0x40 memory read/write with a 3-dword header: 32-bit address, 0xB
 0x20/0x60 the same with a 4-dword header: 64-bit address, as tinygrad's pcie_mem_req sends every
 memory request; 0x04/0x05 config read type 0/1, 0x44/0x45 config write), then 0x0F to 0xB254
 starts it with 0x04 in 0xB296. keel sends the 3-dword form below 4 GiB (the PCIe base spec's
-rule) and the 4-dword form above, where a resized VRAM BAR lives (usbgpu/pci.py). Posted writes are not waited for. Otherwise 0xB296 bit 1 means done and bit 0 an
-error to clear (write 1) and retry; the completion header is at 0xB22A (status in bits 15:13,
-byte count in 11:0) and 0xB284 bit 0 tells a config read's completion from a write's.
+rule) and the 4-dword form above, where a resized VRAM BAR lives (usbgpu/pci.py). Posted writes
+are not waited for. Otherwise 0xB296 bit 1 means done and bit 0 an error to clear (write 1) and
+retry; the completion header is at 0xB22A (status in bits 15:13, byte count in 11:0) and 0xB284
+bit 0 tells a config read's completion from a write's.
 """
 from __future__ import annotations
 
