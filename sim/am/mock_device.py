@@ -308,10 +308,8 @@ class MockGpu:
     holding VRAM."""
 
     def __init__(self, vram_bytes: int = VRAM_BYTES, bar0_bytes: int = BAR0_BYTES):
-        self.vram_bytes = vram_bytes
-        bars = {0: (bar0_bytes, 0xC), 2: (DOORBELL_BYTES, 0xC), 5: (MMIO_BYTES, 0)}
-        sizes = tuple(s for s in BAR0_SIZES if s < 2 * vram_bytes)
-        self.config = Config(0x1002, 0x744C, 0x03, 0, bars, {0: sizes})
+        self.vram_bytes, self.bar0_bytes = vram_bytes, bar0_bytes
+        self.config = self._config()
         self.vram = Memory(vram_bytes)
         self.vram.alloc(vram_bytes)  # every VRAM address is mapped (the FB aperture)
         table = discovery.build(IPS)
@@ -460,9 +458,17 @@ class MockGpu:
             r.get(regs.CP_HQD_PQ_RPTR_REPORT_ADDR_HI, 0) << 32
         self.space.write(report, struct.pack("<I", wptr % (size // 4)))  # the CP reports it
 
+    def _config(self) -> Config:
+        """Config space as at power-on: BARs unplaced, BAR0 at its boot size."""
+        bars = {0: (self.bar0_bytes, 0xC), 2: (DOORBELL_BYTES, 0xC), 5: (MMIO_BYTES, 0)}
+        sizes = tuple(s for s in BAR0_SIZES if s < 2 * self.vram_bytes)
+        return Config(0x1002, 0x744C, 0x03, 0, bars, {0: sizes})
+
     def reset(self) -> None:
-        """Power lost (unplug): registers, firmware and queue state are gone; VRAM is kept, as
-        nothing on the driver's side may rely on it either."""
+        """Power lost (unplug): config space (BAR0's size and every BAR's place), registers,
+        firmware and queue state are gone; VRAM is kept, as nothing on the driver's side may
+        rely on it either."""
+        self.config = self._config()
         self.regs, self.sh_mem = self._initial(self.vram_bytes), {}
         self.running, self.rptr, self.sos = False, 0, False
         self.mec_pc, self.mec_latched = 0, None

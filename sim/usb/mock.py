@@ -43,6 +43,11 @@ REBAR_AT = 0x100  # where a Config with resizable BARs puts that extended capabi
 EXT_CAP_REBAR = 0x15
 
 
+def _mib_log2(size: int) -> int:
+    """n for a size of 2^n MiB: how the Resizable BAR registers encode sizes."""
+    return (size >> 20).bit_length() - 1
+
+
 class Config:
     """A config space: bytes, a per-byte writable mask, and BAR sizes (write all ones, read the
     size mask back). `resizable` {BAR index: sizes it offers}: a Resizable BAR extended capability
@@ -66,13 +71,12 @@ class Config:
             self.writable[0x24] = self.writable[0x26] = 0xF0
             self.data[0x24] = self.data[0x26] = 1
         self.resizable = dict(resizable or {})
+        if self.resizable:  # header (id, version 1, no next), then a capability and control per BAR
+            struct.pack_into("<I", self.data, REBAR_AT, EXT_CAP_REBAR | 1 << 16)
         for k, (i, sizes) in enumerate(self.resizable.items()):
             at = REBAR_AT + 8 * k
-            if k == 0:
-                struct.pack_into("<I", self.data, REBAR_AT, EXT_CAP_REBAR | 1 << 16)
-            struct.pack_into("<I", self.data, at + 4, sum(1 << 4 + (s >> 20).bit_length() - 1
-                                                          for s in sizes))
-            ctrl = i | len(self.resizable) << 5 | ((self.bars[i][0] >> 20).bit_length() - 1) << 8
+            struct.pack_into("<I", self.data, at + 4, sum(1 << 4 + _mib_log2(s) for s in sizes))
+            ctrl = i | len(self.resizable) << 5 | _mib_log2(self.bars[i][0]) << 8
             struct.pack_into("<I", self.data, at + 8, ctrl)
 
     def read(self, reg: int) -> int:
@@ -88,7 +92,8 @@ class Config:
             if base == 0x10 + 4 * i:  # the address bits above the BAR's size, then its flags
                 struct.pack_into("<I", self.data, base, (value & ~(size - 1) & 0xFFFFFFF0) | flags)
             if base == 0x14 + 4 * i and flags & 4:  # the upper half, above the size too
-                struct.pack_into("<I", self.data, base, value & ~(size - 1) >> 32 & 0xFFFFFFFF)
+                high_mask = ~(size - 1) >> 32 & 0xFFFFFFFF
+                struct.pack_into("<I", self.data, base, value & high_mask)
         for k, (i, sizes) in enumerate(self.resizable.items()):
             if base == REBAR_AT + 8 + 8 * k and be & 2:
                 self._resize(i, sizes, 1 << 20 + (value >> 8 & 0x3F))
@@ -98,7 +103,7 @@ class Config:
             self.bars[i] = (size, self.bars[i][1])
             struct.pack_into("<II", self.data, 0x10 + 4 * i, self.bars[i][1], 0)
             k = list(self.resizable).index(i)
-            ctrl = self.read(REBAR_AT + 8 + 8 * k) & ~0x3F00 | ((size >> 20).bit_length() - 1) << 8
+            ctrl = self.read(REBAR_AT + 8 + 8 * k) & ~0x3F00 | _mib_log2(size) << 8
             struct.pack_into("<I", self.data, REBAR_AT + 8 + 8 * k, ctrl)
 
     def bar(self, i: int) -> tuple[int, int]:
