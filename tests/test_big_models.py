@@ -219,13 +219,28 @@ def test_vram_above_4_gib_through_a_resized_bar0_at_32_gib(enclosure):
 
 
 @needs_amd
-def test_a_bar0_too_small_for_vram_is_refused_naming_both(enclosure, monkeypatch):
-    from am.driver import Gpu
+def test_a_bar0_that_cannot_grow_reads_discovery_through_mm_index(enclosure, monkeypatch):
+    """A GPU whose Resizable BAR offers nothing past 256 MiB: IP discovery, 64 KiB below the
+    top of 24 GiB, is read through MM_INDEX/MM_DATA, and VRAM past 4 GiB is used by DMA as
+    before (nothing else goes through BAR0 past its first 40 MiB)."""
+    from am.driver import Gpu, vram_read
     from sim.am import mock_device
+    from sim.am.mock_gpu import GPU_BASE
     from usbgpu.pci import UsbPci
-    monkeypatch.setattr(mock_device, "BAR0_SIZES", (256 << 20,))  # no resize on offer
-    with pytest.raises(DeviceError, match=r"BAR0 is 256 MiB, VRAM 24576 MiB"):
-        Gpu(UsbPci(1.0))
+    monkeypatch.setattr(mock_device, "BAR0_SIZES", (256 << 20,))
+    gpu = Gpu(UsbPci(1.0))
+    assert gpu.pci.bars[0][1] == 256 << 20 and gpu.vram_bytes == 24 * GiB
+    mock = enclosure.shared().bridge.function
+    at = 24 * GiB - (64 << 10)
+    assert vram_read(gpu.pci, at, 64) == mock.vram.read(GPU_BASE + at, 64)
+    deadline = time.monotonic() + 60
+    gpu.alloc(5 * GiB, deadline)
+    va, data = gpu.alloc(8192, deadline), bytes(range(256)) * 32
+    gpu.upload(va, data, deadline)
+    out = bytearray(len(data))
+    gpu.download(va, memoryview(out), deadline)
+    assert bytes(out) == data
+    gpu.close()
 
 
 @needs_amd

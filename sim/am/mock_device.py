@@ -1,6 +1,8 @@
 """The mock RX 7900 XTX behind the mock ASM24xx (KEEL_USB=mock): a PCI function whose BARs are
 VRAM (BAR0), doorbells (BAR2) and registers (BAR5), with
-  * the IP discovery binary DISCOVERY_TMR_OFFSET below the top of VRAM (am/discovery.py);
+  * the IP discovery binary DISCOVERY_TMR_OFFSET below the top of VRAM (am/discovery.py), VRAM's
+    size in RCC_CONFIG_MEMSIZE, VRAM through BAR0 (256 MiB at power-on, grown by its Resizable
+    BAR capability up to 32 GiB) or MM_INDEX/MM_INDEX_HI/MM_DATA;
   * the PSP (`Psp`): its bootloader mailbox taking the sOS file's components in order, then
     sOS's GPCOM ring (LOAD_TOC, SETUP_TMR, LOAD_IP_FW, AUTOLOAD_RLC), each image checked for
     the type it is loaded as; MEC pipe 0 (`_mec`) starts only after the RLC's autoload, at the
@@ -340,11 +342,21 @@ class MockGpu:
             reg = self.regs.get(regs.RSMU_INDEX, 0) // 4
         if reg == regs.RCC_CONFIG_MEMSIZE:
             return self.vram_bytes >> 20
+        if reg == regs.MM_DATA:
+            return struct.unpack("<I", self.vram.read(GPU_BASE + self._indexed(), 4))[0]
         if reg in (regs.SH_MEM_CONFIG, regs.SH_MEM_BASES):
             return self.sh_mem.get(self._vmid(), {}).get(reg, 0)
         if reg == regs.MM_HUB.inv_sem:
             return 1  # the semaphore is free: one driver, one engine
         return self.regs.get(reg, 0)
+
+    def _indexed(self) -> int:
+        """The VRAM offset MM_INDEX/MM_INDEX_HI name for MM_DATA."""
+        index = self.regs.get(regs.MM_INDEX, 0)
+        if not index & regs.MM_APERTURE:
+            raise GpuFault(f"MM_DATA with MM_INDEX 0x{index:x}: the mock serves the memory "
+                           f"aperture (bit 31) only")
+        return self._vram(index & 0x7FFFFFFF | self.regs.get(regs.MM_INDEX_HI, 0) << 31)
 
     def _vram(self, offset: int) -> int:
         """A BAR0 offset's VRAM offset: a BAR0 grown past VRAM has nothing behind the rest."""
@@ -370,6 +382,9 @@ class MockGpu:
     def _register(self, reg: int, value: int) -> None:
         if reg == regs.RSMU_DATA:
             reg = self.regs.get(regs.RSMU_INDEX, 0) // 4
+        if reg == regs.MM_DATA:
+            self.vram.write(GPU_BASE + self._indexed(), struct.pack("<I", value))
+            return
         if regs.CP_MQD_BASE_ADDR <= reg <= regs.CP_HQD_PQ_WPTR_HI and \
                 self.regs.get(regs.GRBM_GFX_CNTL, 0) != regs.GRBM_ME1_PIPE0_QUEUE0:
             return  # another queue's bank: not the one the mock's doorbell serves

@@ -51,9 +51,11 @@ def test_ip_discovery_reads_gfx11():
     from usbgpu.pci import UsbPci
     pci = UsbPci()
     try:
-        vram = vram_size(pci)  # RCC_CONFIG_MEMSIZE, and BAR0 resized to reach its top
+        vram = vram_size(pci)  # RCC_CONFIG_MEMSIZE
+        # BAR0 at 32 GiB if its Resizable BAR grew it (discovery then reads through it with
+        # 4-dword requests), else 256 MiB below 4 GiB (discovery through MM_INDEX/MM_DATA)
         print(f"VRAM {vram >> 20} MiB, BAR0 {pci.bars[0][1] >> 20} MiB at 0x{pci.bars[0][0]:x}")
-        assert vram >= 8 << 30 and pci.bars[0][0] >= 1 << 32
+        assert vram >= 8 << 30
         ips = discover(pci, vram)  # no firmware is sent
         print({ip.name: ip.version for ip in ips.values() if ip.instance == 0})
         assert ips[11, 0].version[0] == 11
