@@ -171,7 +171,8 @@ class UsbPci(PciDevice):
     def _resize_bars(self) -> None:
         """Every BAR the Resizable BAR extended capability lists, set to the largest size it
         offers (tinygrad's setup_pci_bars does the same): a 24 GiB card's VRAM BAR is 256 MiB
-        until resized, and am/ reads IP discovery at the top of VRAM through it."""
+        until resized, and am/ reads IP discovery at the top of VRAM through it when it reaches
+        (else through MM_INDEX/MM_DATA, three requests a dword)."""
         at = EXT_CAPS
         for _ in range(MAX_EXT_CAPS):
             head = self.cfg_read(at)
@@ -189,15 +190,17 @@ class UsbPci(PciDevice):
 
     def _open_windows(self, low_end: int, high_end: int) -> None:
         """Every bridge above the GPU forwards [MMIO_START, low_end) through its memory window
-        and [PREF_START, high_end) through its 64-bit prefetchable window (1 MiB units; a window
-        with nothing in it closed: base above limit)."""
+        and [PREF_START, high_end) through its 64-bit prefetchable window (1 MiB units: base
+        and limit's address bits 31:20 in bits 15:4, bits 63:32 in the upper registers; a
+        window with nothing in it closed, its base above its limit)."""
         lo, hi = MMIO_START >> 20, (low_end - 1) >> 20
+        mem = lo << 4 | hi << 20 if low_end > MMIO_START else 0xFFF0
         plo, phi = PREF_START >> 20, (high_end - 1) >> 20
+        pref = (plo & 0xFFF) << 4 | PREF_64 | ((phi & 0xFFF) << 4 | PREF_64) << 16 \
+            if high_end > PREF_START else 0xFFF0 | PREF_64
         for bus in self.path:
-            self.bridge.config(bus, 0, 0, MEM_WINDOW, (lo << 4) | (hi << 20) if low_end >
-                               MMIO_START else 0xFFF0)
-            self.bridge.config(bus, 0, 0, PREF_WINDOW, (plo & 0xFFF) << 4 | (phi & 0xFFF) << 20
-                               | PREF_64 | PREF_64 << 16 if high_end > PREF_START else 0xFFF1)
+            self.bridge.config(bus, 0, 0, MEM_WINDOW, mem)
+            self.bridge.config(bus, 0, 0, PREF_WINDOW, pref)
             self.bridge.config(bus, 0, 0, PREF_UPPER, plo >> 12)
             self.bridge.config(bus, 0, 0, PREF_UPPER + 4, phi >> 12 if high_end > PREF_START
                                else 0)
