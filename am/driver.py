@@ -1,13 +1,14 @@
 """AM: a user-space driver for a gfx11 GPU on any usbgpu.pci.PciDevice.
 
-Bring-up (`Gpu.__init__`): read where VRAM sits in the GPU's address space, read IP discovery
-near the top of VRAM through BAR0, check every firmware file the discovered IP versions need
-(am/firmware.py), open NBIO's doorbell aperture, give the MM hub VM context 0 on a four-level
-page table (am/vm.py) mapping the bridge's staging memory (its first page is the DMA window),
-bring the firmware up through the PSP, which reads each image staged there (am/boot.py:
-bootloader components, sOS, its ring, the TOC, SMU, TMR, PFP/ME/MEC/IMU/RLC, the RLC's autoload,
-MEC pipe 0's start), then the GC hub on the same table, one compute queue whose ring lives in the
-window, the new tables cleared through the queue, and the GC hub's whole virtual range opened.
+Bring-up (`Gpu.__init__`): read VRAM's size (RCC_CONFIG_MEMSIZE) and where it sits in the GPU's
+address space, read IP discovery near the top of VRAM (through BAR0 resized to reach it, or
+MM_INDEX/MM_DATA), check every firmware file the discovered IP versions need (am/firmware.py),
+open NBIO's doorbell aperture, give the MM hub VM context 0 on a four-level page table
+(am/vm.py) mapping the bridge's staging memory (its first page is the DMA window), bring the
+firmware up through the PSP, which reads each image staged there (am/boot.py: bootloader
+components, sOS, its ring, the TOC, SMU, TMR, PFP/ME/MEC/IMU/RLC, the RLC's autoload, MEC pipe
+0's start), then the GC hub on the same table, one compute queue whose ring lives in the window,
+the new tables cleared through the queue, and the GC hub's whole virtual range opened.
 
 GPU virtual memory: everything the queue and the kernels touch (the ring and the window's slots,
 the code object, weights, arena, io buffers, kernargs, the indirect buffer) is at a virtual
@@ -57,16 +58,33 @@ VM_AT, VM_BYTES = 0x2000_0000_0000, 1 << 40  # GPU virtual range (below the FB l
 BOOT_TIMEOUT_S = 5.0
 
 
-def discover(pci: PciDevice) -> dict:
-    """The IP discovery binary, read through BAR0 DISCOVERY_TMR_OFFSET below its end (BAR0 must
-    reach the top of VRAM: a resizable BAR, or the mock's small VRAM)."""
-    at = pci.bars[0][1] - discovery.DISCOVERY_TMR_OFFSET
-    head = bar0_read(pci, at, 12)
-    return discovery.parse(bar0_read(pci, at, 10 + struct.unpack_from("<H", head, 10)[0]))
+def vram_size(pci: PciDevice) -> int:
+    """VRAM's bytes, from RCC_CONFIG_MEMSIZE (MiB): read before anything is known of the GPU."""
+    mib = pci.read32(5, 4 * regs.RCC_CONFIG_MEMSIZE)
+    if mib in (0, 0xFFFFFFFF):
+        raise DeviceError(f"RCC_CONFIG_MEMSIZE reads 0x{mib:x}: expected VRAM's size in MiB "
+                          f"(is the GPU out of reset?)")
+    return mib << 20
 
 
-def bar0_read(pci: PciDevice, offset: int, n: int) -> bytes:
-    return b"".join(struct.pack("<I", pci.read32(0, offset + i)) for i in range(0, n, 4))[:n]
+def discover(pci: PciDevice, vram_bytes: int) -> dict:
+    """The IP discovery binary, DISCOVERY_TMR_OFFSET below the top of VRAM."""
+    at = vram_bytes - discovery.DISCOVERY_TMR_OFFSET
+    head = vram_read(pci, at, 12)
+    return discovery.parse(vram_read(pci, at, 10 + struct.unpack_from("<H", head, 10)[0]))
+
+
+def vram_read(pci: PciDevice, offset: int, n: int) -> bytes:
+    """VRAM through BAR0 where it reaches (a BAR0 resized to all of VRAM: usbgpu/pci.py), else
+    through MM_INDEX/MM_DATA (a card whose BAR0 could not grow keeps 256 MiB)."""
+    if offset + n <= pci.bars[0][1]:
+        return b"".join(struct.pack("<I", pci.read32(0, offset + i)) for i in range(0, n, 4))[:n]
+    words = []
+    for at in range(offset, offset + n, 4):
+        pci.write32(5, 4 * regs.MM_INDEX, at & 0x7FFFFFFF | regs.MM_APERTURE)
+        pci.write32(5, 4 * regs.MM_INDEX_HI, at >> 31)
+        words.append(struct.pack("<I", pci.read32(5, 4 * regs.MM_DATA)))
+    return b"".join(words)[:n]
 
 
 class Gpu:
@@ -77,7 +95,7 @@ class Gpu:
     def __init__(self, pci: PciDevice, fw_dir=None, steps=STEPS):
         self.pci, self.fw_dir = pci, fw_dir
         self.window_bus, self.window_bytes = pci.window
-        self.vram_bytes = pci.bars[0][1]
+        self.vram_bytes = vram_size(pci)
         self.fb = self.reg(regs.GCMC_VM_FB_LOCATION_BASE) << 24
         self.phys = self.reg(regs.GCMC_VM_FB_OFFSET) << 24  # VRAM offset 0's physical address
         self.window, self.va_top, self.top = VM_AT, VM_AT + pci.staging[1], HEAP_AT
@@ -89,7 +107,7 @@ class Gpu:
          "psp": self._psp, "gc_hub": self._gc_hub, "queue": self._queue}[name]()
 
     def _discovery(self) -> None:
-        self.ips = discover(self.pci)
+        self.ips = discover(self.pci, self.vram_bytes)
 
     def _firmware(self) -> None:
         """Every file the discovered IP versions need, read and parsed before the GPU is touched."""

@@ -163,6 +163,13 @@ S2A_DOORBELL_ENTRY_0_CTRL, S2A_DOORBELL_ENTRY_3_CTRL = NBIO_SEG3 + 0x4F7640, NBI
 S2A_GC_ENTRY_0, S2A_GC_ENTRY_3 = 0x30000007, 0x3000000D
 RSMU_INDEX, RSMU_DATA = NBIO_SEG1 + 0x0, NBIO_SEG1 + 0x1
 MMIO_DWORDS = (1 << 20) // 4  # BAR5's registers; the rest only through RSMU_INDEX/DATA
+# VRAM's size in MiB, at a fixed dword offset on every SOC15 part: read before IP discovery is
+# (amdgpu_discovery.c mmRCC_CONFIG_MEMSIZE, tinygrad's AMDev._run_discovery)
+RCC_CONFIG_MEMSIZE = 0xDE3
+# VRAM through an index/data pair, for what BAR0 does not reach (amdgpu_device_mm_access): the
+# byte address's bits 30:0 in MM_INDEX with bit 31 set (the memory aperture), bits 63:31 in
+# MM_INDEX_HI, then MM_DATA reads or writes that dword
+MM_INDEX, MM_DATA, MM_INDEX_HI, MM_APERTURE = 0x0, 0x1, 0x6, 1 << 31
 
 # ---- the two VM hubs, as the driver and the mock MMU address them. The GC hub serves the
 # command processor and shaders; the MM hub serves the PSP (and SDMA, display, media), which

@@ -15,7 +15,7 @@ import pytest
 from runner.errors import ConfigError, DeviceError
 from tests.deps import needs, needs_tool
 from usbgpu import asm24, libusb
-from sim.usb.mock import Function, MockBridge, MockLibusb, Port
+from sim.usb.mock import Config, Function, MockBridge, MockLibusb, Port
 from usbgpu.pci import UsbPci, open_lib
 
 HEADER = "/usr/include/libusb-1.0/libusb.h"
@@ -211,3 +211,22 @@ def test_struct_libusb_transfer_matches_the_header(tmp_path):
         [libusb.TRANSFER_BULK, libusb.TRANSFER_BULK_STREAM, libusb.NO_DEVICE,
          libusb.ERROR_NO_DEVICE]
     assert got == want
+
+
+def test_a_resizable_bar0_is_grown_and_placed_above_4_gib_behind_64_bit_windows():
+    """BAR0 offers 16 to 64 MiB through its Resizable BAR capability: enumeration grows it to
+    64 MiB and puts the 64-bit prefetchable BARs at 32 GiB, reached through each bridge's
+    prefetchable window (upper halves set) with 4-dword requests; BAR5 stays below 4 GiB."""
+    gpu = Function(0x1002, 0x744C, 0x03, {0: (16 << 20, 0xC), 2: (2 << 20, 0xC), 5: (1 << 20, 0)})
+    offers = {0: (16 << 20, 32 << 20, 64 << 20)}
+    gpu.config = Config(0x1002, 0x744C, 0x03, 0, gpu.config.bars, offers)
+    gpu.memory[0] = bytearray(64 << 20)
+    ports = [Port(0x1B21, 0x2461), Port(0x1002, 0x1478), Port(0x1002, 0x1479)]
+    lib = MockLibusb(MockBridge(ports, gpu))
+    pci = UsbPci(TIMEOUT_S, lib=lib)
+    assert pci.bars[0] == (32 << 30, 64 << 20) and pci.bars[2][0] == (32 << 30) + (64 << 20)
+    assert pci.bars[5][0] < 1 << 32
+    assert all(p.routes_mem(pci.bars[2][0]) and not p.routes_mem(1 << 32) for p in ports)
+    pci.write32(0, (64 << 20) - 4, 0x12345678)  # BAR0's last dword: a 64-bit request
+    assert gpu.memory[0][-4:] == bytes.fromhex("78563412")
+    pci.close()

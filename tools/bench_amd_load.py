@@ -8,7 +8,8 @@ are the mock's (Python answering every transfer), not a USB link's: a real enclo
 printed by tests/device/test_usbgpu.py. Stand-in firmware files are made for the mock (keel ships
 none), each of their 26 parts K KiB (--fw-part-kib; real parts are tens to hundreds of KiB);
 --real uses KEEL_AMD_FIRMWARE or /lib/firmware/amdgpu. The bring-up alone (the firmware set
-through the PSP, the hubs, the queue) is measured first on its own enclosure.
+through the PSP, the hubs, the queue) is measured first on its own enclosure. Last, the process's
+peak RSS (VmHWM): the blob's private copy, and with the mock its VRAM (the pages written).
 """
 import os
 import sys
@@ -63,11 +64,10 @@ def main() -> None:
                               _stand_in_firmware(args.fw_part_kib << 10 or 64))
     bring_up()
     from runner import Model
-    from runner.blob import read_blob
-    blob = read_blob(args.blob)
     t = time.perf_counter()
     m = Model.load(args.blob, device="amd")
     load_s = time.perf_counter() - t
+    blob = m.blob  # the copy the device loaded from (a second read_blob would double RSS)
     usb, bridge = m.device.gpu.pci.usb, m.device.gpu.pci.bridge
     weights = len(blob.weights)
     print(f"weights {weights} B, code object {len(blob.programs)} B, "
@@ -83,6 +83,10 @@ def main() -> None:
     per = (time.perf_counter() - t) / args.runs
     print(f"run: {(usb.bytes - before[0]) // args.runs} B, "
           f"{(usb.transfers - before[1]) // args.runs} USB transfers per run, {per * 1e3:.0f} ms")
+    peak = next(int(line.split()[1]) for line in open("/proc/self/status")
+                if line.startswith("VmHWM"))
+    print(f"peak RSS {peak} KiB ({peak * 1024 / max(weights, 1):.2f} x the weights; with the "
+          f"mock, its VRAM is one of them)")
 
 
 if __name__ == "__main__":

@@ -14,11 +14,15 @@ Vendor CDBs of the bridge's firmware (tinygrad's usb.py, nimlgen/asm23_and_24's 
                       0xF000, which PCIe devices read at bus address 0x200000 (the DMA window).
 
 PCIe requests go through XDATA registers: 0xB220 data (big-endian, shifted to the byte lane),
-0xB218 address, 0xB217 byte enables, 0xB210 TLP fmt/type (0x00 memory read, 0x40 memory write,
-0x04/0x05 config read type 0/1, 0x44/0x45 config write), then 0x0F to 0xB254 starts it with 0x04
-in 0xB296. Posted writes are not waited for. Otherwise 0xB296 bit 1 means done and bit 0 an
-error to clear (write 1) and retry; the completion header is at 0xB22A (status in bits 15:13,
-byte count in 11:0) and 0xB284 bit 0 tells a config read's completion from a write's.
+0xB218 address bits 31:0 and 0xB21C bits 63:32 (big-endian each), 0xB217 byte enables, 0xB210 TLP
+fmt/type (0x00/0x40 memory read/write with a 3-dword header: 32-bit address, 0xB21C unused;
+0x20/0x60 the same with a 4-dword header: 64-bit address, as tinygrad's pcie_mem_req sends every
+memory request; 0x04/0x05 config read type 0/1, 0x44/0x45 config write), then 0x0F to 0xB254
+starts it with 0x04 in 0xB296. keel sends the 3-dword form below 4 GiB (the PCIe base spec's
+rule) and the 4-dword form above, where a resized VRAM BAR lives (usbgpu/pci.py). Posted writes
+are not waited for. Otherwise 0xB296 bit 1 means done and bit 0 an error to clear (write 1) and
+retry; the completion header is at 0xB22A (status in bits 15:13, byte count in 11:0) and 0xB284
+bit 0 tells a config read's completion from a write's.
 """
 from __future__ import annotations
 
@@ -49,9 +53,10 @@ WINDOW_XDATA, WINDOW_BUS, WINDOW_BYTES = 0xF000, 0x200000, 4096
 # UNVERIFIED beyond tinygrad's use of it: what those XDATA bytes mean, and the region's size.
 SRAM_BYTES, CHUNK, SMALL_WRITE, FILL_RESET = 0x80000, 0x10000, 0x4000, 0xCE40
 # TLP registers in XDATA
-REG_FMT, REG_BE, REG_ADDR, REG_DATA = 0xB210, 0xB217, 0xB218, 0xB220
+REG_FMT, REG_BE, REG_ADDR, REG_ADDR_HI, REG_DATA = 0xB210, 0xB217, 0xB218, 0xB21C, 0xB220
 REG_KICK, REG_STATUS, REG_COMPLETION, REG_CPL_FLAGS = 0xB254, 0xB296, 0xB22A, 0xB284
 MEM_READ, MEM_WRITE, CFG_READ, CFG_WRITE = 0x00, 0x40, 0x04, 0x44
+WIDE = 0x20  # fmt bit 5: a 4-dword header, whose address is 64 bits
 RETRIES = 10
 CPL_STATUS = {0: "successful", 1: "unsupported request", 2: "configuration retry", 4: "abort"}
 # The stock firmware's version: 6 bytes of XDATA at FW_VERSION, shown as YYMMDD_CC_VV_VV (the
@@ -75,6 +80,13 @@ def xdata_cdb(op: int, arg: int, addr: int) -> bytes:
     return struct.pack(">BBBHB", op, arg, a >> 16, a & 0xFFFF, 0)
 
 
+def mem_fmt(address: int, write: bool) -> int:
+    """A memory request's fmt/type: the 4-dword header (64-bit address) at 4 GiB and above."""
+    if not 0 <= address < 1 << 64:
+        raise ValueError(f"PCIe memory address 0x{address:x} is not 64 bits")
+    return (MEM_WRITE if write else MEM_READ) | (WIDE if address >> 32 else 0)
+
+
 class Bridge:
     """Commands to one ASM24xx over `usb` (usbgpu.libusb.Usb or anything with its run())."""
 
@@ -89,6 +101,10 @@ class Bridge:
         """Run (cdb, bytes to read, bytes to write) commands, STREAMS at a time; the data read
         by each. DeviceError for a command the bridge refused (CHECK CONDITION)."""
         out = []
+        for cdb, n_in, data in cmds:  # each stream's buffer holds one CHUNK
+            if n_in > CHUNK or (data is not None and len(data) > CHUNK):
+                raise ValueError(f"CDB {cdb.hex()} moves {max(n_in, len(data or b''))} bytes; "
+                                 f"a command moves at most {CHUNK}")
         self.commands_sent += len(cmds)
         for at in range(0, len(cmds), STREAMS):
             chunk = cmds[at:at + STREAMS]
@@ -135,7 +151,7 @@ class Bridge:
         cdb = struct.pack(">BBQIBB", WRITE16, 0, 0, WINDOW_BYTES // 512, 0, 0)
         ops = [(cdb, 0, data.ljust(WINDOW_BYTES, b"\0"))] + self._writes(WINDOW_REARM, cached=False)
         if then is not None:
-            ops += self._tlp_ops(MEM_WRITE, then[0], then[1], 4)
+            ops += self._tlp_ops(mem_fmt(then[0], True), then[0], then[1], 4)
         self.commands(ops)
 
     def sram_write(self, data: bytes) -> None:
@@ -166,7 +182,7 @@ class Bridge:
         """One PCIe request of 1-4 bytes within a dword; a read's value. A request the link
         failed is reissued, `tries` times at most."""
         self.commands(self._tlp_ops(fmt, address, value, size))
-        if fmt == MEM_WRITE:
+        if fmt & ~WIDE == MEM_WRITE:
             return None  # posted
         self.cache.pop(REG_DATA, None)  # the completion's data lands there
         return self._completion(fmt, address, value, size, tries)
@@ -176,7 +192,8 @@ class Bridge:
         if not 0 < size <= 4 - lane:
             raise ValueError(f"PCIe request of {size} bytes at byte {lane} crosses a dword")
         regs = [] if value is None else [(REG_DATA, struct.pack(">I", value << (8 * lane)))]
-        regs += [(REG_ADDR, struct.pack(">I", address & ~3)),
+        regs += [(REG_ADDR, struct.pack(">I", address & 0xFFFFFFFC)),
+                 (REG_ADDR_HI, struct.pack(">I", address >> 32)),
                  (REG_BE, bytes([((1 << size) - 1) << lane])), (REG_FMT, bytes([fmt]))]
         return self._writes(regs, cached=True) + \
             self._writes([(REG_KICK, b"\x0f"), (REG_STATUS, b"\x04")], cached=False)
@@ -225,4 +242,4 @@ class Bridge:
         return self.tlp(fmt, (bus << 24) | (dev << 19) | (fn << 16) | (reg & 0xFFF), value, size)
 
     def mem(self, address: int, value: int | None = None, size: int = 4) -> int | None:
-        return self.tlp(MEM_WRITE if value is not None else MEM_READ, address, value, size)
+        return self.tlp(mem_fmt(address, value is not None), address, value, size)

@@ -7,9 +7,10 @@ not care how the GPU is attached.
 `UsbPci` brings the link up behind an ASM24xx (usbgpu/asm24.py) with plain PCI enumeration (PCI
 Local Bus / PCI-to-PCI bridge specifications): walk from bus 0, give each bridge (header type 1)
 its secondary and subordinate bus numbers, stop at the first display-class function (class 0x03);
-then size that function's BARs (write all ones, read the mask back), place them below 4 GiB (the
-bridge's TLP address register is 32 bits), open every bridge's memory windows over them, and
-enable memory decoding and bus mastering.
+then grow the BARs its Resizable BAR capability lists to their largest size, size every BAR
+(write all ones, read the mask back), place 64-bit prefetchable ones from 32 GiB up (reached with
+4-dword TLP headers: usbgpu/asm24.py) and the rest below 4 GiB, open every bridge's memory and
+prefetchable windows over them, and enable memory decoding and bus mastering.
 """
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ BUSES, MEM_WINDOW, PREF_WINDOW, PREF_UPPER = 0x18, 0x20, 0x24, 0x28
 CMD_MEMORY, CMD_MASTER = 0x2, 0x4
 DISPLAY_CLASS = 0x03
 MMIO_START = 0x1000_0000  # above the bridge's DMA window at 0x200000
+PREF_START = 32 << 30  # 64-bit prefetchable BARs (tinygrad's USB setup puts them here too)
+BAR_PREFETCH, PREF_64 = 0x8, 0x1  # a BAR's prefetchable bit; a window's 64-bit capability
+EXT_CAPS, MAX_EXT_CAPS, EXT_CAP_REBAR = 0x100, 64, 0x15
+REBAR_SIZE = 0x3F << 8  # a Resizable BAR control register's size field (2^n MiB)
 MAX_DEPTH = 8
 
 
@@ -133,7 +138,11 @@ class UsbPci(PciDevice):
                           f"0..{bus}); is the GPU powered and seated?")
 
     def _assign_bars(self) -> dict[int, tuple[int, int]]:
-        bars, at, i = {}, MMIO_START, 0
+        """Each memory BAR sized (write all ones, read the mask back; BAR0 first grown to the
+        largest size its Resizable BAR capability offers) and placed: 64-bit prefetchable ones
+        (VRAM, doorbells) from PREF_START up, the rest from MMIO_START below 4 GiB."""
+        self._resize_bars()
+        bars, at, i = {}, {False: MMIO_START, True: PREF_START}, 0
         while i < 6:
             reg = BAR0 + 4 * i
             old = self.cfg_read(reg)
@@ -145,27 +154,56 @@ class UsbPci(PciDevice):
                 mask |= self.cfg_read(reg + 4) << 32
             size = (~mask + 1) & ((1 << (64 if wide else 32)) - 1) if mask else 0
             if size and not old & 1:  # memory BARs only (I/O space is not reachable over USB)
-                at = -(-at // size) * size
-                if at + size > 1 << 32:
+                high = wide and bool(old & BAR_PREFETCH)
+                base = -(-at[high] // size) * size
+                if not high and base + size > 1 << 32:
                     raise DeviceError(f"BAR{i} of {size >> 20} MiB does not fit below 4 GiB")
-                self.cfg_write(reg, at | (old & 0xF))
+                self.cfg_write(reg, base & 0xFFFFFFFF | (old & 0xF))
                 if wide:
-                    self.cfg_write(reg + 4, 0)
-                bars[i] = (at, size)
-                at += size
+                    self.cfg_write(reg + 4, base >> 32)
+                bars[i] = (base, size)
+                at[high] = base + size
             i += 2 if wide else 1
-        self._open_windows(MMIO_START, at)
+        self._open_windows(at[False], at[True])
         self.cfg_write(COMMAND, CMD_MEMORY | CMD_MASTER, 2)
         return bars
 
-    def _open_windows(self, start: int, end: int) -> None:
-        """Every bridge above the GPU forwards [start, end): both memory windows, 1 MiB units."""
-        lo, hi = start >> 20, (end - 1) >> 20
+    def _resize_bars(self) -> None:
+        """Every BAR the Resizable BAR extended capability lists, set to the largest size it
+        offers (tinygrad's setup_pci_bars does the same): a 24 GiB card's VRAM BAR is 256 MiB
+        until resized, and am/ reads IP discovery at the top of VRAM through it when it reaches
+        (else through MM_INDEX/MM_DATA, three requests a dword)."""
+        at = EXT_CAPS
+        for _ in range(MAX_EXT_CAPS):
+            head = self.cfg_read(at)
+            if head in (0, 0xFFFFFFFF):
+                return
+            if head & 0xFFFF == EXT_CAP_REBAR:
+                for k in range(self.cfg_read(at + 8) >> 5 & 7):
+                    cap, ctrl = self.cfg_read(at + 4 + 8 * k), self.cfg_read(at + 8 + 8 * k)
+                    largest = (cap >> 4).bit_length() - 1  # bit 4 + n: 2^n MiB
+                    if largest >= 0:
+                        self.cfg_write(at + 8 + 8 * k, ctrl & ~REBAR_SIZE | largest << 8)
+            at = head >> 20 & 0xFFC
+            if at < EXT_CAPS:
+                return
+
+    def _open_windows(self, low_end: int, high_end: int) -> None:
+        """Every bridge above the GPU forwards [MMIO_START, low_end) through its memory window
+        and [PREF_START, high_end) through its 64-bit prefetchable window (1 MiB units: base
+        and limit's address bits 31:20 in bits 15:4, bits 63:32 in the upper registers; a
+        window with nothing in it closed, its base above its limit)."""
+        lo, hi = MMIO_START >> 20, (low_end - 1) >> 20
+        mem = lo << 4 | hi << 20 if low_end > MMIO_START else 0xFFF0
+        plo, phi = PREF_START >> 20, (high_end - 1) >> 20
+        pref = (plo & 0xFFF) << 4 | PREF_64 | ((phi & 0xFFF) << 4 | PREF_64) << 16 \
+            if high_end > PREF_START else 0xFFF0 | PREF_64
         for bus in self.path:
-            self.bridge.config(bus, 0, 0, MEM_WINDOW, (lo << 4) | (hi << 20))
-            self.bridge.config(bus, 0, 0, PREF_WINDOW, (lo << 4) | (hi << 20))
-            self.bridge.config(bus, 0, 0, PREF_UPPER, 0)
-            self.bridge.config(bus, 0, 0, PREF_UPPER + 4, 0)
+            self.bridge.config(bus, 0, 0, MEM_WINDOW, mem)
+            self.bridge.config(bus, 0, 0, PREF_WINDOW, pref)
+            self.bridge.config(bus, 0, 0, PREF_UPPER, plo >> 12)
+            self.bridge.config(bus, 0, 0, PREF_UPPER + 4, phi >> 12 if high_end > PREF_START
+                               else 0)
             self.bridge.config(bus, 0, 0, COMMAND, CMD_MEMORY | CMD_MASTER, 2)
 
 

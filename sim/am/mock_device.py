@@ -1,6 +1,8 @@
 """The mock RX 7900 XTX behind the mock ASM24xx (KEEL_USB=mock): a PCI function whose BARs are
 VRAM (BAR0), doorbells (BAR2) and registers (BAR5), with
-  * the IP discovery binary DISCOVERY_TMR_OFFSET below the top of VRAM (am/discovery.py);
+  * the IP discovery binary DISCOVERY_TMR_OFFSET below the top of VRAM (am/discovery.py), VRAM's
+    size in RCC_CONFIG_MEMSIZE, VRAM through BAR0 (256 MiB at power-on, grown by its Resizable
+    BAR capability up to 32 GiB) or MM_INDEX/MM_INDEX_HI/MM_DATA;
   * the PSP (`Psp`): its bootloader mailbox taking the sOS file's components in order, then
     sOS's GPCOM ring (LOAD_TOC, SETUP_TMR, LOAD_IP_FW, AUTOLOAD_RLC), each image checked for
     the type it is loaded as; MEC pipe 0 (`_mec`) starts only after the RLC's autoload, at the
@@ -36,7 +38,10 @@ from sim.am.mock_gpu import GPU_BASE, PAGE, CommandProcessor, GpuFault, Memory
 from runner.faults import bringup, from_env
 from sim.usb.mock import Config, MockBridge, MockLibusb, Port
 
-VRAM_BYTES = 512 << 20  # a 24 GiB card's first 512 MiB: what fits a test host's memory
+VRAM_BYTES = 24 << 30  # an RX 7900 XTX's; sparse host memory (sim/am/mock_gpu.py Memory)
+# BAR0 comes up at 256 MiB; its Resizable BAR capability offers every power of two up to 32 GiB,
+# the smallest that holds all of VRAM (usbgpu/pci.py grows it to the largest)
+BAR0_BYTES, BAR0_SIZES = 256 << 20, tuple(1 << n for n in range(28, 36))
 DOORBELL_BYTES, MMIO_BYTES = 2 << 20, 1 << 20
 AGP_GPU_BASE = 0x7000_0000_0000  # where the driver is expected to put the AGP aperture
 IPS = [discovery.Ip(11, 0, (11, 0, 0), (regs.GC_SEG0, regs.GC_SEG1)),
@@ -170,10 +175,11 @@ class Space:
         if system:
             raise GpuFault(f"kernel buffer at 0x{va:x} is system memory; the mock runs kernels on "
                            f"VRAM only")
-        ctx, n = self._context(), VRAM_BYTES - phys
+        top = self.gpu.vram_bytes
+        ctx, n = self._context(), top - phys
         if ctx is not None and ctx[0] <= va >> 12 <= ctx[1]:
             at, want, need = va, phys, vm.VALID | vm.READABLE | vm.WRITEABLE
-            while at >> 12 <= ctx[1] and want < VRAM_BYTES:
+            while at >> 12 <= ctx[1] and want < top:
                 try:
                     _, e, size = self.walk(at)
                 except GpuFault:
@@ -299,16 +305,20 @@ class Psp:
 
 
 class MockGpu:
-    def __init__(self):
-        bars = {0: (VRAM_BYTES, 0xC), 2: (DOORBELL_BYTES, 0xC), 5: (MMIO_BYTES, 0)}
-        self.config = Config(0x1002, 0x744C, 0x03, 0, bars)
-        self.vram = Memory(VRAM_BYTES)
-        self.vram.alloc(VRAM_BYTES)  # every VRAM address is mapped (the FB aperture)
+    """`vram_bytes` of VRAM (RCC_CONFIG_MEMSIZE says how much, in MiB) behind a BAR0 of
+    `bar0_bytes` that the Resizable BAR capability grows up to the smallest power of two
+    holding VRAM."""
+
+    def __init__(self, vram_bytes: int = VRAM_BYTES, bar0_bytes: int = BAR0_BYTES):
+        self.vram_bytes, self.bar0_bytes = vram_bytes, bar0_bytes
+        self.config = self._config()
+        self.vram = Memory(vram_bytes)
+        self.vram.alloc(vram_bytes)  # every VRAM address is mapped (the FB aperture)
         table = discovery.build(IPS)
         if bringup("amd.discovery") == "corrupt":
             table = table[:-1] + bytes([table[-1] ^ 0xFF])
-        self.vram.write(GPU_BASE + VRAM_BYTES - discovery.DISCOVERY_TMR_OFFSET, table)
-        self.regs = self._initial()
+        self.vram.write(GPU_BASE + vram_bytes - discovery.DISCOVERY_TMR_OFFSET, table)
+        self.regs = self._initial(vram_bytes)
         self.bridge: MockBridge | None = None
         self.space, self.mm = Space(self, regs.GC_HUB), Space(self, regs.MM_HUB)
         self.psp, self.sos = Psp(self), False
@@ -324,17 +334,36 @@ class MockGpu:
     # ---- BARs -----------------------------------------------------------------------------------
     def mem_read(self, bar: int, offset: int) -> int:
         if bar == 0:
-            return struct.unpack("<I", self.vram.read(GPU_BASE + offset, 4))[0]
+            return struct.unpack("<I", self.vram.read(GPU_BASE + self._vram(offset), 4))[0]
         if bar != 5:
             return 0
         reg = offset // 4
         if reg == regs.RSMU_DATA:  # the register RSMU_INDEX names (a byte address)
             reg = self.regs.get(regs.RSMU_INDEX, 0) // 4
+        if reg == regs.RCC_CONFIG_MEMSIZE:
+            return self.vram_bytes >> 20
+        if reg == regs.MM_DATA:
+            return struct.unpack("<I", self.vram.read(GPU_BASE + self._indexed(), 4))[0]
         if reg in (regs.SH_MEM_CONFIG, regs.SH_MEM_BASES):
             return self.sh_mem.get(self._vmid(), {}).get(reg, 0)
         if reg == regs.MM_HUB.inv_sem:
             return 1  # the semaphore is free: one driver, one engine
         return self.regs.get(reg, 0)
+
+    def _indexed(self) -> int:
+        """The VRAM offset MM_INDEX/MM_INDEX_HI name for MM_DATA."""
+        index = self.regs.get(regs.MM_INDEX, 0)
+        if not index & regs.MM_APERTURE:
+            raise GpuFault(f"MM_DATA with MM_INDEX 0x{index:x}: the mock serves the memory "
+                           f"aperture (bit 31) only")
+        return self._vram(index & 0x7FFFFFFF | self.regs.get(regs.MM_INDEX_HI, 0) << 31)
+
+    def _vram(self, offset: int) -> int:
+        """A BAR0 offset's VRAM offset: a BAR0 grown past VRAM has nothing behind the rest."""
+        if offset + 4 > self.vram_bytes:
+            raise GpuFault(f"BAR0 offset 0x{offset:x} is past the {self.vram_bytes >> 20} MiB "
+                           f"of VRAM")
+        return offset
 
     def _vmid(self) -> int:
         return self.regs.get(regs.GRBM_GFX_CNTL, 0) >> regs.GRBM_VMID_SHIFT & 0xF
@@ -344,7 +373,7 @@ class MockGpu:
             raise GpuFault(f"BAR{bar} write at 0x{offset:x} with byte enables {be:04b}; the GPU "
                            f"takes whole dwords")
         if bar == 0:
-            self.vram.write(GPU_BASE + offset, struct.pack("<I", value))
+            self.vram.write(GPU_BASE + self._vram(offset), struct.pack("<I", value))
         elif bar == 5:
             self._register(offset // 4, value)
         elif bar == 2:
@@ -353,6 +382,9 @@ class MockGpu:
     def _register(self, reg: int, value: int) -> None:
         if reg == regs.RSMU_DATA:
             reg = self.regs.get(regs.RSMU_INDEX, 0) // 4
+        if reg == regs.MM_DATA:
+            self.vram.write(GPU_BASE + self._indexed(), struct.pack("<I", value))
+            return
         if regs.CP_MQD_BASE_ADDR <= reg <= regs.CP_HQD_PQ_WPTR_HI and \
                 self.regs.get(regs.GRBM_GFX_CNTL, 0) != regs.GRBM_ME1_PIPE0_QUEUE0:
             return  # another queue's bank: not the one the mock's doorbell serves
@@ -441,10 +473,18 @@ class MockGpu:
             r.get(regs.CP_HQD_PQ_RPTR_REPORT_ADDR_HI, 0) << 32
         self.space.write(report, struct.pack("<I", wptr % (size // 4)))  # the CP reports it
 
+    def _config(self) -> Config:
+        """Config space as at power-on: BARs unplaced, BAR0 at its boot size."""
+        bars = {0: (self.bar0_bytes, 0xC), 2: (DOORBELL_BYTES, 0xC), 5: (MMIO_BYTES, 0)}
+        sizes = tuple(s for s in BAR0_SIZES if s < 2 * self.vram_bytes)
+        return Config(0x1002, 0x744C, 0x03, 0, bars, {0: sizes})
+
     def reset(self) -> None:
-        """Power lost (unplug): registers, firmware and queue state are gone; VRAM is kept, as
-        nothing on the driver's side may rely on it either."""
-        self.regs, self.sh_mem = self._initial(), {}
+        """Power lost (unplug): config space (BAR0's size and every BAR's place), registers,
+        firmware and queue state are gone; VRAM is kept, as nothing on the driver's side may
+        rely on it either."""
+        self.config = self._config()
+        self.regs, self.sh_mem = self._initial(self.vram_bytes), {}
         self.running, self.rptr, self.sos = False, 0, False
         self.mec_pc, self.mec_latched = 0, None
         self.psp = Psp(self)
@@ -464,17 +504,18 @@ class MockGpu:
         self.regs[regs.CP_HQD_ACTIVE] = 0
 
     @staticmethod
-    def _initial() -> dict[int, int]:
+    def _initial(vram_bytes: int) -> dict[int, int]:
         """What the registers hold after POST: the mailbox ready, VRAM's place in the map."""
         r = {regs.C2PMSG_35: regs.BL_READY}
         for hub in (regs.GC_HUB, regs.MM_HUB):
-            r[hub.fb_base], r[hub.fb_base + 1] = GPU_BASE >> 24, (GPU_BASE + VRAM_BYTES - 1) >> 24
+            r[hub.fb_base], r[hub.fb_base + 1] = GPU_BASE >> 24, (GPU_BASE + vram_bytes - 1) >> 24
         return r
 
 
-def make_enclosure() -> MockLibusb:
-    """The ASM2464 port, the Navi 31 switch's two ports, and the GPU, on a mock USB bus."""
-    gpu = MockGpu()
+def make_enclosure(**gpu_args) -> MockLibusb:
+    """The ASM2464 port, the Navi 31 switch's two ports, and the GPU (MockGpu's arguments), on a
+    mock USB bus."""
+    gpu = MockGpu(**gpu_args)
     bridge = MockBridge([Port(0x1B21, 0x2461), Port(0x1002, 0x1478), Port(0x1002, 0x1479)], gpu)
     gpu.bridge = bridge
     gpu.usb = MockLibusb(bridge)

@@ -37,10 +37,17 @@ class GpuFault(DeviceError):
     """What would be a GPU page fault: an access outside every allocation."""
 
 
+MAP_NORESERVE = 0x4000  # Linux's flag (Python 3.11's mmap module does not name it)
+
+
 class Memory:
+    """`size` bytes of sparse host memory: an anonymous private map without swap reserved, so a
+    24 GiB VRAM costs only the pages written (the kernel's overcommit heuristic refuses a plain
+    map larger than RAM)."""
+
     def __init__(self, size: int):
         self.size = size
-        self.map = mmap.mmap(-1, size)
+        self.map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_NORESERVE)
         self.view = memoryview(self.map)
         self.starts: list[int] = []  # allocation start addresses, sorted (bump: in order)
         self.ends: list[int] = []
@@ -172,25 +179,29 @@ class CommandProcessor:
 
 
 class Pocl:
-    """Dispatches as OpenCL kernels (runner/cl.py's HostExecutor) over one buffer that is the
-    GPU memory itself; each pointer argument a sub-buffer from its address to the end of its
-    allocation."""
+    """Dispatches as OpenCL kernels (runner/cl.py's HostExecutor) on buffers that are the GPU
+    memory itself: each pointer argument a buffer over the host pages from its address to the end
+    of its allocation (one buffer over all of a 24 GiB VRAM would exceed the OpenCL device's
+    largest allocation)."""
 
     def __init__(self, memory: Memory, resolve=None):
         """`resolve(va)`: (offset into `memory`, bytes usable from there) of a kernel's buffer;
         by default `memory`'s own addresses, to the end of the allocation."""
         self.mem, self.ex = memory, cl.HostExecutor("mock GPU")
         self.resolve = resolve or (lambda va: (va - GPU_BASE, memory.extent(va)))
-        self.host = cl.ffi.from_buffer(memory.map)  # pins the mapping the buffer computes in
-        self.whole = self.ex.buffer(self.host, memory.size)
+        self.host = cl.ffi.from_buffer(memory.map)  # pins the mapping the buffers compute in
         self.kernels: dict[tuple, object] = {}
         self.subs: dict[tuple[int, int], object] = {}
 
     def _sub(self, va: int):
+        """A buffer on the page holding `va`'s offset, then a sub-buffer at the offset within
+        that page (the alignment PoCL saw when one buffer held all the memory)."""
         off, n = self.resolve(va)
         if (off, n) not in self.subs:
-            self.subs[off, n] = self.ex.sub(self.whole, off, n)
-        return self.subs[off, n]
+            inside = off % PAGE
+            page = self.ex.buffer(self.host + (off - inside), inside + n)
+            self.subs[off, n] = page, self.ex.sub(page, inside, n) if inside else page
+        return self.subs[off, n][1]
 
     def run(self, source: str, name: str, pointers: list[int], glob, local) -> None:
         program = self.ex.program(source.encode("latin-1"))

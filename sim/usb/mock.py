@@ -39,23 +39,45 @@ UR, SC = 1, 0  # completion status: unsupported request, successful
 WINDOW_END = asm24.WINDOW_XDATA + asm24.WINDOW_BYTES
 
 
+REBAR_AT = 0x100  # where a Config with resizable BARs puts that extended capability
+EXT_CAP_REBAR = 0x15
+
+
+def _mib_log2(size: int) -> int:
+    """n for a size of 2^n MiB: how the Resizable BAR registers encode sizes."""
+    return (size >> 20).bit_length() - 1
+
+
 class Config:
     """A config space: bytes, a per-byte writable mask, and BAR sizes (write all ones, read the
-    size mask back)."""
+    size mask back). `resizable` {BAR index: sizes it offers}: a Resizable BAR extended capability
+    (PCIe base spec 7.8.6) at REBAR_AT, whose control register's size field changes that BAR's
+    size (a size it does not offer is ignored, and a resize clears the BAR's address)."""
 
-    def __init__(self, vid: int, did: int, cls: int, header: int, bars: dict[int, tuple] = None):
+    def __init__(self, vid: int, did: int, cls: int, header: int, bars: dict[int, tuple] = None,
+                 resizable: dict[int, tuple[int, ...]] = None):
         self.data, self.writable = bytearray(4096), bytearray(4096)
         struct.pack_into("<HH", self.data, 0, vid, did)
         self.data[0x0B], self.data[0x0E] = cls, header
         self.writable[0x04:0x06] = b"\xff\xff"
-        self.bars = bars or {}  # index -> (size, flags): flags 0xC = 64-bit prefetchable
+        self.bars = dict(bars or {})  # index -> (size, flags): flags 0xC = 64-bit prefetchable
         for i, (size, flags) in self.bars.items():
             struct.pack_into("<I", self.data, 0x10 + 4 * i, flags)
             if flags & 4:
                 self.writable[0x14 + 4 * i:0x18 + 4 * i] = b"\xff" * 4
-        if header == 1:  # bus numbers, memory and prefetchable windows
+        if header == 1:  # bus numbers, memory and prefetchable windows (64-bit capable)
             self.writable[0x18:0x1B] = b"\xff" * 3
             self.writable[0x20:0x30] = b"\xff" * 16
+            self.writable[0x24] = self.writable[0x26] = 0xF0
+            self.data[0x24] = self.data[0x26] = 1
+        self.resizable = dict(resizable or {})
+        if self.resizable:  # header (id, version 1, no next), then a capability and control per BAR
+            struct.pack_into("<I", self.data, REBAR_AT, EXT_CAP_REBAR | 1 << 16)
+        for k, (i, sizes) in enumerate(self.resizable.items()):
+            at = REBAR_AT + 8 * k
+            struct.pack_into("<I", self.data, at + 4, sum(1 << 4 + _mib_log2(s) for s in sizes))
+            ctrl = i | len(self.resizable) << 5 | _mib_log2(self.bars[i][0]) << 8
+            struct.pack_into("<I", self.data, at + 8, ctrl)
 
     def read(self, reg: int) -> int:
         return struct.unpack_from("<I", self.data, reg & ~3)[0]
@@ -69,6 +91,20 @@ class Config:
         for i, (size, flags) in self.bars.items():
             if base == 0x10 + 4 * i:  # the address bits above the BAR's size, then its flags
                 struct.pack_into("<I", self.data, base, (value & ~(size - 1) & 0xFFFFFFF0) | flags)
+            if base == 0x14 + 4 * i and flags & 4:  # the upper half, above the size too
+                high_mask = ~(size - 1) >> 32 & 0xFFFFFFFF
+                struct.pack_into("<I", self.data, base, value & high_mask)
+        for k, (i, sizes) in enumerate(self.resizable.items()):
+            if base == REBAR_AT + 8 + 8 * k and be & 2:
+                self._resize(i, sizes, 1 << 20 + (value >> 8 & 0x3F))
+
+    def _resize(self, i: int, sizes, size: int) -> None:
+        if size in sizes and size != self.bars[i][0]:
+            self.bars[i] = (size, self.bars[i][1])
+            struct.pack_into("<II", self.data, 0x10 + 4 * i, self.bars[i][1], 0)
+            k = list(self.resizable).index(i)
+            ctrl = self.read(REBAR_AT + 8 + 8 * k) & ~0x3F00 | _mib_log2(size) << 8
+            struct.pack_into("<I", self.data, REBAR_AT + 8 + 8 * k, ctrl)
 
     def bar(self, i: int) -> tuple[int, int]:
         size, flags = self.bars[i]
@@ -81,7 +117,8 @@ class Config:
 
 
 class Port:
-    """A PCI-to-PCI bridge (header type 1): forwards by bus number and memory window."""
+    """A PCI-to-PCI bridge (header type 1): forwards by bus number, its memory window (32-bit)
+    and its prefetchable window (64-bit: the base and limit's upper halves at 0x28 and 0x2C)."""
 
     def __init__(self, vid: int, did: int):
         self.config = Config(vid, did, 0x06, 1)
@@ -93,11 +130,12 @@ class Port:
     def routes_mem(self, addr: int) -> bool:
         if not self.config.command & 2:
             return False
-        for reg in (0x20, 0x24):
-            base, limit = struct.unpack_from("<HH", self.config.data, reg)
-            if (base >> 4) << 20 <= addr < ((limit >> 4) + 1) << 20:
-                return True
-        return False
+        base, limit = struct.unpack_from("<HH", self.config.data, 0x20)
+        if (base >> 4) << 20 <= addr < ((limit >> 4) + 1) << 20:
+            return True
+        base, limit, base_hi, limit_hi = struct.unpack_from("<HHII", self.config.data, 0x24)
+        return (base_hi << 32 | (base >> 4) << 20) <= addr < \
+            (limit_hi << 32 | ((limit >> 4) + 1) << 20)
 
 
 class Function:
@@ -208,12 +246,15 @@ class MockBridge:
     def _tlp(self) -> None:
         x = self.xdata
         fmt, be = x[asm24.REG_FMT], x[asm24.REG_BE]
-        addr, = struct.unpack_from(">I", x, asm24.REG_ADDR)
+        addr, high = struct.unpack_from(">II", x, asm24.REG_ADDR)
         value, = struct.unpack_from(">I", x, asm24.REG_DATA)
         is_cfg, write = fmt & 0xBE == asm24.CFG_READ, bool(fmt & 0x40)
+        is_mem = not fmt & ~(asm24.WIDE | asm24.MEM_WRITE)
+        if is_mem and fmt & asm24.WIDE:  # the 4-dword header: 0xB21C is the address's top half
+            addr |= high << 32
         status, data = self._config(fmt, addr, value, be) if is_cfg else \
-            self._memory(addr, value, be, write)
-        if fmt == asm24.MEM_WRITE:
+            self._memory(addr, value, be, write) if is_mem else (UR, None)
+        if fmt & ~asm24.WIDE == asm24.MEM_WRITE:
             self.dropped_writes += status != SC
             return
         count = 4 if is_cfg else bin(be).count("1")
@@ -267,6 +308,7 @@ class MockLibusb:
         self.streams: dict[int, int] = {}
         self.owned: dict[int, object] = {}  # transfers alive, by address
         self.transfers = 0  # completed, as the host counts them
+        self.bytes = 0  # their payload bytes, both ways (the host's count must agree)
         self.on_replug = None  # what else power-cycles with the enclosure (the GPU behind it)
         self.absent = bringup("usb.device") == "absent"
 
@@ -382,6 +424,7 @@ class MockLibusb:
             (t.length if status == COMPLETED else 0)
         t.status = status
         self.transfers += status == COMPLETED
+        self.bytes += t.actual_length if status == COMPLETED else 0
         t.callback(t)
 
     def _on(self, ep: int, stream: int):

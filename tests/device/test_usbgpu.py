@@ -47,11 +47,16 @@ def test_the_gpu_behind_the_bridge_is_an_rx_7900():
 
 def test_ip_discovery_reads_gfx11():
     from am import discovery
-    from am.driver import discover
+    from am.driver import discover, vram_size
     from usbgpu.pci import UsbPci
     pci = UsbPci()
     try:
-        ips = discover(pci)  # no firmware is sent
+        vram = vram_size(pci)  # RCC_CONFIG_MEMSIZE
+        # BAR0 at 32 GiB if its Resizable BAR grew it (discovery then reads through it with
+        # 4-dword requests), else 256 MiB below 4 GiB (discovery through MM_INDEX/MM_DATA)
+        print(f"VRAM {vram >> 20} MiB, BAR0 {pci.bars[0][1] >> 20} MiB at 0x{pci.bars[0][0]:x}")
+        assert vram >= 8 << 30
+        ips = discover(pci, vram)  # no firmware is sent
         print({ip.name: ip.version for ip in ips.values() if ip.instance == 0})
         assert ips[11, 0].version[0] == 11
         assert discovery.HW_IDS[11] == "GC"
