@@ -18,6 +18,7 @@ from compiler.codegen.ranges import SAFE_MAX, Fp32Keep, keep_fp32, measure, samp
 from compiler.ir.dtypes import dtypes
 from compiler.ir.uop import UOp
 from compiler.onnx.load import load_onnx
+from compiler.ring import find_rings, make_rings, mirror_name
 from compiler.renderers import get_renderer
 from compiler.schedule.buffers import Buffers
 from compiler.schedule.fusion import Kernel, schedule
@@ -90,6 +91,8 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         graphs = _frontend(models, input_shapes or {}, float16, targets[0], state or {},
                            input_values or {}, tuple(overridable))
         pairs = _state_pairs(graphs, state or {})
+        rings = find_rings(graphs, pairs, max(t.buffer_align for t in targets))
+        make_rings(graphs, pairs, rings)
     with st("schedule"):
         outs, kernels, last, nodes, origins, counts = _schedule(graphs, list(models), tgt,
                                                                 targets[0])
@@ -120,7 +123,7 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
     for a, (_, bufs, _, uses), d in zip(arts, builds, defaults):
         a.meta, a.provenance, a.defaults = meta, provenance(uses, nodes, origins), d
         a.entries, a.state = _entries(list(models), graphs, bufs, counts), \
-            _state(pairs, bufs)
+            _state(pairs, rings, bufs)
     arts[0].variants = arts[1:]
     return arts[0]
 
@@ -274,9 +277,11 @@ def _entries(names: list[str], graphs: list, bufs: Buffers, counts: list[int]) -
     return entries
 
 
-def _state(pairs: dict[str, str], bufs: Buffers) -> list[State]:
-    return [State(x, tuple(b.id for b in bufs.inputs if b.name == x),
-                  tuple(b.id for b in bufs.outputs if b.name == y), bufs.inits.get(x))
+def _state(pairs: dict[str, str], rings: dict[str, int], bufs: Buffers) -> list[State]:
+    def outs(name: str) -> tuple[int, ...]:
+        return tuple(b.id for b in bufs.outputs if b.name == name)
+    return [State(x, tuple(b.id for b in bufs.inputs if b.name == x), outs(y),
+                  bufs.inits.get(x), rings.get(x, 0), outs(mirror_name(y)) if x in rings else ())
             for x, y in pairs.items()]
 
 

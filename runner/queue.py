@@ -140,6 +140,10 @@ class QueueDevice(Device):
     def alloc_state(self, nbytes: int) -> Memory:
         return self.alloc(nbytes)
 
+    def state_part(self, mem: Memory, offset: int, nbytes: int) -> Memory:
+        view = None if mem.view is None else mem.view[offset:offset + nbytes]
+        return Memory(mem.address + offset, view, nbytes)
+
     def state_view(self, mem: Memory) -> np.ndarray | None:
         return mem.view
 
