@@ -3,11 +3,15 @@
 A state pair X -> Y whose every writing entry computes Y = Concat(Slice(X, k..), N) on axis 0
 (openpilot's frame and feature histories) keeps M - k of its M rows and shifts k new ones in.
 As a ping-pong state, each run copies the M - k kept rows into the other half. As a ring, the
-runner keeps the queue's rows in place and binds X to the queue's current window, so the graph
-only has to write N: the entry's output Y becomes N (k rows), plus a second output, Y's mirror,
-a copy of N that the runner binds to the other copy of the same rows (the ring is stored twice
-so that every window is contiguous). Readers of Y in the same run still read
-Concat(Slice(X, k..), N): X's window and N's rows, nothing copied.
+runner keeps the rows in place (stored twice, so every window of M rows is contiguous) and
+binds, per run, X to the queue's current window, Y's new rows and their mirror (second copy)
+to where they go, and Y's window (the next one) to an input that the run's readers of Y read.
+
+So after scheduling, each writing entry's kernel for Y becomes the kernel for N alone (what it
+read, realized as the scheduler chose: a warp's coordinates stay their own kernel), writing
+Y's k rows, then a copy of them into the mirror; Y's readers, later in the same launch order,
+read the window input. The three alias one memory, which the launches' barriers are told
+(`units`). Nothing of the kept rows is copied.
 
 A queue stays ping-pong when any entry writes it otherwise, when k does not divide M, or when
 k rows are not a whole number of the target's buffer alignment (each window and row block
@@ -18,6 +22,7 @@ from __future__ import annotations
 import math
 
 from compiler.ir.uop import Ops, UOp
+from compiler.schedule.fusion import Kernel, kernel_of
 
 
 def new_rows(y: UOp, x: UOp) -> tuple[int, UOp] | None:
@@ -38,22 +43,24 @@ def new_rows(y: UOp, x: UOp) -> tuple[int, UOp] | None:
     return None
 
 
-def find_rings(graphs: list, pairs: dict[str, str], align: int) -> dict[str, int]:
-    """{state input: k} for the pairs that become rings (see the module docstring)."""
+def find_rings(scheduled: list, pairs: dict[str, str], align: int) -> dict[str, int]:
+    """{state input: k} for the pairs that become rings (see the module docstring).
+    `scheduled`: per entry, (its frontend Graph, its folded outputs)."""
     out = {}
     for x, y in pairs.items():
         found = set()
-        for g in graphs:
-            ins, outs = dict(g.inputs), dict(g.outputs)
-            if y in outs:
-                got = new_rows(outs[y], ins[x]) if x in ins else None
+        for g, outs in scheduled:
+            names = [n for n, _ in g.outputs]
+            if y in names:
+                ins = dict(g.inputs)
+                got = new_rows(outs[names.index(y)], ins[x]) if x in ins else None
                 found.add(got and got[0])
         k = found.pop() if len(found) == 1 else None
-        taken = any(n == mirror_name(y) for g in graphs for n, _ in g.outputs)
+        taken = any(n in (mirror_name(y), window_name(y)) for g, _ in scheduled
+                    for n, _ in (*g.inputs, *g.outputs))
         if k and not taken:
-            u = next(u for g in graphs for n, u in g.inputs if n == x)
-            m = u.shape[0]
-            if m % k == 0 and k * math.prod(u.shape[1:]) * u.dtype.itemsize % align == 0:
+            u = next(u for g, _ in scheduled for n, u in g.inputs if n == x)
+            if u.shape[0] % k == 0 and k * math.prod(u.shape[1:]) * u.dtype.itemsize % align == 0:
                 out[x] = k
     return out
 
@@ -62,14 +69,51 @@ def mirror_name(y: str) -> str:
     return f"{y}.mirror"
 
 
-def make_rings(graphs: list, pairs: dict[str, str], rings: dict[str, int]) -> None:
-    """Each ring's writing entries output N as Y and again as Y's mirror (in place)."""
-    for x, k in rings.items():
+def window_name(y: str) -> str:
+    return f"{y}.window"
+
+
+def make_rings(g, outs: list[UOp], kernels: list[Kernel], realized: set,
+               pairs: dict[str, str], rings: dict[str, int]) -> None:
+    """One entry's kernels, outputs and inputs made ring's (in place): Y's kernel computes N
+    alone into Y's output, a copy follows into Y's mirror, Y's readers read Y's window."""
+    for x in rings:
+        y, names = pairs[x], [n for n, _ in g.outputs]
+        if y not in names:
+            continue
+        j = names.index(y)
+        full = outs[j]
+        new = new_rows(full, dict(g.inputs)[x])[1]
+        i = next(i for i, kn in enumerate(kernels) if kn.root is full and kn.into is None)
+        prefix = kernels[i].name.split("_", 1)[0]  # k<n>: the number of Y's kernel
+        kernels[i:i + 1] = [*_writer(new, kernels, realized, prefix),
+                            Kernel(f"{prefix}_mirror", new, [new])]
+        outs[j], g.outputs[j] = new, (y, new)
+        outs.append(new)
+        g.outputs.append((mirror_name(y), new))
+        if any(full in kn.inputs for kn in kernels):
+            g.inputs.append((window_name(y), full))
+
+
+def _writer(new: UOp, kernels: list[Kernel], realized: set, prefix: str) -> list[Kernel]:
+    """The kernel that writes N into Y's output: none where N's own kernel does (it is then
+    the output's writer, compiler/schedule/buffers.py), a copy where N is realized into
+    another tensor's buffer, else N computed from what Y's kernel read."""
+    if new.op not in (Ops.INPUT, Ops.WEIGHT) and new in realized:
+        if any(kn.root is new and kn.into is None for kn in kernels):
+            return []
+        return [Kernel(f"{prefix}_rows", new, [new])]
+    return [kernel_of(new, realized, prefix)]
+
+
+def units(bufs, pairs: dict[str, str], rings: dict[str, int]) -> dict[int, int]:
+    """{io buffer id: unit} for hazards.mark_barriers: a ring's new rows, mirror and window
+    buffers alias one memory."""
+    out = {}
+    for x in rings:
         y = pairs[x]
-        for g in graphs:
-            ins = dict(g.inputs)
-            for j, (name, u) in enumerate(g.outputs):
-                if name == y:
-                    n = new_rows(u, ins[x])[1]
-                    g.outputs[j] = (y, n)
-                    g.outputs.append((mirror_name(y), n))
+        ids = [b.id for b in bufs.table.values() if b.region in ("input", "output") and
+               b.name in (y, mirror_name(y), window_name(y)) and (b.region == "output"
+                                                                  or b.name != y)]
+        out.update({i: ids[0] for i in ids})
+    return out

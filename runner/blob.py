@@ -82,6 +82,7 @@ class StateSpec:
     init: BufferSpec | None
     step: int = 0
     mirrors: tuple[BufferSpec, ...] = ()
+    windows: tuple[BufferSpec, ...] = ()  # a ring's: inputs that read the written value
 
 
 @dataclass(frozen=True)
@@ -346,7 +347,8 @@ _RECORD = _obj({
                            "launches": _list(_int)})),
     "state": _list(_obj({"name": _str, "reads": _list(_int), "writes": _list(_int),
                          "init": _nullable(_int)},
-                        optional={"ring": _obj({"step": _int, "mirrors": _list(_int)})})),
+                        optional={"ring": _obj({"step": _int, "mirrors": _list(_int),
+                                                 "windows": _list(_int)})})),
 }, optional={
     # which ONNX nodes each launch computes (tools: profile, bisect, blobinfo); checked against
     # the replay table in _provenance
@@ -736,7 +738,8 @@ def _state(records: list[dict], buffers: dict[int, BufferSpec],
         ring = r.get("ring")
         io = []
         for key, region, ids in (("reads", "input", r["reads"]), ("writes", "output", r["writes"]),
-                                 ("ring mirrors", "output", ring["mirrors"] if ring else [])):
+                                 ("ring mirrors", "output", ring["mirrors"] if ring else []),
+                                 ("ring windows", "input", ring["windows"] if ring else [])):
             got = [buffers.get(i) for i in ids]
             if any(b is None or b.region != region or b.id in used for b in got):
                 raise BlobError(f"{what}: {key} expected {region} buffers of no other state, "
@@ -748,7 +751,7 @@ def _state(records: list[dict], buffers: dict[int, BufferSpec],
             used.update(ids)
             io.append(tuple(got))
         init = None if r["init"] is None else buffers.get(r["init"])
-        every = [*io[0], *([init] if r["init"] is not None else [])]
+        every = [*io[0], *([init] if r["init"] is not None else []), *io[3]]
         every += [] if ring else io[1]
         if not io[0] and not io[1] or any(b is None for b in every) or \
                 len({(b.dtype, b.shape) for b in every}) != 1 or \
@@ -759,21 +762,25 @@ def _state(records: list[dict], buffers: dict[int, BufferSpec],
                             f"reads {r['reads']} writes {r['writes']} init {r['init']}")
         step = _ring(what, ring, every[0], *io[1:], entry_of) if ring else 0
         states.append(StateSpec(r["name"], every[0].dtype, every[0].shape, *io[:2], init, step,
-                                io[2]))
+                                *io[2:]))
     return tuple(states)
 
 
 def _ring(what: str, ring: dict, state: BufferSpec, writes: tuple, mirrors: tuple,
-          entry_of: dict) -> int:
+          windows: tuple, entry_of: dict) -> int:
     """A ring's step k: 0 < k < M rows with k | M (M: the state's rows, so it needs a read);
-    each write and its mirror are k of those rows, in the same entry."""
+    each write and its mirror are k of those rows, in the same entry; a window (M rows, checked
+    by the caller) only in an entry that writes."""
     k, m = ring["step"], state.shape[0] if state.region == "input" and state.shape else 0
     rows = (k, *state.shape[1:])
+    writers = [entry_of[b.id] for b in writes]
     if not (0 < k < m and m % k == 0) or len(mirrors) != len(writes) or any(
-            b.dtype != state.dtype or b.shape != rows for b in (*writes, *mirrors)) or any(
-            entry_of[w.id] != entry_of[c.id] for w, c in zip(writes, mirrors)):
+            b.dtype != state.dtype or b.shape != rows for b in (*writes, *mirrors)) or \
+            [entry_of[b.id] for b in mirrors] != writers or \
+            any(entry_of[b.id] not in writers for b in windows):
         raise BlobError(f"{what}: ring expected a read of M rows, a step k with 0 < k < M and "
-                        f"k | M, and per write a mirror in its entry, both {state.dtype} of "
-                        f"shape {list(rows)}; got step {k}, M {m}, writes "
-                        f"{[b.id for b in writes]}, mirrors {ring['mirrors']}")
+                        f"k | M, per write a mirror in its entry, both {state.dtype} of shape "
+                        f"{list(rows)}, and windows only in writing entries; got step {k}, "
+                        f"M {m}, writes {[b.id for b in writes]}, mirrors {ring['mirrors']}, "
+                        f"windows {ring['windows']}")
     return k

@@ -57,6 +57,8 @@ class States:
             bind(slot, self.writing[k][current[k]])
         for k, slot in entry.mirrors:
             bind(slot, self.mirroring[k][current[k]])
+        for k, slot in entry.windows:  # the value the run writes, read in the same run
+            bind(slot, self.reading[k][(current[k] + 1) % self.period[k]])
 
     def commit(self, entry: Entry) -> None:
         """After a completed run of `entry`: what it wrote is the state."""

@@ -1,5 +1,5 @@
 """Shifting queues as rings (compiler/ring.py, runner/state.py): which state pairs the compiler
-makes rings, and on every backend: 1,000 runs bit-exact against numpy (the window wraps around
+makes rings and how their readers in the same run are ordered, and on every backend: 1,000 runs bit-exact against numpy (the window wraps around
 the ring hundreds of times), a hang that leaves the queues as before and the run after it
 continuing, a run whose kernels wrote their rows before it failed, reset_state and set_state.
 The same contract for ping-pong state is tests/test_device_contract.py's."""
@@ -62,6 +62,16 @@ def test_shifting_queues_become_rings_and_other_state_stays_ping_pong():
     assert [b.shape for b in (*ring.writes, *ring.mirrors)] == [(2, W)] * 2  # the new rows only
     assert m.blob.manifest["variants"][0]["state"][2].keys() == {"name", "reads", "writes",
                                                                   "init"}  # acc: no "ring"
+    # y and z read the shifted queues through their windows, after a barrier past the writes
+    # of the rows those windows hold (the three buffers are one memory, compiler/ring.py)
+    for s in m.blob.state[:2]:
+        assert [b.shape for b in s.windows] == [(M, W)]
+        ring_ids = {b.id for b in (*s.writes, *s.mirrors)}
+        dirty = False
+        for ln in m.blob.launches:
+            dirty = dirty and not ln.barrier
+            assert not (dirty and s.windows[0].id in ln.args), (s.name, ln.kernel)
+            dirty = dirty or ln.args[0] in ring_ids
 
 
 @pytest.mark.parametrize("model, steps", [
