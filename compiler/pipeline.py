@@ -95,9 +95,7 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         outs, kernels, last, nodes, origins, counts, rings = _schedule(
             graphs, list(models), tgt, targets[0], pairs)
         inputs = [io for g in graphs for io in g.inputs]
-        keep = _calibrate(calibration if float16 else None,
-                          [io for io in inputs if io[1].op is Ops.INPUT], kernels, outs,
-                          targets[0], st)
+        keep = _calibrate(calibration if float16 else None, inputs, kernels, outs, targets[0], st)
         plans = []  # per variant: (target, its buffers, one job per distinct kernel, launches)
         for t in targets:
             bufs = Buffers(inputs, list(zip([n for g in graphs for n, _ in g.outputs], outs)),
@@ -106,9 +104,8 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
             plans.append((t, bufs, *_jobs(kernels, bufs, last, t, keep.kernels)))
         st.count("schedule", kernels=len(kernels), programs=sum(len(p[2]) for p in plans))
     done, early = _kernels(plans, st)
-    builds = [(t, bufs, _launch(bufs, {k: done[i, k] for k in jobs}, uses, st,
-                                units(bufs, pairs, rings)), uses)
-              for i, (t, bufs, jobs, uses) in enumerate(plans)]
+    builds = [(t, bufs, _launch(bufs, {k: done[i, k] for k in jobs}, uses, st, units(
+        bufs, pairs, rings)), uses) for i, (t, bufs, jobs, uses) in enumerate(plans)]
     defaults = [_defaults(bufs, graphs, pairs) for _, bufs, _, _ in builds]
     weights = share_weights([bufs for _, bufs, _, _ in builds], writer and writer.region)
     if writer is not None:
@@ -133,10 +130,11 @@ def _calibrate(calibration: dict | None, inputs: list, kernels: list[Kernel], ou
                tgt: Target, st: Stages) -> Fp32Keep:
     """float16 with sample inputs (by name: an input's shape, or a leading axis of samples
     more): the tensors and kernels that stay fp32 (codegen/ranges.py); meta "fp16_ranges"
-    reports them. Nothing without samples, or where activations are fp32 anyway."""
+    reports them. Nothing without samples, or where activations are fp32 anyway. A ring's
+    window inputs (compiler/ring.py) are computed values, not fed."""
     if not calibration or not tgt.half_activations:
         return Fp32Keep()
-    feeds = samples(calibration, inputs)
+    feeds = samples(calibration, [io for io in inputs if io[1].op is Ops.INPUT])
     with st("calibrate", samples=len(feeds)):
         return keep_fp32(kernels, set(outs), measure(outs, feeds), len(feeds))
 
@@ -216,7 +214,7 @@ def _schedule(graphs: list, names: list[str], tgt: Target, first: Target,
         g_kernels = _copies_for_shared_outputs(g_outs, g_kernels)
         done.append((g_outs, *_layouts(g_kernels, realized, set(g_outs), first), realized,
                      tracked))
-    rings = find_rings([(g, d[0]) for g, d in zip(graphs, done)], pairs,
+    rings = find_rings([(g, d[0], d[1]) for g, d in zip(graphs, done)], pairs,
                        max(t.buffer_align for t in variant_targets(tgt)))
     outs, kernels, last, nodes, origins, counts = [], [], set(), [], {}, []
     for i, (g, name, (g_outs, g_kernels, g_last, realized, tracked)) in enumerate(

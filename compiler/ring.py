@@ -45,21 +45,22 @@ def new_rows(y: UOp, x: UOp) -> tuple[int, UOp] | None:
 
 def find_rings(scheduled: list, pairs: dict[str, str], align: int) -> dict[str, int]:
     """{state input: k} for the pairs that become rings (see the module docstring).
-    `scheduled`: per entry, (its frontend Graph, its folded outputs)."""
+    `scheduled`: per entry, (its frontend Graph, its folded outputs, its kernels)."""
     out = {}
     for x, y in pairs.items():
         found = set()
-        for g, outs in scheduled:
+        for g, outs, kernels in scheduled:
             names = [n for n, _ in g.outputs]
             if y in names:
-                ins = dict(g.inputs)
-                got = new_rows(outs[names.index(y)], ins[x]) if x in ins else None
-                found.add(got and got[0])
+                full = outs[names.index(y)]
+                got = new_rows(full, dict(g.inputs)[x]) if x in dict(g.inputs) else None
+                own = any(kn.root is full and kn.into is None for kn in kernels)
+                found.add(got[0] if got and own else None)
         k = found.pop() if len(found) == 1 else None
-        taken = any(n in (mirror_name(y), window_name(y)) for g, _ in scheduled
+        taken = any(n in (mirror_name(y), window_name(y)) for g, _, _ in scheduled
                     for n, _ in (*g.inputs, *g.outputs))
         if k and not taken:
-            u = next(u for g, _ in scheduled for n, u in g.inputs if n == x)
+            u = next(u for g, _, _ in scheduled for n, u in g.inputs if n == x)
             if u.shape[0] % k == 0 and k * math.prod(u.shape[1:]) * u.dtype.itemsize % align == 0:
                 out[x] = k
     return out

@@ -82,8 +82,8 @@ class Graph:
             self.bindings.append(tuple(args))
         self.state: tuple[StateSpec, ...] = blob.state
         self.entries = [_entry(e, blob.state) for e in blob.entries]
-        self.state_slots = {s for e in self.entries
-                            for pairs in (e.reads, e.writes, e.mirrors, e.windows) for _, s in pairs}
+        self.state_slots = {s for e in self.entries for pairs in
+                            (e.reads, e.writes, e.mirrors, e.windows) for _, s in pairs}
 
     def address(self, binding: Binding, bases: dict[Kind, int], io: list[int]) -> int:
         """A binding as an address: `bases` holds the arena's and weights' base, `io` each

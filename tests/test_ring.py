@@ -1,8 +1,9 @@
 """Shifting queues as rings (compiler/ring.py, runner/state.py): which state pairs the compiler
-makes rings and how their readers in the same run are ordered, and on every backend: 1,000 runs bit-exact against numpy (the window wraps around
-the ring hundreds of times), a hang that leaves the queues as before and the run after it
-continuing, a run whose kernels wrote their rows before it failed, reset_state and set_state.
-The same contract for ping-pong state is tests/test_device_contract.py's."""
+makes rings and how their readers in the same run are ordered, and on every backend: 1,000
+runs bit-exact against numpy (the window wraps around the ring hundreds of times), a hang that
+leaves the queues as before and the run after it continuing, a run whose kernels wrote their
+rows before it failed, reset_state and set_state. The same contract for ping-pong state is
+tests/test_device_contract.py's."""
 from __future__ import annotations
 
 import json
