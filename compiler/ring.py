@@ -9,8 +9,8 @@ to where they go, and Y's window (the next one) to an input that the run's reade
 
 So after scheduling, each writing entry's kernel for Y becomes the kernel for N alone (what it
 read, realized as the scheduler chose: a warp's coordinates stay their own kernel), writing
-Y's k rows, then a copy of them into the mirror; Y's readers, later in the same launch order,
-read the window input. The three alias one memory, which the launches' barriers are told
+Y's k rows, and the entry ends with a copy of them into the mirror; Y's readers, later in the
+same launch order, read the window input. The three alias one memory, which the launches' barriers are told
 (`units`). Nothing of the kept rows is copied.
 
 A queue stays ping-pong when any entry writes it otherwise, when k does not divide M, or when
@@ -87,8 +87,10 @@ def make_rings(g, outs: list[UOp], kernels: list[Kernel], realized: set,
         new = new_rows(full, dict(g.inputs)[x])[1]
         i = next(i for i, kn in enumerate(kernels) if kn.root is full and kn.into is None)
         prefix = kernels[i].name.split("_", 1)[0]  # k<n>: the number of Y's kernel
-        kernels[i:i + 1] = [*_writer(new, kernels, realized, prefix),
-                            Kernel(f"{prefix}_mirror", new, [new])]
+        kernels[i:i + 1] = _writer(new, kernels, realized, prefix)
+        # last: the run's readers of Y read the copy the runner binds Y's rows to (the one in
+        # the next window), so the mirror can wait, where a barrier is most likely there anyway
+        kernels.append(Kernel(f"{prefix}_mirror", new, [new]))
         outs[j], g.outputs[j] = new, (y, new)
         outs.append(new)
         g.outputs.append((mirror_name(y), new))

@@ -13,9 +13,9 @@ may have half-written is read at p.
     memory of 2L rows, L = M + k. Queue row t lives at cyclic row c = t mod L, stored twice,
     at rows c and c + L, so every window of M cyclic rows is contiguous: the value at
     position p is rows [w, w + M), w = p k (period L / k). A run writes only its k new rows,
-    at the cyclic rows just past the window, (w + M) mod L, and at their copy L rows on:
-    neither is inside the window it reads, and the kept rows are already in place in the next
-    window, w + k. The graph reads the queue's shifted value as X's window and the new rows.
+    at the cyclic rows just past the window, (w + M) mod L, in both copies: neither is inside
+    the window it reads, and the kept rows are already in place in the next window,
+    w' = (w + k) mod L, which the run's readers of the shifted queue read (a window slot).
 """
 from __future__ import annotations
 
@@ -108,11 +108,14 @@ class States:
 
 
 def _ring(device, m: int, k: int, nbytes: int) -> tuple:
-    """(memory of 2L rows, per position: the window, the new rows, their copy)."""
+    """(memory of 2L rows, per position: the window, the new rows, their copy). The new rows
+    are the copy inside the next window, which the run's readers of the written value read (the
+    mirror is written last, compiler/ring.py)."""
     row, rows = nbytes // m, m + k
     mem = device.alloc_state(2 * rows * row)
     part, starts = device.state_part, range(0, rows, k)
     windows = tuple(part(mem, w * row, nbytes) for w in starts)
-    news = tuple(part(mem, (w + m) % rows * row, k * row) for w in starts)
-    copies = tuple(part(mem, ((w + m) % rows + rows) * row, k * row) for w in starts)
+    at = [(w + k) % rows + m - k for w in starts]  # the next window's last k rows
+    news = tuple(part(mem, a * row, k * row) for a in at)
+    copies = tuple(part(mem, (a - rows if a >= rows else a + rows) * row, k * row) for a in at)
     return mem, windows, news, copies
