@@ -76,8 +76,8 @@ def window_name(y: str) -> str:
 
 def make_rings(g, outs: list[UOp], kernels: list[Kernel], realized: set,
                pairs: dict[str, str], rings: dict[str, int]) -> None:
-    """One entry's kernels, outputs and inputs made ring's (in place): Y's kernel computes N
-    alone into Y's output, a copy follows into Y's mirror, Y's readers read Y's window."""
+    """One entry's kernels, outputs and inputs, rings made (in place): Y's kernel computes N
+    alone into Y's output, a last copy puts it into Y's mirror, Y's readers read Y's window."""
     for x in rings:
         y, names = pairs[x], [n for n, _ in g.outputs]
         if y not in names:
