@@ -188,3 +188,26 @@ def test_a_rings_state_view_is_its_window_read_only_on_host_memory():
         view[0] = 1
     assert m.state["acc"].flags.writeable  # ping-pong: a writable view, as before
     ref.check(m, "after one run")
+
+
+@pytest.mark.parametrize("device", ["cpu", "mock"])
+def test_new_rows_may_read_the_queue_and_y_may_also_be_an_ordinary_output(device):
+    """new = q[-1] + x (N reads the window it shifts), and Identity(q_out) is an output too:
+    that output is copied from Y's window after the new row is in."""
+    nodes = [helper.make_node("Slice", ["q", "last", "rows", "zero"], ["q_last"]),
+             helper.make_node("Add", ["q_last", "x"], ["new"]),
+             helper.make_node("Slice", ["q", "one", "rows", "zero"], ["q_tail"]),
+             helper.make_node("Concat", ["q_tail", "new"], ["q_out"], axis=0),
+             helper.make_node("Identity", ["q_out"], ["q_copy"])]
+    model = make_model(nodes, [("x", (1, W), "float32"), ("q", (M, W), "float32")],
+                       [("q_copy", (M, W), "float32"), ("q_out", (M, W), "float32")],
+                       {"one": i64(1), "last": i64(M - 1), "rows": i64(M), "zero": i64(0)})
+    helper.set_model_props(model, {"keel.state": json.dumps({"q": "q_out"})})
+    m = Model.load(compiled_blob(model, target=TARGETS[device]), device=device)
+    assert [s.step for s in m.blob.state] == [1] and m.outputs.keys() == {"q_copy"}
+    q, rng = np.zeros((M, W), np.float32), np.random.default_rng(8)
+    for i in range(2 * (M + 1) + 1):  # twice round the ring
+        x = rng.standard_normal((1, W)).astype(np.float32)
+        q = np.concatenate([q[1:], q[-1:] + x])
+        np.testing.assert_array_equal(m.run({"x": x})["q_copy"], q, err_msg=f"run {i}")
+        np.testing.assert_array_equal(m.state["q"], q, err_msg=f"run {i}")
