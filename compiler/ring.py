@@ -20,9 +20,10 @@ starts k rows apart, and kernels read io buffers at that alignment).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from compiler.ir.uop import Ops, UOp
-from compiler.schedule.fusion import Kernel, kernel_of
+from compiler.schedule.fusion import Kernel, inlined, kernel_of
 
 
 def new_rows(y: UOp, x: UOp) -> tuple[int, UOp] | None:
@@ -87,10 +88,11 @@ def make_rings(g, outs: list[UOp], kernels: list[Kernel], realized: set,
         new = new_rows(full, dict(g.inputs)[x])[1]
         i = next(i for i, kn in enumerate(kernels) if kn.root is full and kn.into is None)
         prefix = kernels[i].name.split("_", 1)[0]  # k<n>: the number of Y's kernel
-        kernels[i:i + 1] = _writer(new, kernels, realized, prefix)
+        writer = _writer(new, kernels, realized, prefix)
+        kernels[i:i + 1] = writer
         # last: the run's readers of Y read the copy the runner binds Y's rows to (the one in
         # the next window), so the mirror can wait, where a barrier is most likely there anyway
-        kernels.append(Kernel(f"{prefix}_mirror", new, [new]))
+        kernels.append(_mirror(new, writer, realized, prefix))
         outs[j], g.outputs[j] = new, (y, new)
         outs.append(new)
         g.outputs.append((mirror_name(y), new))
@@ -109,14 +111,26 @@ def _writer(new: UOp, kernels: list[Kernel], realized: set, prefix: str) -> list
     return [kernel_of(new, realized, prefix)]
 
 
+def _mirror(new: UOp, writer: list[Kernel], realized: set, prefix: str) -> Kernel:
+    """N again, into Y's mirror: computed again where that reads at most twice N's bytes and
+    no reduction or gather (then it waits for no barrier after N's write: a threaded CPU graph
+    or a GPU stream pays one per barrier), else copied from Y's rows."""
+    if writer and writer[0].inputs != [new] and \
+            not any(n.op in (Ops.REDUCE, Ops.GATHER) for n in inlined(new, realized)) and \
+            sum(u.size * u.dtype.itemsize for u in writer[0].inputs) <= \
+            2 * new.size * new.dtype.itemsize:
+        return replace(writer[0], name=f"{prefix}_mirror")
+    return Kernel(f"{prefix}_mirror", new, [new])
+
+
 def units(bufs, pairs: dict[str, str], rings: dict[str, int]) -> dict[int, int]:
-    """{io buffer id: unit} for hazards.mark_barriers: a ring's new rows, mirror and window
-    buffers alias one memory."""
+    """{io buffer id: unit} for hazards.mark_barriers: a ring's new rows and its window are one
+    memory (runner/state.py binds the rows inside the window); the mirror, the rows' other
+    copy, lies outside the window and the rows."""
     out = {}
     for x in rings:
         y = pairs[x]
-        ids = [b.id for b in bufs.table.values() if b.region in ("input", "output") and
-               b.name in (y, mirror_name(y), window_name(y)) and (b.region == "output"
-                                                                  or b.name != y)]
+        ids = [b.id for b in bufs.table.values() if (b.region, b.name) in
+               (("output", y), ("input", window_name(y)))]
         out.update({i: ids[0] for i in ids})
     return out
