@@ -62,11 +62,16 @@ class Entry:
 class State:
     """A persistent buffer: the entries' graph inputs that read it and the graph outputs whose
     value replaces it after a run (docs/blob.md "state"). `init`: a weights buffer holding its
-    initial value, or None for zeros."""
+    initial value, or None for zeros. A ring (compiler/ring.py) shifts `step` rows in per run:
+    its writes are those rows, `mirrors` (one per write) their second copy, `windows` the
+    inputs that read the written value in the same run; step 0: ping-pong."""
     name: str
     reads: tuple[int, ...]
     writes: tuple[int, ...]
     init: int | None = None
+    step: int = 0
+    mirrors: tuple[int, ...] = ()
+    windows: tuple[int, ...] = ()
 
 
 @dataclass

@@ -284,7 +284,9 @@ def _variant(a: Artifact, name: str) -> tuple[dict, bytes, bytes]:
     record["entries"] = [{"name": e.name, "inputs": list(e.inputs), "outputs": list(e.outputs),
                           "launches": [e.first, e.count]} for e in _entries(a)]
     record["state"] = [{"name": x.name, "reads": list(x.reads), "writes": list(x.writes),
-                        "init": x.init} for x in a.state]
+                        "init": x.init, **({"ring": {"step": x.step, "mirrors": list(x.mirrors),
+                                                     "windows": list(x.windows)}}
+                                           if x.step else {})} for x in a.state]
     if a.provenance is not None:
         record["provenance"] = a.provenance
     if a.defaults:

@@ -16,8 +16,9 @@ from compiler.errors import CompileError
 from compiler.codegen.build import Built, Job, build_all
 from compiler.codegen.ranges import SAFE_MAX, Fp32Keep, keep_fp32, measure, samples
 from compiler.ir.dtypes import dtypes
-from compiler.ir.uop import UOp
+from compiler.ir.uop import Ops, UOp
 from compiler.onnx.load import load_onnx
+from compiler.ring import find_rings, make_rings, mirror_name, units, window_name
 from compiler.renderers import get_renderer
 from compiler.schedule.buffers import Buffers
 from compiler.schedule.fusion import Kernel, schedule
@@ -91,8 +92,8 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
                            input_values or {}, tuple(overridable))
         pairs = _state_pairs(graphs, state or {})
     with st("schedule"):
-        outs, kernels, last, nodes, origins, counts = _schedule(graphs, list(models), tgt,
-                                                                targets[0])
+        outs, kernels, last, nodes, origins, counts, rings = _schedule(
+            graphs, list(models), tgt, targets[0], pairs)
         inputs = [io for g in graphs for io in g.inputs]
         keep = _calibrate(calibration if float16 else None, inputs, kernels, outs, targets[0], st)
         plans = []  # per variant: (target, its buffers, one job per distinct kernel, launches)
@@ -104,8 +105,8 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
             plans.append((t, bufs, *_jobs(kernels, bufs, last, t, keep.kernels)))
         st.count("schedule", kernels=len(kernels), programs=sum(len(p[2]) for p in plans))
     done, early = _kernels(plans, st)
-    builds = [(t, bufs, _launch(bufs, {k: done[i, k] for k in jobs}, uses, st), uses)
-              for i, (t, bufs, jobs, uses) in enumerate(plans)]
+    builds = [(t, bufs, _launch(bufs, {k: done[i, k] for k in jobs}, uses, st, units(
+        bufs, pairs, rings)), uses) for i, (t, bufs, jobs, uses) in enumerate(plans)]
     defaults = [_defaults(bufs, graphs, pairs) for _, bufs, _, _ in builds]
     weights = share_weights([bufs for _, bufs, _, _ in builds], writer and writer.region)
     if writer is not None:
@@ -121,7 +122,7 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
     for a, (_, bufs, _, uses), d in zip(arts, builds, defaults):
         a.meta, a.provenance, a.defaults = meta, provenance(uses, nodes, origins), d
         a.entries, a.state = _entries(list(models), graphs, bufs, counts), \
-            _state(pairs, bufs)
+            _state(pairs, rings, bufs)
     arts[0].variants = arts[1:]
     return arts[0]
 
@@ -130,10 +131,11 @@ def _calibrate(calibration: dict | None, inputs: list, kernels: list[Kernel], ou
                tgt: Target, st: Stages) -> Fp32Keep:
     """float16 with sample inputs (by name: an input's shape, or a leading axis of samples
     more): the tensors and kernels that stay fp32 (codegen/ranges.py); meta "fp16_ranges"
-    reports them. Nothing without samples, or where activations are fp32 anyway."""
+    reports them. Nothing without samples, or where activations are fp32 anyway. A ring's
+    window inputs (compiler/ring.py) are computed values, not fed."""
     if not calibration or not tgt.half_activations:
         return Fp32Keep()
-    feeds = samples(calibration, inputs)
+    feeds = samples(calibration, [io for io in inputs if io[1].op is Ops.INPUT])
     with st("calibrate", samples=len(feeds)):
         return keep_fp32(kernels, set(outs), measure(outs, feeds), len(feeds))
 
@@ -203,20 +205,29 @@ def _state_inits(bufs: Buffers, graphs: list, pairs: dict[str, str]) -> None:
             bufs.state_init(x, default)
 
 
-def _schedule(graphs: list, names: list[str], tgt: Target, first: Target) -> tuple:
-    """Each entry's graph scheduled alone (no kernel spans two entries), then put end to end:
-    (outputs, kernels, channels-last tensors, provenance nodes and origins, launches per
-    entry). Several entries' kernels are named after their entry's index and name, made a C
-    identifier (e1_1928x1208_run_policy_k0...): each schedule numbers its kernels from 0, and a
-    program's name must be one kernel's."""
-    outs, kernels, last, nodes, origins, counts = [], [], set(), [], {}, []
-    for i, (g, name) in enumerate(zip(graphs, names)):
+def _schedule(graphs: list, names: list[str], tgt: Target, first: Target,
+              pairs: dict[str, str]) -> tuple:
+    """Each entry's graph scheduled alone (no kernel spans two entries), its shifting queues
+    made rings (compiler/ring.py), then put end to end: (outputs, kernels, channels-last
+    tensors, provenance nodes and origins, launches per entry, rings). Several entries'
+    kernels are named after their entry's index and name, made a C identifier
+    (e1_1928x1208_run_policy_k0...): each schedule numbers its kernels from 0, and a program's
+    name must be one kernel's."""
+    done = []
+    for g in graphs:
         g_outs, g_kernels, realized, tracked = schedule(
             [u for _, u in g.outputs], tuple(g.origins), tgt.recompute_cheap)
-        for u, i in zip(tracked, g.origins.values()):
-            origins.setdefault(u, len(nodes) + i)
         g_kernels = _copies_for_shared_outputs(g_outs, g_kernels)
-        g_kernels, g_last = _layouts(g_kernels, realized, set(g_outs), first)
+        done.append((g_outs, *_layouts(g_kernels, realized, set(g_outs), first), realized,
+                     tracked))
+    rings = find_rings([(g, d[0], d[1]) for g, d in zip(graphs, done)], pairs,
+                       max(t.buffer_align for t in variant_targets(tgt)))
+    outs, kernels, last, nodes, origins, counts = [], [], set(), [], {}, []
+    for i, (g, name, (g_outs, g_kernels, g_last, realized, tracked)) in enumerate(
+            zip(graphs, names, done)):
+        make_rings(g, g_outs, g_kernels, realized, pairs, rings)
+        for u, j in zip(tracked, g.origins.values()):
+            origins.setdefault(u, len(nodes) + j)
         if len(graphs) > 1:
             for k in g_kernels:
                 k.name = f"e{i}_{re.sub(r'[^A-Za-z0-9_]', '_', name)}_{k.name}"
@@ -225,7 +236,7 @@ def _schedule(graphs: list, names: list[str], tgt: Target, first: Target) -> tup
         last |= g_last
         nodes += g.nodes
         counts.append(sum(k.root.size != 0 for k in g_kernels))  # _jobs: its launches
-    return outs, kernels, last, nodes, origins, counts
+    return outs, kernels, last, nodes, origins, counts, rings
 
 
 def _entry_models(model) -> dict:
@@ -280,9 +291,14 @@ def _entries(names: list[str], graphs: list, bufs: Buffers, counts: list[int]) -
     return entries
 
 
-def _state(pairs: dict[str, str], bufs: Buffers) -> list[State]:
-    return [State(x, tuple(b.id for b in bufs.inputs if b.name == x),
-                  tuple(b.id for b in bufs.outputs if b.name == y), bufs.inits.get(x))
+def _state(pairs: dict[str, str], rings: dict[str, int], bufs: Buffers) -> list[State]:
+    def outs(name: str) -> tuple[int, ...]:
+        return tuple(b.id for b in bufs.outputs if b.name == name)
+    def ins(name: str) -> tuple[int, ...]:
+        return tuple(b.id for b in bufs.inputs if b.name == name)
+    return [State(x, ins(x), outs(y), bufs.inits.get(x), rings.get(x, 0),
+                  outs(mirror_name(y)) if x in rings else (),
+                  ins(window_name(y)) if x in rings else ())
             for x, y in pairs.items()]
 
 
@@ -307,15 +323,17 @@ def _kernels(plans: list, st: Stages) -> tuple[dict[tuple, Built], list]:
     return done, early
 
 
-def _launch(bufs: Buffers, built: dict[tuple, Built], uses: list["Use"], st: Stages) -> dict:
-    """Record one variant's launches of its built programs and plan its arena; -> `built`."""
+def _launch(bufs: Buffers, built: dict[tuple, Built], uses: list["Use"], st: Stages,
+            aliased: dict[int, int]) -> dict:
+    """Record one variant's launches of its built programs and plan its arena; -> `built`.
+    `aliased`: io buffers one memory holds (hazards.mark_barriers' units)."""
     for use in uses:
         b = built[use.key]
         args = [use.out] + [bufs.of(u, b.packings.get(j)) for j, u in enumerate(use.kernel.inputs, 1)]
         bufs.launch(Kernel(b.name, use.kernel.root, use.kernel.inputs), args, b.plan)
     with st("plan"):
         bufs.plan_arena()
-        bufs.launches = mark_barriers(bufs.launches, bufs.by_id())
+        bufs.launches = mark_barriers(bufs.launches, bufs.by_id(), aliased)
     return built
 
 

@@ -82,13 +82,17 @@ class EntrySpec:
 class StateSpec:
     """A persistent buffer (docs/blob.md "state"): the input buffers that read it, the output
     buffers whose value replaces it after a run, its initial value (a weights buffer; None:
-    zeros). Every one of them has its dtype and shape."""
+    zeros). Every one of them has its dtype and shape, but a ring's (`step` > 0: a queue that
+    shifts `step` rows in per run) writes and `mirrors`, which are those rows."""
     name: str
     dtype: np.dtype
     shape: tuple[int, ...]
     reads: tuple[BufferSpec, ...]
     writes: tuple[BufferSpec, ...]
     init: BufferSpec | None
+    step: int = 0
+    mirrors: tuple[BufferSpec, ...] = ()
+    windows: tuple[BufferSpec, ...] = ()  # a ring's: inputs that read the written value
 
 
 @dataclass(frozen=True)
@@ -358,7 +362,9 @@ _RECORD = _obj({
     "entries": _list(_obj({"name": _str, "inputs": _list(_int), "outputs": _list(_int),
                            "launches": _list(_int)})),
     "state": _list(_obj({"name": _str, "reads": _list(_int), "writes": _list(_int),
-                         "init": _nullable(_int)})),
+                         "init": _nullable(_int)},
+                        optional={"ring": _obj({"step": _int, "mirrors": _list(_int),
+                                                 "windows": _list(_int)})})),
 }, optional={
     # which ONNX nodes each launch computes (tools: profile, bisect, blobinfo); checked against
     # the replay table in _provenance
@@ -743,9 +749,10 @@ def _entries(records: list[dict], buffers: dict[int, BufferSpec], inputs: list[B
 
 def _state(records: list[dict], buffers: dict[int, BufferSpec],
            entries: tuple[EntrySpec, ...]) -> tuple[StateSpec, ...]:
-    """Unique names; reads are input buffers, writes output buffers, each of at most one state
-    and at most one read and one write per state per entry; one dtype and shape throughout, the
-    initial value's included (a plain weights buffer)."""
+    """Unique names; reads are input buffers, writes (and a ring's mirrors) output buffers, each
+    of at most one state and at most one read and one write per state per entry; one dtype and
+    shape throughout, the initial value's included (a plain weights buffer); a ring's writes
+    and mirrors are its step rows (_ring)."""
     names = [r["name"] for r in records]
     if "" in names or len(set(names)) != len(names):
         raise BlobError(f"manifest state: expected unique non-empty names, got {names}")
@@ -753,20 +760,24 @@ def _state(records: list[dict], buffers: dict[int, BufferSpec],
     used, states = set(), []
     for r in records:
         what = f"manifest state {r['name']!r}"
+        ring = r.get("ring")
         io = []
-        for key, region in (("reads", "input"), ("writes", "output")):
-            got = [buffers.get(i) for i in r[key]]
+        for key, region, ids in (("reads", "input", r["reads"]), ("writes", "output", r["writes"]),
+                                 ("ring mirrors", "output", ring["mirrors"] if ring else []),
+                                 ("ring windows", "input", ring["windows"] if ring else [])):
+            got = [buffers.get(i) for i in ids]
             if any(b is None or b.region != region or b.id in used for b in got):
                 raise BlobError(f"{what}: {key} expected {region} buffers of no other state, "
-                                f"got {r[key]}")
+                                f"got {ids}")
             per_entry = [entry_of[b.id] for b in got]
             if len(set(per_entry)) != len(per_entry):
                 raise BlobError(f"{what}: {key} expected at most one buffer per entry, got "
                                 f"entries {per_entry}")
-            used.update(r[key])
+            used.update(ids)
             io.append(tuple(got))
         init = None if r["init"] is None else buffers.get(r["init"])
-        every = [*io[0], *io[1], *([init] if r["init"] is not None else [])]
+        every = [*io[0], *([init] if r["init"] is not None else []), *io[3]]
+        every += [] if ring else io[1]
         if not io[0] and not io[1] or any(b is None for b in every) or \
                 len({(b.dtype, b.shape) for b in every}) != 1 or \
                 init is not None and (init.region != "weights" or init.image is not None or
@@ -774,5 +785,27 @@ def _state(records: list[dict], buffers: dict[int, BufferSpec],
             raise BlobError(f"{what}: expected reads or writes, all of one dtype and shape, and "
                             f"init null or a plain weights buffer of that dtype and shape, got "
                             f"reads {r['reads']} writes {r['writes']} init {r['init']}")
-        states.append(StateSpec(r["name"], every[0].dtype, every[0].shape, *io, init))
+        step = _ring(what, ring, every[0], *io[1:], entry_of) if ring else 0
+        states.append(StateSpec(r["name"], every[0].dtype, every[0].shape, *io[:2], init, step,
+                                *io[2:]))
     return tuple(states)
+
+
+def _ring(what: str, ring: dict, state: BufferSpec, writes: tuple, mirrors: tuple,
+          windows: tuple, entry_of: dict) -> int:
+    """A ring's step k: 0 < k < M rows with k | M (M: the state's rows, so it needs a read);
+    each write and its mirror are k of those rows, in the same entry; a window (M rows, checked
+    by the caller) only in an entry that writes."""
+    k, m = ring["step"], state.shape[0] if state.region == "input" and state.shape else 0
+    rows = (k, *state.shape[1:])
+    writers = [entry_of[b.id] for b in writes]
+    if not (0 < k < m and m % k == 0) or len(mirrors) != len(writes) or any(
+            b.dtype != state.dtype or b.shape != rows for b in (*writes, *mirrors)) or \
+            [entry_of[b.id] for b in mirrors] != writers or \
+            any(entry_of[b.id] not in writers for b in windows):
+        raise BlobError(f"{what}: ring expected a read of M rows, a step k with 0 < k < M and "
+                        f"k | M, per write a mirror in its entry, both {state.dtype} of shape "
+                        f"{list(rows)}, and windows only in writing entries; got step {k}, "
+                        f"M {m}, writes {[b.id for b in writes]}, mirrors {ring['mirrors']}, "
+                        f"windows {ring['windows']}")
+    return k

@@ -44,9 +44,14 @@ written there once, and a backend supplies only its hardware verbs (listed on Qu
   cache_dir              (attribute) where the backend may cache what it builds from this blob
                          (program binaries); set by Model.load before load(); None: no cache.
 
-Persistent state (runner/state.py runs the ping-pong over these; docs/ARCHITECTURE.md):
-  alloc_state(nbytes)    device-resident memory for one half of a state, zero-filled, living as
-                         long as the device; what it is belongs to the backend.
+Persistent state (runner/state.py runs the ping-pong and the rings over these;
+docs/ARCHITECTURE.md):
+  alloc_state(nbytes)    device-resident memory for one half of a state (or a whole ring),
+                         zero-filled, living as long as the device; what it is belongs to the
+                         backend.
+  state_part(mem, offset, nbytes)   `nbytes` of state memory `mem` from byte `offset` (a ring's
+                         window or row block; offsets are multiples of the blob target's
+                         buffer_align), usable wherever state memory is; made at load only.
   bind_state(slot, mem)  bind io slot `slot` to state memory for the following submissions:
                          patches only that slot's recorded addresses, copies nothing.
   state_view(mem)        a writable host view (uint8) of state memory, or None where the device
@@ -149,6 +154,9 @@ class Device:
         raise NotImplementedError
 
     def alloc_state(self, nbytes: int):
+        raise NotImplementedError
+
+    def state_part(self, mem, offset: int, nbytes: int):
         raise NotImplementedError
 
     def bind_state(self, slot: int, mem) -> None:

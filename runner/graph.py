@@ -10,7 +10,8 @@ Guarantees:
     places a rebind patches.
   * each Entry names its launch range, its own inputs and outputs (the io slots a caller feeds
     and reads) and the io slots bound to state, split from them: a state's read slot is bound to
-    the state's current half, its write slot to the other (runner/state.py).
+    its current value, its write slot (and a ring's mirror slot) to where the next value goes,
+    a ring's window slot to the next value (runner/state.py).
 Nothing here touches a device: a backend records `launches` into its own command format.
 """
 from __future__ import annotations
@@ -55,7 +56,9 @@ class Entry:
     inputs: tuple[Slot, ...]  # the caller's, in slot order (state slots left out)
     outputs: tuple[Slot, ...]
     reads: tuple[tuple[int, int], ...]  # (state index, io slot that reads its current half)
-    writes: tuple[tuple[int, int], ...]  # (state index, io slot that writes its next half)
+    writes: tuple[tuple[int, int], ...]  # (state index, io slot that writes its next value)
+    mirrors: tuple[tuple[int, int], ...]  # (ring index, io slot writing the rows' other copy)
+    windows: tuple[tuple[int, int], ...]  # (ring index, io slot reading the value it writes)
     stateful: bool  # reads or writes some state
 
 
@@ -79,8 +82,8 @@ class Graph:
             self.bindings.append(tuple(args))
         self.state: tuple[StateSpec, ...] = blob.state
         self.entries = [_entry(e, blob.state) for e in blob.entries]
-        self.state_slots = {s for e in self.entries for pairs in (e.reads, e.writes)
-                            for _, s in pairs}
+        self.state_slots = {s for e in self.entries for pairs in
+                            (e.reads, e.writes, e.mirrors, e.windows) for _, s in pairs}
 
     def address(self, binding: Binding, bases: dict[Kind, int], io: list[int]) -> int:
         """A binding as an address: `bases` holds the arena's and weights' base, `io` each
@@ -103,10 +106,14 @@ class Graph:
 
 def _entry(e, states: tuple[StateSpec, ...]) -> Entry:
     mine = {b.id for b in (*e.inputs, *e.outputs)}
-    reads = tuple((k, b.offset) for k, s in enumerate(states) for b in s.reads if b.id in mine)
-    writes = tuple((k, b.offset) for k, s in enumerate(states) for b in s.writes if b.id in mine)
-    state = {slot for _, slot in (*reads, *writes)}
+
+    def bound(key: str) -> tuple[tuple[int, int], ...]:
+        return tuple((k, b.offset) for k, s in enumerate(states) for b in getattr(s, key)
+                     if b.id in mine)
+    reads, writes, mirrors, windows = (bound(key) for key in ("reads", "writes", "mirrors",
+                                                               "windows"))
+    state = {slot for _, slot in (*reads, *writes, *mirrors, *windows)}
     slot = lambda b: Slot(b.offset, b.name, b.shape, b.dtype, b.nbytes)  # noqa: E731
     return Entry(e.name, e.launches, tuple(slot(b) for b in e.inputs if b.offset not in state),
                  tuple(slot(b) for b in e.outputs if b.offset not in state), reads, writes,
-                 bool(state))
+                 mirrors, windows, bool(state))

@@ -124,10 +124,11 @@ class Model:
     @property
     def state(self) -> dict[str, np.ndarray]:
         """name -> the state's current value (as of the last completed run): a writable view of
-        the device's memory where it is host-visible (cpu, mock, qcom, dsp), a read-only copy
-        elsewhere (opencl, amd: write with set_state). Take it again after each run: a run
-        moves the state to the other half of its ping-pong. After a failed run it is the state
-        from before that run (the device is recovered first)."""
+        the device's memory where it is host-visible (cpu, mock, qcom, dsp; a ring's is
+        read-only), a read-only copy elsewhere (opencl, amd: write with set_state). Take it
+        again after each run: a run moves the state to the other half of its ping-pong, or a
+        ring's window on. After a failed run it is the state from before that run (the device
+        is recovered first)."""
         with self._lock:
             self._recover_if_broken()
             return self._state.views()

@@ -155,6 +155,10 @@ class OpenCLDevice(QueueDevice):
     def map_host(self, slot: int, array):
         return None
 
+    def state_part(self, mem: Memory, offset: int, nbytes: int) -> Memory:
+        return Memory(self._sub(mem.address, offset, nbytes, CL_MEM_READ_WRITE,
+                                "state memory part"), None, nbytes)
+
     def upload(self, mem: Memory, data) -> None:
         if mem.nbytes:
             check(self.lib.clEnqueueWriteBuffer(self.queue, mem.address, 1, 0, mem.nbytes,
@@ -318,13 +322,16 @@ class OpenCLDevice(QueueDevice):
         if b.nbytes == 0:
             return self._buffer(CL_MEM_READ_WRITE, b.nbytes)
         parent = self.arena if b.region == "arena" else self.weights
-        if b.offset % self.base_align:
-            raise BlobError(f"buffer {b.id}: {b.region} offset {b.offset} is not a multiple of "
-                            f"this device's {self.base_align}-byte base address alignment")
-        region = ffi.new("cl_buffer_region *", (b.offset, b.nbytes))
         flags = CL_MEM_READ_WRITE if b.region == "arena" else CL_MEM_READ_ONLY
-        return ffi.gc(create(self.lib.clCreateSubBuffer, f"clCreateSubBuffer(buffer {b.id})",
-                           parent, flags, CL_BUFFER_CREATE_TYPE_REGION, region),
+        return self._sub(parent, b.offset, b.nbytes, flags, f"buffer {b.id}: {b.region}")
+
+    def _sub(self, parent, offset: int, nbytes: int, flags: int, what: str):
+        if offset % self.base_align:
+            raise BlobError(f"{what} offset {offset} is not a multiple of this device's "
+                            f"{self.base_align}-byte base address alignment")
+        region = ffi.new("cl_buffer_region *", (offset, nbytes))
+        return ffi.gc(create(self.lib.clCreateSubBuffer, f"clCreateSubBuffer({what})", parent,
+                             flags, CL_BUFFER_CREATE_TYPE_REGION, region),
                       self.lib.clReleaseMemObject)
 
     def _image(self, b, alias, parent, offset: int) -> "_Image":

@@ -3,8 +3,8 @@ backend, written once. A backend (cpu, mock, opencl, qcom, dsp, amd) subclasses 
 supplies only its hardware verbs (listed on the class); this module owns:
 
   * binding: each io slot is bound to its own io memory, to mapped host memory (zero-copy), to
-    memory the caller already has on the device (bind_device) or to a half of a state
-    (bind_state). A binding that changes the slot's address patches that slot's recorded
+    memory the caller already has on the device (bind_device) or to state memory (bind_state:
+    a half of a state, or a ring's window or rows, `state_part`). A binding that changes the slot's address patches that slot's recorded
     addresses (the backend's `patch`) and nothing else; rebinding the bound array is free.
     Patching while a submission is in flight is refused: the recording is patched in place.
   * staging, at one moment each: a host array the device cannot map is bound through the slot's
@@ -139,6 +139,10 @@ class QueueDevice(Device):
     # ---- state memory ------------------------------------------------------------------------
     def alloc_state(self, nbytes: int) -> Memory:
         return self.alloc(nbytes)
+
+    def state_part(self, mem: Memory, offset: int, nbytes: int) -> Memory:
+        view = None if mem.view is None else mem.view[offset:offset + nbytes]
+        return Memory(mem.address + offset, view, nbytes)
 
     def state_view(self, mem: Memory) -> np.ndarray | None:
         return mem.view

@@ -222,6 +222,15 @@ def _set(path, value, top=False):
     (_set(["state"], [{"name": "s", "reads": [1], "writes": [2], "init": None},
                       {"name": "t", "reads": [1], "writes": [], "init": None}]),
      r"state 't': reads expected input buffers of no other state"),
+    # a ring (compiler/ring.py): its step must leave kept rows, its mirrors are output buffers
+    (_set(["state"], [{"name": "s", "reads": [1], "writes": [2], "init": None,
+                       "ring": {"step": 1, "mirrors": [2], "windows": []}}]),
+     r"state 's': ring mirrors expected output buffers of no other state"),
+    (_set(["state"], [{"name": "s", "reads": [1], "writes": [], "init": None,
+                       "ring": {"step": 1, "mirrors": [], "windows": []}}]),
+     r"state 's': ring expected a read of M rows, a step k with 0 < k < M and k \| M"),
+    (_set(["state"], [{"name": "s", "reads": [1], "writes": [2], "init": None,
+                       "ring": {"step": 1, "mirrors": []}}]), r"state\[0\].ring: expected keys"),
 ])
 def test_semantic_errors_name_the_field_expected_and_got(edit, message):
     with pytest.raises(BlobError, match=message):

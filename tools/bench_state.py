@@ -1,14 +1,15 @@
-"""What a shifting queue in state costs per run on the CPU: the ping-pong copies the N - k kept
-rows inside the run (Y = Concat(Slice(X, k on), new rows)); a ring would write only the k new
-rows (docs/perf.md "Issue 32").
+"""What a shifting queue in state costs per run on the CPU: as a ping-pong state the run copies
+the N - k kept rows (Y = Concat(Slice(X, k on), new rows)); as a ring (compiler/ring.py,
+runner/state.py) it writes only the k new rows and their mirror (docs/perf.md "Issue 32").
 
     python tools/bench_state.py [--rows 99] [--width 512] [--runs 2000]
 
-Three blobs of the same shape (openpilot's feature history: 99 rows of 512 float32 by default),
-each run() timed (median): the queue as state (ping-pong: the kept rows copied by the kernel
-every run), the same graph without the queue (only the new row computed: what a ring's run would
-do), and the queue as an ordinary input and output (the host feeds it back: the copy out and in
-that state avoids).
+Four blobs of the same shape (openpilot's feature history: 99 rows of 512 float32 by default),
+each run() timed (median): the queue as state made a ring (what the compiler does), the same
+blob compiled with ring detection off (ping-pong: the kept rows copied by the kernel every run),
+the same graph without the queue (only the new row computed: the floor a ring approaches), and
+the queue as an ordinary input and output (the host feeds it back: the copy out and in that
+state avoids).
 """
 import os
 import sys
@@ -19,6 +20,8 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from contextlib import nullcontext  # noqa: E402
+from unittest import mock  # noqa: E402
 
 import numpy as np  # noqa: E402
 from onnx import helper  # noqa: E402
@@ -58,9 +61,11 @@ def median_us(fn, runs: int) -> float:
     return float(np.median(times)) / 1e3
 
 
-def load(model, tmp: str, name: str) -> Model:
+def load(model, tmp: str, name: str, rings: bool = True) -> Model:
+    """rings=False: every state stays ping-pong (ring detection answers none)."""
     path = os.path.join(tmp, f"{name}.blob")
-    write_blob(compile_model(model), path)
+    with nullcontext() if rings else mock.patch("compiler.pipeline.find_rings", lambda *a: {}):
+        write_blob(compile_model(model), path)
     return Model.load(path)
 
 
@@ -72,18 +77,23 @@ def main() -> None:
     args = ap.parse_args()
     x = np.ones((1, args.width), np.float32)
     with tempfile.TemporaryDirectory() as tmp:
-        state = load(queue_model(args.rows, args.width, True), tmp, "state")
-        ring = load(new_row_only(args.width), tmp, "ring")
+        ring = load(queue_model(args.rows, args.width, True), tmp, "ring")
+        state = load(queue_model(args.rows, args.width, True), tmp, "state", rings=False)
+        row = load(new_row_only(args.width), tmp, "row")
+        assert [s.step for s in ring.blob.state] == [1] and \
+            [s.step for s in state.blob.state] == [0]
         host = load(queue_model(args.rows, args.width, False), tmp, "host")
         q = np.zeros((args.rows, args.width), np.float32)
         out = {"q_out": np.empty_like(q)}
         kb = args.rows * args.width * 4 / 1024
         print(f"queue of {args.rows} x {args.width} float32 ({kb:.0f} KiB), median of "
               f"{args.runs} runs, KEEL_THREADS={os.environ.get('KEEL_THREADS', 'all')}:")
+        print(f"  state, ring (new row and its mirror written)  "
+              f"{median_us(lambda: ring.run({'x': x}), args.runs):8.2f} us")
         print(f"  state, ping-pong (kept rows copied in the run) "
               f"{median_us(lambda: state.run({'x': x}), args.runs):8.2f} us")
-        print(f"  new row only (what a ring's run computes)     "
-              f"{median_us(lambda: ring.run({'x': x}), args.runs):8.2f} us")
+        print(f"  new row only (no queue at all)                "
+              f"{median_us(lambda: row.run({'x': x}), args.runs):8.2f} us")
 
         def fed_back():
             host.run({"x": x, "q": q}, out=out)

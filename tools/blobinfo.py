@@ -57,7 +57,10 @@ def describe(path: str, variant: str | None = None) -> dict:
                      "launches": [e.launches.start, e.launches.stop]} for e in blob.entries],
         "state": [{"name": x.name, "dtype": str(x.dtype), "shape": list(x.shape),
                    "reads": [b.offset for b in x.reads], "writes": [b.offset for b in x.writes],
-                   "init": x.init is not None} for x in blob.state],
+                   "init": x.init is not None,
+                   **({"ring": {"step": x.step, "mirrors": [b.offset for b in x.mirrors],
+                                "windows": [b.offset for b in x.windows]}} if x.step else {})}
+                  for x in blob.state],
         "launches": [{"kernel": l.kernel, "args": list(l.args), "barrier": l.barrier,
                       "global_size": list(l.global_size),
                       "local_size": l.local_size and list(l.local_size),

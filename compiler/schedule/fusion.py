@@ -320,13 +320,18 @@ def schedule(outputs: list[UOp], track: tuple[UOp, ...] = (), recompute: bool = 
     kernels = []
     for u in _topo(folded):
         if u in realized and not (u.op in (Ops.INPUT, Ops.WEIGHT, Ops.CONST) and u not in folded):
-            reads = [n for n in inlined(u, realized)[1:] if n in realized
-                     or n.op in (Ops.INPUT, Ops.WEIGHT)]
-            if u.op in (Ops.INPUT, Ops.WEIGHT):
-                reads = [u]  # an output that is an input or weight: a copy kernel
-            kernels.append(Kernel(f"k{len(kernels)}_{_describe(u, realized)}", u,
-                                  list(dict.fromkeys(reads))))
+            kernels.append(kernel_of(u, realized, f"k{len(kernels)}"))
     return folded, kernels, realized, tracked
+
+
+def kernel_of(u: UOp, realized: set, prefix: str) -> Kernel:
+    """The kernel computing `u`, named `prefix` and what it does, reading the realized tensors
+    (and inputs and weights) it reaches."""
+    reads = [n for n in inlined(u, realized)[1:] if n in realized
+             or n.op in (Ops.INPUT, Ops.WEIGHT)]
+    if u.op in (Ops.INPUT, Ops.WEIGHT):
+        reads = [u]  # an output that is an input or weight: a copy kernel
+    return Kernel(f"{prefix}_{_describe(u, realized)}", u, list(dict.fromkeys(reads)))
 
 
 def _describe(u: UOp, realized: set) -> str:

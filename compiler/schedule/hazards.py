@@ -9,11 +9,17 @@ from compiler.artifact import Buffer, Launch
 from runner.format import DEVICE_REGIONS
 
 
-def mark_barriers(launches: list[Launch], buffers: dict[int, Buffer]) -> list[Launch]:
+def mark_barriers(launches: list[Launch], buffers: dict[int, Buffer],
+                  units: dict[int, int] | None = None) -> list[Launch]:
     """Set `barrier` on each launch that reads or writes memory written since the last barrier,
     or writes memory read since then. Arena and weights memory overlaps by byte range; an io
-    slot is one unit of its own."""
+    slot is one unit of its own, but the io buffers `units` maps to one id are one unit (a
+    ring's, compiler/ring.py: the runner binds them into one memory)."""
+    units = units or {}
+
     def span(b: Buffer):
+        if b.id in units:
+            return ("ring", units[b.id], units[b.id] + 1)
         return (b.region, b.offset, b.offset + b.nbytes) if b.region in DEVICE_REGIONS \
             else (b.region, b.offset, b.offset + 1)
 
