@@ -110,8 +110,8 @@ def test_memory_tool_sums_each_kernels_launches_and_refuses_a_blob_without_the_m
 def test_l2fetch_descriptor_packs_the_boxs_fields_as_qemus_idef_decodes_them():
     """l2fetch(Rs, Rt): height Rt[7:0], width Rt[15:8], stride Rt[31:16]; past 255 rows
     l2fetch(Rs, Rtt): height Rtt[15:0], width [31:16], stride [47:32] (qemu's system.idef)."""
-    from compiler.renderers.c import _l2fetch
-    short = re.search(r"Y4_l2fetch\(.*, (0x[0-9a-f]+)u\);", _l2fetch("p", 128, 6, 128)).group(1)
+    from compiler.renderers.hvx import l2fetch
+    short = re.search(r"Y4_l2fetch\(.*, (0x[0-9a-f]+)u\);", l2fetch("p", 128, 6, 128)).group(1)
     assert int(short, 16) == 6 | 128 << 8 | 128 << 16
-    long = re.search(r"Y5_l2fetch\(.*, (0x[0-9a-f]+)ull\);", _l2fetch("p", 128, 300, 128))
+    long = re.search(r"Y5_l2fetch\(.*, (0x[0-9a-f]+)ull\);", l2fetch("p", 128, 300, 128))
     assert int(long.group(1), 16) == 300 | 128 << 16 | 128 << 32

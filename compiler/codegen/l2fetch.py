@@ -4,7 +4,7 @@ memory model.
 HVX loads are served by the L2 cache, not L1 (the V65 HVX PRM: an unaligned vmemu is several
 accesses to the L2 cache), so the prefetch that matters is `l2fetch`: a background
 fetch into L2 of a box of `height` rows of `width` bytes, `stride` bytes apart (the fields of
-Rt or Rtt: qemu's imported system.idef, Y4_l2fetch and Y5_l2fetch; renderers/c.py packs
+Rt or Rtt: qemu's imported system.idef, Y4_l2fetch and Y5_l2fetch; renderers/hvx.py packs
 them). It issues in slot 0 only. `dcfetch` fills L1, which vector loads bypass.
 
 Each kernel's outermost loop walks output tiles (rows, pixel groups, or output-channel tiles,

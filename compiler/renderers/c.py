@@ -26,6 +26,7 @@ import hashlib
 
 from compiler.artifact import Buffer, Launch
 from compiler.ir.dtypes import DType, dtypes
+from compiler.renderers import hvx
 from compiler.renderers.cstyle import INFIX, Body, CStyle, dot4_bytes, dot4_text
 from compiler.ir.uop import Ops, UOp
 from runner import abi
@@ -98,18 +99,6 @@ def _threaded(name: str, sig: str, timed: bool) -> str:
             f"    if (r->barrier) keel_barrier(s, nt, &sense);  /* compiler/schedule/hazards.py */\n"
             f"    {call}\n  }}\n"
             f"  keel_barrier(s, nt, &sense);  /* all work done before any thread returns */\n}}\n")
-
-
-def _l2fetch(address: str, width: int, height: int, stride: int) -> str:
-    """Boxes of up to 255 rows take the 32-bit descriptor (stride 31:16, width 15:8, height
-    7:0), larger ones the 64-bit one (stride 47:32, width 31:16, height 15:0). clang's builtin,
-    not inline asm: a volatile asm statement bounds the scheduler's region, and MobileNetV2 took
-    0.65% more packets with it (-0.06% with the builtin; docs/perf.md)."""
-    if width < 256 and height < 256:
-        return f"__builtin_HEXAGON_Y4_l2fetch((void *)({address}), " \
-               f"0x{stride << 16 | width << 8 | height:x}u);"
-    return f"__builtin_HEXAGON_Y5_l2fetch((void *)({address}), " \
-           f"0x{stride << 32 | width << 16 | height:x}ull);"
 
 
 class CRenderer(CStyle):
@@ -254,7 +243,7 @@ class CRenderer(CStyle):
 
     def render_prefetch(self, body: Body, u: UOp) -> None:
         if u.arg is not None:  # an l2fetch box (codegen/l2fetch.py)
-            return body.emit(_l2fetch(f"{body.ref(u.src[0])} + {body.ref(u.src[1])}", *u.arg))
+            return body.emit(hvx.l2fetch(f"{body.ref(u.src[0])} + {body.ref(u.src[1])}", *u.arg))
         # read (0), into L2 but not L1 (locality 2: prefetcht1, PLDL2KEEP): the slice is needed
         # one tile from now, and L1 holds the slice in use
         body.emit(f"__builtin_prefetch({body.ref(u.src[0])} + {body.ref(u.src[1])}, 0, 2);")
@@ -291,10 +280,10 @@ class CRenderer(CStyle):
         [2^30, 2^31)); one more shift halves it. Otherwise lane by lane in 64 bits."""
         vt, n = self.dtype(u.dtype), u.dtype.count
         if self.hvx and n <= 32:
-            x, y = (_fill32(v, n) for v in a)
+            x, y = (hvx.fill32(v, n) for v in a)
             q31 = (f"(({self.dtype(dtypes.int32.vec(32))})__builtin_HEXAGON_V6_vmpyowh_sacc_128B("
                    f"__builtin_HEXAGON_V6_vmpyewuh_128B({x}, {y}), {x}, {y}))")
-            return f"({_first(q31, n)} >> 1)"
+            return f"({hvx.first(q31, n)} >> 1)"
         lanes = [f"((int)(((long long)({a[0]})[{i}] * ({a[1]})[{i}]) >> 32))" for i in range(n)]
         return f"(({vt}){{{', '.join(lanes)}}})"
 
@@ -306,8 +295,8 @@ class CRenderer(CStyle):
         if self.hvx and n <= 32 and all(s.dtype.count == 1 for s in u.src[:-1]):
             word = a[0] if len(u.src) == 2 else \
                 " | ".join(f"((unsigned)({x}) << {8 * k})" for k, x in enumerate(a[:4]))
-            w = _fill32(self.lanes(a[-1], u.src[-1], u), n)
-            return _first(f"__builtin_HEXAGON_V6_vrmpybusv_128B(__builtin_HEXAGON_V6_lvsplatw_128B("
+            w = hvx.fill32(self.lanes(a[-1], u.src[-1], u), n)
+            return hvx.first(f"__builtin_HEXAGON_V6_vrmpybusv_128B(__builtin_HEXAGON_V6_lvsplatw_128B("
                           f"(int)({word})), {w})", n)
         a = [self.lanes(x, s, u) for x, s in zip(a, u.src)]
         b = dot4_bytes(u, a)
@@ -386,17 +375,6 @@ class Program(str):
         self = super().__new__(cls, text)
         self.units = units
         return self
-
-
-def _fill32(v: str, n: int) -> str:
-    """An n-lane 32-bit vector (n <= 32) repeated to fill a 128-byte HVX register."""
-    return v if n == 32 else \
-        f"__builtin_shufflevector({v}, {v}, {', '.join(str(i % n) for i in range(32))})"
-
-
-def _first(v: str, n: int) -> str:
-    """The first n lanes of a 32-lane vector."""
-    return v if n == 32 else f"__builtin_shufflevector({v}, {v}, {', '.join(map(str, range(n)))})"
 
 
 def _typedefs(r: CRenderer, used: frozenset[DType]) -> str:
