@@ -140,6 +140,9 @@ def _duplicated_work(root: UOp, realized: set, recompute: bool = False) -> set[U
         if (n, dup) in seen:
             continue
         seen.add((n, dup))
+        if dup and n.op is Ops.GATHER and _values_over_index(n, realized):
+            hits.add(n)
+            continue
         if dup and n.op in ALU and not static(n) and (
                 _costly(n, realized) or reds and not (recompute and _one_full_read(n, realized))):
             hits.add(n)
@@ -153,6 +156,16 @@ def _duplicated_work(root: UOp, realized: set, recompute: bool = False) -> set[U
             n.op is Ops.PAD and n.size >= PAD_WASTE * n.src[0].size
         stack.extend((s, dup or grows) for s in n.src if s not in realized)
     return hits
+
+
+def _values_over_index(g: UOp, realized: set) -> bool:
+    """A duplicated gather whose index is costly to compute is realized as its gathered values
+    where they are no more bytes than the index (the warp's uint8 samples against their int32
+    indices): the index kernel reads the source itself, and its index arithmetic stays in view of
+    the gather's load (a frame read as an image takes (column, row) without dividing)."""
+    ind = g.src[1]
+    return ind not in realized and not static(g) and _costly(ind, realized) and \
+        g.size * g.dtype.itemsize <= ind.size * ind.dtype.itemsize
 
 
 def realize(outputs: list[UOp], recompute: bool = False) -> set[UOp]:
