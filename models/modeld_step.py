@@ -13,8 +13,8 @@ reads the queue as an input and writes its successor as an output, and the runti
 successor for the next run. Each shift is written Concat(Slice(q, rows 1..), new) on axis 0, the
 pattern a runtime can turn into a ring buffer. Queue shapes, sampling and the warp are
 models/modeld_ref.py's (its docstring has the algorithm); the warp here is one Gather of all six
-planes from the flat buffer, each plane with its own origin, row stride, column step, matrix and
-clip limits, rather than the reference's warp, deinterleave and cut.
+planes from the flat buffer, each plane with its own origin, first row and column, column step,
+matrix and clip limits, rather than the reference's warp, deinterleave and cut.
 
 The coordinates come from small integer constants (exact in fp16 too) and the fp32 transform
 input; inside the one warp kernel a --float16 compile (half activations on GPUs) keeps that
@@ -48,7 +48,7 @@ MIN_OPSET = 13  # Slice, Reshape, Gather, Round, Max/Min as used here
 class Plane:
     """One warped plane: output pixel (i, j) samples the source at model coordinates
     (x0 + step*j, y0 + step*i) mapped by `matrix`, reading the NV12 buffer's byte at row
-    row0 + row, column col0 + col*col_step (row_stride bytes a row), with row, col clipped to the
+    row0 + row, column col0 + col*col_step (a row is the stride), with row, col clipped to the
     source's height and width."""
     matrix: int  # which of the warp's matrices (0: M_inv, 1: M_inv scaled for chroma)
     x0: int
@@ -148,7 +148,8 @@ def warp(g: Graph, frame: str, tfm: str, nv12: Nv12, planes: list[Plane], out_w:
     # The buffer's (row, column), clipped once more to its rows and its stride: a no-op on the
     # values, and the bounds from which the compiler proves flat // stride = row and
     # flat % stride = column (compiler/ir/symbolic.py fold_divmod), so a frame read as an image
-    # takes (column, row) without dividing (docs/modeld.md "The warp's gather")
+    # takes (column, row) without dividing (docs/modeld.md "The image coordinates without
+    # division")
     rows = nv12.y_height + nv12.uv_height
     column = clip(g.op("Add", g.op("Mul", xi, col(lambda p: p.col_step, np.int32)),
                        col(lambda p: p.col0, np.int32)), nv12.stride - 1)

@@ -156,9 +156,9 @@ def fold_cmp_offset(x: UOp) -> UOp | None:
 
 
 def cast_terms(x: UOp) -> UOp | None:
-    """An integer value cast to an index, (a + b) or (a * b), is cast(a) + cast(b) or
-    cast(a) * cast(b) where the sum cannot have wrapped (its range fits its type): a gather's
-    index computed in the kernel (y*W + x, clipped) then shows fold_divmod its terms."""
+    """An integer (a + b) or (a * b) cast to an index is cast(a) + cast(b) or cast(a) * cast(b)
+    where it cannot have wrapped (its range fits its type): a gather's index computed in the
+    kernel (int32 y*W + x, clipped) then shows fold_divmod its terms."""
     v = x.src[0]
     if v.op not in (Ops.ADD, Ops.MUL) or v.dtype not in INTS or v.dtype is dtypes.index \
             or not v.dtype.min <= v.vmin <= v.vmax <= v.dtype.max:
