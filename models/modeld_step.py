@@ -13,8 +13,8 @@ reads the queue as an input and writes its successor as an output, and the runti
 successor for the next run. Each shift is written Concat(Slice(q, rows 1..), new) on axis 0, the
 pattern a runtime can turn into a ring buffer. Queue shapes, sampling and the warp are
 models/modeld_ref.py's (its docstring has the algorithm); the warp here is one Gather of all six
-planes from the flat buffer, each plane with its own origin, row stride, column step, matrix and
-clip limits, rather than the reference's warp, deinterleave and cut.
+planes from the flat buffer, each plane with its own origin, first row and column, column step,
+matrix and clip limits, rather than the reference's warp, deinterleave and cut.
 
 The coordinates come from small integer constants (exact in fp16 too) and the fp32 transform
 input; inside the one warp kernel a --float16 compile (half activations on GPUs) keeps that
@@ -47,14 +47,15 @@ MIN_OPSET = 13  # Slice, Reshape, Gather, Round, Max/Min as used here
 @dataclass(frozen=True)
 class Plane:
     """One warped plane: output pixel (i, j) samples the source at model coordinates
-    (x0 + step*j, y0 + step*i) mapped by `matrix`, reading byte base + row*row_stride +
-    col*col_step with row, col clipped to the source's height and width."""
+    (x0 + step*j, y0 + step*i) mapped by `matrix`, reading the NV12 buffer's byte at row
+    row0 + row, column col0 + col*col_step (a row is the stride), with row, col clipped to the
+    source's height and width."""
     matrix: int  # which of the warp's matrices (0: M_inv, 1: M_inv scaled for chroma)
     x0: int
     y0: int
     step: int
-    base: int
-    row_stride: int
+    row0: int
+    col0: int
     col_step: int
     src_w: int
     src_h: int
@@ -62,10 +63,9 @@ class Plane:
 
 def nv12_planes(nv12: Nv12) -> list[Plane]:
     """openpilot's six planes: the four Y phases at full resolution, then U and V."""
-    w, h, stride = nv12.width, nv12.height, nv12.stride
-    uv = stride * nv12.y_height
-    ys = [Plane(0, dx, dy, 2, 0, stride, 1, w, h) for dy, dx in Y_PHASES]
-    return ys + [Plane(1, 0, 0, 1, uv + c, stride, 2, w // 2, h // 2) for c in (0, 1)]
+    w, h = nv12.width, nv12.height
+    ys = [Plane(0, dx, dy, 2, 0, 0, 1, w, h) for dy, dx in Y_PHASES]
+    return ys + [Plane(1, 0, 0, 1, nv12.y_height, c, 2, w // 2, h // 2) for c in (0, 1)]
 
 
 class Graph:
@@ -116,8 +116,9 @@ class Graph:
         return model
 
 
-def warp(g: Graph, frame: str, tfm: str, planes: list[Plane], out_w: int, out_h: int) -> str:
-    """(len(planes), out_h, out_w) uint8 gathered from the flat `frame` (one Gather)."""
+def warp(g: Graph, frame: str, tfm: str, nv12: Nv12, planes: list[Plane], out_w: int,
+         out_h: int) -> str:
+    """(len(planes), out_h, out_w) uint8 gathered from the flat NV12 `frame` (one Gather)."""
     n = len(planes)
     col = lambda f, dt: g.const(np.array([f(p) for p in planes], dt).reshape(n, 1, 1))  # noqa
     m_uv = g.op("Mul", tfm, g.const(UV_SCALE, "uv_scale"))
@@ -139,10 +140,21 @@ def warp(g: Graph, frame: str, tfm: str, planes: list[Plane], out_w: int, out_h:
                        col(limit, np.float32))
         return g.op("Cast", clipped, to=TensorProto.INT32)
 
+    def clip(v: str, top: int) -> str:
+        return g.op("Min", g.op("Max", v, g.const(np.int32(0), "zero")),
+                    g.const(np.int32(top), "top"))
+
     xi, yi = index(src[0], lambda p: p.src_w - 1), index(src[1], lambda p: p.src_h - 1)
-    flat = g.op("Add", g.op("Add", g.op("Mul", yi, col(lambda p: p.row_stride, np.int32)),
-                            g.op("Mul", xi, col(lambda p: p.col_step, np.int32))),
-                col(lambda p: p.base, np.int32))
+    # The buffer's (row, column), clipped once more to its rows and its stride: a no-op on the
+    # values, and the bounds from which the compiler proves flat // stride = row and
+    # flat % stride = column (compiler/ir/symbolic.py fold_divmod), so a frame read as an image
+    # takes (column, row) without dividing (docs/modeld.md "The image coordinates without
+    # division")
+    rows = nv12.y_height + nv12.uv_height
+    column = clip(g.op("Add", g.op("Mul", xi, col(lambda p: p.col_step, np.int32)),
+                       col(lambda p: p.col0, np.int32)), nv12.stride - 1)
+    row = clip(g.op("Add", yi, col(lambda p: p.row0, np.int32)), rows - 1)
+    flat = g.op("Add", g.op("Mul", row, g.const(np.int32(nv12.stride), "stride")), column)
     return g.op("Gather", frame, flat, axis=0)
 
 
@@ -307,7 +319,7 @@ def warped(g: Graph, nv12: Nv12, spec: Spec) -> list[str]:
     for frame, tfm, _, _ in CAMERAS:
         g.input(frame, np.uint8, (nv12.size,))
         g.input(tfm, np.float32, (3, 3))
-    return [warp(g, frame, tfm, nv12_planes(nv12), w // 2, h // 2)
+    return [warp(g, frame, tfm, nv12, nv12_planes(nv12), w // 2, h // 2)
             for frame, tfm, _, _ in CAMERAS]
 
 
@@ -446,8 +458,8 @@ def dm_entries(dm: onnx.ModelProto, cams: list[tuple[int, int]]) -> dict[str, on
         g.input("frame", np.uint8, (nv12.size,))
         g.input("tfm", np.float32, (3, 3))
         g.input("calib", np.float32, ins["calib"][0])
-        y = Plane(0, 0, 0, 1, 0, nv12.stride, 1, w, h)
-        img = g.reshape(warp(g, "frame", "tfm", [y], dm_w, dm_h), [1, dm_w * dm_h],
+        y = Plane(0, 0, 0, 1, 0, 0, 1, w, h)
+        img = g.reshape(warp(g, "frame", "tfm", nv12, [y], dm_w, dm_h), [1, dm_w * dm_h],
                         out="input_img")  # named as the DM model's input: tests read it
         (out,) = inline(g, dm, "dm/", {"input_img": img, "calib": "calib"})
         g.output(g.op("Cast", out, to=TensorProto.FLOAT, out="outputs"), np.float32, out_shape)

@@ -112,6 +112,21 @@ def test_common_factor_divides_out():
     assert simplify((a * 4 + b * 2) // 8) is simplify(a // 2)
 
 
+def test_a_clipped_row_and_column_cast_to_an_index_divide_back_exactly():
+    # the warp's gather index (models/modeld_step.py): int32 row * 2048 + column, each clipped to
+    # the image, cast to an index: where the sum cannot wrap the cast distributes over it and
+    # // and % by the row width fold to the row and the column
+    i32 = dtypes.int32
+    row, col = (rng_var(n, 5000).cast(i32).maximum(0).minimum(top)
+                for n, top in ((0, 1823), (1, 2047)))
+    idx = (row * 2048 + col).cast(IDX)
+    assert simplify(idx // 2048) is simplify(row.cast(IDX))
+    assert simplify(idx % 2048) is simplify(col.cast(IDX))
+    # a sum that may wrap in int32 keeps its cast, and so its division
+    wide = (row * (1 << 21) + col).cast(IDX)
+    assert simplify(wide // (1 << 21)).op is Ops.IDIV
+
+
 # ---- fusion -----------------------------------------------------------------------------------
 def _conv_block(residual: bool) -> onnx.ModelProto:
     rng = np.random.default_rng(0)
@@ -139,6 +154,47 @@ def test_conv_bias_activation_residual_is_one_kernel():
     want = ort_run(_conv_block(residual=True), {"x": x})
     # fp32 with FMA contraction and a different summation order than MLAS: a few ulp per term
     assert_close(got["y"], want["y"], rtol=1e-5, atol=1e-5)
+
+
+def _queued_gather(row: int) -> onnx.ModelProto:
+    """Concat(q, Gather(src, index)): a gather under a PAD five times its size, its index
+    costly (a perspective-like division, floor and clip), as the modeld warp joins its queue."""
+    mk, dt = onnx.helper.make_node, np.uint8 if row == 1 else np.float32
+    nodes = [mk("Mul", ["s", "k"], ["a"]), mk("Add", ["a", "k"], ["b"]),
+             mk("Mul", ["w", "k"], ["e"]), mk("Add", ["e", "k"], ["f"]),
+             mk("Div", ["b", "f"], ["d"]), mk("Floor", ["d"], ["r"]),
+             mk("Max", ["r", "lo"], ["m"]), mk("Min", ["m", "hi"], ["c"]),
+             mk("Cast", ["c"], ["i"], to=onnx.TensorProto.INT32),
+             mk("Gather", ["src", "i"], ["g"], axis=0),
+             mk("Reshape", ["g", "shape"], ["g2"]), mk("Concat", ["q", "g2"], ["y"], axis=0)]
+    inits = [onnx.numpy_helper.from_array(np.asarray(v, t), n) for n, v, t in (
+        ("k", 0.37, np.float32), ("lo", 0, np.float32), ("hi", 99, np.float32),
+        ("shape", [1, 64 * row], np.int64))]
+    ins = [("src", (100, row), dt), ("s", (64,), np.float32), ("w", (64,), np.float32),
+           ("q", (4, 64 * row), dt)]
+    return make_model(nodes, ins, [("y", (5, 64 * row), dt)], inits)
+
+
+@pytest.mark.parametrize("target, row, stored", [("opencl", 1, ("uint8", (64, 1))),
+                                                  ("opencl", 16, ("int32", (64,))),
+                                                  ("cpu", 1, ("int32", (64,)))])
+def test_a_queued_gather_with_a_costly_index_stores_its_values_on_a_gpu(target, row, stored):
+    # on a GPU one byte per sample beats a four-byte index: the gather is computed once, in the
+    # kernel that computes its index; rows of 16 floats are more bytes than the index, which is
+    # stored, as on a CPU (a gather would cost the coordinate kernel its vectors)
+    model = _queued_gather(row)
+    arena = {(b.dtype, tuple(b.shape)) for b in compile_model(model, target=target).buffers
+             if str(b.region) == "arena"}
+    assert arena == {stored}
+    rng, dt = np.random.default_rng(0), np.uint8 if row == 1 else np.float32
+    feeds = {"src": rng.integers(0, 256, (100, row)).astype(dt),
+             "s": rng.uniform(-5, 45, 64).astype(np.float32),
+             "w": rng.uniform(0.5, 2, 64).astype(np.float32),
+             "q": rng.integers(0, 256, (4, 64 * row)).astype(dt)}
+    # exact: the same samples (none of the 64 quotients lies within an ulp of an integer,
+    # where a device division allowed 2.5 ulp could floor differently)
+    np.testing.assert_array_equal(keel_run(model, feeds, target)["y"],
+                                  ort_run(model, feeds)["y"])
 
 
 def test_identical_kernels_share_one_program():

@@ -313,13 +313,17 @@ def test_a_visionipc_buffer_binds_zero_copy_on_qcom(models, monkeypatch):
 
 def test_the_frame_switch_and_what_the_warp_reads(models):
     """tools/warp_lines.py: on qcom the warp kernels read the frames with read_imageui (the
-    default) or as buffers (compile_modeld --frame-buffers: image_inputs=None); what the gather
-    touches is bounded by its samples, and its 64-byte lines by the frame."""
+    default) or as buffers (compile_modeld --frame-buffers: image_inputs=None), at coordinates
+    with no integer division; what the gather touches is bounded by its samples, and its
+    64-byte lines by the frame."""
     from tools.warp_lines import kernel_reads, touched
     image = kernel_reads(str(pipeline(models, "qcom", float16=True)))
     plain = kernel_reads(str(pipeline(models, "qcom", float16=True, image_inputs=None)))
     assert len(image) == len(plain) == len(CAMS)
     assert all(k["image_reads"] > 0 for k in image) and not any(k["image_reads"] for k in plain)
+    # the compiler proves the gather's index is row * stride + column: the image read takes
+    # (column, row) and no kernel that reads a frame divides an integer, on either path
+    assert [k["int_div_mod"] for k in image + plain] == [0] * (2 * len(CAMS))
     t = touched(CAMS[0], 2)
     assert t["samples"] == 6 * 128 * 256
     assert t["distinct_bytes"] <= t["samples"] <= t["line_bytes"] < t["frame_bytes"]

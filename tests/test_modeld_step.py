@@ -122,7 +122,8 @@ def warp_model(nv12):
     g = Graph()
     g.input("frame", np.uint8, (nv12.size,))
     g.input("tfm", np.float32, (3, 3))
-    planes = warp(g, "frame", "tfm", nv12_planes(nv12), MODEL_SIZE[0] // 2, MODEL_SIZE[1] // 2)
+    planes = warp(g, "frame", "tfm", nv12, nv12_planes(nv12), MODEL_SIZE[0] // 2,
+                  MODEL_SIZE[1] // 2)
     g.op("Identity", planes, out="planes")
     g.output("planes", np.uint8, (6, MODEL_SIZE[1] // 2, MODEL_SIZE[0] // 2))
     return g.model("warp", 17, {})

@@ -7,8 +7,8 @@ Per camera frame: the samples the six planes take (one byte each), the distinct 
 distinct 64-byte lines they touch (a buffer load moves a whole line from memory into the GPU's
 cache), against the whole buffer; the median over random calibrated transforms
 (models/modeld_ref.py random_tfm). With --blob, the rendered warp kernels' reads of the frame
-and their integer division and modulo counts (an image read takes (x, y): index % stride,
-index / stride).
+and their integer division and modulo counts (an image read takes (x, y); where the compiler
+cannot prove the index is row * stride + column, it divides: index % stride, index / stride).
 """
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ from models.modeld_step import parse_size  # noqa: E402
 from runner.blob import read_blob  # noqa: E402
 from tools.cli import Parser, report  # noqa: E402
 
+# a statement computing an integer (the perspective's float divisions are the same on either path)
+INT_LINE = re.compile(r"^ *(?:u?(?:char|short|int|long)\d*) .*$", re.M)
 LINE = 64  # bytes: the a6xx UCHE / L2 line a buffer load fills
 MODEL = (512, 256)
 
@@ -44,7 +46,7 @@ def touched(cam: tuple[int, int], transforms: int, seed: int = 0) -> dict:
 
 def kernel_reads(path: str) -> list[dict]:
     """Per warp kernel of the blob (one that reads a camera frame): its frame reads, and the
-    integer / and % it computes."""
+    integer / and % it computes (in its image coordinates or elsewhere)."""
     blob = read_blob(path)
     src, out = bytes(blob.programs).decode(), []
     frames = {b.id for b in blob.inputs if b.name in ("frame", "big_frame")}
@@ -54,7 +56,8 @@ def kernel_reads(path: str) -> list[dict]:
         body = body[:body.find("\n}") + 2]
         out.append({"kernel": name, "image_reads": body.count("read_imageui("),
                     "buffer_reads": len(re.findall(r"\bp[1-9]\d*\[", body)),  # p0: the output
-                    "div_mod": len(re.findall(r" [/%] ", body)), "lines": body.count("\n")})
+                    "int_div_mod": len(re.findall(r" [/%] ", "\n".join(INT_LINE.findall(body)))),
+                    "lines": body.count("\n")})
     return out
 
 

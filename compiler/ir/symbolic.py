@@ -155,6 +155,17 @@ def fold_cmp_offset(x: UOp) -> UOp | None:
     return None
 
 
+def cast_terms(x: UOp) -> UOp | None:
+    """An integer (a + b) or (a * b) cast to an index is cast(a) + cast(b) or cast(a) * cast(b)
+    where it cannot have wrapped (its range fits its type): a gather's index computed in the
+    kernel (int32 y*W + x, clipped) then shows fold_divmod its terms."""
+    v = x.src[0]
+    if v.op not in (Ops.ADD, Ops.MUL) or v.dtype not in INTS or v.dtype is dtypes.index \
+            or not v.dtype.min <= v.vmin <= v.vmax <= v.dtype.max:
+        return None
+    return UOp(v.op, x.dtype, tuple(UOp(Ops.CAST, x.dtype, (s,)) for s in v.src))
+
+
 def distribute(x: UOp) -> UOp | None:
     """Keep index sums flat: (a + b) * c -> a*c + b*c, (a * c1) * c2 -> a * (c1*c2)."""
     a, c = x.src
@@ -225,6 +236,7 @@ symbolic = PatternMatcher([
     (UPat(Ops.LOAD, name="ld"), lambda ld: UOp(Ops.LOAD, ld.dtype, ld.src[:2])
         if len(ld.src) == 3 and ld.src[2].op is Ops.CONST and ld.src[2].arg else
         (UOp.const(0, ld.dtype) if len(ld.src) == 3 and ld.src[2].op is Ops.CONST else None)),
+    (UPat(Ops.CAST, dtype=dtypes.index, name="x"), cast_terms),
     (UPat(Ops.CAST, src=(c_,), name="x"), lambda x, c: UOp.const(c.arg, x.dtype)
         if not x.dtype.is_float and not c.dtype.is_float else None),
 ])

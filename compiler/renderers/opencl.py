@@ -254,7 +254,10 @@ class OpenCLRenderer(CStyle):
 
     def _pixel(self, body: Body, p: UOp, elem: UOp, valid: str | None, dt: DType) -> str:
         """Element `elem` of an R8 unsigned-int image: the texture unit reads it at integer
-        coordinates through its 2D cache, where a buffer load would fetch a 64-byte line."""
+        coordinates through its 2D cache, where a buffer load would fetch a 64-byte line.
+        Where `elem` provably is row * width + column with 0 <= column < width (the modeld
+        warp's clipped index, computed in this kernel) the symbolic rules fold the / and % to
+        row and column; they stay only where it is not (an index loaded from memory)."""
         width = self.images[p.arg[0]].width
         x, y = (self._coord(body, graph_rewrite(c, symbolic)) for c in (elem % width,
                                                                         elem // width))

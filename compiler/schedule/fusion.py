@@ -131,7 +131,8 @@ def _duplicated_work(root: UOp, realized: set, recompute: bool = False) -> set[U
     `recompute` (target.recompute_cheap): a node inside a reduction stays inlined when it is one
     ALU op reading one tensor of its own size (the rest broadcast, _one_full_read): the
     reduction reads that tensor in place of the node's, so no bytes are added and one write and
-    one read are saved."""
+    one read are saved; and a costly gather index is stored as the gathered values where they
+    are fewer bytes (_values_over_index)."""
     reds = _reduces_in(root, realized)
     depth = reds[0].src[0].size // max(reds[0].size, 1) if reds else 0
     hits, stack, seen = set(), [(root, False)], set()
@@ -140,6 +141,9 @@ def _duplicated_work(root: UOp, realized: set, recompute: bool = False) -> set[U
         if (n, dup) in seen:
             continue
         seen.add((n, dup))
+        if dup and recompute and n.op is Ops.GATHER and _values_over_index(n, realized):
+            hits.add(n)
+            continue
         if dup and n.op in ALU and not static(n) and (
                 _costly(n, realized) or reds and not (recompute and _one_full_read(n, realized))):
             hits.add(n)
@@ -153,6 +157,18 @@ def _duplicated_work(root: UOp, realized: set, recompute: bool = False) -> set[U
             n.op is Ops.PAD and n.size >= PAD_WASTE * n.src[0].size
         stack.extend((s, dup or grows) for s in n.src if s not in realized)
     return hits
+
+
+def _values_over_index(g: UOp, realized: set) -> bool:
+    """On a target memory bounds (recompute_cheap), a duplicated gather whose index is costly
+    to compute is realized as its gathered values where they are no more bytes than the index
+    (the warp's uint8 samples against their int32 indices): the index kernel reads the source
+    itself, and its index arithmetic stays in view of the gather's load (a frame read as an
+    image takes (column, row) without dividing). A CPU keeps storing the index: a gather in
+    the coordinate kernel would cost that kernel its vectors (plan_cpu.GATHER_LANES)."""
+    ind = g.src[1]
+    return ind not in realized and not static(g) and _costly(ind, realized) and \
+        g.size * g.dtype.itemsize <= ind.size * ind.dtype.itemsize
 
 
 def realize(outputs: list[UOp], recompute: bool = False) -> set[UOp]:
