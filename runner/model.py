@@ -54,7 +54,7 @@ import numpy as np
 
 from runner.cache import beside
 from runner.blob import Blob, read_blob
-from runner.device import Device, get_device
+from runner.device import Device, Peer, get_device
 from runner.dmabuf import DmaBuf
 from runner.errors import DeviceError, DeviceTimeout, InputError
 from runner.graph import Entry, Graph, Slot
@@ -183,15 +183,22 @@ class Model:
         bound another, or the DmaBuf it bound): write into it, then run() without feeds."""
         return self._bound_in[self._input(name, entry).slot]
 
-    def bind_input(self, name: str, array: np.ndarray | DmaBuf | None,
+    def bind_input(self, name: str, array: np.ndarray | DmaBuf | Peer | None,
                    entry: str | None = None) -> None:
         """Bind an externally owned array (a camera frame) to an input, zero-copy, for every
         run() without feeds until bound again; None binds the model's own slot back. A DmaBuf
         binds a dma-buf as device memory (the device imports it at the next run, once per fd:
-        a refused import is the DeviceError of that run, with the kernel's errno)."""
+        a refused import is the DeviceError of that run, with the kernel's errno). A Peer
+        (another Model's output_buffer) binds that Model's output: every run reads what its
+        last run wrote there when it is not fed (runner/pipeline.py orders the two)."""
         s = self._input(name, entry)
         if isinstance(array, DmaBuf):
             self._bound_in[s.slot] = _checked_dmabuf(f"bind_input({name!r})", array, s)
+            return
+        if isinstance(array, Peer):
+            _checked(f"bind_input({name!r}): the peer's output", array.device.io_buffer(
+                array.slot), s.shape, s.dtype)
+            self._bound_in[s.slot] = array
             return
         if array is None:
             array = self._slots[s.slot]
@@ -201,6 +208,16 @@ class Model:
                              f"(binding is zero-copy), got c_contiguous={arr.flags.c_contiguous} "
                              f"aligned={arr.flags.aligned}")
         self._bound_in[s.slot] = arr  # one store: a run binding now sees the old array or this one
+
+    def output_buffer(self, name: str, entry: str | None = None) -> Peer:
+        """This Model's output `name` (of `entry`) as another Model's input (bind_input): its
+        io memory, which the runs that read it bind as a Peer (Device.bind_peer). The runs that
+        write it pass out={name: ...io memory} (runner/pipeline.py does)."""
+        outputs = self.graph.entry(entry).outputs
+        for s in outputs:
+            if s.name == name:
+                return Peer(self.device, s.slot)
+        raise InputError(f"unknown output {name!r}; outputs are {[s.name for s in outputs]}")
 
     def _input(self, name: str, entry: str | None) -> Slot:
         inputs = self.graph.entry(entry).inputs
@@ -238,7 +255,18 @@ class Model:
             self._lock.release()
 
     def _run(self, e: Entry, feeds: dict | None, out: dict | None, timeout_ms: float) -> dict:
-        dev = self.device
+        plan = self._prepare(e, feeds, out)
+        deadline = time.monotonic() + timeout_ms / 1000
+        try:
+            self.device.wait(self.device.submit(deadline, e.launches), deadline)
+        except BaseException as err:  # DeviceError, or an interrupt (KeyboardInterrupt) mid-run
+            raise self._failed(err, timeout_ms) from None
+        return self._finish(e, plan)
+
+    # A run in steps, so runner/pipeline.py can put another device's submission between them:
+    # _prepare (checks and bindings, no device work), submit and wait (a failure of either goes
+    # through _failed), then _finish once the run completed.
+    def _prepare(self, e: Entry, feeds: dict | None, out: dict | None) -> "_Plan":
         if self._closed:
             raise DeviceError("run() on a closed Model; load it again")
         plan = self._plan(e, feeds, out)  # raises before anything is written
@@ -246,15 +274,18 @@ class Model:
         self._bind(plan)
         if e.stateful:
             self._state.bind(e)
-        deadline = time.monotonic() + timeout_ms / 1000
-        try:
-            dev.wait(dev.submit(deadline, e.launches), deadline)
-        except DeviceTimeout as err:
-            self._broken = True
-            raise DeviceTimeout(f"{err} ({timeout_ms} ms after submit)") from None
-        except BaseException:  # DeviceError, or an interrupt (KeyboardInterrupt) mid-run
-            self._broken = True
-            raise
+        return plan
+
+    def _failed(self, err: BaseException, timeout_ms: float) -> BaseException:
+        """A submission or its wait failed: the Model recovers before its next use; -> what
+        to raise (a timeout says how long it waited)."""
+        self._broken = True
+        if isinstance(err, DeviceTimeout):
+            return DeviceTimeout(f"{err} ({timeout_ms} ms after submit)")
+        return err
+
+    def _finish(self, e: Entry, plan: "_Plan") -> dict:
+        """After the run completed: its state writes become the state, staged outputs land."""
         if e.stateful:
             self._state.commit(e)
         for scratch, arr in plan.staged:
@@ -300,6 +331,9 @@ class Model:
             raise InputError(f"feeds: expected a dict {{input name: numpy.ndarray}} over inputs "
                              f"{names}, got {type(feeds).__name__}")
         for s in e.inputs:
+            if s.name not in feeds and isinstance(self._bound_in[s.slot], Peer):
+                plan.inputs.append((s.slot, s.name, self._bound_in[s.slot]))
+                continue
             if s.name not in feeds and s.slot in self._defaults:
                 plan.inputs.append((s.slot, s.name, self._defaults[s.slot]))
                 continue
@@ -351,6 +385,8 @@ class Model:
         for slot, _, arr in plan.inputs + plan.outputs:
             if isinstance(arr, DmaBuf):  # bound by bind_input: device memory
                 dev.bind_device(slot, arr)
+            elif isinstance(arr, Peer):  # bound by bind_input: another device's output
+                dev.bind_peer(slot, arr)
             else:
                 dev.bind(slot, arr)
 
@@ -368,9 +404,10 @@ class _Plan:
 
 def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether the byte ranges two arrays span meet: exact for contiguous arrays, cautious for
-    strided ones (a copy too many, never a missed overlap). A DmaBuf is device memory that no
-    host array can alias."""
-    if isinstance(a, DmaBuf) or isinstance(b, DmaBuf) or not a.size or not b.size:
+    strided ones (a copy too many, never a missed overlap). A DmaBuf or Peer is device memory
+    that this Model's host arrays do not alias."""
+    if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray) or not a.size or \
+            not b.size:
         return False
     (lo_a, hi_a), (lo_b, hi_b) = _span(a), _span(b)
     return lo_a < hi_b and lo_b < hi_a
