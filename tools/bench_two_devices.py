@@ -1,0 +1,141 @@
+"""Host time per frame of the split modeld step on two devices, the warp on qcom (mock KGSL) and
+the queues and models on amd (the mock USB GPU): docs/modeld.md "Two devices".
+
+    python tools/bench_two_devices.py [--frames N] [--mode pipeline|chain]
+
+--mode pipeline: runner/pipeline.py, one Pipeline.run per frame (the planes stay in the warp's
+KGSL memory; the amd side uploads them from there). --mode chain: what tests/modeld_replay.py
+did before it, the warp's planes read back into numpy arrays, then fed to the model's run.
+The split models (models/openpilot_split.py, the 1344x760 camera) are compiled first (`qcom
+--float16` and `amd`, a few seconds, into a temporary folder).
+
+Per frame it reports the wall time and the time spent inside the two simulators: the mock
+KGSL's ioctls (the Adreno's kernels, which it runs inside GPU_COMMAND, included) and the mock
+libusb's calls (the USB link, the bridge and the USB GPU's work, which it does as the link plays
+the transfers). Wall minus simulators is host time: the runtime and the drivers' host halves
+(qcom/, am/, usbgpu/), the link excluded.
+"""
+import os
+import sys
+
+sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+import pathlib  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from compiler.blob import write_blob  # noqa: E402
+from compiler.pipeline import compile_model  # noqa: E402
+from models import modeld_ref as ref  # noqa: E402
+from models.modeld_step import entry_name, split_entries  # noqa: E402
+from models.openpilot_split import make_policy, make_vision  # noqa: E402
+from runner import Model  # noqa: E402
+from tools.cli import Parser, positive_int  # noqa: E402
+
+CAM, CAMS, MODEL_SIZE, FS = (1344, 760), [(1928, 1208), (1344, 760)], (512, 256), 4
+WARP_IN = ("frame", "tfm", "big_frame", "big_tfm")
+
+
+def load(folder: str) -> tuple[Model, Model]:
+    """The warp blob on qcom and the model blob on amd, both on their simulators."""
+    from am import firmware
+    from sim.am import standin
+    from sim.am.mock_device import IPS
+    os.environ.update(KEEL_KGSL="mock", KEEL_USB="mock")
+    os.environ[firmware.ENV] = folder
+    standin.write_all(pathlib.Path(folder), {(ip.hw_id, ip.instance): ip for ip in IPS})
+    warps, steps = split_entries(make_vision(), make_policy(), MODEL_SIZE, CAMS, FS)
+    paths = []
+    for name, graphs, target, half in (("warp", warps, "qcom", True),
+                                       ("model", steps, "amd", False)):
+        paths.append(os.path.join(folder, f"{name}.blob"))
+        write_blob(compile_model(graphs, target=target, float16=half), paths[-1])
+    return Model.load(paths[0], device="qcom"), Model.load(paths[1], device="amd")
+
+
+class SimClock:
+    """Seconds spent inside the simulators' entry points since the last reset."""
+
+    def __init__(self, warp: Model):
+        from sim.usb.mock import MockLibusb
+        self.seconds = 0.0
+        driver = warp.device.kgsl.driver
+        driver.ioctl = self.timed(driver.ioctl)
+        usb = MockLibusb.shared()
+        for name in dir(usb):
+            if name.startswith("libusb_"):
+                setattr(usb, name, self.timed(getattr(usb, name)))
+
+    def timed(self, fn):
+        def call(*args):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                self.seconds += time.perf_counter() - t0
+        return call
+
+
+def chain(warp: Model, model: Model):
+    """The host chain: the warp's planes come back as numpy arrays, the model is fed them."""
+    def run(feeds: dict, kind: str) -> dict:
+        planes = warp.run({k: feeds[k] for k in WARP_IN}, entry=entry_name(CAM, "warp"))
+        rest = {k: v for k, v in feeds.items() if k not in WARP_IN}
+        return model.run({**planes, **rest}, entry=kind)
+    return run
+
+
+def pipeline(warp: Model, model: Model):
+    from runner.pipeline import Pipeline
+    pipe = Pipeline([warp, model])
+
+    def run(feeds: dict, kind: str) -> dict:
+        return pipe.run(feeds, (entry_name(CAM, "warp"), kind))
+    return run
+
+
+def frames(n: int):
+    """n frames of random pixels, transforms and desires, every fourth one warp-only."""
+    rng, nv12 = np.random.default_rng(0), ref.nv12_layout(*CAM)
+    for i in range(n):
+        feeds = {"frame": rng.integers(0, 256, nv12.size, dtype=np.uint8),
+                 "big_frame": rng.integers(0, 256, nv12.size, dtype=np.uint8),
+                 "tfm": ref.random_tfm(rng, CAM, MODEL_SIZE),
+                 "big_tfm": ref.random_tfm(rng, CAM, MODEL_SIZE)}
+        if i % 4 == 3:
+            yield feeds, "warp_enqueue"
+            continue
+        feeds["desire"] = (rng.random(8) > 0.8).astype(np.float32)
+        feeds["traffic_convention"] = np.eye(2, dtype=np.float32)[rng.integers(2)]
+        yield feeds, "run_policy"
+
+
+def main() -> None:
+    p = Parser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--frames", type=positive_int, default=40)
+    p.add_argument("--mode", choices=("pipeline", "chain"), default="pipeline")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="keel-two-") as folder:
+        warp, model = load(folder)
+        clock, run = SimClock(warp), {"chain": chain, "pipeline": pipeline}[args.mode](warp, model)
+        walls, sims = [], []
+        for i, (feeds, kind) in enumerate(frames(args.frames + 1)):
+            clock.seconds = 0.0
+            t0 = time.perf_counter()
+            run(feeds, kind)
+            if i:  # the first frame binds and patches everything once
+                walls.append(time.perf_counter() - t0)
+                sims.append(clock.seconds)
+        model.close()
+        warp.close()
+    walls, sims = np.array(walls) * 1e3, np.array(sims) * 1e3
+    hosts = walls - sims
+    print(f"{args.mode}: {args.frames} frames, median (min) ms: wall {np.median(walls):.2f} "
+          f"({walls.min():.2f}), in the simulators {np.median(sims):.2f} ({sims.min():.2f}), "
+          f"host {np.median(hosts):.2f} ({hosts.min():.2f})")
+
+
+if __name__ == "__main__":
+    main()
