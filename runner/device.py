@@ -17,22 +17,18 @@ written there once, and a backend supplies only its hardware verbs (listed on Qu
                          slot for the following submissions. Rebinding the bound array is free;
                          a new one patches only the recorded addresses of that slot. The caller
                          keeps the array alive and untouched until the submission completes.
+                         The array may be another device's io_buffer (the output of one stage
+                         bound as the next stage's input, runner/pipeline.py), for any pair of
+                         backends, with nothing written per pair: where the producer's io memory
+                         is host-visible (cpu, mock, dsp; qcom: a KGSL object mapped into the
+                         process) its io_buffer is that memory, which a device that maps host
+                         memory reads where it lies and one that stages (amd, opencl) copies in
+                         at submit straight from it (amd: the one transfer over USB the data has
+                         to make). A producer whose io memory is not host-visible (amd, opencl)
+                         copies its output into its io_buffer at wait first.
   bind_device(slot, mem) bind memory that already lives on the device (a camera frame in GPU
                          memory); what `mem` is belongs to the backend. Raises DeviceError where a
                          backend has no such memory.
-  bind_peer(slot, peer)  bind io slot `slot` to a Peer: io slot `peer.slot` of another loaded
-                         device (the output one stage writes, the input the next stage reads;
-                         runner/pipeline.py), any pair of backends. Written once here, over this
-                         contract: the slot is bound to the peer's io_buffer, which is the peer's
-                         io memory itself where that is host-visible (cpu, mock, dsp, qcom: a
-                         KGSL object mapped into the process). A device that maps host memory
-                         then reads it where it lies; one that stages (amd, opencl) copies it in
-                         at submit straight from it, which for amd is the one transfer over USB
-                         the data has to make. A peer whose io memory is not host-visible (amd,
-                         opencl) fills its io_buffer at wait: one copy out, then the same. The
-                         caller keeps the peer's output slot bound to its io_buffer and orders
-                         the runs: the peer's run has completed before this device's submit,
-                         and this device's run before the peer's next one.
   submit(deadline, launches=None)
                          one submission of the launches `launches` (a range of the replay table:
                          an entry point's, runner/graph.py; None: all of them); returns its
@@ -88,11 +84,11 @@ import mmap
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import numpy as np
 
-from runner.errors import AllocError, ConfigError, DeviceError, DeviceTimeout, InputError
+from runner.errors import AllocError, ConfigError, DeviceError, DeviceTimeout
 
 # device name -> "module:Class" (which device runs a blob of each target: runner/targets.py)
 DEVICES = {"cpu": "runner.cpu:CpuDevice", "opencl": "runner.opencl:OpenCLDevice",
@@ -139,14 +135,6 @@ class Device:
         raise DeviceError(f"device {self.name!r} has no device memory to bind to slot {slot}; "
                           f"bind a host array")
 
-    def bind_peer(self, slot: int, peer: "Peer") -> None:
-        mine, theirs = self.io_buffer(slot), peer.device.io_buffer(peer.slot)
-        if (mine.shape, mine.dtype) != (theirs.shape, theirs.dtype):
-            raise InputError(f"{self.name} io slot {slot} ({mine.dtype} {mine.shape}) cannot "
-                             f"read {peer.device.name} io slot {peer.slot} ({theirs.dtype} "
-                             f"{theirs.shape}): expected the same shape and dtype")
-        self.bind(slot, theirs)
-
     def submit(self, deadline: float, launches: range | None = None) -> int:
         raise NotImplementedError
 
@@ -189,12 +177,6 @@ class Device:
 
     def spans(self) -> list[Span]:
         raise DeviceError(f"device {self.name!r} has no per-launch timestamps")
-
-
-class Peer(NamedTuple):
-    """Io slot `slot` of a loaded device, bound as another device's input (bind_peer)."""
-    device: Device
-    slot: int
 
 
 def get_device(name: str) -> Device:

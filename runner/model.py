@@ -54,7 +54,7 @@ import numpy as np
 
 from runner.cache import beside
 from runner.blob import Blob, read_blob
-from runner.device import Device, Peer, get_device
+from runner.device import Device, get_device
 from runner.dmabuf import DmaBuf
 from runner.errors import DeviceError, DeviceTimeout, InputError
 from runner.graph import Entry, Graph, Slot
@@ -183,22 +183,15 @@ class Model:
         bound another, or the DmaBuf it bound): write into it, then run() without feeds."""
         return self._bound_in[self._input(name, entry).slot]
 
-    def bind_input(self, name: str, array: np.ndarray | DmaBuf | Peer | None,
+    def bind_input(self, name: str, array: np.ndarray | DmaBuf | None,
                    entry: str | None = None) -> None:
         """Bind an externally owned array (a camera frame) to an input, zero-copy, for every
         run() without feeds until bound again; None binds the model's own slot back. A DmaBuf
         binds a dma-buf as device memory (the device imports it at the next run, once per fd:
-        a refused import is the DeviceError of that run, with the kernel's errno). A Peer
-        (another Model's output_buffer) binds that Model's output: every run reads what its
-        last run wrote there when it is not fed (runner/pipeline.py orders the two)."""
+        a refused import is the DeviceError of that run, with the kernel's errno)."""
         s = self._input(name, entry)
         if isinstance(array, DmaBuf):
             self._bound_in[s.slot] = _checked_dmabuf(f"bind_input({name!r})", array, s)
-            return
-        if isinstance(array, Peer):
-            _checked(f"bind_input({name!r}): the peer's output", array.device.io_buffer(
-                array.slot), s.shape, s.dtype)
-            self._bound_in[s.slot] = array
             return
         if array is None:
             array = self._slots[s.slot]
@@ -209,14 +202,18 @@ class Model:
                              f"aligned={arr.flags.aligned}")
         self._bound_in[s.slot] = arr  # one store: a run binding now sees the old array or this one
 
-    def output_buffer(self, name: str, entry: str | None = None) -> Peer:
-        """This Model's output `name` (of `entry`) as another Model's input (bind_input): its
-        io memory, which the runs that read it bind as a Peer (Device.bind_peer). The runs that
-        write it pass out={name: ...io memory} (runner/pipeline.py does)."""
+    def output_buffer(self, name: str, entry: str | None = None) -> np.ndarray:
+        """Output `name` (of `entry`) where this Model's device keeps it: its io memory, which
+        is the device memory itself where that is host-visible (cpu, mock, dsp; qcom: a KGSL
+        object mapped into the process), else the host array its wait() copies it into (amd,
+        opencl). A run with out={name: output_buffer(name)} writes it there, and another
+        Model's input bound to it (bind_input, or a feed) reads it there: the output of one
+        device as the input of another, with no copy by the host where the memory is
+        host-visible (runner/pipeline.py; Device.bind in runner/device.py)."""
         outputs = self.graph.entry(entry).outputs
         for s in outputs:
             if s.name == name:
-                return Peer(self.device, s.slot)
+                return self.device.io_buffer(s.slot)
         raise InputError(f"unknown output {name!r}; outputs are {[s.name for s in outputs]}")
 
     def _input(self, name: str, entry: str | None) -> Slot:
@@ -263,9 +260,9 @@ class Model:
             raise self._failed(err, timeout_ms) from None
         return self._finish(e, plan)
 
-    # A run in steps, so runner/pipeline.py can put another device's submission between them:
-    # _prepare (checks and bindings, no device work), submit and wait (a failure of either goes
-    # through _failed), then _finish once the run completed.
+    # A run in steps, so runner/pipeline.py can put another device's run between them: _prepare
+    # (checks and bindings, no device work), submit and wait (a failure of either goes through
+    # _failed), then _finish once the run completed.
     def _prepare(self, e: Entry, feeds: dict | None, out: dict | None) -> "_Plan":
         if self._closed:
             raise DeviceError("run() on a closed Model; load it again")
@@ -331,9 +328,6 @@ class Model:
             raise InputError(f"feeds: expected a dict {{input name: numpy.ndarray}} over inputs "
                              f"{names}, got {type(feeds).__name__}")
         for s in e.inputs:
-            if s.name not in feeds and isinstance(self._bound_in[s.slot], Peer):
-                plan.inputs.append((s.slot, s.name, self._bound_in[s.slot]))
-                continue
             if s.name not in feeds and s.slot in self._defaults:
                 plan.inputs.append((s.slot, s.name, self._defaults[s.slot]))
                 continue
@@ -385,8 +379,6 @@ class Model:
         for slot, _, arr in plan.inputs + plan.outputs:
             if isinstance(arr, DmaBuf):  # bound by bind_input: device memory
                 dev.bind_device(slot, arr)
-            elif isinstance(arr, Peer):  # bound by bind_input: another device's output
-                dev.bind_peer(slot, arr)
             else:
                 dev.bind(slot, arr)
 
@@ -404,10 +396,9 @@ class _Plan:
 
 def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether the byte ranges two arrays span meet: exact for contiguous arrays, cautious for
-    strided ones (a copy too many, never a missed overlap). A DmaBuf or Peer is device memory
-    that this Model's host arrays do not alias."""
-    if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray) or not a.size or \
-            not b.size:
+    strided ones (a copy too many, never a missed overlap). A DmaBuf is device memory that no
+    host array can alias."""
+    if isinstance(a, DmaBuf) or isinstance(b, DmaBuf) or not a.size or not b.size:
         return False
     (lo_a, hi_a), (lo_b, hi_b) = _span(a), _span(b)
     return lo_a < hi_b and lo_b < hi_a

@@ -7,10 +7,11 @@ devices").
     out = pipe.run(feeds, entries=("1344x760/warp", "run_policy"), timeout_ms=50)
 
 Links: an output of stage i's entry and an input of stage i + 1's entry with the same name (the
-warp's `planes`, the model's `planes`) are linked. Stage i writes it into its own io memory and
-stage i + 1 reads it from there (Model.output_buffer, bound with Model.bind_input as a Peer:
-Device.bind_peer, written once for every pair of backends). Every other input comes from
-`feeds` by name; run() returns every stage's outputs that are not linked.
+warp's `planes`, the model's `planes`) are linked. Stage i writes it into its own io memory
+(Model.output_buffer) and stage i + 1's input is bound to that memory: a device binding another
+device's io_buffer (runner/device.py, Device.bind), the same code for every pair of backends.
+Every other input comes from `feeds` by name; run() returns every stage's outputs that are not
+linked.
 
 A frame: every stage's feeds are checked and bound first, so nothing is submitted for a frame
 any stage would refuse. Then stage by stage, each submission after the one before it has
@@ -39,7 +40,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from runner.device import Peer
 from runner.errors import DeviceTimeout, InputError
 from runner.graph import Entry
 from runner.model import Model, _checked_timeout
@@ -50,7 +50,7 @@ class _Stage:
     """One stage of a frame: its Model, the entry it runs and its links to its neighbours."""
     model: Model
     entry: Entry
-    peers: dict[str, Peer] = field(default_factory=dict)  # linked input -> the writer's output
+    reads: dict[str, np.ndarray] = field(default_factory=dict)  # linked input -> where it lies
     keep: dict[str, np.ndarray] = field(default_factory=dict)  # linked output -> its io memory
 
 
@@ -86,11 +86,8 @@ class Pipeline:
                timeout_ms: float) -> dict[str, np.ndarray]:
         plans = []
         for st in stages:
-            name = st.entry.name
-            for input_name, peer in st.peers.items():
-                if st.model.input_view(input_name, name) is not peer:
-                    st.model.bind_input(input_name, peer, name)
-            mine = {s.name: feeds[s.name] for s in st.entry.inputs if s.name in feeds}
+            mine = {**{s.name: feeds[s.name] for s in st.entry.inputs if s.name in feeds},
+                    **st.reads}
             writes = {**{s.name: out[s.name] for s in st.entry.outputs if s.name in out},
                       **st.keep}
             plans.append(st.model._prepare(st.entry, mine, writes))
@@ -125,8 +122,8 @@ class Pipeline:
                     raise InputError(f"Pipeline: {before.entry.name!r} writes {s.name!r} as "
                                      f"{src.dtype} {src.shape}, {after.entry.name!r} reads it "
                                      f"as {s.dtype} {s.shape}")
-                after.peers[s.name] = before.model.output_buffer(s.name, before.entry.name)
-                before.keep[s.name] = before.model.device.io_buffer(src.slot)
+                memory = before.model.output_buffer(s.name, before.entry.name)
+                before.keep[s.name] = after.reads[s.name] = memory
         self._frames[entries] = stages
         return stages
 
@@ -137,7 +134,7 @@ def _check_names(stages: list[_Stage], feeds, out) -> None:
     if not isinstance(feeds, Mapping) or not isinstance(out, Mapping):
         raise InputError(f"Pipeline.run: feeds and out are dicts {{name: numpy.ndarray}}, got "
                          f"{type(feeds).__name__} and {type(out).__name__}")
-    linked = {n for st in stages for n in st.peers}
+    linked = {n for st in stages for n in st.reads}
     inputs = {s.name for st in stages for s in st.entry.inputs} - linked
     outputs = {s.name for st in stages for s in st.entry.outputs} - linked
     if linked & set(feeds):

@@ -51,11 +51,10 @@ def test_the_second_stage_reads_the_first_stages_output_where_it_lies(stages):
         out = pipe.run(frame(k), ("main", "main"))
         assert list(out) == ["y"]  # h is linked: not an output of the frame
         np.testing.assert_array_equal(out["y"], np.full((1, W), float(k * (k + 1))))  # sum 2j
-    h = first.output_buffer("h", "main")
-    mine = second.graph.entry("main").inputs[0]
-    # the CPU binds host memory: its io pointer for h is the mock's own output memory, no copy
-    assert second.device.bound[mine.slot] is first.device.io_buffer(h.slot)
-    np.testing.assert_array_equal(first.device.io_buffer(h.slot), np.full((1, W), 6.0))
+    h, mine = first.output_buffer("h"), second.graph.entry("main").inputs[0]
+    # the CPU binds host memory: its slot for h is the mock's own output memory, not a copy
+    assert second.device.bound[mine.slot] is h
+    np.testing.assert_array_equal(h, np.full((1, W), 6.0))
 
 
 def test_a_hang_in_the_first_stage_drops_that_frame_and_leaves_the_second_untouched(stages):
@@ -72,11 +71,13 @@ def test_a_hang_in_the_first_stage_drops_that_frame_and_leaves_the_second_untouc
     np.testing.assert_array_equal(second.state["n"], out["y"])
 
 
-def test_a_second_stage_run_alone_reads_the_first_stages_last_output(stages):
+def test_an_output_buffer_bound_as_an_input_is_read_after_each_run_of_its_writer(stages):
     first, second = stages()
-    Pipeline([first, second]).run(frame(4), ("main", "main"))
-    out = second.run({})  # h is bound to the first stage's output: not fed, read from there
-    np.testing.assert_array_equal(out["y"], np.full((1, W), 16.0))
+    second.bind_input("h", first.output_buffer("h"))
+    for k in (4, 5):
+        first.run(frame(k), out={"h": first.output_buffer("h")})
+        out = second.run()  # h not fed: read where the first Model's run wrote it
+    np.testing.assert_array_equal(out["y"], np.full((1, W), 18.0))
 
 
 @pytest.mark.parametrize("feeds, entries, message", [
