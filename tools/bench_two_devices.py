@@ -13,7 +13,8 @@ Per frame it reports the wall time and the time spent inside the two simulators:
 KGSL's ioctls (the Adreno's kernels, which it runs inside GPU_COMMAND, included) and the mock
 libusb's calls (the USB link, the bridge and the USB GPU's work, which it does as the link plays
 the transfers). Wall minus simulators is host time: the runtime and the drivers' host halves
-(qcom/, am/, usbgpu/), the link excluded.
+(qcom/, am/, usbgpu/), the link excluded; the same in CPU time (time.process_time, which a
+loaded machine disturbs less). And what crossed the link: bulk OUT bytes and USB transfers.
 """
 import os
 import sys
@@ -56,25 +57,39 @@ def load(folder: str) -> tuple[Model, Model]:
 
 
 class SimClock:
-    """Seconds spent inside the simulators' entry points since the last reset."""
+    """Wall and CPU seconds spent inside the simulators' entry points, and the bytes and
+    transfers submitted to the mock link, since the last reset()."""
 
     def __init__(self, warp: Model):
         from sim.usb.mock import MockLibusb
-        self.seconds = 0.0
+        from usbgpu.asm24 import EP_DATA_OUT
+        self.reset()
         driver = warp.device.kgsl.driver
         driver.ioctl = self.timed(driver.ioctl)
         usb = MockLibusb.shared()
         for name in dir(usb):
             if name.startswith("libusb_"):
                 setattr(usb, name, self.timed(getattr(usb, name)))
+        submit = usb.libusb_submit_transfer
+
+        def counted(t):
+            self.transfers += 1
+            self.bytes_out += t.length if t.endpoint == EP_DATA_OUT else 0
+            return submit(t)
+        usb.libusb_submit_transfer = counted
+
+    def reset(self) -> None:
+        self.seconds = self.cpu = 0.0
+        self.transfers = self.bytes_out = 0
 
     def timed(self, fn):
         def call(*args):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             try:
                 return fn(*args)
             finally:
                 self.seconds += time.perf_counter() - t0
+                self.cpu += time.process_time() - c0
         return call
 
 
@@ -120,21 +135,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="keel-two-") as folder:
         warp, model = load(folder)
         clock, run = SimClock(warp), {"chain": chain, "pipeline": pipeline}[args.mode](warp, model)
-        walls, sims = [], []
+        rows = []  # per frame: wall, simulators' wall, host CPU, bytes out, transfers
         for i, (feeds, kind) in enumerate(frames(args.frames + 1)):
-            clock.seconds = 0.0
-            t0 = time.perf_counter()
+            clock.reset()
+            t0, c0 = time.perf_counter(), time.process_time()
             run(feeds, kind)
             if i:  # the first frame binds and patches everything once
-                walls.append(time.perf_counter() - t0)
-                sims.append(clock.seconds)
+                rows.append((time.perf_counter() - t0, clock.seconds,
+                             time.process_time() - c0 - clock.cpu, clock.bytes_out,
+                             clock.transfers))
         model.close()
         warp.close()
-    walls, sims = np.array(walls) * 1e3, np.array(sims) * 1e3
-    hosts = walls - sims
-    print(f"{args.mode}: {args.frames} frames, median (min) ms: wall {np.median(walls):.2f} "
-          f"({walls.min():.2f}), in the simulators {np.median(sims):.2f} ({sims.min():.2f}), "
-          f"host {np.median(hosts):.2f} ({hosts.min():.2f})")
+    wall, sim, cpu, out, transfers = np.array(rows).T
+    ms = lambda a: f"{np.median(a) * 1e3:.2f} ({a.min() * 1e3:.2f})"  # noqa: E731
+    print(f"{args.mode}: {args.frames} frames, median (min) ms: wall {ms(wall)}, in the "
+          f"simulators {ms(sim)}, host {ms(wall - sim)}, host CPU {ms(cpu)}; per frame over USB: "
+          f"{np.mean(out) / 1e3:.1f} KB out in {np.mean(transfers):.0f} transfers")
 
 
 if __name__ == "__main__":
