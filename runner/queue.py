@@ -10,10 +10,11 @@ supplies only its hardware verbs (listed on the class); this module owns:
   * staging, at one moment each: a host array the device cannot map is bound through the slot's
     staging memory; inputs are copied in by submit(), before the kick; outputs are copied out by
     wait(), once it has seen the submission complete; only the slots the submitted launch range
-    touches (another entry's staged slots would cross a USB link for nothing). The caller keeps the arrays untouched in
-    between (the contract's rule for every binding). Submissions in flight together share their
-    bindings (rebinding waits for them) and their inputs, so they compute the same outputs: the
-    staged outputs of a submission not yet waited for are copied out with the next one's.
+    touches (another entry's staged slots would cross a USB link for nothing). The caller keeps
+    the arrays untouched in between (the contract's rule for every binding). Submissions in
+    flight together share their bindings (rebinding waits for them) and their inputs, so they
+    compute the same outputs: the staged outputs of a submission not yet waited for are copied
+    out with the next one's.
   * the deadline wait: wait() is runner/device.py's wait_until over `completed`, sleeping in the
     backend's `block`.
   * recovery: recover() calls the backend's `reset`, then drops what was in flight; bindings,
