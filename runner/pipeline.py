@@ -124,6 +124,10 @@ class Pipeline:
                                      f"as {s.dtype} {s.shape}")
                 memory = before.model.output_buffer(s.name, before.entry.name)
                 before.keep[s.name] = after.reads[s.name] = memory
+        results = [s.name for st in stages for s in st.entry.outputs if s.name not in st.keep]
+        if len(set(results)) < len(results):
+            raise InputError(f"Pipeline: entries {list(entries)} return outputs {results}: "
+                             f"expected distinct names")
         self._frames[entries] = stages
         return stages
 

@@ -93,6 +93,12 @@ def test_bad_frames_are_input_errors_before_anything_runs(stages, feeds, entries
     assert first.device.value == second.device.value == 0
 
 
+def test_two_stages_returning_one_name_is_an_input_error(stages):
+    _, second = stages()
+    with pytest.raises(InputError, match=r"return outputs \['y', 'y'\]: expected distinct"):
+        Pipeline([second, second]).run(frame(1), ("main", "main"))
+
+
 def test_a_link_of_two_shapes_is_an_input_error(stages):
     first, _ = stages()
     nodes = [helper.make_node("Identity", ["h"], ["y"])]
