@@ -245,29 +245,35 @@ def test_two_devices_move_each_plane_over_usb_once_from_the_warps_memory(models,
                                                                           monkeypatch):
     """No host copy: per frame the amd side uploads each plane exactly once, straight from the
     qcom output memory (the KGSL object the warp wrote, mapped), as one long write of the
-    bridge's SRAM; nothing else crosses USB but a few small window writes."""
+    bridge's SRAM, whose two middle 64 KiB chunks go to their USB transfers as views of that
+    memory; nothing else crosses USB but a few small window writes."""
     from am.device import AmdDevice
+    from usbgpu.asm24 import CHUNK, Bridge
     from usbgpu.pci import UsbPci
     pipe = two_devices(models, monkeypatch)
     cam = CAMS[1]
     warp = f"{cam[0]}x{cam[1]}/warp"
     sources = {pipe.warp.output_buffer(n, warp).ctypes.data for n in ("planes", "big_planes")}
-    uploads, long_writes = [], []
-    upload, stage = AmdDevice.upload, UsbPci.stage
+    uploads, long_writes, views = [], [], []
+    upload, stage, commands = AmdDevice.upload, UsbPci.stage, Bridge.commands
     monkeypatch.setattr(AmdDevice, "upload", lambda dev, mem, data: (
         uploads.append((np.asarray(data).ctypes.data, len(data))), upload(dev, mem, data))[1])
     monkeypatch.setattr(UsbPci, "stage", lambda pci, data: (
-        long_writes.append(len(data)), stage(pci, data))[1])
+        long_writes.append(sum(map(len, data))), stage(pci, data))[1])
+    monkeypatch.setattr(Bridge, "commands", lambda bridge, cmds: (views.extend(
+        np.frombuffer(d, np.uint8).ctypes.data for _, _, d in cmds
+        if isinstance(d, memoryview) and len(d) == CHUNK), commands(bridge, cmds))[1])
     rng, nv12 = np.random.default_rng(1), ref.nv12_layout(*cam)
     plane = 6 * MODEL_SIZE[1] // 2 * MODEL_SIZE[0] // 2
     for i, kind in enumerate(("run_policy", "warp_enqueue")):
-        uploads.clear(), long_writes.clear()
+        uploads.clear(), long_writes.clear(), views.clear()
         feeds = random_frame(rng, nv12, cam, kind == "warp_enqueue")
         pipe.run(feeds, entry_name(cam, kind), timeout_ms=60000)
         big = [(ptr, n) for ptr, n in uploads if n == plane]
         assert {ptr for ptr, _ in big} == sources and len(big) == 2, (i, uploads)
         assert all(n <= 32 for ptr, n in uploads if n != plane), (i, uploads)  # desire, tc
-        assert len(long_writes) == 2 and all(n < 2 * plane for n in long_writes), long_writes
+        assert len(long_writes) == 2 and all(plane < n < plane + 4096 for n in long_writes)
+        assert len(views) == 4 and all(any(0 < v - s < plane for s in sources) for v in views)
     pipe.model.close()
 
 
