@@ -48,7 +48,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 import numpy as np
 
@@ -257,7 +257,7 @@ class Model:
         try:
             self.device.wait(self.device.submit(deadline, e.launches), deadline)
         except BaseException as err:  # DeviceError, or an interrupt (KeyboardInterrupt) mid-run
-            raise self._failed(err, timeout_ms) from None
+            self._failed(err, timeout_ms)
         return self._finish(e, plan)
 
     # A run in steps, so runner/pipeline.py can put another device's run between them: _prepare
@@ -273,13 +273,13 @@ class Model:
             self._state.bind(e)
         return plan
 
-    def _failed(self, err: BaseException, timeout_ms: float) -> BaseException:
-        """A submission or its wait failed: the Model recovers before its next use; -> what
-        to raise (a timeout says how long it waited)."""
+    def _failed(self, err: BaseException, timeout_ms: float) -> NoReturn:
+        """A submission or its wait failed: the Model recovers before its next use; raises
+        `err` (a timeout saying how long it waited)."""
         self._broken = True
         if isinstance(err, DeviceTimeout):
-            return DeviceTimeout(f"{err} ({timeout_ms} ms after submit)")
-        return err
+            raise DeviceTimeout(f"{err} ({timeout_ms} ms after submit)") from None
+        raise err
 
     def _finish(self, e: Entry, plan: "_Plan") -> dict:
         """After the run completed: its state writes become the state, staged outputs land."""
