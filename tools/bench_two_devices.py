@@ -12,9 +12,10 @@ The split models (models/openpilot_split.py, the 1344x760 camera) are compiled f
 Per frame it reports the wall time and the time spent inside the two simulators: the mock
 KGSL's ioctls (the Adreno's kernels, which it runs inside GPU_COMMAND, included) and the mock
 libusb's event handling (the USB link, the bridge and the USB GPU's work, which it does as it
-plays the submitted transfers; submitting a transfer is bookkeeping, counted as host). Wall minus simulators is host time: the runtime and the drivers' host halves
-(qcom/, am/, usbgpu/), the link excluded; the same in CPU time (time.process_time, which a
-loaded machine disturbs less). And what crossed the link: bulk OUT bytes and USB transfers.
+plays the submitted transfers; submitting a transfer is bookkeeping, counted as host). Wall
+minus simulators is host time: the runtime and the drivers' host halves (qcom/, am/, usbgpu/),
+the link excluded; the same in CPU time (time.process_time, which a loaded machine disturbs
+less). And what crossed the link: bulk OUT bytes and USB transfers.
 """
 import os
 import sys
