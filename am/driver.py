@@ -259,6 +259,24 @@ class Gpu:
         """Copy each (GPU address, bytes) piece into GPU memory: the pieces packed into writes
         of the staging memory (the window and the SRAM after it, mapped from VM_AT) of up to
         MAX_COPIES DMA_DATA each (8-byte aligned in the payload)."""
+        for packets, payload in self._batches(pieces):
+            self.post(packets, payload, deadline)
+
+    def put_then(self, pieces, packets: list[int], deadline: float) -> None:
+        """put(pieces), then `packets`, which start without a wait: they go in the last batch's
+        doorbell, after its copies (DMA_DATA finishes before the next packet). A graph's
+        inputs and its launch are then one staging write and one doorbell."""
+        batches = list(self._batches(pieces)) or [([], [])]
+        for copies, payload in batches[:-1]:
+            self.post(copies, payload, deadline)
+        copies, payload = batches[-1]
+        if len(copies) + len(packets) > RING_DWORDS:
+            self.post(copies, payload, deadline)
+            copies, payload = [], []
+        self.launch(copies + packets, payload)
+
+    def _batches(self, pieces):
+        """(DMA_DATA packets, payload pieces) per write of the staging memory."""
         room = self.pci.staging[1] - PAYLOAD_AT
         packets, payload, size = [], [], 0  # payload: views of `pieces`, and alignment gaps
         for va, data in pieces:
@@ -267,14 +285,14 @@ class Gpu:
                 at = -(-size // 8) * 8
                 k = min(len(view), room - at)
                 if k <= 0 or len(packets) >= MAX_COPIES * 7:
-                    self.post(packets, payload, deadline)
+                    yield packets, payload
                     packets, payload, size = [], [], 0
                     continue
                 payload += [bytes(at - size), view[:k]]
                 packets += pm4.dma_data(self.window + PAYLOAD_AT + at, va, k)
                 view, va, size = view[k:], va + k, at + k
         if packets:
-            self.post(packets, payload, deadline)
+            yield packets, payload
 
     def download(self, va: int, out: memoryview, deadline: float) -> None:
         room = self.window_bytes - PAYLOAD_AT
