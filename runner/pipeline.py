@@ -23,14 +23,14 @@ does not flip), and that stage recovers before its next run.
 The relay. Stage B may start only once stage A has completed, and two devices with no fence in
 common (KGSL and a GPU behind a USB bridge) cannot wait for each other, so the host relays A's
 completion: it blocks in A's wait (qcom: a KGSL timestamp wait, woken by the retire interrupt),
-then submits B, whose command stream was recorded at load and whose bindings were decided
-before A started: what is left between the two is B's kick, which on amd carries B's staged
-inputs (the linked planes) in the same staging write over USB and the same doorbell. A device-side wait would need B's queue to read A's
-timeline: a WAIT_REG_MEM at the head of B's recorded stream on a word that A's queue writes
-last (qcom's ring entry ends in a CP_MEM_WRITE of the timeline value), in memory both devices
-reach. On a comma 3X no such word exists: the Adreno writes system memory, and the USB GPU
-reads only its VRAM and the bridge's SRAM window, which nothing but the host fills. And B's
-inputs have to cross USB after A has written them anyway (docs/modeld.md).
+then submits B, whose command stream was recorded at load and whose bindings were decided before A
+started: what is left between the two is B's kick, which on amd carries B's staged inputs (the
+linked planes) in the same staging write over USB and the same doorbell. A device-side wait would
+need B's queue to read A's timeline: a WAIT_REG_MEM at the head of B's recorded stream on a word
+that A's queue writes last (qcom's ring entry ends in a CP_MEM_WRITE of the timeline value), in
+memory both devices reach. On a comma 3X no such word exists: the Adreno writes system memory, and
+the USB GPU reads only its VRAM and the bridge's SRAM window, which nothing but the host fills. And
+B's inputs have to cross USB after A has written them anyway (docs/modeld.md).
 """
 from __future__ import annotations
 
