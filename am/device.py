@@ -6,8 +6,10 @@ weights into VRAM through the DMA window. alloc(): VRAM, zero-filled, not host-v
 runner/queue.py copies bound host arrays in (submit) and out (wait) with upload/download.
 record(): the graph's kernargs and one indirect buffer per entry point's launch range
 (am/graph.py: recorded once); patch() rewrites a slot's 8-byte pointers in the kernargs. kick():
-INDIRECT_BUFFER + RELEASE_MEM of the timeline value; completed() reads the timeline. Every USB
-step is bounded by the caller's deadline.
+the changed kernarg pointers and the submission's staged inputs (which upload() collects while
+submit runs) as DMA_DATA copies, then INDIRECT_BUFFER + RELEASE_MEM of the timeline value, in
+one staging write and one doorbell; completed() reads the timeline. Every USB step is bounded
+by the caller's deadline.
 
 A lost device (unplug, transfer error) is DeviceError; reset() opens the enclosure again and
 repeats the bring-up and every allocation in its order (the blob stays mapped), so a replugged
@@ -35,6 +37,7 @@ class AmdDevice(QueueDevice):
 
     def __init__(self):
         self.gpu = None
+        self.inputs = None  # during submit: the inputs it copies in, sent with the kick
 
     def check_target(self, target: str) -> None:
         if target != TARGET:
@@ -77,7 +80,17 @@ class AmdDevice(QueueDevice):
     def map_host(self, slot: int, array):
         return None
 
+    def submit(self, deadline: float, launches: range | None = None) -> int:
+        self.inputs = []
+        try:
+            return super().submit(deadline, launches)
+        finally:
+            self.inputs = None
+
     def upload(self, mem: Memory, data) -> None:
+        if self.inputs is not None:  # a staged input of the submission: goes with its kick
+            self.inputs.append((mem.address, memoryview(data).cast("B")))
+            return
         self.gpu.upload(mem.address, memoryview(data).cast("B"), self._deadline())
 
     def download(self, mem: Memory) -> bytes:
@@ -120,13 +133,14 @@ class AmdDevice(QueueDevice):
             self.patches[self.kernargs + off] = address.to_bytes(8, "little")
 
     def kick(self, launches: range, deadline: float, value: int) -> None:
-        if self.patches:
-            self.gpu.put(list(self.patches.items()), deadline)
-            self.patches.clear()
+        """The patched kernarg pointers, the staged inputs and the range's stream in one
+        staging write and one doorbell (more when the inputs outgrow the staging memory)."""
+        pieces = [*self.patches.items(), *self.inputs]
+        self.patches.clear()
         ib, dwords = self.streams[launches]
         self.submitted = value
-        self.gpu.launch(pm4.indirect_buffer(ib, dwords) +
-                        pm4.release_mem(self.gpu.window + TIMELINE_AT, value))
+        self.gpu.put_then(pieces, pm4.indirect_buffer(ib, dwords) +
+                          pm4.release_mem(self.gpu.window + TIMELINE_AT, value), deadline)
 
     def completed(self) -> int:
         return self.gpu.timeline()

@@ -233,17 +233,20 @@ class Gpu:
         return va
 
     # ---- the window: packets + signal + payload, one doorbell, one poll -------------------------
-    def post(self, packets: list[int], payload: bytes, deadline: float) -> None:
-        """Run `packets` from the ring with `payload` at the window's PAYLOAD_AT; returns once the
-        RELEASE_MEM they end with has written the window's signal."""
+    def post(self, packets: list[int], payload: list, deadline: float) -> None:
+        """Run `packets` from the ring with `payload` (bytes-like pieces, end to end) at the
+        window's PAYLOAD_AT; returns once the RELEASE_MEM they end with has written the window's
+        signal."""
         self.seq += 1
         self.launch(packets + pm4.release_mem(self.window + SIGNAL_AT, self.seq), payload)
         wait_until(lambda: self._read(SIGNAL_AT) >= self.seq, deadline,
                    "GPU queue (compute, ME 1 pipe 0 queue 0)")
 
-    def launch(self, packets: list[int], payload: bytes = b"") -> None:
+    def launch(self, packets: list[int], payload: list = ()) -> None:
         """Write `packets` at the ring's write pointer (wrapping at its end) and ring the
-        doorbell; the window's signal and timeline slots keep the values last seen."""
+        doorbell; the window's signal and timeline slots keep the values last seen. The payload
+        pieces go to the bridge as they are (views of the caller's memory: a plane bound from
+        another device's mapping is read from there, once, into the USB transfers)."""
         if len(packets) > RING_DWORDS:
             raise ValueError(f"{len(packets)} dwords of packets; the ring holds {RING_DWORDS}")
         ring = [0] * RING_DWORDS  # the CP reads only from its read to its write pointer
@@ -251,10 +254,10 @@ class Gpu:
             ring[(self.wptr + i) % RING_DWORDS] = w
         slots = struct.pack("<QQ", self.seen[SIGNAL_AT], self.seen[TIMELINE_AT])
         self.wptr += len(packets)
-        data = struct.pack(f"<{RING_DWORDS}I", *ring) + slots.ljust(PAYLOAD_AT - SIGNAL_AT, b"\0") \
-            + payload
-        if len(data) <= self.window_bytes:  # one window write, the doorbell in the same batch
-            self.pci.dma_put(data, then=(2, 4 * DOORBELL, self.wptr))
+        data = [struct.pack(f"<{RING_DWORDS}I", *ring) + slots.ljust(PAYLOAD_AT - SIGNAL_AT, b"\0"),
+                *payload]
+        if sum(map(len, data)) <= self.window_bytes:  # one window write, the doorbell with it
+            self.pci.dma_put(b"".join(data), then=(2, 4 * DOORBELL, self.wptr))
         else:  # the staging memory from the window on: 64 KiB bulk writes, then the doorbell
             self.pci.stage(data)
             self.pci.write32(2, 4 * DOORBELL, self.wptr)
@@ -274,28 +277,46 @@ class Gpu:
         """Copy each (GPU address, bytes) piece into GPU memory: the pieces packed into writes
         of the staging memory (the window and the SRAM after it, mapped from VM_AT) of up to
         MAX_COPIES DMA_DATA each (8-byte aligned in the payload)."""
+        for packets, payload in self._batches(pieces):
+            self.post(packets, payload, deadline)
+
+    def put_then(self, pieces, packets: list[int], deadline: float) -> None:
+        """put(pieces), then `packets`, which start without a wait: they go in the last batch's
+        doorbell, after its copies (DMA_DATA finishes before the next packet). A graph's
+        inputs and its launch are then one staging write and one doorbell."""
+        batches = list(self._batches(pieces)) or [([], [])]
+        for copies, payload in batches[:-1]:
+            self.post(copies, payload, deadline)
+        copies, payload = batches[-1]
+        if len(copies) + len(packets) > RING_DWORDS:
+            self.post(copies, payload, deadline)
+            copies, payload = [], []
+        self.launch(copies + packets, payload)
+
+    def _batches(self, pieces):
+        """(DMA_DATA packets, payload pieces) per write of the staging memory."""
         room = self.pci.staging[1] - PAYLOAD_AT
-        packets, payload = [], bytearray()
+        packets, payload, size = [], [], 0  # payload: views of `pieces`, and alignment gaps
         for va, data in pieces:
             view = memoryview(data).cast("B")
             while len(view):
-                at = -(-len(payload) // 8) * 8
+                at = -(-size // 8) * 8
                 k = min(len(view), room - at)
                 if k <= 0 or len(packets) >= MAX_COPIES * 7:
-                    self.post(packets, bytes(payload), deadline)
-                    packets, payload = [], bytearray()
+                    yield packets, payload
+                    packets, payload, size = [], [], 0
                     continue
-                payload += bytes(at - len(payload)) + bytes(view[:k])
+                payload += [bytes(at - size), view[:k]]
                 packets += pm4.dma_data(self.window + PAYLOAD_AT + at, va, k)
-                view, va = view[k:], va + k
+                view, va, size = view[k:], va + k, at + k
         if packets:
-            self.post(packets, bytes(payload), deadline)
+            yield packets, payload
 
     def download(self, va: int, out: memoryview, deadline: float) -> None:
         room = self.window_bytes - PAYLOAD_AT
         for off in range(0, len(out), room):
             n = min(room, len(out) - off)
-            self.post(pm4.dma_data(va + off, self.window + PAYLOAD_AT, n), b"", deadline)
+            self.post(pm4.dma_data(va + off, self.window + PAYLOAD_AT, n), [], deadline)
             out[off:off + n] = self.pci.dma_get(PAYLOAD_AT, n)
 
     def close(self) -> None:

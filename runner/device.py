@@ -17,6 +17,15 @@ written there once, and a backend supplies only its hardware verbs (listed on Qu
                          slot for the following submissions. Rebinding the bound array is free;
                          a new one patches only the recorded addresses of that slot. The caller
                          keeps the array alive and untouched until the submission completes.
+                         The array may be another device's io_buffer (the output of one stage
+                         bound as the next stage's input, runner/pipeline.py), for any pair of
+                         backends, with nothing written per pair: where the producer's io memory
+                         is host-visible (cpu, mock, dsp; qcom: a KGSL object mapped into the
+                         process) its io_buffer is that memory, which a device that maps host
+                         memory reads where it lies and one that stages (amd, opencl) copies in
+                         at submit straight from it (amd: the one transfer over USB the data has
+                         to make). A producer whose io memory is not host-visible (amd, opencl)
+                         copies its output into its io_buffer at wait first.
   bind_device(slot, mem) bind memory that already lives on the device (a camera frame in GPU
                          memory); what `mem` is belongs to the backend. Raises DeviceError where a
                          backend has no such memory.

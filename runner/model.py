@@ -48,7 +48,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 import numpy as np
 
@@ -203,6 +203,20 @@ class Model:
                              f"aligned={arr.flags.aligned}")
         self._bound_in[s.slot] = arr  # one store: a run binding now sees the old array or this one
 
+    def output_buffer(self, name: str, entry: str | None = None) -> np.ndarray:
+        """Output `name` (of `entry`) where this Model's device keeps it: its io memory, which
+        is the device memory itself where that is host-visible (cpu, mock, dsp; qcom: a KGSL
+        object mapped into the process), else the host array its wait() copies it into (amd,
+        opencl). A run with out={name: output_buffer(name)} writes it there, and another
+        Model's input bound to it (bind_input, or a feed) reads it there: the output of one
+        device as the input of another, with no copy by the host where the memory is
+        host-visible (runner/pipeline.py; Device.bind in runner/device.py)."""
+        outputs = self.graph.entry(entry).outputs
+        for s in outputs:
+            if s.name == name:
+                return self.device.io_buffer(s.slot)
+        raise InputError(f"unknown output {name!r}; outputs are {[s.name for s in outputs]}")
+
     def _input(self, name: str, entry: str | None) -> Slot:
         inputs = self.graph.entry(entry).inputs
         for s in inputs:
@@ -239,7 +253,18 @@ class Model:
             self._lock.release()
 
     def _run(self, e: Entry, feeds: dict | None, out: dict | None, timeout_ms: float) -> dict:
-        dev = self.device
+        plan = self._prepare(e, feeds, out)
+        deadline = time.monotonic() + timeout_ms / 1000
+        try:
+            self.device.wait(self.device.submit(deadline, e.launches), deadline)
+        except BaseException as err:  # DeviceError, or an interrupt (KeyboardInterrupt) mid-run
+            self._failed(err, timeout_ms)
+        return self._finish(e, plan)
+
+    # A run in steps, so runner/pipeline.py can put another device's run between them: _prepare
+    # (checks and bindings, no device work), submit and wait (a failure of either goes through
+    # _failed), then _finish once the run completed.
+    def _prepare(self, e: Entry, feeds: dict | None, out: dict | None) -> "_Plan":
         if self._closed:
             raise DeviceError("run() on a closed Model; load it again")
         plan = self._plan(e, feeds, out)  # raises before anything is written
@@ -247,15 +272,18 @@ class Model:
         self._bind(plan)
         if e.stateful:
             self._state.bind(e)
-        deadline = time.monotonic() + timeout_ms / 1000
-        try:
-            dev.wait(dev.submit(deadline, e.launches), deadline)
-        except DeviceTimeout as err:
-            self._broken = True
+        return plan
+
+    def _failed(self, err: BaseException, timeout_ms: float) -> NoReturn:
+        """A submission or its wait failed: the Model recovers before its next use; raises
+        `err` (a timeout saying how long it waited)."""
+        self._broken = True
+        if isinstance(err, DeviceTimeout):
             raise DeviceTimeout(f"{err} ({timeout_ms} ms after submit)") from None
-        except BaseException:  # DeviceError, or an interrupt (KeyboardInterrupt) mid-run
-            self._broken = True
-            raise
+        raise err
+
+    def _finish(self, e: Entry, plan: "_Plan") -> dict:
+        """After the run completed: its state writes become the state, staged outputs land."""
         if e.stateful:
             self._state.commit(e)
         for scratch, arr in plan.staged:

@@ -9,10 +9,12 @@ supplies only its hardware verbs (listed on the class); this module owns:
     Patching while a submission is in flight is refused: the recording is patched in place.
   * staging, at one moment each: a host array the device cannot map is bound through the slot's
     staging memory; inputs are copied in by submit(), before the kick; outputs are copied out by
-    wait(), once it has seen the submission complete. The caller keeps the arrays untouched in
-    between (the contract's rule for every binding). Submissions in flight together share their
-    bindings (rebinding waits for them) and their inputs, so they compute the same outputs: the
-    staged outputs of a submission not yet waited for are copied out with the next one's.
+    wait(), once it has seen the submission complete; only the slots the submitted launch range
+    touches (another entry's staged slots would cross a USB link for nothing). The caller keeps
+    the arrays untouched in between (the contract's rule for every binding). Submissions in
+    flight together share their bindings (rebinding waits for them) and their inputs, so they
+    compute the same outputs: the staged outputs of a submission not yet waited for are copied
+    out with the next one's.
   * the deadline wait: wait() is runner/device.py's wait_until over `completed`, sleeping in the
     backend's `block`.
   * recovery: recover() calls the backend's `reset`, then drops what was in flight; bindings,
@@ -72,6 +74,7 @@ class QueueDevice(Device):
         self.stages: dict[int, Memory] = {}  # slot -> its staging memory, made on first use
         self.typed: dict[tuple, np.ndarray] = {}  # (slot, id(memory)) -> _typed's view
         self.staged: set[int] = {s for s in range(len(self.graph.io)) if self.staged_by_copy}
+        self.used: dict[range, frozenset[int]] = {}  # launch range -> the io slots it touches
         self.record()
 
     def _host_array(self, mem: Memory, spec) -> np.ndarray:
@@ -162,7 +165,7 @@ class QueueDevice(Device):
             self.pending.clear()  # superseded: the same outputs arrive with this one (see above)
         launches = range(len(self.graph.launches)) if launches is None else launches
         n_in, outs = self.graph.n_inputs, []
-        for slot in self.staged:
+        for slot in self.staged & self._uses(launches):  # not another entry's slots
             if slot < n_in:
                 self._copy_in(slot)
             else:
@@ -175,6 +178,14 @@ class QueueDevice(Device):
         if self.profiling:
             self.profiled = launches
         return self.value
+
+    def _uses(self, launches: range) -> frozenset[int]:
+        used = self.used.get(launches)
+        if used is None:
+            used = self.used[launches] = frozenset(
+                slot for slot, sites in self.graph.sites.items()
+                if any(i in launches for i, _ in sites))
+        return used
 
     def _copy_in(self, slot: int) -> None:
         mem, arr = self._staging(slot), self.bound[slot]

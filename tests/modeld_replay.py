@@ -19,6 +19,7 @@ import numpy as np
 
 from models import modeld_ref as ref
 from models.modeld_step import Spec, entry_name
+from runner.pipeline import Pipeline
 from tests.graphs import assert_close
 
 MODEL_SIZE = (512, 256)
@@ -93,11 +94,13 @@ def replay(m, step: ref.Step, cam, frames: int, seed: int, tol: float,
 
 
 class TwoDevices:
-    """models/modeld_step.py: split_entries's two blobs as one Model for replay(): the warp
-    blob's planes, read back to the host, are the model blob's inputs."""
+    """models/modeld_step.py: split_entries's two blobs as one Model for replay(), run as a
+    runner.pipeline.Pipeline: the warp blob's planes stay in its output memory and the model
+    blob's runs read them from there (one frame is one Pipeline.run, one deadline)."""
 
     def __init__(self, warp, model):
         self.warp, self.model = warp, model
+        self.pipe = Pipeline([warp, model])
 
     @property
     def state(self) -> dict:
@@ -105,8 +108,4 @@ class TwoDevices:
 
     def run(self, feeds: dict, entry: str, timeout_ms: float) -> dict:
         cam, kind = entry.split("/")
-        warp_in = ("frame", "tfm", "big_frame", "big_tfm")
-        planes = self.warp.run({k: feeds[k] for k in warp_in}, entry=f"{cam}/warp",
-                               timeout_ms=timeout_ms)
-        rest = {k: v for k, v in feeds.items() if k not in warp_in}
-        return self.model.run({**planes, **rest}, entry=kind, timeout_ms=timeout_ms)
+        return self.pipe.run(feeds, (f"{cam}/warp", kind), timeout_ms=timeout_ms)

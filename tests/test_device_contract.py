@@ -357,6 +357,23 @@ def test_two_entries_share_a_weight_and_a_state_and_run_interleaved(device):
         acc = m.state["acc"].copy()  # go on from what the device holds, exactly
 
 
+@pytest.mark.parametrize("device", [pytest.param("opencl", marks=[NEEDS_POCL])])
+def test_a_run_copies_in_only_its_own_entrys_staged_inputs(device, monkeypatch):
+    """A device that stages host arrays (opencl here, amd over USB) copies in, per submission,
+    the inputs of the entry it runs, not every slot it ever staged."""
+    from runner.queue import QueueDevice
+    m = Model.load(compiled_blob({"step": entry_model(1.0), "decay": entry_model(0.5)},
+                                 target=TARGETS[device], state={"acc": "acc_out"}), device=device)
+    copied, copy_in = [], QueueDevice._copy_in
+    monkeypatch.setattr(QueueDevice, "_copy_in",
+                        lambda dev, slot: (copied.append(slot), copy_in(dev, slot))[1])
+    x = np.ones((1, WIDTH), np.float32)
+    for entry in ("step", "decay", "step"):
+        copied.clear()
+        m.run({"x": x}, entry=entry, timeout_ms=SLOW_MS)
+        assert copied == [m.graph.entry(entry).inputs[0].slot], (entry, copied)
+
+
 @pytest.mark.parametrize("timeout", [0, -5, float("nan"), float("inf"), "10", True])
 def test_timeout_ms_must_be_a_positive_finite_number(mlp_case, timeout):
     with pytest.raises(InputError, match="timeout_ms: expected a positive finite number"):

@@ -16,7 +16,7 @@ from models.modeld_step import (dm_entries, entry_name, frame_images, split_entr
                                 step_entries)
 from models.openpilot_split import DM_SIZE, make_dmonitoring, make_policy, make_vision
 from models import modeld_ref as ref
-from runner import Model
+from runner import DeviceTimeout, Model
 from tests.graphs import assert_close, compiled_blob
 from tests.modeld_replay import (FS, MODEL_SIZE, NEAR_BOUND, TwoDevices, random_frame,
                                  reference, replay)
@@ -234,6 +234,78 @@ def test_two_device_pipeline_matches_reference(models, usb_gpu, monkeypatch):
     assert set(pipe.model.entries) == {"warp_enqueue", "run_policy"}
     r = replay(pipe, reference(*models), CAMS[1], 12, 0, FP32_TOL)
     assert r["skipped"] == 3 and r["near_differ"] <= r["near"] <= NEAR_BOUND * r["pixels"]
+    pipe.model.close()
+
+
+def two_devices(models, monkeypatch, warp_faults: str = "") -> TwoDevices:
+    """The split step on the qcom (mock KGSL, KEEL_MOCK_FAULTS=warp_faults) and amd simulators."""
+    monkeypatch.setenv("KEEL_KGSL", "mock")
+    warp, model = split(models, "qcom", "amd", float16=True)
+    monkeypatch.setenv("KEEL_MOCK_FAULTS", warp_faults)
+    first = Model.load(warp, device="qcom")
+    monkeypatch.delenv("KEEL_MOCK_FAULTS")  # the USB GPU's mock reads it too
+    return TwoDevices(first, Model.load(model, device="amd"))
+
+
+def test_two_devices_move_each_plane_over_usb_once_from_the_warps_memory(models, usb_gpu,
+                                                                          monkeypatch):
+    """No host copy: per frame the amd side uploads each plane exactly once, straight from the
+    qcom output memory (the KGSL object the warp wrote, mapped): one long write of the bridge's
+    SRAM carries both planes with the kick, and the two 64 KiB chunks that lie inside each
+    plane go to their USB transfers as views of that memory; nothing else crosses USB but
+    the desire and traffic convention in the same write."""
+    from am.device import AmdDevice
+    from usbgpu.asm24 import CHUNK, Bridge
+    from usbgpu.pci import UsbPci
+    pipe = two_devices(models, monkeypatch)
+    cam = CAMS[1]
+    warp = f"{cam[0]}x{cam[1]}/warp"
+    sources = {pipe.warp.output_buffer(n, warp).ctypes.data for n in ("planes", "big_planes")}
+    uploads, long_writes, views = [], [], []
+    upload, stage, commands = AmdDevice.upload, UsbPci.stage, Bridge.commands
+    monkeypatch.setattr(AmdDevice, "upload", lambda dev, mem, data: (
+        uploads.append((np.asarray(data).ctypes.data, len(data))), upload(dev, mem, data))[1])
+    monkeypatch.setattr(UsbPci, "stage", lambda pci, data: (
+        long_writes.append(sum(map(len, data))), stage(pci, data))[1])
+    monkeypatch.setattr(Bridge, "commands", lambda bridge, cmds: (views.extend(
+        np.frombuffer(d, np.uint8).ctypes.data for _, _, d in cmds
+        if isinstance(d, memoryview) and len(d) == CHUNK), commands(bridge, cmds))[1])
+    rng, nv12 = np.random.default_rng(1), ref.nv12_layout(*cam)
+    plane = 6 * MODEL_SIZE[1] // 2 * MODEL_SIZE[0] // 2
+    for i, kind in enumerate(("run_policy", "warp_enqueue") * 2):
+        uploads.clear(), long_writes.clear(), views.clear()
+        feeds = random_frame(rng, nv12, cam, kind == "warp_enqueue")
+        pipe.run(feeds, entry_name(cam, kind), timeout_ms=60000)
+        if i < 2:
+            continue  # each entry's first run also writes its slots' kernarg pointers
+        big = [(ptr, n) for ptr, n in uploads if n == plane]
+        assert {ptr for ptr, _ in big} == sources and len(big) == 2, (i, uploads)
+        assert all(n <= 32 for ptr, n in uploads if n != plane), (i, uploads)  # desire, tc
+        assert len(long_writes) == 1 and 2 * plane < long_writes[0] < 2 * plane + 4096
+        assert len(views) == 4 and all(any(0 < v - s < plane for s in sources) for v in views)
+    pipe.model.close()
+
+
+def test_a_hang_in_the_warp_drops_one_frame_and_leaves_the_usb_gpu_untouched(models, usb_gpu,
+                                                                              monkeypatch):
+    """The warp's second submission hangs: that frame is a DeviceTimeout at its deadline and
+    the USB GPU gets no submission for it; after the next frame every queue has moved by
+    exactly one frame since the first (bit for bit), the new row that frame's warp."""
+    pipe = two_devices(models, monkeypatch, "hang@2")
+    cam = CAMS[1]
+    rng, nv12 = np.random.default_rng(2), ref.nv12_layout(*cam)
+    entry = entry_name(cam, "run_policy")
+    pipe.run(random_frame(rng, nv12, cam, False), entry, timeout_ms=60000)
+    before, submitted = {k: np.array(v) for k, v in pipe.state.items()}, pipe.model.device.value
+    with pytest.raises(DeviceTimeout):
+        pipe.run(random_frame(rng, nv12, cam, False), entry, timeout_ms=300)
+    assert pipe.model.device.value == submitted  # the relay stopped at the hung warp
+    feeds = random_frame(rng, nv12, cam, False)
+    pipe.run(feeds, entry, timeout_ms=60000)
+    after = pipe.state  # one read of the queues over USB
+    assert all(np.array_equal(after[q][:-1], before[q][1:]) for q in after), list(after)
+    want, near = ref.prepare_frame(feeds["frame"], feeds["tfm"], nv12, *MODEL_SIZE)
+    assert not ((after["img_q"][-1] != want) & ~near).any()
     pipe.model.close()
 
 

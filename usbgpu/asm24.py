@@ -154,23 +154,28 @@ class Bridge:
             ops += self._tlp_ops(mem_fmt(then[0], True), then[0], then[1], 4)
         self.commands(ops)
 
-    def sram_write(self, data: bytes) -> None:
+    def sram_write(self, data) -> None:
         """Put up to SRAM_BYTES where PCIe devices read bus address WINDOW_BUS onwards: CHUNK
-        bytes per WRITE(16), each followed by the window's re-arm writes, between fill resets."""
-        if len(data) > SRAM_BYTES:
-            raise ValueError(f"SRAM write of {len(data)} bytes; the region is {SRAM_BYTES}")
-        if len(data) <= SMALL_WRITE:
+        bytes per WRITE(16), each followed by the window's re-arm writes, between fill resets.
+        `data`: bytes, or a list of bytes-like pieces laid end to end; a chunk that lies inside
+        one piece is a view of it, so its bytes are copied once, into the transfer buffer."""
+        pieces = [memoryview(p).cast("B") for p in (data if isinstance(data, list) else [data])]
+        total = sum(map(len, pieces))
+        if total > SRAM_BYTES:
+            raise ValueError(f"SRAM write of {total} bytes; the region is {SRAM_BYTES}")
+        if total <= SMALL_WRITE:
+            data = b"".join(pieces)
             data = data.ljust(-(-len(data) // 512) * 512, b"\0")
             self.commands([(struct.pack(">BBQIBB", WRITE16, 0, 0, len(data) // 512, 0, 0), 0,
                             data)] + self._writes(WINDOW_REARM, cached=False))
             return
-        data = data.ljust(-(-len(data) // CHUNK) * CHUNK, b"\0")
+        pieces.append(memoryview(bytes(-total % CHUNK)))  # zero-padded to whole chunks
         cdb = struct.pack(">BBQIBB", WRITE16, 0, 0, CHUNK // 512, 0, 0)
         # the fill reset before as well: a write cut short (an unplug, a timeout) must not leave
         # the next one starting where it stopped
         ops = self._writes([(FILL_RESET, bytes(4))], cached=False)
-        for at in range(0, len(data), CHUNK):
-            ops += [(cdb, 0, data[at:at + CHUNK])] + self._writes(WINDOW_REARM, cached=False)
+        for chunk in _chunks(pieces, CHUNK):
+            ops += [(cdb, 0, chunk)] + self._writes(WINDOW_REARM, cached=False)
         self.commands(ops + self._writes([(FILL_RESET, bytes(4))], cached=False))
 
     def window_read(self, offset: int, n: int) -> bytes:
@@ -243,3 +248,19 @@ class Bridge:
 
     def mem(self, address: int, value: int | None = None, size: int = 4) -> int | None:
         return self.tlp(mem_fmt(address, value is not None), address, value, size)
+
+
+def _chunks(pieces: list[memoryview], size: int):
+    """The pieces' bytes, end to end, cut into `size`-byte chunks: a view where a chunk lies
+    inside one piece, else the parts joined."""
+    parts, have = [], 0
+    for p in pieces:
+        while len(p):
+            k = min(len(p), size - have)
+            parts.append(p[:k])
+            p, have = p[k:], have + k
+            if have == size:
+                yield parts[0] if len(parts) == 1 else b"".join(parts)
+                parts, have = [], 0
+    if have:
+        yield b"".join(parts)

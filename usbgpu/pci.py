@@ -65,9 +65,10 @@ class PciDevice:
     def dma_get(self, offset: int, n: int) -> bytes:
         raise NotImplementedError
 
-    def stage(self, data: bytes) -> None:
-        """Fill the staging memory from its start with `data` (at most staging[1] bytes) in as
-        few bulk transfers as the transport allows; it overwrites the window."""
+    def stage(self, data) -> None:
+        """Fill the staging memory from its start with `data` (bytes, or a list of bytes-like
+        pieces laid end to end; at most staging[1] bytes) in as few bulk transfers as the
+        transport allows; it overwrites the window."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -107,7 +108,7 @@ class UsbPci(PciDevice):
     def dma_get(self, offset: int, n: int) -> bytes:
         return self.bridge.window_read(offset, n)
 
-    def stage(self, data: bytes) -> None:
+    def stage(self, data) -> None:
         self.bridge.sram_write(data)
 
     def close(self) -> None:
