@@ -21,6 +21,7 @@ import time
 import weakref
 
 import cffi
+import numpy as np
 
 from runner import abi
 from runner.abi import GRAPH as ENTRY, GRAPH_MT as ENTRY_MT, PROFILE
@@ -158,8 +159,11 @@ def host_memory(blob) -> tuple:
     advises into huge pages (docs/perf.md, issue 33: what that copy costs a load)."""
     arena = aligned_empty((max(blob.arena_bytes, 1),), "uint8")
     lib = Library(blob.programs)
-    return arena, ffi.from_buffer("uint8_t[]", arena), \
-        ffi.from_buffer("uint8_t[]", blob.weights), lib
+    # the weights through a numpy array, not the memoryview itself: a memoryview is collected
+    # by the GC's clear pass, and a cffi pointer holding one, cleared after it in a dropped
+    # Model's reference cycle (an exception's traceback makes one), crashed CPython's release
+    weights = np.frombuffer(blob.weights, np.uint8)
+    return arena, ffi.from_buffer("uint8_t[]", arena), ffi.from_buffer("uint8_t[]", weights), lib
 
 
 def shutdown(owned: list, lib: "Library") -> None:

@@ -48,7 +48,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple, NoReturn
+from typing import NamedTuple
 
 import numpy as np
 
@@ -259,6 +259,7 @@ class Model:
             self.device.wait(self.device.submit(deadline, e.launches), deadline)
         except BaseException as err:  # DeviceError, or an interrupt (KeyboardInterrupt) mid-run
             self._failed(err, timeout_ms)
+            raise
         return self._finish(e, plan)
 
     # A run in steps, so runner/pipeline.py can put another device's run between them: _prepare
@@ -274,13 +275,14 @@ class Model:
             self._state.bind(e)
         return plan
 
-    def _failed(self, err: BaseException, timeout_ms: float) -> NoReturn:
-        """A submission or its wait failed: the Model recovers before its next use; raises
-        `err` (a timeout saying how long it waited)."""
+    def _failed(self, err: BaseException, timeout_ms: float) -> None:
+        """A submission or its wait failed: the Model recovers before its next use. A timeout is
+        raised again saying how long it waited; the caller re-raises anything else with a bare
+        `raise` (raising `err` here would tie it, this frame and the Model into a cycle that
+        only the garbage collector frees)."""
         self._broken = True
         if isinstance(err, DeviceTimeout):
             raise DeviceTimeout(f"{err} ({timeout_ms} ms after submit)") from None
-        raise err
 
     def _finish(self, e: Entry, plan: "_Plan") -> dict:
         """After the run completed: its state writes become the state, staged outputs land."""

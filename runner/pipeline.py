@@ -98,6 +98,7 @@ class Pipeline:
                 dev.wait(dev.submit(deadline, st.entry.launches), deadline)
             except BaseException as err:
                 st.model._failed(err, timeout_ms)
+                raise
         results = {}
         for st, plan in zip(stages, plans):
             done = st.model._finish(st.entry, plan)
