@@ -222,7 +222,7 @@ class Tensor:
     def log(self): return self._un(Ops.LOG2) * LN2
     def sqrt(self): return self._un(Ops.SQRT)
     def sin(self): return self._un(Ops.SIN)
-    def cos(self): return (self + math.pi / 2).sin() if self.dtype.is_float else self
+    def cos(self): return self._un(Ops.COS)
     def reciprocal(self): return self._un(Ops.RECIP)
     def trunc(self): return self._un(Ops.TRUNC)
     def abs(self):  # 0 - x: fabs(-0.0) is +0.0
