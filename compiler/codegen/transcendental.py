@@ -255,12 +255,15 @@ def trunc(x: UOp) -> UOp:
 
 def pow_(x: UOp, y: UOp) -> UOp:
     """x^y with IEEE pow's special cases that ONNX tests: negative base with integer exponent,
-    zero base, y == 0 or x == 1 (1 even when the other operand is NaN)."""
+    zero base (-0.0 to an odd negative power is -inf: the sign bit decides, not x < 0),
+    y == 0 or x == 1 (1 even when the other operand is NaN), (-1)^+-inf = 1."""
     ax = x.lt(0).where(-x, x)
-    mag = exp2(y * log2(ax))
+    mag = ax.eq(_c(1, x)).logical_and(y.eq(y)).where(_c(1, x), exp2(y * log2(ax)))  # 0 * inf
     yint = UOp(Ops.TRUNC, y.dtype, (y,)).eq(y)
     odd = UOp(Ops.TRUNC, y.dtype, (y * 0.5,)).ne(y * 0.5).logical_and(yint)
-    out = x.lt(0).logical_and(odd).where(-mag, mag)
+    it = F[x.dtype]["int"]
+    signed = UOp(Ops.BITCAST, it, (x,)).lt(UOp.const(0, it))
+    out = signed.logical_and(odd).where(-mag, mag)
     nan = x.lt(0).logical_and(yint.logical_not()).logical_and(x.ne(_c(-math.inf, x)))
     out = nan.where(_c(math.nan, x), out)  # (-inf)^y is +-0 or +-inf, not NaN
     return y.eq(_c(0, y)).alu(Ops.OR, x.eq(_c(1, x))).where(_c(1, x), out)

@@ -49,20 +49,15 @@ def _softplus(x: Tensor) -> Tensor:
     return x.relu() + _log1p((-x.abs()).exp())
 
 
-def _log1p(t: Tensor) -> Tensor:
-    """log(1 + t) without rounding 1 + t where that loses t's digits: for 1 + t in
-    [sqrt(1/2), sqrt(2)) the series 2 atanh(s), s = t / (2 + t), |s| <= 0.1716 (first omitted
-    term s^11 / 11 under 1e-9 relative in float32, s^23 / 23 under 1e-19 in float64);
-    elsewhere log(u) * t / (u - 1), u = 1 + t rounded (no correction where u - 1 is t exactly,
-    which keeps t = inf from becoming inf / inf)."""
-    s = t / (t + 2.0)
-    s2, poly = s * s, None
-    for k in range(11 if t.dtype is dtypes.float64 else 5, -1, -1):
-        poly = Tensor.full(1.0 / (2 * k + 1), t.dtype, t.shape) if poly is None else poly * s2 + 1.0 / (2 * k + 1)
+def _log1p(t: Tensor, big: Tensor | None = None, a: Tensor | None = None) -> Tensor:
+    """log(1 + t), accurate for tiny t: log(u) * t / (u - 1) with u = 1 + t rounded (no
+    correction where u - 1 is t exactly, which keeps t = inf from becoming inf / inf).
+    Where `big`, log(2a) = log(a) + ln 2 instead (2a may overflow), from the same one log."""
     u = t + 1.0
+    ln = (u if big is None else big.where(a, u)).log()
     ratio = (u - 1.0).eq(t).where(1.0, t / (u - 1.0))
-    near = (t > math.sqrt(0.5) - 1.0) & (t < math.sqrt(2.0) - 1.0)
-    return near.where(s * poly * 2.0, u.log() * ratio)
+    out = u.eq(1.0).where(t, ln * ratio)
+    return out if big is None else big.where(ln + math.log(2), out)
 
 
 def _odd(x: Tensor, y: Tensor) -> Tensor:
@@ -105,8 +100,7 @@ def _asinh(x: Tensor) -> Tensor:
     1e-30); log(a) + ln 2 past _big, where a^2 would overflow."""
     a = x.abs()
     a2 = a * a
-    near = _log1p(a + a2 / ((a2 + 1.0).sqrt() + 1.0))
-    return _odd(x, (a > _big(x)).where(a.log() + math.log(2), near))
+    return _odd(x, _log1p(a + a2 / ((a2 + 1.0).sqrt() + 1.0), a > _big(x), a))
 
 
 def _acosh(x: Tensor) -> Tensor:
@@ -114,8 +108,7 @@ def _acosh(x: Tensor) -> Tensor:
     sqrt(x^2 - 1)) lost the digits; log(x) + ln 2 past _big, where the product overflows (as it
     does for x < -_big: below 1 the answer is NaN, said outright)."""
     t = (x - 1.0) + ((x - 1.0) * (x + 1.0)).sqrt()
-    out = (x > _big(x)).where(x.log() + math.log(2), _log1p(t))
-    return (x < 1.0).where(math.nan, out)
+    return (x < 1.0).where(math.nan, _log1p(t, x > _big(x), x))
 
 
 def _atanh(x: Tensor) -> Tensor:
