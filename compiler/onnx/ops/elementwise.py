@@ -72,9 +72,9 @@ def _big(x: Tensor) -> float:
 
 
 def _exp_pair(a: Tensor, plus: bool) -> Tensor:
-    """(e^a +- e^-a) / 2 for a >= 0. Past ln(max), e^a overflows where the result need not:
-    there it is e^(a/2) * (e^(a/2) / 2), e^-a being under the result's ulp."""
-    big = a > float(np.log(np.finfo(a.dtype.np).max))
+    """(e^a +- e^-a) / 2 for a >= 0. Near ln(max), e^a overflows where the result need not:
+    from ln(max) - 1 on it is e^(a/2) * (e^(a/2) / 2), e^-a being under the result's ulp."""
+    big = a > math.log(float(np.finfo(a.dtype.np).max)) - 1.0
     e = big.where(a * 0.5, a).exp()
     near = (e + (1.0 / e if plus else -1.0 / e)) * 0.5
     return big.where(e * 0.5 * e, near)
