@@ -232,6 +232,38 @@ def test_trig_and_hyperbolics_are_within_a_few_ulp_at_every_magnitude():
     check_trig(x, keel_run(model, {"x": x}), ort_run(model, {"x": x}))
 
 
+def test_expm1_and_erfc_activations_keep_their_digits_near_zero_and_in_the_tail():
+    """Elu, Selu, Celu as e^x - 1 lost every digit near 0 (Elu(-1e-30) was 0, Elu(-3e-4) 2,000
+    ulp off), Gelu as 1 + erf(x / sqrt 2) in its negative tail (900 ulp at -3.4); onnxruntime
+    computes them that way and is as far off, so the reference is the exact value: within 2.5
+    ulp for the expm1 forms (a degree-9 series under |x| = 1/2, first omitted term 3e-10;
+    measured 2.02), 100 for Gelu, whose erfc is Numerical Recipes' fit (fractional error
+    1.2e-7, 2 ulp) times two exps and a few roundings (measured 97, at -12.6: 1e-5 relative
+    where onnxruntime's is off by 100%). Results under the smallest normal float flush to 0 as
+    exp's do (transcendental.py `_exp`); zeros keep onnxruntime's signs (Selu(-0.0) is +0.0)."""
+    x = np.concatenate([hostile_floats(np.float32), np.linspace(-8, 8, 4001, dtype=np.float32)])
+    ops = ["Elu", "Selu", "Celu", "Gelu"]
+    model = make_model([onnx.helper.make_node(op, ["x"], [op]) for op in ops],
+                       [("x", x.shape, np.float32)], [(op, x.shape, np.float32) for op in ops],
+                       opset=20)
+    got, want = keel_run(model, {"x": x}), ort_run(model, {"x": x})
+    v = x.astype(np.float64)
+    alpha, gamma = 1.67326319217681884765625, 1.05070102214813232421875
+    with np.errstate(all="ignore"):
+        exact = {"Elu": np.where(v < 0, np.expm1(v), v), "Celu": np.where(v < 0, np.expm1(v), v),
+                 "Selu": np.where(v > 0, v * gamma, np.expm1(v) * (alpha * gamma)),
+                 "Gelu": v * 0.5 * np.vectorize(math.erfc)(-v / math.sqrt(2))}
+    for op, bound in {"Elu": 2.5, "Selu": 2.5, "Celu": 2.5, "Gelu": 100}.items():
+        normal = ~(np.abs(exact[op]) < np.finfo(np.float32).tiny)
+        err = ulps(got[op], exact[op])[normal]
+        worst = int(np.argmax(err))
+        assert err[worst] <= bound, (op, x[normal][worst], got[op][normal][worst])
+        assert (np.abs(got[op][~normal]) < np.finfo(np.float32).tiny).all(), op
+        special = (x == 0) | ~np.isfinite(want[op])
+        np.testing.assert_array_equal(got[op][special], want[op][special], err_msg=op)
+        assert (np.signbit(got[op]) == np.signbit(want[op]))[special & ~np.isnan(x)].all(), op
+
+
 def test_pow_of_signed_zero_and_minus_one_is_ieees():
     """-0.0 to an odd negative power is -inf (the sign bit, not x < 0, decides), (-1)^+-inf
     is 1 (not exp2(inf * 0)): exactly onnxruntime's."""
