@@ -26,7 +26,7 @@ for _name, _fn in {
     "Round": Tensor.round_even, "Sign": Tensor.sign, "Cos": Tensor.cos,
     "Sin": lambda x: x.sin().zero_signed_as(x),
     "Erf": Tensor.erf, "Not": Tensor.logical_not, "Identity": lambda x: x,
-    "Softplus": lambda x: _softplus(x), "Mish": lambda x: x * _softplus(x).tanh(),
+    "Softplus": lambda x: softplus(x), "Mish": lambda x: x * softplus(x).tanh(),
     "Tan": lambda x: (x.sin() / x.cos()).zero_signed_as(x), "IsNaN": lambda x: x.ne(x),
     "Atan": Tensor.atan, "Asin": Tensor.asin, "Acos": Tensor.acos,
     "Sinh": lambda x: _sinh(x), "Cosh": lambda x: _cosh(x),
@@ -44,7 +44,7 @@ def _isinf(ctx, i, a):
     return pos | x.eq(-math.inf) if a.get("detect_negative", 1) else pos
 
 
-def _softplus(x: Tensor) -> Tensor:
+def softplus(x: Tensor) -> Tensor:
     # log(1 + e^x) without overflow: max(x, 0) + log1p(e^-|x|)
     return x.relu() + _log1p((-x.abs()).exp())
 
@@ -60,7 +60,7 @@ def _log1p(t: Tensor, big: Tensor | None = None, a: Tensor | None = None) -> Ten
     return out if big is None else big.where(ln + math.log(2), out)
 
 
-def _expm1(x: Tensor) -> Tensor:
+def expm1(x: Tensor) -> Tensor:
     """e^x - 1 without its cancellation near 0: below |x| = 1/2 the Taylor series to x^9 (first
     omitted term 0.5^10 / 10! < 3e-10) in float32, to x^17 in float64. Zero goes through
     e^0 - 1 = +0, as onnxruntime's Selu and Celu of -0.0 are +0.0."""
@@ -251,7 +251,7 @@ def _prelu(ctx, i, a):
 @op("Elu")
 def _elu(ctx, i, a):
     x = i[0]
-    return (x < 0).where(_expm1(x) * a.get("alpha", 1.0), x)  # Elu(-0.0) is -0.0
+    return (x < 0).where(expm1(x) * a.get("alpha", 1.0), x)  # Elu(-0.0) is -0.0
 
 
 @op("Selu")
@@ -259,13 +259,13 @@ def _selu(ctx, i, a):
     x = i[0]
     alpha = a.get("alpha", 1.67326319217681884765625)
     gamma = a.get("gamma", 1.05070102214813232421875)
-    return (x > 0).where(x * gamma, _expm1(x) * (alpha * gamma))
+    return (x > 0).where(x * gamma, expm1(x) * (alpha * gamma))
 
 
 @op("Celu")
 def _celu(ctx, i, a):
     x, alpha = i[0], a.get("alpha", 1.0)
-    return x.relu() + _expm1(x / alpha).minimum(0.0) * alpha
+    return x.relu() + expm1(x / alpha).minimum(0.0) * alpha
 
 
 @op("ThresholdedRelu")
