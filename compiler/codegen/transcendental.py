@@ -181,8 +181,8 @@ def _reduce32(a: UOp) -> tuple[UOp, UOp]:
     idx, sh = p.alu(Ops.SHR, _u32(5)), p.alu(Ops.AND, _u32(31))
     t = [_table_word(idx, k) for k in range(4)]
     # (t >> 1) >> (31 - sh): both shifts stay under 32 (a shift by 32 is undefined in C)
-    w = [t[k].alu(Ops.SHL, sh).alu(Ops.OR, t[k + 1].alu(Ops.SHR, _u32(1)).alu(Ops.SHR, _u32(31) - sh))
-         for k in range(3)]
+    w = [t[k].alu(Ops.SHL, sh).alu(
+        Ops.OR, t[k + 1].alu(Ops.SHR, _u32(1)).alu(Ops.SHR, _u32(31) - sh)) for k in range(3)]
     (_, l0), (h1, l1), (h2, _) = (_mul_wide(m, wk) for wk in w)  # the rest is unused
     limb1 = l1 + h2
     carry = limb1.lt(h2).where(_u32(1), _u32(0))
