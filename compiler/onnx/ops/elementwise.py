@@ -60,14 +60,20 @@ def _log1p(t: Tensor, big: Tensor | None = None, a: Tensor | None = None) -> Ten
     return out if big is None else big.where(ln + math.log(2), out)
 
 
+def _horner(x: Tensor, coeffs) -> Tensor:
+    """The polynomial with `coeffs` (highest degree first) at x."""
+    s = Tensor.full(coeffs[0], x.dtype, x.shape)
+    for c in coeffs[1:]:
+        s = s * x + c
+    return s
+
+
 def expm1(x: Tensor) -> Tensor:
     """e^x - 1 without its cancellation near 0: below |x| = 1/2 the Taylor series to x^9 (first
     omitted term 0.5^10 / 10! < 3e-10) in float32, to x^17 in float64. Zero goes through
     e^0 - 1 = +0, as onnxruntime's Selu and Celu of -0.0 are +0.0."""
-    s = None
-    for k in range(17 if x.dtype is dtypes.float64 else 9, 0, -1):
-        s = Tensor.full(1.0 / math.factorial(k), x.dtype, x.shape) if s is None else \
-            s * x + 1.0 / math.factorial(k)
+    n = 17 if x.dtype is dtypes.float64 else 9
+    s = _horner(x, [1 / math.factorial(k) for k in range(n, 0, -1)])
     return ((x.abs() < 0.5) & x.ne(0.0)).where(x * s, x.exp() - 1.0)
 
 
@@ -95,10 +101,7 @@ def _sinh(x: Tensor) -> Tensor:
     """Below |x| = 1, where e^x - e^-x cancels, the odd Taylor series to x^13 (first omitted
     term 1/15! < 1e-12)."""
     a = x.abs()
-    a2, s = a * a, None
-    for k in range(6, -1, -1):
-        c = 1.0 / math.factorial(2 * k + 1)
-        s = Tensor.full(c, x.dtype, x.shape) if s is None else s * a2 + c
+    s = _horner(a * a, [1 / math.factorial(2 * k + 1) for k in range(6, -1, -1)])
     return _odd(x, (a < 1.0).where(a * s, _exp_pair(a, plus=False)))
 
 
