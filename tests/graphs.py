@@ -236,3 +236,40 @@ def assert_close(got, want, rtol: float, atol: float, what: str = "output") -> N
         f"{what}: {int((excess > 0).sum())}/{got.size} elements outside rtol={rtol} "
         f"atol={atol}; max abs err {err.max():.3g}, max rel err {rel.max():.3g}; worst at "
         f"{where}: got {got[worst]!r}, expected {want[worst]!r}")
+
+
+def hostile_floats(dtype=np.float32, seed: int = 0) -> np.ndarray:
+    """Inputs where float math goes wrong: four per decade over the type's whole range, both
+    signs, subnormals, +-0, +-inf, NaN, the values next to multiples of pi/2 (where sin and cos
+    cancel; k up to 2^40, and the float32 worst cases of that, 16367173 * 2^72 and
+    10741887 * 2^11), next to 1 (acosh, atanh) and to ln(max) (sinh, cosh), and random bit
+    patterns."""
+    info, rng = np.finfo(dtype), np.random.default_rng(seed)
+    decades = 10.0 ** np.arange(np.log10(info.smallest_subnormal), np.log10(info.max), 0.25)
+    k = np.concatenate([np.arange(1, 400), rng.integers(400, 2**40, 400)]).astype(np.float64)
+    near = np.concatenate([k * (np.pi / 2), [16367173 * 2.0**72, 10741887 * 2.0**11]])
+    near = near[near < info.max].astype(dtype)
+    ln_max = np.float64(np.log(info.max))
+    one = np.float64(1.0)
+    edges = np.array([0, info.smallest_subnormal, info.tiny, info.max, np.inf, one, ln_max,
+                      ln_max * 1.005, 0.5, np.pi], dtype)
+    with np.errstate(over="ignore"):  # the step up from max
+        edges = np.concatenate([edges, np.nextafter(edges, dtype(np.inf)),
+                                np.nextafter(edges, dtype(0)), near, np.nextafter(near, dtype(0))])
+    bits = rng.integers(0, 2 ** info.bits, 2000, dtype=np.uint64)
+    random = bits.astype(f"uint{info.bits}").view(dtype)
+    x = np.concatenate([decades.astype(dtype), edges, random[np.isfinite(random)]]).astype(dtype)
+    return np.concatenate([x, -x, np.array([np.nan], dtype)])
+
+
+def ulps(got: np.ndarray, exact: np.ndarray) -> np.ndarray:
+    """|got - exact| in units in the last place of got's type at the exact value (subnormal
+    spacing below the smallest normal); 0 where got is exact rounded to its type (an overflow
+    to inf, an underflow to 0, the same NaN), inf where only one of them is non-finite."""
+    got, dt = np.asarray(got), np.asarray(got).dtype
+    g, e = got.astype(np.float64), np.asarray(exact, np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        rounded = e.astype(dt)
+        err = np.abs(g - e) / np.spacing(np.abs(rounded)).astype(np.float64)
+    same = (np.isnan(g) & np.isnan(e)) | (got == rounded)
+    return np.where(same, 0.0, np.nan_to_num(err, nan=np.inf))

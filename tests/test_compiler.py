@@ -21,8 +21,8 @@ from compiler.codegen.plan import Axis
 from compiler.ir.rewrite import PatternMatcher, Rewriter, UPat, graph_rewrite
 from compiler.ir.symbolic import symbolic
 from compiler.ir.uop import Ops, UOp
-from tests.graphs import (assert_close, keel_load, keel_run, make_model, ort_run,
-                          single_node_model)
+from tests.graphs import (assert_close, hostile_floats, keel_load, keel_run, make_model,
+                          ort_run, single_node_model, ulps)
 
 IDX = dtypes.index
 
@@ -236,6 +236,101 @@ def test_transcendentals_match_onnxruntime_to_a_few_ulp():
     for name in want:
         # polynomial approximations, reduced-range error ~1e-7 relative: 4 float32 ulp
         assert_close(got[name], want[name], rtol=5e-7, atol=2e-7, what=name)
+
+
+# Largest error against the exact value (numpy's float64, itself within an ulp of float64), in
+# float32 ulps, measured on tests/graphs.py's hostile_floats and ~250,000 more (values next to
+# multiples of pi/2 up to 2^40 of them, next to 1, random bit patterns), and why:
+TRIG_ULPS = {
+    # the reduction is exact to 2^-32 of r (transcendental.py _reduce32), the Taylor terms past
+    # degree 12 are under 6e-12: what is left is float32 rounding (measured 1.88)
+    "Sin": 2, "Cos": 2,
+    # sin / cos, each within 2 (measured 2.42; 3.06 on PoCL, whose division OpenCL lets be
+    # 2.5 ulp off)
+    "Tan": 4,
+    # a polynomial under 1, e^(|x|/2) squared past ln(max) (measured 1.8)
+    "Sinh": 2, "Cosh": 2,
+    # log1p as log(u) t / (u - 1): keel's log is within 2.8 ulp (log2 times ln 2) and the
+    # ratio's roundings add to it (measured 3.4, 4.2 for Acosh next to 1, 3.0; 3.6 for Atanh
+    # on PoCL)
+    "Asinh": 4, "Acosh": 5, "Atanh": 4,
+}
+TRIG_EXACT = {"Sin": np.sin, "Cos": np.cos, "Tan": np.tan, "Sinh": np.sinh, "Cosh": np.cosh,
+              "Asinh": np.arcsinh, "Acosh": np.arccosh, "Atanh": np.arctanh}
+
+
+def trig_model(x: np.ndarray) -> onnx.ModelProto:
+    nodes = [onnx.helper.make_node(op, ["x"], [op]) for op in TRIG_ULPS]
+    return make_model(nodes, [("x", x.shape, x.dtype)], [(op, x.shape, x.dtype) for op in TRIG_ULPS])
+
+
+def check_trig(x: np.ndarray, got: dict, want: dict, ulps_of_ort: float = 2.0) -> None:
+    """Within TRIG_ULPS of the exact value and of onnxruntime (whose own error is under
+    `ulps_of_ort`: 1.93 measured, for Sin), exactly onnxruntime's where it is 0, inf or NaN."""
+    for op, bound in TRIG_ULPS.items():
+        with np.errstate(all="ignore"):
+            exact = TRIG_EXACT[op](x.astype(np.float64))
+        g, w = got[op], want[op]
+        special = (w == 0) | ~np.isfinite(w)
+        np.testing.assert_array_equal(g[special], w[special], err_msg=f"{op} of {x[special]}")
+        assert (np.signbit(g) == np.signbit(w))[special & ~np.isnan(w)].all(), op
+        err = ulps(g, exact)
+        worst = int(np.argmax(err))
+        assert err[worst] <= bound, (op, x[worst], g[worst], exact[worst])
+        assert ulps(g, w).max() <= bound + ulps_of_ort, op
+
+
+def test_trig_and_hyperbolics_are_within_a_few_ulp_at_every_magnitude():
+    """1e-30 and 1e30 included: sin and tan of 1e30 were -inf and NaN (a reduction exact only to
+    about 2^24 pi), asinh(1e30) inf (x * x), sinh, asinh, atanh of 1e-30 0 (cancellation)."""
+    x = hostile_floats(np.float32)
+    model = trig_model(x)
+    check_trig(x, keel_run(model, {"x": x}), ort_run(model, {"x": x}))
+
+
+def test_expm1_and_erfc_activations_keep_their_digits_near_zero_and_in_the_tail():
+    """Elu, Selu, Celu as e^x - 1 lost every digit near 0 (Elu(-1e-30) was 0, Elu(-3e-4) 2,000
+    ulp off), Gelu as 1 + erf(x / sqrt 2) in its negative tail (900 ulp at -3.4); onnxruntime
+    computes them that way and is as far off, so the reference is the exact value: within 2.5
+    ulp for the expm1 forms (a degree-9 series under |x| = 1/2, first omitted term 3e-10;
+    measured 2.02), 100 for Gelu, whose erfc is Numerical Recipes' fit (fractional error
+    1.2e-7, 2 ulp) times two exps and a few roundings (measured 97, at -12.6: 1e-5 relative
+    where onnxruntime's is off by 100%). Results under the smallest normal float flush to 0 as
+    exp's do (transcendental.py `_exp`); zeros keep onnxruntime's signs (Selu(-0.0) is +0.0)."""
+    x = np.concatenate([hostile_floats(np.float32), np.linspace(-8, 8, 4001, dtype=np.float32)])
+    ops = ["Elu", "Selu", "Celu", "Gelu"]
+    model = make_model([onnx.helper.make_node(op, ["x"], [op]) for op in ops],
+                       [("x", x.shape, np.float32)], [(op, x.shape, np.float32) for op in ops],
+                       opset=20)
+    got, want = keel_run(model, {"x": x}), ort_run(model, {"x": x})
+    v = x.astype(np.float64)
+    alpha, gamma = 1.67326319217681884765625, 1.05070102214813232421875
+    with np.errstate(all="ignore"):
+        exact = {"Elu": np.where(v < 0, np.expm1(v), v), "Celu": np.where(v < 0, np.expm1(v), v),
+                 "Selu": np.where(v > 0, v * gamma, np.expm1(v) * (alpha * gamma)),
+                 "Gelu": v * 0.5 * np.vectorize(math.erfc)(-v / math.sqrt(2))}
+    for op, bound in {"Elu": 2.5, "Selu": 2.5, "Celu": 2.5, "Gelu": 100}.items():
+        normal = ~(np.abs(exact[op]) < np.finfo(np.float32).tiny)
+        err = ulps(got[op], exact[op])[normal]
+        worst = int(np.argmax(err))
+        assert err[worst] <= bound, (op, x[normal][worst], got[op][normal][worst])
+        assert (np.abs(got[op][~normal]) < np.finfo(np.float32).tiny).all(), op
+        special = (x == 0) | ~np.isfinite(want[op])
+        np.testing.assert_array_equal(got[op][special], want[op][special], err_msg=op)
+        assert (np.signbit(got[op]) == np.signbit(want[op]))[special & ~np.isnan(x)].all(), op
+
+
+def test_pow_of_signed_zero_and_minus_one_is_ieees():
+    """-0.0 to an odd negative power is -inf (the sign bit, not x < 0, decides), (-1)^+-inf
+    is 1 (not exp2(inf * 0)): exactly onnxruntime's."""
+    x = np.array([-0.0, -0.0, 0.0, -0.0, -1, -1, -1, 1, -0.0, -2], np.float32)
+    y = np.array([-1, -3, -1, -2, np.inf, -np.inf, np.nan, np.nan, 3, 3], np.float32)
+    model = make_model([onnx.helper.make_node("Pow", ["x", "y"], ["z"])],
+                       [("x", x.shape, np.float32), ("y", y.shape, np.float32)],
+                       [("z", x.shape, np.float32)])
+    got, want = keel_run(model, {"x": x, "y": y})["z"], ort_run(model, {"x": x, "y": y})["z"]
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

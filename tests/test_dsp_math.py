@@ -24,7 +24,9 @@ from runner import Model
 from runner.model import DEFAULT_TIMEOUT_MS
 from runner.targets import DSP_C_LIBRARY
 from tests.deps import needs
-from tests.graphs import assert_close, compiled_blob, make_model, ort_run, single_node_model
+from tests.graphs import (assert_close, compiled_blob, hostile_floats, make_model, ort_run,
+                          single_node_model)
+from tests.test_compiler import check_trig, trig_model
 
 pytestmark = [needs("qemu-user, clang-19, lld-19", build.missing()),
               pytest.mark.xdist_group("dsp")]
@@ -91,6 +93,15 @@ def test_square_roots_are_correctly_rounded(dtype, tmp_path):
     finite = ~np.isnan(want)
     np.testing.assert_array_equal(got[finite].view(f"u{x.itemsize}"),
                                   want[finite].view(f"u{x.itemsize}"))
+
+
+def test_trig_and_hyperbolics_are_within_a_few_ulp_at_every_magnitude():
+    """The CPU's bounds (test_compiler.py TRIG_ULPS) on HVX: the Payne-Hanek reduction's high
+    words come from vmpye/vmpyo (renderers/c.py vmulhi), its selects are vector muxes."""
+    x = hostile_floats(np.float32)
+    model = trig_model(x)
+    m = Model.load(compiled_blob(model, target="dsp"))
+    check_trig(x, m.run({"x": x}), ort_run(model, {"x": x}))
 
 
 def test_an_op_the_dsp_runtime_cannot_run_is_a_compile_error_naming_it():

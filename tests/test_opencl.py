@@ -31,7 +31,8 @@ from compiler.target import TARGETS
 from runner import BlobError, DeviceTimeout, Model
 from tests.deps import needs, needs_clang, opencl_missing
 from tests.fuzz_graphs import graph_strategy
-from tests.graphs import assert_close, keel_run, make_model, ort_run
+from tests.graphs import assert_close, hostile_floats, keel_run, make_model, ort_run
+from tests.test_compiler import check_trig, trig_model
 
 REPO = Path(__file__).parents[1]
 needs_opencl = needs("pocl-opencl-icd", opencl_missing())
@@ -465,6 +466,16 @@ def test_half_compute_rules_are_numerically_sound_on_the_cpu_backend():
     # one fp16 rounding of the fp32 sum, one of the product: ~2 ulp; an fp16 accumulator over
     # 256 terms would be off by far more
     assert_close(got, exact.astype(np.float32), 2e-3, 2e-3, "fp16 compute")
+
+
+@needs_opencl
+def test_trig_and_hyperbolics_on_opencl_are_within_a_few_ulp_at_every_magnitude(tmp_path):
+    """The same reductions and bounds as on the CPU (test_compiler.py TRIG_ULPS): integer
+    Payne-Hanek words, mul_hi, selects. Subnormal inputs and results included (PoCL keeps
+    them)."""
+    x = hostile_floats(np.float32)
+    model = trig_model(x)
+    check_trig(x, run_opencl(model, {"x": x}, tmp_path)[1], ort_run(model, {"x": x}))
 
 
 @needs_clang

@@ -15,7 +15,8 @@ from onnx import helper
 from compiler.pipeline import compile_model
 from tests import halfhost
 from tests.deps import needs_tool
-from tests.graphs import assert_close, make_model, ort_run
+from tests.graphs import assert_close, hostile_floats, make_model, ort_run, ulps
+from tests.test_compiler import TRIG_EXACT, TRIG_ULPS, trig_model
 from tests.test_opencl import LIGHT_DIR, conv_net, light_case, mlp, softmax_rows
 
 pytestmark = needs_tool("clang-19", halfhost.CLANG)
@@ -24,6 +25,23 @@ HALF_MAX = 65504.0
 
 def half_run(model, feeds, float16=True):
     return halfhost.run(compile_model(model, target="qcom", float16=float16), feeds)
+
+
+def test_trig_and_hyperbolics_in_half_are_within_a_few_fp16_ulp_at_every_magnitude():
+    """Adreno's kernels in half: sin and cos run whole in fp32 (codegen/half.py PROMOTE; the
+    reduction's mul_hi in OpenCL's 64-bit long), so they are within an fp16 ulp up to 65504
+    (measured 0.5). The ops around them run in half, each rounding by half an fp16 ulp: tan
+    (one division) within 2 (measured 1.5), the hyperbolics' few half steps within 4 (measured
+    3.2, Atanh)."""
+    x = hostile_floats(np.float16)
+    got = half_run(trig_model(x), {"x": x})
+    for op in TRIG_ULPS:
+        with np.errstate(all="ignore"):
+            exact = TRIG_EXACT[op](x.astype(np.float64))
+        err = ulps(got[op], exact)
+        worst = int(np.argmax(err))
+        bound = {"Sin": 1, "Cos": 1, "Tan": 2}.get(op, 4)
+        assert err[worst] <= bound, (op, x[worst], got[op][worst], exact[worst])
 
 
 def test_every_half_operation_rounds_to_half():

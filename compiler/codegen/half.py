@@ -76,7 +76,7 @@ half_rules = PatternMatcher([
 DEMOTE = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG, Ops.MAX, Ops.MIN, Ops.WHERE,
           Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE}
 # stays fp32 even on fp16 inputs: same polynomials everywhere, and division/sqrt accuracy
-PROMOTE = {Ops.EXP2, Ops.EXP, Ops.LOG2, Ops.SIN, Ops.POW, Ops.SQRT, Ops.FDIV, Ops.RECIP, Ops.TRUNC}
+PROMOTE = {Ops.EXP2, Ops.EXP, Ops.LOG2, Ops.SIN, Ops.COS, Ops.POW, Ops.SQRT, Ops.FDIV, Ops.RECIP, Ops.TRUNC}
 
 
 def _as_half(u: UOp, exact: bool) -> UOp | None:

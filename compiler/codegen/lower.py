@@ -349,7 +349,7 @@ def _accumulate(lw: Lowerer, plan: Plan, ranges: dict, values: dict, upcast: boo
 
 
 # ops that lower to a polynomial of dozens of operations (transcendental.py)
-HEAVY = {Ops.EXP, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.POW}
+HEAVY = {Ops.EXP, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.COS, Ops.POW}
 
 
 def _loops_epilogue(plan: Plan, lw: Lowerer, copies: int) -> bool:

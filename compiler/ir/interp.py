@@ -55,7 +55,7 @@ BINARY = {
 UNARY = {
     Ops.NEG: np.negative, Ops.RECIP: np.reciprocal, Ops.SQRT: np.sqrt, Ops.EXP2: np.exp2,
     Ops.EXP: np.exp,
-    Ops.LOG2: np.log2, Ops.SIN: np.sin, Ops.TRUNC: np.trunc,
+    Ops.LOG2: np.log2, Ops.SIN: np.sin, Ops.COS: np.cos, Ops.TRUNC: np.trunc,
 }
 REDUCE = {Ops.ADD: np.sum, Ops.MAX: np.max, Ops.MIN: np.min, Ops.MUL: np.prod}
 

@@ -14,6 +14,8 @@ from compiler.ir.uop import Ops, UOp, Weight, reduce_identity
 
 LOG2E, LN2 = 1.4426950408889634, 0.6931471805599453
 # tanh(x) = x * sum c_k x^2k
+# a float's bits as an integer, and the mask that clears the low half of its mantissa
+F_INT = {dtypes.float32: (dtypes.int32, -(1 << 12)), dtypes.float64: (dtypes.int64, -(1 << 26))}
 TANH_SERIES = (1.0, -1 / 3, 2 / 15, -17 / 315, 62 / 2835, -1382 / 155925, 21844 / 6081075,
                -929569 / 638512875, 6404582 / 10854718875)
 
@@ -222,7 +224,7 @@ class Tensor:
     def log(self): return self._un(Ops.LOG2) * LN2
     def sqrt(self): return self._un(Ops.SQRT)
     def sin(self): return self._un(Ops.SIN)
-    def cos(self): return (self + math.pi / 2).sin() if self.dtype.is_float else self
+    def cos(self): return self._un(Ops.COS)
     def reciprocal(self): return self._un(Ops.RECIP)
     def trunc(self): return self._un(Ops.TRUNC)
     def abs(self):  # 0 - x: fabs(-0.0) is +0.0
@@ -291,22 +293,39 @@ class Tensor:
     def acos(self):
         return ((1.0 - self) / (1.0 + self)).sqrt().atan() * 2.0
 
-    def erf(self):
-        """erf to float32 accuracy: a Taylor series near 0 (relative accuracy where erf is small),
-        Numerical Recipes' erfc Chebyshev fit elsewhere (fractional error < 1.2e-7)."""
+    def _erf_parts(self):
+        """(|x|, erf(|x|) by its Taylor series, t and the exponent p - x^2 of Numerical Recipes'
+        Chebyshev fit erfc(|x|) = t e^(p - x^2) (fractional error < 1.2e-7)): the series where
+        erf is small (relative accuracy near 0), the fit where erfc is."""
         a = self.abs()
         t = (a * 0.5 + 1.0).reciprocal()
         poly = t * 0.0
         for c in (0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806,
                   0.09678418, 0.37409196, 1.00002368, -1.26551223):
             poly = poly * t + c
-        far = 1.0 - t * (poly - a * a).exp()
         x2, term, near = a * a, a, a
         for k in range(1, 7):  # erf(x) = 2/sqrt(pi) * sum (-1)^k x^(2k+1) / (k! (2k+1))
             term = term * x2 * (-1.0 / k)
             near = near + term * (1.0 / (2 * k + 1))
-        r = (a < 0.5).where(near * 1.1283791670955126, far)
+        return a, near * 1.1283791670955126, t, poly
+
+    def erf(self):
+        a, near, t, poly = self._erf_parts()
+        r = (a < 0.5).where(near, 1.0 - t * (poly - a * a).exp())
         return (self < 0).where(-r, r).zero_signed_as(self)
+
+    def erfc(self):
+        """1 - erf(x), relative to its own size (Gelu of negative x, where 1 + erf cancels).
+        In the tail x^2 is split as h^2 + (x - h)(x + h), h = x with its low mantissa half
+        cleared, so h^2 is exact: e^(p - x^2) as one exp would carry x^2's rounding, an ulp of
+        x^2 ~ 80, as a relative error of 4e-6."""
+        a, near, t, poly = self._erf_parts()
+        f = F_INT[self.dtype]
+        h = (a.bitcast(f[0]) & f[1]).bitcast(self.dtype)
+        tail = t * (-(h * h)).exp() * (poly - (a - h) * (a + h)).exp()
+        tail = a.eq(math.inf).where(0.0, tail)  # inf - inf
+        return (a < 0.5).where(1.0 - (self < 0).where(-near, near),
+                               (self < 0).where(2.0 - tail, tail))
 
     # ---- reductions -----------------------------------------------------------------------
     def reduce(self, op: Ops, axes=None, keepdims: bool = True) -> Tensor:

@@ -32,7 +32,7 @@ class Ops(IntEnum):  # IntEnum: hashing an op is C-level, and every UOp key hash
     GATHER = auto()  # src = (data, indices), arg = axis; the one data-dependent view
     # unary
     NEG = auto(); RECIP = auto(); SQRT = auto(); EXP2 = auto(); EXP = auto(); LOG2 = auto()
-    SIN = auto()
+    SIN = auto(); COS = auto()
     TRUNC = auto()  # float -> float toward zero
     CAST = auto(); BITCAST = auto()
     # binary
@@ -68,7 +68,7 @@ class Ops(IntEnum):  # IntEnum: hashing an op is C-level, and every UOp key hash
     ENDRANGE = auto()  # src = (range,)
 
 
-UNARY = {Ops.NEG, Ops.RECIP, Ops.SQRT, Ops.EXP2, Ops.EXP, Ops.LOG2, Ops.SIN, Ops.TRUNC, Ops.CAST, Ops.BITCAST}
+UNARY = {Ops.NEG, Ops.RECIP, Ops.SQRT, Ops.EXP2, Ops.EXP, Ops.LOG2, Ops.SIN, Ops.COS, Ops.TRUNC, Ops.CAST, Ops.BITCAST}
 BINARY = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.MIN, Ops.POW,
           Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR}
 ALU = UNARY | BINARY | {Ops.WHERE, Ops.DOT4, Ops.MULHI, Ops.MUL16}

@@ -129,6 +129,8 @@ class OpenCLRenderer(CStyle):
         op, dt = u.op, u.dtype
         if op is Ops.SQRT:
             return f"sqrt({a[0]})"
+        if op is Ops.MULHI:  # OpenCL's long is 64 bits; `long long` is a reserved word there
+            return f"((int)(((long)({a[0]}) * ({a[1]})) >> 32))"
         if op is Ops.CAST:
             if u in self.rounded_by_store:
                 return f"({a[0]})"

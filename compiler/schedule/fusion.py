@@ -24,7 +24,7 @@ from compiler.ir.uop import ALU, MOVEMENT, Ops, UOp
 FOLD_FREE_ELEMENTS = 1 << 16
 PADDED_COPY_DEPTH = 32  # reduction length from which a conv reads a materialized padded input
 PAD_WASTE = 2  # a PAD this many times its input realizes the costly ALU nodes under it
-EXPENSIVE = {Ops.EXP2, Ops.EXP, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.FDIV, Ops.RECIP, Ops.POW, Ops.IDIV, Ops.MOD}
+EXPENSIVE = {Ops.EXP2, Ops.EXP, Ops.LOG2, Ops.SIN, Ops.COS, Ops.SQRT, Ops.FDIV, Ops.RECIP, Ops.POW, Ops.IDIV, Ops.MOD}
 
 
 # ---- 1. fold ------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from compiler.ir.dtypes import dtypes
+from compiler.onnx.ops.elementwise import expm1, softplus
 from compiler.onnx.ops.shape import arange_at
 from compiler.onnx.registry import op
 from compiler.ir.tensor import Tensor
@@ -22,9 +23,9 @@ def _activation(name: str, alpha, beta):
         "ThresholdedRelu": lambda x: (x > alpha).where(x, 0.0),
         "ScaledTanh": lambda x: (x * beta).tanh() * alpha,
         "HardSigmoid": lambda x: (x * alpha + beta).maximum(0.0).minimum(1.0),
-        "Elu": lambda x: (x < 0).where((x.exp() - 1.0) * alpha, x),
+        "Elu": lambda x: (x < 0).where(expm1(x) * alpha, x),
         "Softsign": lambda x: x / (x.abs() + 1.0),
-        "Softplus": lambda x: x.relu() + ((-x.abs()).exp() + 1.0).log(),
+        "Softplus": softplus,
     }
     key = next((k for k in fns if k.lower() == name.lower()), None)
     if key is None:
