@@ -273,3 +273,28 @@ def test_wait_on_a_real_clock_never_gives_up_before_its_deadline():
     with pytest.raises(DeviceTimeout):
         wait_until(lambda: False, t + 0.015, "never")
     assert time.monotonic() - t >= 0.015
+
+
+@pytest.mark.parametrize("device", ["cpu", "mock"])
+def test_a_model_only_the_garbage_collector_frees_is_freed_cleanly(blobs, device):
+    """A dropped Model in a reference cycle (an exception's traceback makes one) is freed by the
+    GC's clear pass, in no particular order: the blob's memoryview must not be cleared while a
+    cffi pointer still exports it (CPython prints 'Exception ignored in tp_clear', and the
+    half-released view later crashed the process)."""
+    script = textwrap.dedent(f"""
+        import gc
+        import numpy as np
+        from runner import Model
+        a = np.ones((4, {ADD_N // 4}), np.float32)
+        for _ in range(5):
+            m = Model.load({blobs['add']!r}, device={device!r})
+            assert (m.run({{"a": a, "b": a}})["y"] == 2).all()
+            m.device.cycle = m
+            del m
+            gc.collect()
+        print("ok")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=REPO)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+    assert "Exception ignored" not in proc.stderr, proc.stderr
