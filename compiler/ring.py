@@ -9,9 +9,10 @@ to where they go, and Y's window (the next one) to an input that the run's reade
 
 So after scheduling, each writing entry's kernel for Y becomes the kernel for N alone (what it
 read, realized as the scheduler chose: a warp's coordinates stay their own kernel), writing
-Y's k rows, and the entry ends with a copy of them into the mirror; Y's readers, later in the
-same launch order, read the window input. The three alias one memory, which the launches' barriers are told
-(`units`). Nothing of the kept rows is copied.
+Y's k rows, and the entry ends with a kernel writing them again into the mirror (N computed
+again where that is cheap, else copied: `_mirror`); Y's readers, later in the same launch
+order, read the window input. The three alias one memory, which the launches' barriers are
+told (`units`). Nothing of the kept rows is copied.
 
 A queue stays ping-pong when any entry writes it otherwise, when k does not divide M, or when
 k rows are not a whole number of the target's buffer alignment (each window and row block

@@ -19,7 +19,8 @@ holds its answer back MS ms.
 
 Threads (dsp/graph_runner.h, docs/dsp.md "Threads"): the runtime shares each launch whose
 kernel splits between the cDSP's hardware threads (HVX kernels: its HVX contexts), one launch
-after another; KEEL_DSP_SERIAL=1 (or `serial = True` before load) runs everything on one thread.
+after another; KEEL_DSP_SERIAL=1 at load, or the device's `serial = True` (read at each invoke),
+runs everything on one thread.
 
 Profiling: the runtime counts each worker's cost of each launch (the DSP's cycle counter; under
 qemu, qemu's packet count, which it keeps per thread) and HVX instructions (qemu only).

@@ -23,8 +23,9 @@ FORMATS = {np.dtype("float16"): FMT6_16_16_16_16_FLOAT, np.dtype("float32"): FMT
 DTYPES = {v: k for k, v in FORMATS.items()}
 TEX_X, TEX_Y, TEX_Z, TEX_W, TEX_ZERO, TEX_ONE = 0, 1, 2, 3, 4, 5  # a6xx_tex_swiz
 # (channels, SWIZ_X..W) per format: one channel reads (r, 0, 0, 1), as OpenCL's CL_R does
-LAYOUTS = {FMT6_8_UINT: (1, (TEX_X, TEX_ZERO, TEX_ZERO, TEX_ONE))}
 RGBA = (4, (TEX_X, TEX_Y, TEX_Z, TEX_W))
+LAYOUTS = {FMT6_8_UINT: (1, (TEX_X, TEX_ZERO, TEX_ZERO, TEX_ONE)),
+           FMT6_16_16_16_16_FLOAT: RGBA, FMT6_32_32_32_32_FLOAT: RGBA}
 TEX_2D = 1  # a6xx_tex_type
 TEX_NEAREST, TEX_CLAMP_TO_BORDER = 0, 3  # a6xx_tex_filter, a6xx_tex_clamp
 MAX_EXTENT = 1 << 15  # WIDTH and HEIGHT are 15-bit fields
@@ -39,19 +40,18 @@ class Texture(NamedTuple):
     dtype: np.dtype
 
 
-def texel_bytes(t: Texture) -> int:
-    fmt = FORMATS[np.dtype(t.dtype)]
-    return LAYOUTS.get(fmt, RGBA)[0] * np.dtype(t.dtype).itemsize
+def texel_bytes(fmt: int) -> int:
+    return LAYOUTS[fmt][0] * DTYPES[fmt].itemsize
 
 
 def nbytes(t: Texture) -> int:
     """The bytes an image spans from its base: every row but the last at its pitch."""
-    return ((t.height - 1) * t.pitch + t.width) * texel_bytes(t)
+    return ((t.height - 1) * t.pitch + t.width) * texel_bytes(FORMATS[np.dtype(t.dtype)])
 
 
 def descriptor(t: Texture) -> list[int]:
     """TEX_CONST dwords 0..15 for a linear 2-D image (RGBA float, or R8 uint)."""
-    texel, fmt = texel_bytes(t), FORMATS[np.dtype(t.dtype)]
+    fmt = FORMATS[np.dtype(t.dtype)]
     if not (0 < t.width < MAX_EXTENT and 0 < t.height < MAX_EXTENT):
         raise ValueError(f"image {t.width}x{t.height}: width and height must be "
                          f"1..{MAX_EXTENT - 1}")
@@ -60,11 +60,11 @@ def descriptor(t: Texture) -> list[int]:
                          f"of at least the width {t.width}")
     if t.gpuaddr % BASE_ALIGN:
         raise ValueError(f"image base {t.gpuaddr:#x} is not {BASE_ALIGN}-byte aligned")
-    x, y, z, w = LAYOUTS.get(fmt, RGBA)[1]
+    x, y, z, w = LAYOUTS[fmt][1]
     words = [0] * DESCRIPTOR_DWORDS
     words[0] = x << 4 | y << 7 | z << 10 | w << 13 | fmt << 22  # TILE_MODE linear, SWAP WZYX: 0
     words[1] = t.width | t.height << 15
-    words[2] = (t.pitch * texel) << 7 | TEX_2D << 29  # PITCH is in bytes
+    words[2] = (t.pitch * texel_bytes(fmt)) << 7 | TEX_2D << 29  # PITCH is in bytes
     words[5] = 1 << 17  # DEPTH 1
     set_base(words, 0, t.gpuaddr)
     return words
@@ -83,13 +83,13 @@ def decode(words) -> Texture:
     fmt = (w[0] >> 22) & 0xFF
     swiz = tuple((w[0] >> s) & 7 for s in (4, 7, 10, 13))
     if fmt not in DTYPES or (w[2] >> 29) & 3 != TEX_2D or w[0] & 3 or \
-            swiz != LAYOUTS.get(fmt, RGBA)[1]:
+            swiz != LAYOUTS[fmt][1]:
         raise ValueError(f"texture descriptor format {fmt:#x}, type {(w[2] >> 29) & 3}, tile "
                          f"mode {w[0] & 3}, swizzle {swiz}: expected a linear 2-D RGBA "
                          f"fp16/fp32 or R8 uint image")
     dtype = DTYPES[fmt]
     pitch_bytes = (w[2] >> 7) & 0x3FFFFF
-    texel = LAYOUTS.get(fmt, RGBA)[0] * dtype.itemsize
+    texel = texel_bytes(fmt)
     if pitch_bytes % texel:
         raise ValueError(f"texture pitch {pitch_bytes} bytes is not whole {texel}-byte texels")
     return Texture(w[4] & 0xFFFFFFE0 | (w[5] & 0x1FFFF) << 32, w[1] & 0x7FFF, (w[1] >> 15) & 0x7FFF,

@@ -98,10 +98,10 @@ CL_EVENT_COMMAND_EXECUTION_STATUS = 0x11D3
 CL_QUEUE_PROFILING_ENABLE, CL_PROFILING_COMMAND_START, CL_PROFILING_COMMAND_END = \
     1 << 1, 0x1282, 0x1283
 CL_MEM_SIZE, CL_MEM_CONTEXT = 0x1102, 0x1106
-CHANNEL_TYPES = {np.dtype("float32"): CL_FLOAT, np.dtype("float16"): CL_HALF_FLOAT}
 CL_R, CL_UNSIGNED_INT8 = 0x10B0, 0x10DA
 # per element dtype: (channel order, channel type, channels): float RGBA texels or R8 uint
-IMAGE_FORMATS = {**{dt: (CL_RGBA, ct, 4) for dt, ct in CHANNEL_TYPES.items()},
+IMAGE_FORMATS = {np.dtype("float32"): (CL_RGBA, CL_FLOAT, 4),
+                 np.dtype("float16"): (CL_RGBA, CL_HALF_FLOAT, 4),
                  np.dtype("uint8"): (CL_R, CL_UNSIGNED_INT8, 1)}
 BUILD_OPTIONS = b""  # IEEE semantics: no fast-relaxed-math (ONNX NaN/inf behaviour must hold)
 

@@ -55,10 +55,10 @@ class Entry:
     launches: range
     inputs: tuple[Slot, ...]  # the caller's, in slot order (state slots left out)
     outputs: tuple[Slot, ...]
-    reads: tuple[tuple[int, int], ...]  # (state index, io slot that reads its current half)
+    reads: tuple[tuple[int, int], ...]  # (state index, io slot that reads its current value)
     writes: tuple[tuple[int, int], ...]  # (state index, io slot that writes its next value)
-    mirrors: tuple[tuple[int, int], ...]  # (ring index, io slot writing the rows' other copy)
-    windows: tuple[tuple[int, int], ...]  # (ring index, io slot reading the value it writes)
+    mirrors: tuple[tuple[int, int], ...]  # (state index, io slot of the rows' other copy)
+    windows: tuple[tuple[int, int], ...]  # (state index, io slot reading the next value)
     stateful: bool  # reads or writes some state
 
 

@@ -1,5 +1,5 @@
 """Persistent state over device memory, bound per run so that a failed run leaves every state
-exactly as before it (docs/ARCHITECTURE.md "State"). Nothing is copied per run.
+exactly as before it (docs/ARCHITECTURE.md "Runtime"). Nothing is copied per run.
 
 A state is a cycle of positions; at position p a run of an entry binds the io slot that reads
 the state to `reading[p]`, the one that writes its next value to `writing[p]` (and a ring's
@@ -41,6 +41,8 @@ class States:
                 into.append(p)
             self.rings.append(ring)
         self.period = [len(r) for r in self.reading]
+        self.slots = {e.name: _slots(e, self.reading, self.writing, self.mirroring)
+                      for e in graph.entries}
         self.current = [0] * len(self.specs)
         self.init = [None if s.init is None else
                      bytes(weights[s.init.offset:s.init.offset + n])
@@ -48,17 +50,11 @@ class States:
         self.reset()
 
     def bind(self, entry: Entry) -> None:
-        """Before a run of `entry`: its reads on the current value, its writes where the next
-        one goes."""
+        """Before a run of `entry`: its reads on the current value, its writes (and a ring's
+        mirror) where the next one goes, a ring's window on that next value."""
         bind, current = self.device.bind_state, self.current
-        for k, slot in entry.reads:
-            bind(slot, self.reading[k][current[k]])
-        for k, slot in entry.writes:
-            bind(slot, self.writing[k][current[k]])
-        for k, slot in entry.mirrors:
-            bind(slot, self.mirroring[k][current[k]])
-        for k, slot in entry.windows:  # the value the run writes, read in the same run
-            bind(slot, self.reading[k][(current[k] + 1) % self.period[k]])
+        for slot, k, at in self.slots[entry.name]:
+            bind(slot, at[current[k]])
 
     def commit(self, entry: Entry) -> None:
         """After a completed run of `entry`: what it wrote is the state."""
@@ -105,6 +101,15 @@ class States:
         image[:len(data)] = image[half:half + len(data)] = data
         self.device.write_state(ring, bytes(image))
         self.current[k] = 0
+
+
+def _slots(e: Entry, reading: list, writing: list, mirroring: list) -> tuple:
+    """Per io slot `e` binds to state: (slot, state index, the memory it is bound to at each
+    position). A window reads the value the run writes: the one read at the next position."""
+    ahead = [r[1:] + r[:1] for r in reading]
+    return tuple((slot, k, at[k]) for pairs, at in ((e.reads, reading), (e.writes, writing),
+                                                    (e.mirrors, mirroring), (e.windows, ahead))
+                 for k, slot in pairs)
 
 
 def _ring(device, m: int, k: int, nbytes: int) -> tuple:

@@ -39,8 +39,10 @@ from compiler.onnx import proto
 from compiler.pipeline import compile_model
 from runner import Model
 from runner.errors import DeviceError
+from sim.usb.mock import MockLibusb
 from tests.deps import needs, needs_tool, opencl_missing
 from tests.graphs import assert_close
+from tests.test_amd_device import enclosure  # noqa: F401 (the fixture)
 from tools.big_model import make
 
 BIG = os.environ.get("KEEL_BIG_MODELS") == "1"
@@ -159,25 +161,9 @@ def test_a_big_models_file_is_parsed_without_its_large_weights(tmp_path):
 # ---- device="amd" over the mock USB link --------------------------------------------------------
 def needs_amd(test):
     return needs("pocl-opencl-icd", opencl_missing())(needs_tool("lld-19", "ld.lld-19")(test))
+
+
 GiB = 1 << 30
-
-
-@pytest.fixture
-def enclosure(tmp_path, monkeypatch):
-    """A fresh mock enclosure (KEEL_USB=mock) and stand-in firmware files (keel ships none)."""
-    from am import firmware
-    from sim.am import standin
-    from sim.am.mock_device import IPS
-    from sim.usb.mock import MockLibusb
-    fw = tmp_path / "fw"
-    fw.mkdir()
-    standin.write_all(fw, {(ip.hw_id, ip.instance): ip for ip in IPS})
-    monkeypatch.setenv("KEEL_USB", "mock")
-    monkeypatch.setenv(firmware.ENV, str(fw))
-    monkeypatch.delenv("KEEL_MOCK_FAULTS", raising=False)
-    MockLibusb.forget()
-    yield MockLibusb
-    MockLibusb.forget()
 
 
 def _anon_kib() -> int:
@@ -196,7 +182,7 @@ def test_vram_above_4_gib_through_a_resized_bar0_at_32_gib(enclosure):
     from usbgpu.pci import UsbPci
     before = _anon_kib()
     gpu = Gpu(UsbPci(1.0))
-    mock = enclosure.shared().bridge.function
+    mock = MockLibusb.shared().bridge.function
     assert gpu.vram_bytes == 24 * GiB and gpu.pci.bars[0] == (32 * GiB, 32 * GiB)
     deadline = time.monotonic() + 60
     gpu.alloc(5 * GiB, deadline)  # page tables only: 2,560 leaves of 2 MiB
@@ -209,7 +195,7 @@ def test_vram_above_4_gib_through_a_resized_bar0_at_32_gib(enclosure):
     gpu.download(va, memoryview(out), deadline)
     assert bytes(out) == data == mock.vram.read(GPU_BASE + phys, len(data))
     assert gpu.pci.read32(0, phys) == struct.unpack_from("<I", data)[0]  # a 64-bit TLP
-    assert enclosure.shared().bytes == gpu.pci.usb.bytes  # the mock counts what the host sent
+    assert MockLibusb.shared().bytes == gpu.pci.usb.bytes  # the mock counts what the host sent
     with pytest.raises(DeviceError, match="unsupported request"):
         gpu.pci.bridge.tlp(asm24.MEM_READ, 32 * GiB + phys)  # 3 dwords: the top half is lost
     with pytest.raises(DeviceError, match="past the 24576 MiB of VRAM"):
@@ -230,7 +216,7 @@ def test_a_bar0_that_cannot_grow_reads_discovery_through_mm_index(enclosure, mon
     monkeypatch.setattr(mock_device, "BAR0_SIZES", (256 << 20,))
     gpu = Gpu(UsbPci(1.0))
     assert gpu.pci.bars[0][1] == 256 << 20 and gpu.vram_bytes == 24 * GiB
-    mock = enclosure.shared().bridge.function
+    mock = MockLibusb.shared().bridge.function
     at = 24 * GiB - (64 << 10)
     assert vram_read(gpu.pci, at, 64) == mock.vram.read(GPU_BASE + at, 64)
     deadline = time.monotonic() + 60
@@ -251,7 +237,7 @@ def test_the_bridge_refuses_writes_its_sram_cannot_take(enclosure):
     from usbgpu import asm24
     from usbgpu.pci import UsbPci
     pci = UsbPci(1.0)
-    bridge = enclosure.shared().bridge
+    bridge = MockLibusb.shared().bridge
 
     def write16(n):
         return struct.pack(">BBQIBB", asm24.WRITE16, 0, 0, n // 512, 0, 0), 0, bytes(n)

@@ -287,8 +287,9 @@ def test_hvx_kernel_takes_a_tenth_of_the_packets_of_scalar_code(blobs, tmp_path)
 
 # ---- threads: each launch shared between the cDSP's hardware threads ----------------------------
 
-SHARE_PACKETS = 200  # a share's own cost: its call, its loop bounds (two divisions), measured
-# 2026-11-26 at 30-190 packets per extra share on these models
+# a share's own cost: its call, its loop bounds (two divisions); docs/dsp.md "Threads" has the
+# packets measured per extra share on these models
+SHARE_PACKETS = 200
 
 
 def _threaded_and_serial(model, path, feeds):

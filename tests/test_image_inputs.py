@@ -103,11 +103,11 @@ def test_a_frame_at_an_unaligned_offset_is_an_input_error(blob):
         os.close(fd)
 
 
-def test_a_read_past_the_image_rows_is_zero():
+def test_a_read_past_the_image_rows_is_zero(blob):
     """The image covers the first W * H bytes; the gather's clamp keeps indices in the buffer,
     the texture's clamp-to-border makes the bytes beyond the rows read 0 (storage.py: only an
     input whose reads stay within the image is named)."""
-    m = Model.load(compiled_blob(gather_model(), "qcom", image_inputs=IMAGES), device="qcom")
+    m = Model.load(blob, device="qcom")
     f = feeds(4)
     f["idx"][:10] = W * H + np.arange(10)
     y = m.run(f)["y"]

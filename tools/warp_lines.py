@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     r = touched(args.camera, args.transforms)
     if args.blob:
         r["kernels"] = kernel_reads(args.blob)
-    return report(r, args.json, lambda x: print(x))
+    return report(r, args.json, print)
 
 
 if __name__ == "__main__":

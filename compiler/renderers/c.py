@@ -26,7 +26,7 @@ import hashlib
 
 from compiler.artifact import Buffer, Launch
 from compiler.ir.dtypes import DType, dtypes
-from compiler.renderers import hvx
+import compiler.renderers.hvx as hvx
 from compiler.renderers.cstyle import INFIX, Body, CStyle, dot4_bytes, dot4_text
 from compiler.ir.uop import Ops, UOp
 from runner import abi
@@ -296,8 +296,9 @@ class CRenderer(CStyle):
             word = a[0] if len(u.src) == 2 else \
                 " | ".join(f"((unsigned)({x}) << {8 * k})" for k, x in enumerate(a[:4]))
             w = hvx.fill32(self.lanes(a[-1], u.src[-1], u), n)
-            return hvx.first(f"__builtin_HEXAGON_V6_vrmpybusv_128B(__builtin_HEXAGON_V6_lvsplatw_128B("
-                          f"(int)({word})), {w})", n)
+            vrmpy = f"__builtin_HEXAGON_V6_vrmpybusv_128B(__builtin_HEXAGON_V6_lvsplatw_128B(" \
+                    f"(int)({word})), {w})"
+            return hvx.first(vrmpy, n)
         a = [self.lanes(x, s, u) for x, s in zip(a, u.src)]
         b = dot4_bytes(u, a)
         return dot4_text([f"__builtin_convertvector({x}, {vt})" for x in b[:4]] + [b[4]], vt, vt)
