@@ -324,7 +324,7 @@ def test_threaded_runs_are_bit_identical_to_one_thread_and_shorten_the_critical_
     critical = sum(map(max, zip(*threads)))
     assert critical < 0.6 * total, (critical, total)
     workers = {sum(p > 0 for p in launch) for launch in zip(*threads)}
-    assert max(workers) == {"conv": 4, "qdq": 4}[name]
+    assert max(workers) == 4  # each model has a scalar kernel, split over the 4 threads
 
 
 def test_hvx_kernels_split_two_ways_and_a_kernel_with_one_output_runs_on_one_thread(blobs):

@@ -35,7 +35,7 @@ from compiler.ir.uop import Ops, UOp
 
 ROW = 128  # bytes per box row: one HVX vector
 AHEAD_PACKETS = 400  # how far ahead (estimated packets) the block is hinted
-PACKET_OPS = 2  # vector ops per packet, for the estimate (issue 36's convs issue about 2)
+PACKET_OPS = 2  # vector ops per packet, for the estimate (docs/perf.md, "Issue 36, item 2")
 MAX_HEIGHT = (1 << 16) - 1  # Rtt's height field
 LINES_MAX = 1 << 18  # accesses per trip the model enumerates (a few ms each)
 
