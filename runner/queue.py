@@ -7,6 +7,8 @@ supplies only its hardware verbs (listed on the class); this module owns:
     (bind_state). A binding that changes the slot's address patches that slot's recorded
     addresses (the backend's `patch`) and nothing else; rebinding the bound array is free.
     Patching while a submission is in flight is refused: the recording is patched in place.
+    `binds` counts the bindings that changed: a caller that saw it unchanged since its own
+    binding knows every slot is still bound as it left it (runner/model.py skips rebinding).
   * staging, at one moment each: a host array the device cannot map is bound through the slot's
     staging memory; inputs are copied in by submit(), before the kick; outputs are copied out by
     wait(), once it has seen the submission complete. The caller keeps the arrays untouched in
@@ -69,6 +71,7 @@ class QueueDevice(Device):
         self.io_arrays = [self._host_array(m, b) for m, b in zip(self.io_memory, self.graph.io)]
         self.io_address = [m.address for m in self.io_memory]
         self.bound: list = list(self.io_arrays)
+        self.binds = 0  # bindings changed so far
         self.stages: dict[int, Memory] = {}  # slot -> its staging memory, made on first use
         self.typed: dict[tuple, np.ndarray] = {}  # (slot, id(memory)) -> _typed's view
         self.staged: set[int] = {s for s in range(len(self.graph.io)) if self.staged_by_copy}
@@ -86,7 +89,8 @@ class QueueDevice(Device):
     def bind(self, slot: int, array: np.ndarray) -> None:
         if array is self.bound[slot]:
             return
-        self._idle(slot)
+        if self.value > self.retired:
+            self._idle(slot)  # raises
         own = array is self.io_arrays[slot]
         mapped = None if own else self.map_host(slot, array)
         if mapped is not None:  # zero-copy: the recording points at the array itself
@@ -96,8 +100,12 @@ class QueueDevice(Device):
         else:  # host-visible, but not this array: copied through the slot's staging memory
             address, staged = self._stage(slot).address, True
         self._point(slot, address)
-        (self.staged.add if staged else self.staged.discard)(slot)
+        if staged:
+            self.staged.add(slot)
+        elif self.staged:
+            self.staged.discard(slot)
         self.bound[slot] = array
+        self.binds += 1
 
     def bind_device(self, slot: int, mem) -> None:
         address = self.device_address(slot, mem)
@@ -105,6 +113,7 @@ class QueueDevice(Device):
         self._point(slot, address)
         self.staged.discard(slot)
         self.bound[slot] = mem
+        self.binds += 1
 
     def bind_state(self, slot: int, mem: Memory) -> None:
         if mem is not self.bound[slot]:
@@ -112,6 +121,7 @@ class QueueDevice(Device):
             self._point(slot, mem.address)
             self.staged.discard(slot)
             self.bound[slot] = mem
+            self.binds += 1
 
     def _idle(self, slot: int) -> None:
         if self.value > self.retired:
