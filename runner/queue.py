@@ -33,6 +33,9 @@ from runner.errors import DeviceError
 from runner.graph import Graph
 
 
+STAMP_BYTES = 16  # per launch: the counter before it and after it, u64 little-endian each
+
+
 class Memory(NamedTuple):
     """Device memory: its address as the backend patches it (a pointer, a GPU address, a buffer
     offset, a cl_mem), a host view of it (uint8) or None where it is not host-visible, and its
@@ -56,9 +59,13 @@ class QueueDevice(Device):
       completed(), block(s)      the contract's (runner/device.py)
       reset()                    abandon what is in flight, make the queue usable again
       upload(mem, data), download(mem) -> bytes   for memory without a host view (whole)
-      launch_times(launches)     spans of the last profiled submission (optional)
+      set_profiling(on)          (optional) from the next kick on, time every launch: with
+                                 `tick_ns` set, record streams that write the counter into
+                                 `stamps` (STAMP_BYTES per launch); else its own way, read by
+      launch_times(launches)     spans of the last profiled submission
     """
     staged_by_copy = False  # the io memory is not host-visible: io_buffer is a host array
+    tick_ns = 0.0  # the period of the counter a recording writes around launches (0: none)
 
     def load(self, blob) -> None:
         self.graph = Graph(blob)
@@ -66,6 +73,7 @@ class QueueDevice(Device):
         self.pending: dict[int, list] = {}  # value -> [(slot, output array, staging)], if any
         self.profiled: range | None = None
         self.profiling = False
+        self.stamps: Memory | None = None  # (start, end) counters per launch, once profiled
         self.open(blob)
         self.io_memory = [self.alloc(b.nbytes) for b in self.graph.io]
         self.io_arrays = [self._host_array(m, b) for m, b in zip(self.io_memory, self.graph.io)]
@@ -173,6 +181,8 @@ class QueueDevice(Device):
                 self._copy_in(slot)
             else:
                 outs.append(slot)
+        if self.profiling and self.tick_ns:
+            self._clear_stamps()
         self.kick(launches, deadline, self.value + 1)
         self.value += 1
         if outs:
@@ -224,6 +234,8 @@ class QueueDevice(Device):
 
     # ---- profiling ---------------------------------------------------------------------------
     def profile(self, on: bool) -> None:
+        if on and self.tick_ns and self.stamps is None:  # before the backend records with it
+            self.stamps = self.alloc(STAMP_BYTES * max(len(self.graph.launches), 1))
         self.set_profiling(on)
         self.profiling, self.profiled = on, None
 
@@ -231,7 +243,36 @@ class QueueDevice(Device):
         if self.profiled is None or self.retired < self.value:
             raise DeviceError("spans(): no profiled submission has completed; call "
                               "profile(True) and run first")
+        if self.tick_ns:
+            return self._stamped_spans(self.profiled)
         return self.launch_times(self.profiled)
 
     def set_profiling(self, on: bool) -> None:
         raise DeviceError(f"device {self.name!r} has no per-launch timestamps")
+
+    def _clear_stamps(self) -> None:
+        """Before a profiled submission: a stamp the device did not write reads as 0."""
+        if self.stamps.view is not None:
+            self.stamps.view[:] = 0
+        else:
+            self.upload(self.stamps, bytes(self.stamps.nbytes))
+
+    def _stamped_spans(self, launches: range) -> list[Span]:
+        """The (start, end) counter pairs the recording wrote around each launch, as Spans on
+        lane 0 from the first start. The launches ran one after another, so the stamps only
+        grow: one that does not (0: never written) is a DeviceError naming the launch."""
+        raw = self.stamps.view if self.stamps.view is not None else \
+            np.frombuffer(self.download(self.stamps), np.uint8)
+        ticks = raw[:self.stamps.nbytes].view("<u8").reshape(-1, 2)
+        spans, base = [], int(ticks[launches[0], 0]) if len(launches) else 0
+        last = base
+        for i in launches:
+            start, end = int(ticks[i, 0]), int(ticks[i, 1])
+            if not start or not last <= start <= end:
+                raise DeviceError(f"{self.name}: launch {i}'s timestamps {start}..{end} do not "
+                                  f"follow the previous launch's end {last}: not written, or "
+                                  f"not in order")
+            spans.append(Span(i, 0, round((start - base) * self.tick_ns),
+                              round((end - base) * self.tick_ns)))
+            last = end
+        return spans

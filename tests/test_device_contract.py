@@ -158,22 +158,40 @@ def test_bound_host_arrays_are_zero_copy_where_promised_and_staged_elsewhere(mlp
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_profile_spans_cover_the_launches_or_the_device_says_it_has_none(mlp_case, device):
+def test_profile_spans_cover_every_launch_in_order(mlp_case, device):
+    """Each device's own timestamps (cpu cycle counters, OpenCL events, the mock's clock, the
+    DSP's counters, qcom's always-on counter and amd's GPU clock written by the recorded
+    stream): one span per launch per lane, none of negative length, and on each lane the
+    launches one after another in replay order."""
     m = _load(mlp_case, device)
     _, feeds, want = mlp_case
-    if device in ("qcom", "amd"):  # no timestamp packets recorded yet (docs/ARCHITECTURE.md)
-        with pytest.raises(DeviceError, match=f"device '{device}' has no per-launch timestamps"):
-            m.device.profile(True)
-        return
     m.device.profile(True)
     with pytest.raises(DeviceError, match="no profiled submission has completed"):
         m.device.spans()
-    _check(m.run(feeds[0])["y"], want[0])  # a profiled run computes the same
-    spans = m.device.spans()
-    assert sorted({s.launch for s in spans}) == list(range(len(m.blob.launches)))
-    assert all(s.end_ns >= s.start_ns for s in spans)
+    for f, w in zip(feeds, want):  # a profiled run computes the same, run after run
+        _check(m.run(f)["y"], w)
+        spans = m.device.spans()
+        assert sorted({s.launch for s in spans}) == list(range(len(m.blob.launches)))
+        for lane in {s.lane for s in spans}:
+            mine = sorted((s for s in spans if s.lane == lane), key=lambda s: s.launch)
+            assert [s.launch for s in mine] == list(range(len(m.blob.launches))), lane
+            assert all(0 <= s.start_ns <= s.end_ns for s in mine), mine
+            assert all(a.end_ns <= b.start_ns for a, b in zip(mine, mine[1:])), mine
     m.device.profile(False)
     _check(m.run(feeds[1])["y"], want[1])
+
+
+@pytest.mark.parametrize("device", [pytest.param(d, marks=MARKS[d]) for d in ("qcom", "amd")])
+def test_a_profiled_stream_whose_stamps_were_not_written_is_a_device_error(mlp_case, device):
+    """The queue zeroes the stamps before each profiled submission: a launch whose counter the
+    stream did not write (here: every stamp is rewritten to zero after the run) is refused."""
+    m = _load(mlp_case, device)
+    dev = m.device
+    dev.profile(True)
+    m.run(mlp_case[1][0])
+    dev._clear_stamps()
+    with pytest.raises(DeviceError, match="launch 0's timestamps 0..0 do not follow"):
+        dev.spans()
 
 
 # the faults each simulator injects (KEEL_MOCK_FAULTS, runner/faults.py); cpu and opencl have no
