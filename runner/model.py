@@ -31,10 +31,10 @@ State: Model.state maps each state's name to its value after the last completed 
 device memory where it is host-visible); set_state and reset_state write it. A run that fails
 leaves the state exactly as before it (runner/state.py).
 
-Deadlines: each run() waits at most `timeout_ms` (per call, else the Model's) from its submission,
-then raises DeviceTimeout. The Model's is DEFAULT_TIMEOUT_MS times its device's deadline_scale
-(100 on the emulated DSP, KEEL_FASTRPC=mock; 1 elsewhere). After a DeviceTimeout or DeviceError the next run() first recovers the
-device, then runs normally.
+Deadlines: each run() waits at most `timeout_ms` (per call, else the Model's, checked when it is
+set) from its submission, then raises DeviceTimeout. The Model's is DEFAULT_TIMEOUT_MS times its
+device's deadline_scale (100 on the emulated DSP, KEEL_FASTRPC=mock; 1 elsewhere). After a
+DeviceTimeout or DeviceError the next run() first recovers the device, then runs normally.
 
 Threads: run() calls on one Model are serialized by a lock: a second caller waits for the first
 (at most its own timeout_ms, then DeviceTimeout). A Model is never run by two threads at once.
