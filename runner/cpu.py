@@ -91,9 +91,9 @@ class CpuDevice(HostQueue):
         else:  # a single-threaded program runs as such
             self.threads = 1
         if self._faults is not None and self._pool is None:
-            raise ConfigError(f"{var_of(self.name)} on device 'cpu' injects into a worker's share: it "
-                              f"needs the worker pool (KEEL_THREADS >= 2), this load runs on "
-                              f"one thread")
+            raise ConfigError(f"{var_of(self.name)} on device 'cpu' injects into a worker's "
+                              f"share: it needs the worker pool (KEEL_THREADS >= 2), this load "
+                              f"runs on one thread")
 
     def _new_pool(self) -> None:
         self._pool = Pool(self._lib.keel_graph_mt, self.threads)

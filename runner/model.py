@@ -89,10 +89,9 @@ class Model:
         self._broken = False  # the last run failed: recover before the next one
         self._closed = False
         self._only = self.graph.entries[0] if len(self.graph.entries) == 1 else None
-        self._overlaps: dict[str, tuple] = {}  # entry name -> (inputs, out= arrays, staged)
+        self._last: dict[str, tuple] = {}  # entry -> (binds after, inputs, out= arrays, staged)
         self._unfed: dict[str, tuple] = {}  # entry name -> (version, what a run without feeds
         self._bound_version = 0  # binds: its inputs' arrays); bind_input's count
-        self._binds: dict[str, int] = {}  # entry name -> device.binds after its last binding
         self._pid = os.getpid()  # a forked child must load again: run() checks
 
     @property
@@ -268,7 +267,10 @@ class Model:
         self._bind(plan, e)
         if e.stateful:
             self._state.bind(e)
-        self._binds[e.name] = dev.binds
+        if plan.record is None:  # bound through copies: nothing a later run can reuse
+            self._last.pop(e.name, None)
+        else:  # bound: what a later run of the same arrays finds still bound (_plan, _bind)
+            self._last[e.name] = (dev.binds, *plan.record)
         deadline = time.monotonic() + timeout_ms / 1000
         try:
             dev.wait(dev.submit(deadline, e.launches), deadline)
@@ -293,9 +295,10 @@ class Model:
 
         Which arrays overlap is a function of which arrays they are: each one bound is
         C-contiguous (checked), so it spans [its data pointer, + the slot's bytes), and an
-        ndarray's data pointer never changes. So a run that binds the very arrays the last run
-        of its entry bound (held in `_overlaps`, so no other array takes their ids) reuses that
-        run's answer; a run that copies a feed in (its slot is then written) decides afresh."""
+        ndarray's data pointer never changes. So a run that binds the very arrays the entry's
+        last binding bound (`_last`, which holds them, so no other array takes their ids)
+        reuses its answer, and `kept` is the device's binds count after that binding; a run
+        that copies a feed in (its slot is then written) decides afresh and records nothing."""
         plan = _Plan()
         if feeds is None:  # what bind_input bound (the same tuple until it binds again)
             unfed = self._unfed.get(e.name)
@@ -308,13 +311,14 @@ class Model:
         self._plan_outputs(plan, e, out)
         if plan.copies:
             return self._staged(plan, e, self._overlapping(plan, e))
-        last = self._overlaps.get(e.name)
-        if last is not None and (plan.inputs is last[0] or _same(plan.inputs, last[0])) and \
-                _same(plan.given, last[1]):
-            plan.kept = True
+        last = self._last.get(e.name)
+        if last is not None and (plan.inputs is last[1] or _same(plan.inputs, last[1])) and \
+                _same(plan.given, last[2]):
+            plan.kept, staged = last[0], last[3]
         else:
-            last = self._overlaps[e.name] = (plan.inputs, plan.given, self._overlapping(plan, e))
-        return self._staged(plan, e, last[2]) if last[2] else plan
+            staged = self._overlapping(plan, e)
+        plan.record = (plan.inputs, plan.given, staged)
+        return self._staged(plan, e, staged) if staged else plan
 
     def _overlapping(self, plan: "_Plan", e: Entry) -> tuple[int, ...]:
         """The outputs (positions in e.outputs) whose out= array overlaps an input the run
@@ -389,6 +393,7 @@ class Model:
             arr = out.get(s.name, _MISSING)
             if arr is _MISSING:
                 arr = np.empty(s.shape, s.dtype)
+                plan.fresh.append((s.slot, arr))
             else:
                 _checked(arr, s.shape, s.dtype, "out[{!r}]", s.name)
                 if not arr.flags.carray:  # C-contiguous, aligned and writable
@@ -406,17 +411,18 @@ class Model:
 
     def _bind(self, plan: "_Plan", e: Entry) -> None:
         """Carry out a checked plan: copy the feeds that cannot be bound, bind every slot. The
-        arrays of a plan that binds what the entry's last run bound (`kept`), with no binding
-        changed on the device since (its `binds` count), are bound already: only the fresh
-        output arrays are left to bind."""
+        arrays of a plan that binds what the entry's last binding bound, with no binding
+        changed on the device since (`kept` is still its `binds` count), are bound already:
+        only the fresh output arrays are left to bind."""
         for _, dst, src in plan.copies:
             np.copyto(dst, src)
         dev = self.device
-        kept = plan.kept and self._binds.get(e.name) == dev.binds
-        if not kept:
+        if plan.kept != dev.binds:
             _bind_all(dev, e.inputs, plan.inputs)
-        if not kept or len(plan.given) != len(plan.outputs):
             _bind_all(dev, e.outputs, plan.outputs)
+            return
+        for slot, arr in plan.fresh:
+            dev.bind(slot, arr)
 
 
 class _Plan:
@@ -425,12 +431,15 @@ class _Plan:
     or staged outputs (a plan is made per run: kept cheap)."""
     copies: list | tuple = ()  # (input name, its own slot, feed to copy in)
     staged: list | tuple = ()  # (output slot, out= array): copied after
-    kept = False  # its inputs and out= arrays are the ones the entry's last run bound
+    kept = -1  # the device's binds count after the entry's last binding, when this plan's
+    # inputs and out= arrays are the ones it bound; -1: they are not
+    record = None  # (inputs, out= arrays, staged outputs) for _last, once bound; None: copies
 
     def __init__(self):
         self.inputs: list | tuple = ()  # the array each input slot is bound to
         self.outputs: list = []  # the array each output slot is bound to
         self.given: list = []  # the out= arrays, in output order
+        self.fresh: list = []  # (slot, array) of each output out= does not give: new per run
         self.results: dict = {}
 
 

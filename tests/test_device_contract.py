@@ -1,8 +1,8 @@
 """One contract, every device (runner/device.py, runner/queue.py): cpu, mock, opencl (PoCL), qcom
 (the mock KGSL), dsp (qemu-hexagon) and amd (the mock USB enclosure) pass the same tests: bind and
 rebind, zero-copy where promised, timeline values, deadlines, recovery after each fault kind the
-device injects (runner/faults.py), profile spans per launch, persistent state (1,000 runs bit-exact, failed-run atomicity,
-reset_state), several entries, idempotent close. Then what only the mock can show: bit-equality
+device injects (runner/faults.py), profile spans per launch, persistent state (1,000 runs
+bit-exact, failed-run atomicity, reset_state), several entries, idempotent close. Then what only the mock can show: bit-equality
 with the CPU on every test model."""
 from __future__ import annotations
 
