@@ -108,17 +108,11 @@ class CpuDevice(HostQueue):
         self._io_ptrs[slot] = address
 
     def kick(self, launches: range, deadline: float, value: int) -> None:
-        whole = len(launches) == self._n_launches
-        if self._pool is None and (not whole or self._ticks is not None):
-            self._sync1.first, self._sync1.end = launches.start, launches.stop
-            if self._ticks is None:
-                self._lib.keel_graph_mt(self._arena_ptr, self._weights_ptr, self._io_ptrs, 0, 1,
-                                        self._sync1)
-            else:
-                self._lib.keel_profile(self._arena_ptr, self._weights_ptr, self._io_ptrs, 0, 1,
-                                       self._sync1, self._ticks)
-        elif self._pool is None:
-            self._graph(self._arena_ptr, self._weights_ptr, self._io_ptrs)
+        if self._pool is None:
+            if self._ticks is None and len(launches) == self._n_launches:
+                self._graph(self._arena_ptr, self._weights_ptr, self._io_ptrs)
+            else:  # a launch range or profiling: the one-thread share of the _mt entries
+                self._kick_range(launches)
         else:
             pool = self._pool
             if not pool.run(self._arena_ptr, self._weights_ptr, self._io_ptrs, deadline,
@@ -128,6 +122,15 @@ class CpuDevice(HostQueue):
                     self._failed = f"cpu submission {value}: {pool.error}"
                 return  # never completes: wait() raises DeviceTimeout
         self._done = value
+
+    def _kick_range(self, launches: range) -> None:
+        self._sync1.first, self._sync1.end = launches.start, launches.stop
+        if self._ticks is None:
+            self._lib.keel_graph_mt(self._arena_ptr, self._weights_ptr, self._io_ptrs, 0, 1,
+                                    self._sync1)
+        else:
+            self._lib.keel_profile(self._arena_ptr, self._weights_ptr, self._io_ptrs, 0, 1,
+                                   self._sync1, self._ticks)
 
     def completed(self) -> int:
         if self._failed is not None:

@@ -267,10 +267,10 @@ class Model:
         self._bind(plan, e)
         if e.stateful:
             self._state.bind(e)
-        if plan.record is None:  # bound through copies: nothing a later run can reuse
+        if plan.copies:  # bound through copies: nothing a later run can reuse
             self._last.pop(e.name, None)
-        else:  # bound: what a later run of the same arrays finds still bound (_plan, _bind)
-            self._last[e.name] = (dev.binds, *plan.record)
+        elif plan.kept != dev.binds:  # what a later run of the same arrays finds bound (_bind)
+            self._last[e.name] = (dev.binds, plan.inputs, plan.given, plan.staged_at)
         deadline = time.monotonic() + timeout_ms / 1000
         try:
             dev.wait(dev.submit(deadline, e.launches), deadline)
@@ -314,11 +314,10 @@ class Model:
         last = self._last.get(e.name)
         if last is not None and (plan.inputs is last[1] or _same(plan.inputs, last[1])) and \
                 _same(plan.given, last[2]):
-            plan.kept, staged = last[0], last[3]
+            plan.kept, plan.staged_at = last[0], last[3]
         else:
-            staged = self._overlapping(plan, e)
-        plan.record = (plan.inputs, plan.given, staged)
-        return self._staged(plan, e, staged) if staged else plan
+            plan.staged_at = self._overlapping(plan, e)
+        return self._staged(plan, e, plan.staged_at) if plan.staged_at else plan
 
     def _overlapping(self, plan: "_Plan", e: Entry) -> tuple[int, ...]:
         """The outputs (positions in e.outputs) whose out= array overlaps an input the run
@@ -433,7 +432,7 @@ class _Plan:
     staged: list | tuple = ()  # (output slot, out= array): copied after
     kept = -1  # the device's binds count after the entry's last binding, when this plan's
     # inputs and out= arrays are the ones it bound; -1: they are not
-    record = None  # (inputs, out= arrays, staged outputs) for _last, once bound; None: copies
+    staged_at: tuple = ()  # the outputs (positions) staged: _overlapping's answer
 
     def __init__(self):
         self.inputs: list | tuple = ()  # the array each input slot is bound to

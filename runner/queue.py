@@ -175,12 +175,7 @@ class QueueDevice(Device):
         if self.pending:
             self.pending.clear()  # superseded: the same outputs arrive with this one (see above)
         launches = range(len(self.graph.launches)) if launches is None else launches
-        n_in, outs = self.graph.n_inputs, []
-        for slot in self.staged:
-            if slot < n_in:
-                self._copy_in(slot)
-            else:
-                outs.append(slot)
+        outs = self._copy_in_staged() if self.staged else None
         if self.profiling and self.tick_ns:
             self._clear_stamps()
         self.kick(launches, deadline, self.value + 1)
@@ -191,6 +186,16 @@ class QueueDevice(Device):
         if self.profiling:
             self.profiled = launches
         return self.value
+
+    def _copy_in_staged(self) -> list[int]:
+        """Copy the staged inputs in; the staged outputs' slots, to copy out at wait()."""
+        outs = []
+        for slot in self.staged:
+            if slot < self.graph.n_inputs:
+                self._copy_in(slot)
+            else:
+                outs.append(slot)
+        return outs
 
     def _copy_in(self, slot: int) -> None:
         mem, arr = self._staging(slot), self.bound[slot]
