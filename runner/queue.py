@@ -239,6 +239,9 @@ class QueueDevice(Device):
 
     # ---- profiling ---------------------------------------------------------------------------
     def profile(self, on: bool) -> None:
+        if self.value > self.retired:  # qcom and amd record their profiled streams now
+            raise DeviceError(f"{self.name}: profile() while submission {self.value} is in "
+                              f"flight; wait for it first")
         if on and self.tick_ns and self.stamps is None:  # before the backend records with it
             self.stamps = self.alloc(STAMP_BYTES * max(len(self.graph.launches), 1))
         self.set_profiling(on)

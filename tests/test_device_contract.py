@@ -166,6 +166,11 @@ def test_profile_spans_cover_every_launch_in_order(mlp_case, device):
     launches one after another in replay order."""
     m = _load(mlp_case, device)
     _, feeds, want = mlp_case
+    deadline = time.monotonic() + SLOW_MS / 1000
+    value = m.device.submit(deadline)
+    with pytest.raises(DeviceError, match="profile\\(\\) while submission .* is in flight"):
+        m.device.profile(True)
+    m.device.wait(value, deadline)
     m.device.profile(True)
     with pytest.raises(DeviceError, match="no profiled submission has completed"):
         m.device.spans()
