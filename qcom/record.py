@@ -66,16 +66,17 @@ def address(b, layout: Layout) -> int:
 
 def stream(rec: Recording, launches: range, stamps: int | None = None) -> list[int]:
     """The indirect buffer of these launches: compute mode and the border-colour base first,
-    then each launch's packets, then a wait for idle. With `stamps` (a GPU address: 16 bytes
+    then each launch's packets, then a wait for idle. With `stamps` (a GPU address: STAMP_BYTES
     per launch of the blob), each launch runs alone between two reads of the always-on counter
     (wait for idle, counter, the launch, wait for idle, counter), as profiling asks."""
-    at = [] if stamps is None else [stamps + STAMP_BYTES * i for i in range(launches.stop)]
-    idle = pkt7(OP["CP_WAIT_FOR_IDLE"])
-    if stamps is None:
-        body = [w for i in launches for w in rec.launches[i]]
-    else:
-        body = [w for i in launches for w in idle + cs.counter_to_mem(at[i]) + rec.launches[i] +
-                idle + cs.counter_to_mem(at[i] + STAMP_BYTES // 2)]
+    idle, body = pkt7(OP["CP_WAIT_FOR_IDLE"]), []
+    for i in launches:
+        if stamps is None:
+            body += rec.launches[i]
+        else:
+            at = stamps + STAMP_BYTES * i
+            body += idle + cs.counter_to_mem(at) + rec.launches[i] + idle + \
+                cs.counter_to_mem(at + STAMP_BYTES // 2)
     return pkt7(OP["CP_SET_MARKER"], cs.RM6_COMPUTE) + \
         pkt4(R["SP_PS_TP_BORDER_COLOR_BASE_ADDR_LO"], *lohi(rec.border)) + body + idle
 
