@@ -9,7 +9,8 @@ record(): the graph's kernargs and one indirect buffer per entry point's launch 
 the changed kernarg pointers and the submission's staged inputs (which upload() collects while
 submit runs) as DMA_DATA copies, then INDIRECT_BUFFER + RELEASE_MEM of the timeline value, in
 one staging write and one doorbell; completed() reads the timeline. Every USB step is bounded
-by the caller's deadline.
+by the caller's deadline. set_profiling(): a second stream per launch range that writes the GPU
+clock counter (RELEASE_MEM) before and after each launch.
 
 A lost device (unplug, transfer error) is DeviceError; reset() opens the enclosure again and
 repeats the bring-up and every allocation in its order (the blob stays mapped), so a replugged
@@ -34,6 +35,7 @@ STATE_IO_S = 10.0  # a state read or written between runs
 class AmdDevice(QueueDevice):
     name = "amd"
     staged_by_copy = True
+    tick_ns = 1e9 / pm4.CLOCK_HZ  # profiled streams write the GPU clock counter (runner/queue.py)
 
     def __init__(self):
         self.gpu = None
@@ -117,15 +119,20 @@ class AmdDevice(QueueDevice):
         self.gpu.upload(self.kernargs, bytes(rec.kernargs), deadline)
         ranges = sorted({range(len(self.blob.launches))} | {e.launches for e in self.graph.entries},
                         key=lambda r: (r.start, r.stop))
-        streams = getattr(self, "streams", {})
-        for launches in ranges:
-            words = rec.stream(launches)
-            ib = streams[launches][0] if launches in streams else \
-                self._vram(4 * max(len(words), 1))
+        streams = getattr(self, "streams", {})  # (launch range, profiled) -> (IB, dwords)
+        stamps = None if self.stamps is None else self.stamps.address
+        for key in [(r, profiled) for profiled in (False, stamps is not None) for r in ranges]:
+            words = rec.stream(key[0], stamps if key[1] else None)
+            ib = streams[key][0] if key in streams else self._vram(4 * max(len(words), 1))
             self.gpu.upload(ib, b"".join(w.to_bytes(4, "little") for w in words), deadline)
-            streams[launches] = (ib, len(words))
+            streams[key] = (ib, len(words))
         self.streams = streams
-        self.ib, self.ib_dwords = self.streams[range(len(self.blob.launches))]
+
+    def set_profiling(self, on: bool) -> None:
+        """Profiled streams write the GPU clock counter into `stamps` around each launch;
+        recorded beside the plain ones the first time (kick picks by self.profiling)."""
+        if on and (range(len(self.blob.launches)), True) not in self.streams:
+            self.record()
 
     def patch(self, slot: int, address: int) -> None:
         """The slot's pointers in the kernargs: written with the next kick's, in one batch."""
@@ -137,7 +144,7 @@ class AmdDevice(QueueDevice):
         staging write and one doorbell (more when the inputs outgrow the staging memory)."""
         pieces = [*self.patches.items(), *self.inputs]
         self.patches.clear()
-        ib, dwords = self.streams[launches]
+        ib, dwords = self.streams[launches, self.profiling]
         self.submitted = value
         self.gpu.put_then(pieces, pm4.indirect_buffer(ib, dwords) +
                           pm4.release_mem(self.gpu.window + TIMELINE_AT, value), deadline)

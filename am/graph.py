@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from am import pm4
 from am.elf import CodeObject, Kernel
 from runner.errors import BlobError
+from runner.queue import STAMP_BYTES
 
 KERNARG_ALIGN = 64
 MAX_GROUP = 64  # threads per group when the blob leaves the choice to the device: two waves32
@@ -26,10 +27,19 @@ class Recording:
     slots: dict[int, list[int]] = field(default_factory=dict)  # io slot -> kernarg offsets
     starts: list[int] = field(default_factory=list)  # launch i's packets: ib[starts[i]:starts[i+1]]
 
-    def stream(self, launches: range) -> list[int]:
-        """The indirect buffer of a launch range (an entry point's)."""
+    def stream(self, launches: range, stamps: int | None = None) -> list[int]:
+        """The indirect buffer of a launch range (an entry point's). With `stamps` (a GPU
+        address: STAMP_BYTES per launch of the blob), the GPU clock counter is written at end
+        of pipe before and after each launch (pm4.clock_to_mem), as profiling asks."""
         ends = self.starts + [len(self.ib)]
-        return self.ib[ends[launches.start]:ends[launches.stop]]
+        if stamps is None:
+            return self.ib[ends[launches.start]:ends[launches.stop]]
+        out = []
+        for i in launches:
+            at = stamps + STAMP_BYTES * i
+            out += pm4.clock_to_mem(at) + self.ib[ends[i]:ends[i + 1]] + \
+                pm4.clock_to_mem(at + STAMP_BYTES // 2)
+        return out
 
 
 def record(blob, co: CodeObject, code_base: int, kernarg_base: int, address) -> Recording:

@@ -7,8 +7,9 @@ Facts from the Linux amdgpu sources (nvd.h, gfx_v11_0.c) and Mesa's sid.h:
   DISPATCH_DIRECT (0x15): work-groups x, y, z, then COMPUTE_DISPATCH_INITIATOR
     (bit 0 COMPUTE_SHADER_EN, bit 2 FORCE_START_AT_000, bit 15 CS_W32_EN for wave32 code).
   RELEASE_MEM (0x49, 7 body dwords on gfx10+): event (CACHE_FLUSH_AND_INV_TS_EVENT 0x14, index
-    5) and cache actions; DATA_SEL (bits 31:29; 2 = 64-bit value) and DST_SEL (17:16, 0 =
-    memory); address lo, hi; value lo, hi; interrupt context.
+    5) and cache actions; DATA_SEL (bits 31:29; 2 = 64-bit value, 3 = the 64-bit GPU clock
+    counter: pm4_mec_release_mem's send_gpu_clock_counter) and DST_SEL (17:16, 0 = memory);
+    address lo, hi; value lo, hi; interrupt context.
   ACQUIRE_MEM (0x58, 7 body dwords on gfx10+): coherence control, size lo/hi, base lo/hi, poll
     interval, GCR_CNTL (which caches to write back / invalidate).
   INDIRECT_BUFFER (0x3F): address lo (dword aligned), hi (16 bits), control = size in dwords
@@ -39,7 +40,8 @@ REGS = {"COMPUTE_DISPATCH_INITIATOR": 0x2E00, "COMPUTE_START_X": 0x2E04,
 USER_DATA_COUNT = 16
 INIT_COMPUTE_SHADER_EN, INIT_FORCE_START_AT_000, INIT_CS_W32_EN = 1, 1 << 2, 1 << 15
 EOP_EVENT, EOP_INDEX = 0x14, 5  # CACHE_FLUSH_AND_INV_TS_EVENT, end of pipe
-DATA_SEL_64 = 2
+DATA_SEL_64, DATA_SEL_CLOCK = 2, 3  # RELEASE_MEM: a 64-bit value; the 64-bit GPU clock counter
+CLOCK_HZ = 100_000_000  # gfx11's GPU clock counter (tinygrad's AMD timestamps: 100 ticks per us)
 IB_VALID = 1 << 23
 DMA_CP_SYNC, DMA_MAX = 1 << 31, (1 << 26) - 1
 # GCR_CNTL of ACQUIRE_MEM: invalidate and write back GL2, invalidate GLV/GLK/GLM/GL1 (what
@@ -79,6 +81,15 @@ def release_mem(address: int, value: int) -> list[int]:
         raise ValueError(f"RELEASE_MEM address 0x{address:x} is not 8-byte aligned")
     return packet(RELEASE_MEM, EOP_EVENT | EOP_INDEX << 8, DATA_SEL_64 << 29,
                   address, address >> 32, value, value >> 32, 0)
+
+
+def clock_to_mem(address: int) -> list[int]:
+    """At end of pipe (everything before it finished): write the GPU clock counter (64-bit) to
+    `address`, then a wait for that write (how tinygrad's HCQ timestamps a dispatch)."""
+    if address % 8:
+        raise ValueError(f"RELEASE_MEM address 0x{address:x} is not 8-byte aligned")
+    return packet(RELEASE_MEM, EOP_EVENT | EOP_INDEX << 8, DATA_SEL_CLOCK << 29,
+                  address, address >> 32, 0, 0, 0) + acquire_mem()
 
 
 def indirect_buffer(address: int, dwords: int) -> list[int]:
@@ -143,10 +154,11 @@ def _check(i: int, op: int, body: tuple[int, ...]) -> None:
     if op == DMA_DATA and (body[0] & (3 << 29 | 3 << 20) or not body[5] & DMA_MAX):
         raise PacketError(f"dword {i}: DMA_DATA must copy address to address, at least a byte, "
                           f"got control 0x{body[0]:08x} command 0x{body[5]:08x}")
-    if op == RELEASE_MEM and (body[0] & 0x3F != EOP_EVENT or (body[1] >> 29) != DATA_SEL_64 or
-                              body[2] % 8):
-        raise PacketError(f"dword {i}: RELEASE_MEM must be an end-of-pipe 64-bit write to an "
-                          f"8-byte aligned address, got {[hex(b) for b in body]}")
+    if op == RELEASE_MEM and (body[0] & 0x3F != EOP_EVENT or
+                              (body[1] >> 29) not in (DATA_SEL_64, DATA_SEL_CLOCK) or body[2] % 8):
+        raise PacketError(f"dword {i}: RELEASE_MEM must be an end-of-pipe 64-bit write (a value "
+                          f"or the GPU clock counter) to an 8-byte aligned address, got "
+                          f"{[hex(b) for b in body]}")
 
 
 def words(data: bytes) -> list[int]:

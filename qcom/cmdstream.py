@@ -66,6 +66,12 @@ ST6_SHADER, ST6_CONSTANTS, ST6_UBO, ST6_IBO = 0, 1, 2, 3  # CP_LOAD_STATE6 state
 SS6_DIRECT, SS6_INDIRECT = 0, 2  # CP_LOAD_STATE6 state source
 SB6_CS_TEX, SB6_CS_SHADER = 0x5, 0xD  # CP_LOAD_STATE6 state block (compute IBOs: ST6_IBO)
 WAIT_POLL_MEMORY = 1 << 4  # CP_WAIT_REG_MEM dword 0
+# CP_REG_TO_MEM dword 0: REG bits 0-17, CNT 18-29, 64B bit 30, ACCUMULATE bit 31 (Linux's
+# a6xx_gpu.c get_stats_counter, which reads the counters below this way, CNT 2 with 64B)
+REG_TO_MEM_64B, REG_TO_MEM_ACCUMULATE = 1 << 30, 1 << 31
+# the 64-bit always-on counter (a6xx.xml reg64 0x0980), 19.2 MHz (Mesa turnip's timestamp
+# period): what Mesa's and Linux's timestamps read
+CP_ALWAYS_ON_COUNTER, ALWAYS_ON_HZ = 0x0980, 19_200_000
 
 
 def odd_parity(value: int) -> int:
@@ -91,6 +97,12 @@ def pkt7(opcode: int, *payload: int) -> list[int]:
     n = len(payload)
     head = TYPE7 << 28 | odd_parity(opcode) << 23 | opcode << 16 | odd_parity(n) << 15 | n
     return [head, *(v & 0xFFFFFFFF for v in payload)]
+
+
+def counter_to_mem(address: int) -> list[int]:
+    """CP_REG_TO_MEM of the always-on counter's two dwords, as one 64-bit write to `address`."""
+    return pkt7(OPCODES["CP_REG_TO_MEM"], CP_ALWAYS_ON_COUNTER | 2 << 18 | REG_TO_MEM_64B,
+                *lohi(address))
 
 
 def lohi(addr: int) -> tuple[int, int]:

@@ -16,6 +16,9 @@ completed(), block(): the retired timestamp (read, or waited for in one KGSL wai
           the slice runner/device.py's wait_until asks); then the timeline word the GPU wrote
           last. A context the kernel faulted or reset (EDEADLK) is a DeviceError.
 reset():  destroys the context, creates a fresh one, re-records the graph.
+set_profiling(): records a second stream per launch range that reads the always-on counter
+          (CP_REG_TO_MEM) before and after each launch, each launch alone between waits for
+          idle; runner/queue.py turns the stamps into spans.
 
 Binding: map_host imports a host array zero-copy when it is whole pages (GPUOBJ_IMPORT); any
 other array is staged by runner/queue.py. patch() rewrites the slot's address in the argument
@@ -28,7 +31,7 @@ import os
 import numpy as np
 
 from qcom import kgsl, record, store, texture
-from qcom.cmdstream import OPCODES, lohi, pkt7
+from qcom.cmdstream import ALWAYS_ON_HZ, OPCODES, lohi, pkt7
 from qcom.ring import Ring
 from runner.dmabuf import DmaBuf
 from runner.errors import BlobError, ConfigError, DeviceError, InputError
@@ -47,6 +50,7 @@ def _priority() -> int:
 
 class QcomDevice(QueueDevice):
     name = "qcom"
+    tick_ns = 1e9 / ALWAYS_ON_HZ  # profiled streams read the always-on counter (runner/queue.py)
 
     def check_target(self, target: str) -> None:
         if target != "qcom":
@@ -157,19 +161,21 @@ class QcomDevice(QueueDevice):
                       for slot, sites in self.graph.sites.items()}
         self.textures = rec.textures
         ranges = {range(len(self.blob.launches))} | {e.launches for e in self.graph.entries}
-        self.streams = {}
+        stamps = None if self.stamps is None else self.stamps.address
+        self.streams = {}  # (launch range, profiled) -> (GPU object, dwords)
         for launches in ranges:
-            words = record.stream(rec, launches)
-            obj, g = self._obj(4 * len(words), "graph")
-            g.view(np.uint32)[:len(words)] = words
-            self.streams[launches] = (obj, len(words))
+            for at in {None, stamps}:  # profiled: the always-on counter around each launch
+                words = record.stream(rec, launches, at)
+                obj, g = self._obj(4 * len(words), "graph")
+                g.view(np.uint32)[:len(words)] = words
+                self.streams[launches, at is not None] = (obj, len(words))
         # each submission's ring entry, the timeline value left to write: call the range's
         # stream, wait for idle, write the timeline value
-        self.ring_entries = {r: np.array(
+        self.ring_entries = {key: np.array(
             pkt7(OPCODES["CP_INDIRECT_BUFFER"], *lohi(obj.gpuaddr), n)
             + pkt7(OPCODES["CP_WAIT_FOR_IDLE"])
             + pkt7(OPCODES["CP_MEM_WRITE"], *lohi(self.timeline.gpuaddr), 0), np.uint32)
-            for r, (obj, n) in self.streams.items()}
+            for key, (obj, n) in self.streams.items()}
 
     def patch(self, slot: int, address: int) -> None:
         sites = self.sites.get(slot, ())
@@ -186,8 +192,14 @@ class QcomDevice(QueueDevice):
         if slot in self.imported and self.imported[slot].gpuaddr != address:
             self._free_import(slot)
 
+    def set_profiling(self, on: bool) -> None:
+        """Profiled streams read CP_ALWAYS_ON_COUNTER into `stamps` around each launch; they
+        are recorded beside the plain ones the first time (kick picks by self.profiling)."""
+        if on and (range(len(self.blob.launches)), True) not in self.streams:
+            self.record()
+
     def kick(self, launches: range, deadline: float, value: int) -> None:
-        entry = self.ring_entries[launches]
+        entry = self.ring_entries[launches, self.profiling]
         n = len(entry)
         at = self.ring.alloc(4 * n, value) // 4
         self.ring_words[at:at + n] = entry

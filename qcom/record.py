@@ -34,6 +34,7 @@ from qcom import cmdstream as cs
 from qcom import texture
 from qcom.cmdstream import lohi, pkt4, pkt7
 from runner.errors import BlobError
+from runner.queue import STAMP_BYTES
 
 OP, R = cs.OPCODES, cs.REGISTERS
 CONST_RAM_256 = 2 << 5  # SP_CS_UNKNOWN_A9B1 bits 5-6: constant RAM mode, 256 vec4s
@@ -65,12 +66,21 @@ def address(b, layout: Layout) -> int:
         layout.region[b.region] + b.offset
 
 
-def stream(rec: Recording, launches: range) -> list[int]:
+def stream(rec: Recording, launches: range, stamps: int | None = None) -> list[int]:
     """The indirect buffer of these launches: compute mode and the border-colour base first,
-    then each launch's packets, then a wait for idle."""
+    then each launch's packets, then a wait for idle. With `stamps` (a GPU address: STAMP_BYTES
+    per launch of the blob), each launch runs alone between two reads of the always-on counter
+    (wait for idle, counter, the launch, wait for idle, counter), as profiling asks."""
+    idle, body = pkt7(OP["CP_WAIT_FOR_IDLE"]), []
+    for i in launches:
+        if stamps is None:
+            body += rec.launches[i]
+        else:
+            at = stamps + STAMP_BYTES * i
+            body += idle + cs.counter_to_mem(at) + rec.launches[i] + idle + \
+                cs.counter_to_mem(at + STAMP_BYTES // 2)
     return pkt7(OP["CP_SET_MARKER"], cs.RM6_COMPUTE) + \
-        pkt4(R["SP_PS_TP_BORDER_COLOR_BASE_ADDR_LO"], *lohi(rec.border)) + \
-        [w for i in launches for w in rec.launches[i]] + pkt7(OP["CP_WAIT_FOR_IDLE"])
+        pkt4(R["SP_PS_TP_BORDER_COLOR_BASE_ADDR_LO"], *lohi(rec.border)) + body + idle
 
 
 def local_size(gs: list[int]) -> list[int]:

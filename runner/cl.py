@@ -70,6 +70,8 @@ cl_int clFinish(cl_command_queue);
 cl_int clGetEventInfo(cl_event, cl_uint, size_t, void *, size_t *);
 cl_int clGetEventProfilingInfo(cl_event, cl_uint, size_t, void *, size_t *);
 cl_int clReleaseEvent(cl_event);
+cl_event clCreateUserEvent(cl_context, cl_int *);
+cl_int clSetUserEventStatus(cl_event, cl_int);
 cl_int clReleaseMemObject(cl_mem);
 cl_int clGetMemObjectInfo(cl_mem, cl_uint, size_t, void *, size_t *);
 cl_int clReleaseKernel(cl_kernel);

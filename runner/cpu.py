@@ -9,7 +9,13 @@ calls keel_graph and starts no thread at all. With n > 1 it starts n-1 workers o
 submission wakes them and all n run keel_graph_mt together (cffi releases the GIL during the call).
 A run is bounded by its deadline: a thread that waits at a barrier past it (a share that never
 arrives) gives up, every later barrier passes, and the submission never completes, so wait()
-raises DeviceTimeout and recover() gets the workers back (or replaces the pool).
+raises DeviceTimeout and recover() gets the workers back (or replaces the pool). A worker whose
+share raises sets the barrier's abort too: the submission fails (completed() is a DeviceError).
+
+Faults (tests): KEEL_CPU_FAULTS's hang@N, fault@N and slow@N:MS (runner/faults.py) are injected
+into the last worker's share of submission N (_inject), so each drives one of the paths above;
+they need the pool, and a load on one thread with faults listed is a ConfigError. One thread
+has no deadline: keel_graph runs to its end inside submit().
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ from runner import abi
 from runner.abi import GRAPH as ENTRY, GRAPH_MT as ENTRY_MT, PROFILE
 from runner.device import Span, aligned_empty
 from runner.errors import AllocError, BlobError, ConfigError, DeviceError
+from runner.faults import listed, var_of
 from runner.host import HOSTS, cpu_flags, machine_targets, missing_flags
 from runner.queue import Memory, QueueDevice
 
@@ -70,7 +77,8 @@ class CpuDevice(HostQueue):
                             f"which /proc/cpuinfo does not list")
 
     def open(self, blob) -> None:
-        self._done = 0
+        self._done, self._failed = 0, None  # _failed: why the submission after _done failed
+        self._faults = listed(self.name)
         self._owned: list = []  # the pool; a list, so the finalizer sees one recover() replaces
         self._arena, self._arena_ptr, self._weights_ptr, self._lib = host_memory(blob)
         self._finalizer = weakref.finalize(self, shutdown, self._owned, self._lib)
@@ -83,6 +91,10 @@ class CpuDevice(HostQueue):
             self._new_pool()
         else:  # a single-threaded program runs as such
             self.threads = 1
+        if self._faults is not None and self._pool is None:
+            raise ConfigError(f"{var_of(self.name)} on device 'cpu' injects into a worker's "
+                              f"share: it needs the worker pool (KEEL_THREADS >= 2), this load "
+                              f"runs on one thread")
 
     def _new_pool(self) -> None:
         self._pool = Pool(self._lib.keel_graph_mt, self.threads)
@@ -97,26 +109,37 @@ class CpuDevice(HostQueue):
         self._io_ptrs[slot] = address
 
     def kick(self, launches: range, deadline: float, value: int) -> None:
-        whole = len(launches) == self._n_launches
-        if self._pool is None and (not whole or self._ticks is not None):
-            self._sync1.first, self._sync1.end = launches.start, launches.stop
-            if self._ticks is None:
-                self._lib.keel_graph_mt(self._arena_ptr, self._weights_ptr, self._io_ptrs, 0, 1,
-                                        self._sync1)
-            else:
-                self._lib.keel_profile(self._arena_ptr, self._weights_ptr, self._io_ptrs, 0, 1,
-                                       self._sync1, self._ticks)
-        elif self._pool is None:
-            self._graph(self._arena_ptr, self._weights_ptr, self._io_ptrs)
-        elif not self._pool.run(self._arena_ptr, self._weights_ptr, self._io_ptrs, deadline,
-                                (launches.start, launches.stop)):
-            return  # never completes: wait() raises DeviceTimeout
+        if self._pool is None:
+            if self._ticks is None and len(launches) == self._n_launches:
+                self._graph(self._arena_ptr, self._weights_ptr, self._io_ptrs)
+            else:  # a launch range or profiling: the one-thread share of the _mt entries
+                self._kick_range(launches)
+        else:
+            pool = self._pool
+            if not pool.run(self._arena_ptr, self._weights_ptr, self._io_ptrs, deadline,
+                            (launches.start, launches.stop),
+                            self._faults and self._faults.at(value)):
+                if pool.error is not None:  # completed() says so
+                    self._failed = f"cpu submission {value}: {pool.error}"
+                return  # never completes: wait() raises DeviceTimeout
         self._done = value
 
+    def _kick_range(self, launches: range) -> None:
+        self._sync1.first, self._sync1.end = launches.start, launches.stop
+        if self._ticks is None:
+            self._lib.keel_graph_mt(self._arena_ptr, self._weights_ptr, self._io_ptrs, 0, 1,
+                                    self._sync1)
+        else:
+            self._lib.keel_profile(self._arena_ptr, self._weights_ptr, self._io_ptrs, 0, 1,
+                                   self._sync1, self._ticks)
+
     def completed(self) -> int:
+        if self._failed is not None:
+            raise DeviceError(self._failed)
         return self._done
 
     def reset(self) -> None:
+        self._failed = None
         if self._pool is not None and not self._pool.reset():
             old = self._pool  # a worker that never came back is abandoned with its pool
             self._new_pool()
@@ -252,6 +275,8 @@ class Pool:
         self.args: tuple = ()
         self.launches = (0, 0)  # the range sync holds
         self.profile = None  # set by CpuDevice.profile
+        self.fault = None  # runner.faults.Fault injected into the last worker's share, this run
+        self.error: str | None = None  # why a worker's share failed, this run
         self.stop = False
         self.cond = threading.Condition()
         self.running = 0
@@ -274,16 +299,22 @@ class Pool:
             if self.stop:
                 return
             try:
+                if self.fault is not None and tid == self.nt - 1:
+                    _inject(self.fault, self.sync.deadline_ns)
                 self._share(tid)
+            except Exception as e:  # the other shares must not wait for this one at barriers
+                self.error = f"worker {tid} failed: {type(e).__name__}: {e}"
+                self.sync.abort = 1
             finally:
                 with self.cond:
                     self.running -= 1
                     self.cond.notify_all()
 
-    def run(self, arena, weights, io, deadline: float, launches: tuple) -> bool:
-        """Run every share of launches [first, end); False when the run missed its deadline
-        (its results are garbage)."""
-        self.args = (arena, weights, io)
+    def run(self, arena, weights, io, deadline: float, launches: tuple, fault=None) -> bool:
+        """Run every share of launches [first, end); False when the run missed its deadline or
+        a worker's share failed (`error` says how): its results are garbage. `fault`: one of
+        KEEL_CPU_FAULTS's, injected into the last worker's share (_inject)."""
+        self.args, self.fault = (arena, weights, io), fault
         if launches != self.launches:  # two cffi stores per run cost more than the compare
             self.sync.first, self.sync.end = self.launches = launches
         # on CLOCK_MONOTONIC's own base: time.monotonic() has another one on macOS
@@ -298,7 +329,7 @@ class Pool:
             if not self.cond.wait_for(lambda: not self.running,
                                       max(deadline - time.monotonic(), 0)):
                 return False
-        return not self.sync.abort
+        return not self.sync.abort and self.error is None
 
     def _share(self, tid: int) -> None:
         if self.profile is None:
@@ -313,7 +344,7 @@ class Pool:
         with self.cond:
             if not self.cond.wait_for(lambda: not self.running, GRACE_S):
                 return False
-        self.sync.count, self.sync.abort = 0, 0
+        self.sync.count, self.sync.abort, self.error = 0, 0, None
         return True
 
     def close(self, grace: float = GRACE_S) -> bool:
@@ -325,6 +356,24 @@ class Pool:
         for w in self.workers:
             w.join(grace)
         return not any(w.is_alive() for w in self.workers)
+
+
+LATE_S = 0.05  # hang: how long after the deadline the stalled share arrives
+
+
+def _inject(fault, deadline_ns: int) -> None:
+    """A fault in the share of the worker that runs it, each through a path the pool has
+    anyway: hang, the share arrives only after the run's deadline (every barrier gives up,
+    the submission never completes: DeviceTimeout, then recover() waits for the late worker);
+    slow, it arrives MS late (the barriers wait, the run completes late and right); fault, the
+    worker raises (the other shares pass their barriers, completed() is a DeviceError)."""
+    if fault.kind == "hang":
+        late = deadline_ns - time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        time.sleep(max(late, 0) / 1e9 + LATE_S)
+    elif fault.kind == "slow":
+        time.sleep(fault.ms / 1000)
+    else:
+        raise DeviceError(f"injected ({var_of('cpu')})")
 
 
 def host_target() -> str:

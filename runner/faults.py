@@ -3,9 +3,12 @@
     KEEL_MOCK_FAULTS=hang@3,fault@7,slow@9:40
 
 `KIND@N` applies to timeline value N (the Nth submission of the device, from 1). The kinds and
-what a mock does with each are shared by every mock backend (this one, and the qcom, dsp and amd
-mocks to come): each reads its own variable through `from_env` and asks `Faults.at(value)` per
-submission.
+what a mock does with each are shared by every mock backend (runner/mock.py and the qcom, dsp
+and amd simulators): each reads its own variable through `from_env` and asks `Faults.at(value)`
+per submission. The cpu and opencl devices, which have no simulator, read the same syntax from
+their own variables (KEEL_CPU_FAULTS, KEEL_OPENCL_FAULTS: `listed`) and inject each kind into a
+real failure path of their own (runner/cpu.py: a worker's share; runner/opencl.py: the driver's
+user events and its refusal of a bad wait list).
   hang@N      submission N never signals (until recover()).
   fault@N     submission N ends in a device fault (DeviceError from wait(); the amd mock: a GPU
               VM fault on the submission's indirect buffer, DeviceError from submit()).
@@ -66,6 +69,19 @@ def parse(text: str, var: str, kinds: tuple[str, ...] = KINDS) -> Faults:
 
 def from_env(var: str, kinds: tuple[str, ...] = KINDS) -> Faults:
     return parse(os.environ.get(var, ""), var, kinds)
+
+
+def var_of(device: str) -> str:
+    """The fault list of a device without a simulator: its own variable, so a list meant for
+    a simulated device never reaches the CPU build a test or tools/doctor.py compares with."""
+    return f"KEEL_{device.upper()}_FAULTS"
+
+
+def listed(device: str, kinds: tuple[str, ...] = ("hang", "fault", "slow")) -> Faults | None:
+    """KEEL_CPU_FAULTS / KEEL_OPENCL_FAULTS (var_of) for a backend that injects `kinds` into
+    its own failure paths: None when it lists none, so a run asks one attribute."""
+    faults = from_env(var_of(device), kinds)
+    return faults if faults.by_value else None
 
 
 # Bring-up faults: what a simulator does wrong at one layer of its device's bring-up, so that

@@ -31,10 +31,10 @@ State: Model.state maps each state's name to its value after the last completed 
 device memory where it is host-visible); set_state and reset_state write it. A run that fails
 leaves the state exactly as before it (runner/state.py).
 
-Deadlines: each run() waits at most `timeout_ms` (per call, else the Model's) from its submission,
-then raises DeviceTimeout. The Model's is DEFAULT_TIMEOUT_MS times its device's deadline_scale
-(100 on the emulated DSP, KEEL_FASTRPC=mock; 1 elsewhere). After a DeviceTimeout or DeviceError the next run() first recovers the
-device, then runs normally.
+Deadlines: each run() waits at most `timeout_ms` (per call, else the Model's, checked when it is
+set) from its submission, then raises DeviceTimeout. The Model's is DEFAULT_TIMEOUT_MS times its
+device's deadline_scale (100 on the emulated DSP, KEEL_FASTRPC=mock; 1 elsewhere). After a
+DeviceTimeout or DeviceError the next run() first recovers the device, then runs normally.
 
 Threads: run() calls on one Model are serialized by a lock: a second caller waits for the first
 (at most its own timeout_ms, then DeviceTimeout). A Model is never run by two threads at once.
@@ -47,7 +47,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from operator import is_
 from typing import NamedTuple
 
 import numpy as np
@@ -63,6 +63,10 @@ from runner.state import States
 from runner.targets import device_of
 
 DEFAULT_TIMEOUT_MS = 2000
+
+_PROCESS = [os.getpid()]  # this process's id, kept by a fork hook: run() checks it per call
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _PROCESS.__setitem__(0, os.getpid()))
 
 
 class Model:
@@ -84,7 +88,20 @@ class Model:
         self._lock = threading.Lock()
         self._broken = False  # the last run failed: recover before the next one
         self._closed = False
+        self._only = self.graph.entries[0] if len(self.graph.entries) == 1 else None
+        self._last: dict[str, tuple] = {}  # entry -> (binds after, inputs, out= arrays, staged)
+        self._unfed: dict[str, tuple] = {}  # entry name -> (version, what a run without feeds
+        self._bound_version = 0  # binds: its inputs' arrays); bind_input's count
         self._pid = os.getpid()  # a forked child must load again: run() checks
+
+    @property
+    def timeout_ms(self) -> float:
+        """The deadline of a run() given none (ms); checked when set, so run() need not."""
+        return self._timeout_ms
+
+    @timeout_ms.setter
+    def timeout_ms(self, value: float) -> None:
+        self._timeout_ms = _checked_timeout(value)
 
     @classmethod
     def load(cls, path, device: str | None = None, variant: str | None = None) -> "Model":
@@ -171,7 +188,7 @@ class Model:
         if self._sliced is None:
             raise InputError("this model has no output_slices (its ONNX metadata_props had none)")
         spec = next(b for b in self.blob.outputs if b.name == self._sliced)
-        arr = _checked(f"out[{self._sliced!r}]", out.get(self._sliced), spec.shape, spec.dtype)
+        arr = _checked(out.get(self._sliced), spec.shape, spec.dtype, "out[{!r}]", self._sliced)
         flat = arr.view()
         try:
             flat.shape = (-1,)  # raises rather than copy
@@ -193,15 +210,17 @@ class Model:
         s = self._input(name, entry)
         if isinstance(array, DmaBuf):
             self._bound_in[s.slot] = _checked_dmabuf(f"bind_input({name!r})", array, s)
+            self._bound_version += 1
             return
         if array is None:
             array = self._slots[s.slot]
-        arr = _checked(f"bind_input({name!r})", array, s.shape, s.dtype)
+        arr = _checked(array, s.shape, s.dtype, "bind_input({!r})", name)
         if not (arr.flags.c_contiguous and arr.flags.aligned):
             raise InputError(f"bind_input({name!r}): expected a C-contiguous, aligned array "
                              f"(binding is zero-copy), got c_contiguous={arr.flags.c_contiguous} "
                              f"aligned={arr.flags.aligned}")
         self._bound_in[s.slot] = arr  # one store: a run binding now sees the old array or this one
+        self._bound_version += 1  # after it: a run that cached the old one sees the new count
 
     def output_buffer(self, name: str, entry: str | None = None) -> np.ndarray:
         """Output `name` (of `entry`) where this Model's device keeps it: its io memory, which
@@ -238,19 +257,20 @@ class Model:
     def run(self, feeds: dict | None = None, out: dict | None = None,
             timeout_ms: float | None = None, entry: str | None = None) -> dict[str, np.ndarray]:
         """entry: which entry point runs (Model.entries); None: the blob's only one."""
-        timeout_ms = _checked_timeout(self.timeout_ms if timeout_ms is None else timeout_ms)
-        if os.getpid() != self._pid:  # the device's threads and queues stayed in the parent
+        timeout_ms = self._timeout_ms if timeout_ms is None else _checked_timeout(timeout_ms)
+        if _PROCESS[0] != self._pid:  # the device's threads and queues stayed in the parent
             raise DeviceError(f"run() in process {os.getpid()} on a Model loaded in process "
                               f"{self._pid}: a device does not survive fork(); load the blob "
                               f"again in this process")
-        e = self.graph.entry(entry)
-        if not self._lock.acquire(timeout=timeout_ms / 1000):
+        e = self._only if entry is None and self._only is not None else self.graph.entry(entry)
+        lock = self._lock
+        if not lock.acquire(False) and not lock.acquire(timeout=timeout_ms / 1000):
             raise DeviceTimeout(f"another run() on this Model did not finish within "
                                 f"{timeout_ms} ms")
         try:
             return self._run(e, feeds, out, timeout_ms)
         finally:
-            self._lock.release()
+            lock.release()
 
     def _run(self, e: Entry, feeds: dict | None, out: dict | None, timeout_ms: float) -> dict:
         plan = self._prepare(e, feeds, out)
@@ -269,10 +289,15 @@ class Model:
         if self._closed:
             raise DeviceError("run() on a closed Model; load it again")
         plan = self._plan(e, feeds, out)  # raises before anything is written
-        self._recover_if_broken()
-        self._bind(plan)
+        if self._broken:
+            self._recover_if_broken()
+        self._bind(plan, e)
         if e.stateful:
             self._state.bind(e)
+        if plan.copies:  # bound through copies: nothing a later run can reuse
+            self._last.pop(e.name, None)
+        elif plan.kept != self.device.binds:  # what a later run of the same arrays finds bound
+            self._last[e.name] = (self.device.binds, plan.inputs, plan.given, plan.staged_at)
         return plan
 
     def _failed(self, err: BaseException, timeout_ms: float) -> None:
@@ -297,104 +322,171 @@ class Model:
         output whose array overlaps an input the run reads is computed into the model's own
         output slot and copied out after the run (`staged`): the recurrent
         run({"h": st}, out={"h_new": st}). Two outputs in one array cannot both be right: an
-        InputError naming both."""
+        InputError naming both.
+
+        Which arrays overlap is a function of which arrays they are: each one bound is
+        C-contiguous (checked), so it spans [its data pointer, + the slot's bytes), and an
+        ndarray's data pointer never changes. So a run that binds the very arrays the entry's
+        last binding bound (`_last`, which holds them, so no other array takes their ids)
+        reuses its answer, and `kept` is the device's binds count after that binding; a run
+        that copies a feed in (its slot is then written) decides afresh and records nothing."""
         plan = _Plan()
-        self._plan_inputs(plan, e, feeds)
+        if feeds is None:  # what bind_input bound (the same tuple until it binds again)
+            unfed = self._unfed.get(e.name)
+            if unfed is None or unfed[0] != self._bound_version:
+                unfed = self._unfed[e.name] = \
+                    self._bound_version, tuple(self._bound_in[s.slot] for s in e.inputs)
+            plan.inputs = unfed[1]
+        else:
+            self._plan_inputs(plan, e, feeds)
         self._plan_outputs(plan, e, out)
+        if plan.copies:
+            return self._staged(plan, e, self._overlapping(plan, e))
+        last = self._last.get(e.name)
+        if last is not None and (plan.inputs is last[1] or _same(plan.inputs, last[1])) and \
+                _same(plan.given, last[2]):
+            plan.kept, plan.staged_at = last[0], last[3]
+        else:
+            plan.staged_at = self._overlapping(plan, e)
+        return self._staged(plan, e, plan.staged_at) if plan.staged_at else plan
+
+    def _overlapping(self, plan: "_Plan", e: Entry) -> tuple[int, ...]:
+        """The outputs (positions in e.outputs) whose out= array overlaps an input the run
+        reads; a feed that a copy into another input's slot would overwrite is read first (a
+        copy of it is bound)."""
         written = [(name, dst) for name, dst, _ in plan.copies]
         for i, (name, dst, src) in enumerate(plan.copies):
             if any(_overlap(src, d) for n, d in written if n != name):
                 plan.copies[i] = (name, dst, src.copy())  # read it before any copy writes
-        for k, (slot, name, arr) in enumerate(plan.inputs):
-            if any(_overlap(arr, d) for n, d in written if n != name):
-                plan.inputs[k] = (slot, name, arr.copy())
-        for j, (slot, name, arr) in enumerate(plan.outputs):
-            if name not in plan.given:
+        for k, (s, arr) in enumerate(zip(e.inputs, plan.inputs)):
+            if any(_overlap(arr, d) for n, d in written if n != s.name):
+                plan.inputs[k] = arr.copy()
+        staged, given = [], []
+        for j, (s, arr) in enumerate(zip(e.outputs, plan.outputs)):
+            if not any(arr is g for g in plan.given):
                 continue
-            other = next((o for _, o, _ in plan.outputs[:j]
-                          if o in plan.given and _overlap(plan.results[o], arr)), None)
+            other = next((o for o, g in given if _overlap(g, arr)), None)
             if other is not None:
-                raise InputError(f"out[{other!r}] and out[{name!r}] share memory: two outputs "
+                raise InputError(f"out[{other!r}] and out[{s.name!r}] share memory: two outputs "
                                  f"cannot be written into one array")
-            if any(_overlap(arr, a) for _, _, a in plan.inputs):
-                scratch = self.device.io_buffer(slot)
-                plan.staged.append((scratch, arr))
-                plan.outputs[j] = (slot, name, scratch)
+            given.append((s.name, arr))
+            if any(_overlap(arr, a) for a in plan.inputs):
+                staged.append(j)
+        return tuple(staged)
+
+    def _staged(self, plan: "_Plan", e: Entry, staged: tuple[int, ...]) -> "_Plan":
+        """Outputs at `staged` computed into their own slots, copied out after the run."""
+        plan.staged = []
+        for j in staged:
+            scratch = self.device.io_buffer(e.outputs[j].slot)
+            plan.staged.append((scratch, plan.outputs[j]))
+            plan.outputs[j] = scratch
         return plan
 
     def _plan_inputs(self, plan: "_Plan", e: Entry, feeds) -> None:
-        if feeds is None:
-            plan.inputs = [(s.slot, s.name, self._bound_in[s.slot]) for s in e.inputs]
-            return
-        names = [s.name for s in e.inputs]
-        if not isinstance(feeds, Mapping):
+        if type(feeds) is not dict and not isinstance(feeds, Mapping):
             raise InputError(f"feeds: expected a dict {{input name: numpy.ndarray}} over inputs "
-                             f"{names}, got {type(feeds).__name__}")
+                             f"{[s.name for s in e.inputs]}, got {type(feeds).__name__}")
+        plan.inputs, plan.copies, fed = [], [], 0
         for s in e.inputs:
-            if s.name not in feeds and s.slot in self._defaults:
-                plan.inputs.append((s.slot, s.name, self._defaults[s.slot]))
-                continue
-            if s.name not in feeds:
-                raise InputError(f"missing input {s.name!r} ({s.dtype} {s.shape}); "
-                                 f"received {sorted(map(str, feeds))}")
-            arr = _checked(f"input {s.name!r}", feeds[s.name], s.shape, s.dtype)
-            if not (arr.flags.c_contiguous and arr.flags.aligned):
-                plan.copies.append((s.name, self._slots[s.slot], arr))
-                arr = self._slots[s.slot]
-            plan.inputs.append((s.slot, s.name, arr))
+            arr = feeds.get(s.name, _MISSING)
+            if arr is _MISSING:
+                if s.slot not in self._defaults:
+                    raise InputError(f"missing input {s.name!r} ({s.dtype} {s.shape}); "
+                                     f"received {sorted(map(str, feeds))}")
+                arr = self._defaults[s.slot]
+            else:
+                fed += 1
+                _checked(arr, s.shape, s.dtype, "input {!r}", s.name)
+                flags = arr.flags
+                if not (flags.c_contiguous and flags.aligned):
+                    plan.copies.append((s.name, self._slots[s.slot], arr))
+                    arr = self._slots[s.slot]
+            plan.inputs.append(arr)
+        if fed != len(feeds):
+            self._unexpected([s.name for s in e.inputs], feeds)
+
+    def _unexpected(self, names: list[str], feeds) -> None:
         extra = sorted(map(str, set(feeds) - set(names)))
-        if extra:
-            constants = sorted(set(extra) & set(self.meta.get("constant_inputs", ())))
-            hint = f" ({constants}: initializers compiled as constants; compile with " \
-                f"--overridable NAME to feed them)" if constants else ""
-            raise InputError(f"unexpected inputs {extra}; inputs are {names}{hint}")
+        constants = sorted(set(extra) & set(self.meta.get("constant_inputs", ())))
+        hint = f" ({constants}: initializers compiled as constants; compile with " \
+            f"--overridable NAME to feed them)" if constants else ""
+        raise InputError(f"unexpected inputs {extra}; inputs are {names}{hint}")
 
     def _plan_outputs(self, plan: "_Plan", e: Entry, out) -> None:
-        names = [s.name for s in e.outputs]
         if out is None:
             out = {}
-        elif not isinstance(out, Mapping):
+        elif type(out) is not dict and not isinstance(out, Mapping):
             raise InputError(f"out: expected a dict {{output name: numpy.ndarray}} over outputs "
-                             f"{names}, got {type(out).__name__}")
+                             f"{[s.name for s in e.outputs]}, got {type(out).__name__}")
         for s in e.outputs:
-            if s.name not in out:
+            arr = out.get(s.name, _MISSING)
+            if arr is _MISSING:
                 arr = np.empty(s.shape, s.dtype)
+                plan.fresh.append((s.slot, arr))
             else:
-                plan.given.add(s.name)
-                what = f"out[{s.name!r}]"
-                arr = _checked(what, out[s.name], s.shape, s.dtype)
-                flags = arr.flags
-                if not (flags.c_contiguous and flags.aligned and flags.writeable):
-                    raise InputError(f"{what}: expected a C-contiguous, aligned, writable array, "
-                                     f"got c_contiguous={flags.c_contiguous} "
+                _checked(arr, s.shape, s.dtype, "out[{!r}]", s.name)
+                if not arr.flags.carray:  # C-contiguous, aligned and writable
+                    flags = arr.flags
+                    raise InputError(f"out[{s.name!r}]: expected a C-contiguous, aligned, "
+                                     f"writable array, got c_contiguous={flags.c_contiguous} "
                                      f"aligned={flags.aligned} writeable={flags.writeable}")
-            plan.outputs.append((s.slot, s.name, arr))
+                plan.given.append(arr)
+            plan.outputs.append(arr)
             plan.results[s.name] = arr
         if len(plan.given) != len(out):
-            extra = sorted(map(str, set(out) - set(names)))
-            raise InputError(f"out has unknown outputs {extra}; outputs are {names}")
+            names = [s.name for s in e.outputs]
+            raise InputError(f"out has unknown outputs {sorted(map(str, set(out) - set(names)))}"
+                             f"; outputs are {names}")
 
-    def _bind(self, plan: "_Plan") -> None:
-        """Carry out a checked plan: copy the feeds that cannot be bound, bind every slot."""
+    def _bind(self, plan: "_Plan", e: Entry) -> None:
+        """Carry out a checked plan: copy the feeds that cannot be bound, bind every slot. The
+        arrays of a plan that binds what the entry's last binding bound, with no binding
+        changed on the device since (`kept` is still its `binds` count), are bound already:
+        only the fresh output arrays are left to bind."""
         for _, dst, src in plan.copies:
             np.copyto(dst, src)
         dev = self.device
-        for slot, _, arr in plan.inputs + plan.outputs:
-            if isinstance(arr, DmaBuf):  # bound by bind_input: device memory
-                dev.bind_device(slot, arr)
-            else:
-                dev.bind(slot, arr)
+        if plan.kept != dev.binds:
+            _bind_all(dev, e.inputs, plan.inputs)
+            _bind_all(dev, e.outputs, plan.outputs)
+            return
+        for slot, arr in plan.fresh:
+            dev.bind(slot, arr)
 
 
-@dataclass
 class _Plan:
-    """What one run binds, decided before anything is written."""
-    inputs: list = field(default_factory=list)  # per input: (slot, name, array bound)
-    copies: list = field(default_factory=list)  # (input name, its own slot, feed to copy in)
-    outputs: list = field(default_factory=list)  # per output: (slot, name, array bound)
-    given: set = field(default_factory=set)  # the output names out= provides
-    staged: list = field(default_factory=list)  # (output slot, out= array): copied after
-    results: dict = field(default_factory=dict)
+    """What one run binds, decided before anything is written: one array per input and per
+    output of the entry, in its order. The class's empty tuples stand until a run has copies
+    or staged outputs (a plan is made per run: kept cheap)."""
+    copies: list | tuple = ()  # (input name, its own slot, feed to copy in)
+    staged: list | tuple = ()  # (output slot, out= array): copied after
+    kept = -1  # the device's binds count after the entry's last binding, when this plan's
+    # inputs and out= arrays are the ones it bound; -1: they are not
+    staged_at: tuple = ()  # the outputs (positions) staged: _overlapping's answer
+
+    def __init__(self):
+        self.inputs: list | tuple = ()  # the array each input slot is bound to
+        self.outputs: list = []  # the array each output slot is bound to
+        self.given: list = []  # the out= arrays, in output order
+        self.fresh: list = []  # (slot, array) of each output out= does not give: new per run
+        self.results: dict = {}
+
+
+_MISSING = object()  # a name not in feeds or out (None could be a caller's wrong value)
+
+
+def _bind_all(dev: Device, slots: tuple[Slot, ...], arrays) -> None:
+    for s, arr in zip(slots, arrays):
+        if isinstance(arr, DmaBuf):  # bound by bind_input: device memory
+            dev.bind_device(s.slot, arr)
+        else:
+            dev.bind(s.slot, arr)
+
+
+def _same(a, b) -> bool:
+    """Whether two sequences hold the very same objects."""
+    return len(a) == len(b) and all(map(is_, a, b))
 
 
 def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
@@ -423,6 +515,8 @@ MAX_TIMEOUT_MS = min(threading.TIMEOUT_MAX * 1000, 1e12)
 
 
 def _checked_timeout(timeout_ms) -> float:
+    if (type(timeout_ms) is float or type(timeout_ms) is int) and 0 < timeout_ms <= MAX_TIMEOUT_MS:
+        return timeout_ms  # the common case, without the abstract-class checks below
     if isinstance(timeout_ms, (bool, np.bool_)) or not isinstance(timeout_ms, numbers.Real) or \
             not 0 < timeout_ms <= MAX_TIMEOUT_MS:
         raise InputError(f"timeout_ms: expected a positive finite number at most "
@@ -439,15 +533,18 @@ def _io(slots) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     return {s.name: (s.shape, s.dtype) for s in slots}
 
 
-def _checked(what: str, arr, shape: tuple, dtype: np.dtype) -> np.ndarray:
+def _checked(arr, shape: tuple, dtype: np.dtype, what: str, name: str) -> np.ndarray:
+    """arr, checked to be an ndarray of `shape` and `dtype`; else an InputError naming it
+    (`what` formatted with `name`: made only then, since run() checks every array)."""
+    if isinstance(arr, np.ndarray) and arr.dtype == dtype and arr.shape == shape:
+        return arr
+    what = what.format(name)
     if not isinstance(arr, np.ndarray):
         raise InputError(f"{what}: expected numpy.ndarray {dtype} {shape}, "
                          f"got {type(arr).__name__}")
     if arr.dtype != dtype:
         raise InputError(f"{what}: expected dtype {dtype}, got {arr.dtype}")
-    if arr.shape != shape:
-        raise InputError(f"{what}: expected shape {shape}, got {arr.shape}")
-    return arr
+    raise InputError(f"{what}: expected shape {shape}, got {arr.shape}")
 
 
 def _checked_dmabuf(what: str, buf: DmaBuf, spec: Slot) -> DmaBuf:

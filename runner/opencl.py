@@ -18,6 +18,9 @@ Guarantees (beyond runner/device.py's contract):
     enqueues the launches on one in-order queue, then a marker, and flushes; the timeline polls
     each marker's event, so wait() never blocks in the driver. A negative event status or a
     failed call is a DeviceError; recover() drains the queue and replaces it.
+  * faults (tests): KEEL_OPENCL_FAULTS's hang@N and slow@N:MS (runner/faults.py) hold submission
+    N behind a user event the driver opens only at recover() or MS late; fault@N has the driver
+    refuse its completion marker (_gate).
   * image buffers: with cl_khr_image2d_from_buffer the image aliases the buffer (zero copy, the
     Adreno path, hence the pitched rows); without it (PoCL) the image is its own allocation of
     `pitch` texels per row, filled by a buffer-to-image copy after the kernel that writes it
@@ -28,6 +31,7 @@ Guarantees (beyond runner/device.py's contract):
 from __future__ import annotations
 
 import hashlib
+import threading
 from pathlib import Path
 
 from runner import cache, cl
@@ -46,10 +50,13 @@ from runner.cl import (BUILD_OPTIONS, CL_BUFFER_CREATE_TYPE_REGION, CL_COMPLETE,
                        unavailable_reason)
 from runner.device import Span
 from runner.errors import BlobError, DeviceError
+from runner.faults import listed
 from runner.graph import Kind
 from runner.queue import Memory, QueueDevice
 
 __all__ = ["OpenCLDevice", "unavailable_reason"]
+
+REFUSED = ffi.new("cl_event[]", [ffi.NULL])  # fault@N: a wait list the driver must refuse
 
 class OpenCLDevice(QueueDevice):
     name = "opencl"
@@ -57,6 +64,10 @@ class OpenCLDevice(QueueDevice):
     staged_by_copy = True  # io memory is cl_mem: bound host arrays are written and read per run
 
     def __init__(self):
+        self.gates: list = []  # the user events of faulted submissions, until reset or close
+        self.timers: list[threading.Timer] = []  # slow: what opens a gate late
+        self.faults = listed(self.name)  # KEEL_OPENCL_FAULTS, injected through the driver
+        self.kicks = 0  # submissions attempted: a refused one (fault) consumes no timeline value
         lib = cl.lib()
         pairs = platform_devices()
         if not pairs:
@@ -222,13 +233,49 @@ class OpenCLDevice(QueueDevice):
 
     def kick(self, launches: range, deadline: float, value: int) -> None:
         """The launches on the one in-order queue, then a marker whose event is the
-        submission's completion; flushed, never waited for here."""
+        submission's completion; flushed, never waited for here. An injected fault
+        (runner/faults.py, by submission: kicks) goes through the driver (_gate)."""
+        self.kicks += 1
+        fault = self.faults and self.faults.at(self.kicks)
+        if fault and fault.kind != "fault":
+            check(self.lib.clEnqueueMarkerWithWaitList(self.queue, 1, self._gate(fault),
+                                                       ffi.NULL), "clEnqueueMarkerWithWaitList")
         self._enqueue(launches)
         event = ffi.new("cl_event *")
-        check(self.lib.clEnqueueMarkerWithWaitList(self.queue, 0, ffi.NULL, event),
-              "clEnqueueMarkerWithWaitList")
+        waits = REFUSED if fault and fault.kind == "fault" else ()
+        check(self.lib.clEnqueueMarkerWithWaitList(self.queue, len(waits), waits or ffi.NULL,
+                                                   event), "clEnqueueMarkerWithWaitList")
         check(self.lib.clFlush(self.queue), "clFlush")
         self.inflight.append((value, event[0]))
+
+    def _gate(self, fault):
+        """hang and slow: a user event the in-order queue holds the submission behind, opened
+        by a timer MS from now (slow) or only by reset() (hang: the submission misses its
+        deadline). fault: the kick's completion marker lists a null event (REFUSED), which the
+        driver refuses (CL_INVALID_EVENT_WAIT_LIST): a DeviceError from submit(), with the
+        launches queued and no marker, so recover() must drain the queue."""
+        err = ffi.new("cl_int *")
+        gate = ffi.new("cl_event *", self.lib.clCreateUserEvent(self.ctx, err))
+        check(err[0], "clCreateUserEvent")
+        self.gates.append(gate)
+        if fault.kind == "slow":
+            timer = threading.Timer(fault.ms / 1000, self.lib.clSetUserEventStatus,
+                                    (gate[0], CL_COMPLETE))
+            timer.start()
+            self.timers.append(timer)
+        return gate
+
+    def _open_gates(self) -> None:
+        """Before draining the queue: every gate still shut opens, so what it holds runs and
+        the queue drains (failing it instead makes PoCL 3.1 abort the process)."""
+        for timer in self.timers:
+            timer.cancel()
+        for gate in self.gates:
+            self.lib.clSetUserEventStatus(gate[0], CL_COMPLETE)  # refused if already open
+        self.lib.clFinish(self.queue)
+        for gate in self.gates:
+            self.lib.clReleaseEvent(gate[0])
+        self.gates, self.timers = [], []
 
     def completed(self) -> int:
         """Polls each submission's marker event: the timeline never blocks in the driver."""
@@ -289,7 +336,7 @@ class OpenCLDevice(QueueDevice):
         """Wait for what is queued (it writes into host arrays and uses the buffers released
         after this); the OpenCL objects are released when the device is collected."""
         if getattr(self, "queue", None) is not None:
-            self.lib.clFinish(self.queue)
+            self._open_gates()
         for _, event in getattr(self, "inflight", ()):
             self.lib.clReleaseEvent(event)
         self.inflight = []

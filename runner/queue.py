@@ -7,6 +7,8 @@ supplies only its hardware verbs (listed on the class); this module owns:
     a half of a state, or a ring's window or rows, `state_part`). A binding that changes the slot's address patches that slot's recorded
     addresses (the backend's `patch`) and nothing else; rebinding the bound array is free.
     Patching while a submission is in flight is refused: the recording is patched in place.
+    `binds` counts the bindings that changed: a caller that saw it unchanged since its own
+    binding knows every slot is still bound as it left it (runner/model.py skips rebinding).
   * staging, at one moment each: a host array the device cannot map is bound through the slot's
     staging memory; inputs are copied in by submit(), before the kick; outputs are copied out by
     wait(), once it has seen the submission complete; only the slots the submitted launch range
@@ -33,6 +35,9 @@ from runner.errors import DeviceError
 from runner.graph import Graph
 
 
+STAMP_BYTES = 16  # per launch: the counter before it and after it, u64 little-endian each
+
+
 class Memory(NamedTuple):
     """Device memory: its address as the backend patches it (a pointer, a GPU address, a buffer
     offset, a cl_mem), a host view of it (uint8) or None where it is not host-visible, and its
@@ -56,9 +61,13 @@ class QueueDevice(Device):
       completed(), block(s)      the contract's (runner/device.py)
       reset()                    abandon what is in flight, make the queue usable again
       upload(mem, data), download(mem) -> bytes   for memory without a host view (whole)
-      launch_times(launches)     spans of the last profiled submission (optional)
+      set_profiling(on)          (optional) from the next kick on, time every launch: with
+                                 `tick_ns` set, record streams that write the counter into
+                                 `stamps` (STAMP_BYTES per launch); else its own way, read by
+      launch_times(launches)     spans of the last profiled submission
     """
     staged_by_copy = False  # the io memory is not host-visible: io_buffer is a host array
+    tick_ns = 0.0  # the period of the counter a recording writes around launches (0: none)
 
     def load(self, blob) -> None:
         self.graph = Graph(blob)
@@ -66,11 +75,13 @@ class QueueDevice(Device):
         self.pending: dict[int, list] = {}  # value -> [(slot, output array, staging)], if any
         self.profiled: range | None = None
         self.profiling = False
+        self.stamps: Memory | None = None  # (start, end) counters per launch, once profiled
         self.open(blob)
         self.io_memory = [self.alloc(b.nbytes) for b in self.graph.io]
         self.io_arrays = [self._host_array(m, b) for m, b in zip(self.io_memory, self.graph.io)]
         self.io_address = [m.address for m in self.io_memory]
         self.bound: list = list(self.io_arrays)
+        self.binds = 0  # bindings changed so far
         self.stages: dict[int, Memory] = {}  # slot -> its staging memory, made on first use
         self.typed: dict[tuple, np.ndarray] = {}  # (slot, id(memory)) -> _typed's view
         self.staged: set[int] = {s for s in range(len(self.graph.io)) if self.staged_by_copy}
@@ -89,7 +100,8 @@ class QueueDevice(Device):
     def bind(self, slot: int, array: np.ndarray) -> None:
         if array is self.bound[slot]:
             return
-        self._idle(slot)
+        if self.value > self.retired:
+            self._idle(slot)  # raises
         own = array is self.io_arrays[slot]
         mapped = None if own else self.map_host(slot, array)
         if mapped is not None:  # zero-copy: the recording points at the array itself
@@ -99,8 +111,12 @@ class QueueDevice(Device):
         else:  # host-visible, but not this array: copied through the slot's staging memory
             address, staged = self._stage(slot).address, True
         self._point(slot, address)
-        (self.staged.add if staged else self.staged.discard)(slot)
+        if staged:
+            self.staged.add(slot)
+        elif self.staged:
+            self.staged.discard(slot)
         self.bound[slot] = array
+        self.binds += 1
 
     def bind_device(self, slot: int, mem) -> None:
         address = self.device_address(slot, mem)
@@ -108,6 +124,7 @@ class QueueDevice(Device):
         self._point(slot, address)
         self.staged.discard(slot)
         self.bound[slot] = mem
+        self.binds += 1
 
     def bind_state(self, slot: int, mem: Memory) -> None:
         if mem is not self.bound[slot]:
@@ -115,6 +132,7 @@ class QueueDevice(Device):
             self._point(slot, mem.address)
             self.staged.discard(slot)
             self.bound[slot] = mem
+            self.binds += 1
 
     def _idle(self, slot: int) -> None:
         if self.value > self.retired:
@@ -164,12 +182,9 @@ class QueueDevice(Device):
         if self.pending:
             self.pending.clear()  # superseded: the same outputs arrive with this one (see above)
         launches = range(len(self.graph.launches)) if launches is None else launches
-        n_in, outs = self.graph.n_inputs, []
-        for slot in self.staged & self._uses(launches):  # not another entry's slots
-            if slot < n_in:
-                self._copy_in(slot)
-            else:
-                outs.append(slot)
+        outs = self._copy_in_staged(launches) if self.staged else None
+        if self.profiling and self.tick_ns:
+            self._clear_stamps()
         self.kick(launches, deadline, self.value + 1)
         self.value += 1
         if outs:
@@ -178,6 +193,17 @@ class QueueDevice(Device):
         if self.profiling:
             self.profiled = launches
         return self.value
+
+    def _copy_in_staged(self, launches: range) -> list[int]:
+        """Copy the staged inputs the launches read in; the staged outputs' slots they write, to
+        copy out at wait(). Not another entry's slots: they would cross a USB link for nothing."""
+        outs = []
+        for slot in self.staged & self._uses(launches):
+            if slot < self.graph.n_inputs:
+                self._copy_in(slot)
+            else:
+                outs.append(slot)
+        return outs
 
     def _uses(self, launches: range) -> frozenset[int]:
         used = self.used.get(launches)
@@ -229,6 +255,11 @@ class QueueDevice(Device):
 
     # ---- profiling ---------------------------------------------------------------------------
     def profile(self, on: bool) -> None:
+        if self.value > self.retired:  # qcom and amd record their profiled streams now
+            raise DeviceError(f"{self.name}: profile() while submission {self.value} is in "
+                              f"flight; wait for it first")
+        if on and self.tick_ns and self.stamps is None:  # before the backend records with it
+            self.stamps = self.alloc(STAMP_BYTES * max(len(self.graph.launches), 1))
         self.set_profiling(on)
         self.profiling, self.profiled = on, None
 
@@ -236,7 +267,36 @@ class QueueDevice(Device):
         if self.profiled is None or self.retired < self.value:
             raise DeviceError("spans(): no profiled submission has completed; call "
                               "profile(True) and run first")
+        if self.tick_ns:
+            return self._stamped_spans(self.profiled)
         return self.launch_times(self.profiled)
 
     def set_profiling(self, on: bool) -> None:
         raise DeviceError(f"device {self.name!r} has no per-launch timestamps")
+
+    def _clear_stamps(self) -> None:
+        """Before a profiled submission: a stamp the device did not write reads as 0."""
+        if self.stamps.view is not None:
+            self.stamps.view[:] = 0
+        else:
+            self.upload(self.stamps, bytes(self.stamps.nbytes))
+
+    def _stamped_spans(self, launches: range) -> list[Span]:
+        """The (start, end) counter pairs the recording wrote around each launch, as Spans on
+        lane 0 from the first start. The launches ran one after another, so the stamps only
+        grow: one that does not (0: never written) is a DeviceError naming the launch."""
+        raw = self.stamps.view if self.stamps.view is not None else \
+            np.frombuffer(self.download(self.stamps), np.uint8)
+        ticks = raw[:self.stamps.nbytes].view("<u8").reshape(-1, 2)
+        spans, base = [], int(ticks[launches[0], 0]) if len(launches) else 0
+        last = base
+        for i in launches:
+            start, end = int(ticks[i, 0]), int(ticks[i, 1])
+            if not start or not last <= start <= end:
+                raise DeviceError(f"{self.name}: launch {i}'s timestamps {start}..{end} do not "
+                                  f"follow the previous launch's end {last}: not written, or "
+                                  f"not in order")
+            spans.append(Span(i, 0, round((start - base) * self.tick_ns),
+                              round((end - base) * self.tick_ns)))
+            last = end
+        return spans

@@ -179,7 +179,8 @@ def test_everything_runs_on_virtual_addresses_through_the_page_table(enclosure):
     cntl = gpu.regs[regs.GCVM_CONTEXT0_CNTL]
     assert cntl & regs.CONTEXT_ENABLE and cntl >> regs.CONTEXT_DEPTH_SHIFT & 3 == vm.DEPTH
     d = m.device
-    for va in (d.arena, d.weights, d.ib, d.gpu.window, *(mem.address for mem in d.io_memory)):
+    ib = d.streams[range(len(m.blob.launches)), False][0]
+    for va in (d.arena, d.weights, ib, d.gpu.window, *(mem.address for mem in d.io_memory)):
         assert VM_AT <= va < VM_AT + VM_BYTES  # virtual, not the FB location's physical
         _, leaf, _ = gpu.space.walk(va)  # PDB2 -> PDB1 -> PDB0 -> PTB in the mock's VRAM
         assert leaf & vm.VALID and leaf & vm.READABLE
@@ -215,7 +216,7 @@ def test_an_injected_vm_fault_is_a_device_error_and_recover_brings_the_model_bac
     monkeypatch.setenv("KEEL_MOCK_FAULTS", "fault@2")
     m = Model.load(compiled_blob(_model(), target="amd"), device="amd")
     _check(m, 1)
-    ib = m.device.ib
+    ib = m.device.streams[range(len(m.blob.launches)), False][0]
     with pytest.raises(DeviceError, match=f"page fault.*0x{ib:x}"):
         m.run(random_feeds(_model(), seed=2), timeout_ms=TIMEOUT_MS)
     _check(m, 3)

@@ -139,6 +139,8 @@ BAD = {
     "VALID": pm4.packet(pm4.INDIRECT_BUFFER, 0x1000, 0, 16),
     "8-byte aligned": pm4.packet(pm4.RELEASE_MEM, 0x514, 2 << 29, 0x1004, 0, 1, 0, 0),
     "inside 0x2c00": pm4.packet(pm4.SET_SH_REG, 0x3FF, 1, 2),
+    "a value or the GPU clock counter": pm4.packet(pm4.RELEASE_MEM, 0x514, 4 << 29, 0x1000, 0,
+                                                   0, 0, 0),  # DATA_SEL 4: the CP perfcounter
 }
 
 
@@ -160,6 +162,23 @@ def test_the_command_processor_faults_on_what_hardware_would_fault_on(placed):
         placed.cp.run(placed.put(wild), len(wild))
     with pytest.raises(GpuFault, match="page fault"):
         placed.cp.run(placed.signal + (1 << 28), 4)
+
+
+@needs_pocl
+def test_release_mem_of_the_gpu_clock_writes_a_count_that_grows_at_end_of_pipe():
+    """What profiling records around each launch (pm4.clock_to_mem): the mock CP writes its
+    100 MHz clock, later for a later packet; a 64-bit value release still writes the value."""
+    from sim.am.mock_gpu import CommandProcessor, Memory
+    mem = Memory(1 << 20)
+    cp, stamps, ib = CommandProcessor(mem), mem.alloc(16), mem.alloc(4096)
+    words = pm4.clock_to_mem(stamps) + pm4.release_mem(stamps + 8, 0) + \
+        pm4.clock_to_mem(stamps + 8)
+    mem.write(ib, struct.pack(f"<{len(words)}I", *words))
+    cp.run(ib, len(words))
+    first, second = struct.unpack("<QQ", mem.read(stamps, 16))
+    assert 0 < first <= second
+    cp.run(ib, len(words))
+    assert struct.unpack("<Q", mem.read(stamps, 8))[0] >= second
 
 
 def _tables():

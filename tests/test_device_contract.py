@@ -1,8 +1,8 @@
 """One contract, every device (runner/device.py, runner/queue.py): cpu, mock, opencl (PoCL), qcom
 (the mock KGSL), dsp (qemu-hexagon) and amd (the mock USB enclosure) pass the same tests: bind and
-rebind, zero-copy where promised, timeline values, deadlines, recovery after each fault kind its
-simulator injects, profile spans, persistent state (1,000 runs bit-exact, failed-run atomicity,
-reset_state), several entries, idempotent close. Then what only the mock can show: bit-equality
+rebind, zero-copy where promised, timeline values, deadlines, recovery after each fault kind the
+device injects (runner/faults.py), profile spans per launch, persistent state (1,000 runs
+bit-exact, failed-run atomicity, reset_state), several entries, idempotent close. Then what only the mock can show: bit-equality
 with the CPU on every test model."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from models.efficientnet import make_efficientnet
 from models.openpilot import make_openpilot
 from models.resnet import make_resnet50
 from runner import ConfigError, DeviceError, DeviceTimeout, InputError, Model
-from runner.faults import parse
+from runner.faults import parse, var_of
 from dsp import build
 from runner.opencl import unavailable_reason
 from tests.deps import needs, needs_tool
@@ -76,7 +76,8 @@ def simulators(monkeypatch, firmware_dir):
     for var in ("KEEL_KGSL", "KEEL_FASTRPC", "KEEL_USB"):
         monkeypatch.setenv(var, "mock")
     monkeypatch.setenv(firmware.ENV, str(firmware_dir))
-    monkeypatch.delenv("KEEL_MOCK_FAULTS", raising=False)
+    for var in ("KEEL_MOCK_FAULTS", "KEEL_CPU_FAULTS", "KEEL_OPENCL_FAULTS"):
+        monkeypatch.delenv(var, raising=False)
     MockLibusb.forget()
     yield
     MockLibusb.forget()
@@ -158,35 +159,81 @@ def test_bound_host_arrays_are_zero_copy_where_promised_and_staged_elsewhere(mlp
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_profile_spans_cover_the_launches_or_the_device_says_it_has_none(mlp_case, device):
+def test_profile_spans_cover_every_launch_in_order(mlp_case, device):
+    """Each device's own timestamps (cpu cycle counters, OpenCL events, the mock's clock, the
+    DSP's counters, qcom's always-on counter and amd's GPU clock written by the recorded
+    stream): one span per launch per lane, none of negative length, and on each lane the
+    launches one after another in replay order."""
     m = _load(mlp_case, device)
     _, feeds, want = mlp_case
-    if device in ("qcom", "amd"):  # no timestamp packets recorded yet (docs/ARCHITECTURE.md)
-        with pytest.raises(DeviceError, match=f"device '{device}' has no per-launch timestamps"):
-            m.device.profile(True)
-        return
+    deadline = time.monotonic() + SLOW_MS / 1000
+    value = m.device.submit(deadline)
+    with pytest.raises(DeviceError, match="profile\\(\\) while submission .* is in flight"):
+        m.device.profile(True)
+    m.device.wait(value, deadline)
     m.device.profile(True)
     with pytest.raises(DeviceError, match="no profiled submission has completed"):
         m.device.spans()
-    _check(m.run(feeds[0])["y"], want[0])  # a profiled run computes the same
-    spans = m.device.spans()
-    assert sorted({s.launch for s in spans}) == list(range(len(m.blob.launches)))
-    assert all(s.end_ns >= s.start_ns for s in spans)
+    for f, w in zip(feeds, want):  # a profiled run computes the same, run after run
+        _check(m.run(f)["y"], w)
+        spans = m.device.spans()
+        assert sorted({s.launch for s in spans}) == list(range(len(m.blob.launches)))
+        for lane in {s.lane for s in spans}:
+            mine = sorted((s for s in spans if s.lane == lane), key=lambda s: s.launch)
+            assert [s.launch for s in mine] == list(range(len(m.blob.launches))), lane
+            assert all(0 <= s.start_ns <= s.end_ns for s in mine), mine
+            assert all(a.end_ns <= b.start_ns for a, b in zip(mine, mine[1:])), mine
     m.device.profile(False)
     _check(m.run(feeds[1])["y"], want[1])
 
 
-# the faults each simulator injects (KEEL_MOCK_FAULTS, runner/faults.py); cpu and opencl have no
-# simulator, hence none
-FAULTS = {"mock": ("hang", "fault", "slow"), "qcom": ("hang", "fault", "slow"),
+@pytest.mark.parametrize("device", [pytest.param(d, marks=MARKS[d]) for d in ("qcom", "amd")])
+def test_a_profiled_stream_whose_stamps_were_not_written_is_a_device_error(mlp_case, device):
+    """The queue zeroes the stamps before each profiled submission: a launch whose counter the
+    stream did not write (here: every stamp is rewritten to zero after the run) is refused."""
+    m = _load(mlp_case, device)
+    dev = m.device
+    dev.profile(True)
+    m.run(mlp_case[1][0])
+    dev._clear_stamps()
+    with pytest.raises(DeviceError, match="launch 0's timestamps 0..0 do not follow"):
+        dev.spans()
+
+
+# the faults each device injects (runner/faults.py): the simulators' (KEEL_MOCK_FAULTS) into the
+# simulated hardware; cpu (KEEL_CPU_FAULTS) into a worker's share (its pool's deadline, error and
+# barrier paths); opencl (KEEL_OPENCL_FAULTS) through the driver (a user event held shut or
+# opened late, a wait list it refuses)
+FAULTS = {"cpu": ("hang", "fault", "slow"), "mock": ("hang", "fault", "slow"),
+          "opencl": ("hang", "fault", "slow"), "qcom": ("hang", "fault", "slow"),
           "dsp": ("hang", "fault", "slow"), "amd": ("hang", "fault")}
 FAULT_CASES = [pytest.param(d, kind, marks=MARKS[d]) for d in FAULTS for kind in FAULTS[d]]
+
+
+def _inject(monkeypatch, device: str, faults: str) -> None:
+    """The simulators read KEEL_MOCK_FAULTS; cpu and opencl their own variable (var_of)."""
+    monkeypatch.setenv(var_of(device) if device in ("cpu", "opencl") else "KEEL_MOCK_FAULTS",
+                       faults)
+    if device == "cpu":  # injected into a worker's share: the pool must exist
+        monkeypatch.setenv("KEEL_THREADS", "2")
+
+
+def test_cpu_faults_need_the_worker_pool_and_a_simulators_list_never_reaches_the_cpu(
+        mlp_case, monkeypatch):
+    monkeypatch.setenv("KEEL_MOCK_FAULTS", "fwerr@1")  # an amd simulator's: not the cpu's
+    monkeypatch.setenv("KEEL_CPU_FAULTS", "hang@2")
+    monkeypatch.setenv("KEEL_THREADS", "1")
+    with pytest.raises(ConfigError, match="KEEL_CPU_FAULTS on device 'cpu' .* needs the worker "
+                                          "pool"):
+        _load(mlp_case, "cpu")
+    monkeypatch.delenv("KEEL_CPU_FAULTS")
+    _check(_load(mlp_case, "cpu").run(mlp_case[1][0])["y"], mlp_case[2][0])
 
 
 @pytest.mark.parametrize("device, kind", FAULT_CASES)
 def test_each_injected_fault_kind_fails_only_its_run_and_the_next_run_is_correct(
         mlp_case, device, kind, monkeypatch):
-    monkeypatch.setenv("KEEL_MOCK_FAULTS", f"{kind}@2" + (":30" if kind == "slow" else ""))
+    _inject(monkeypatch, device, f"{kind}@2" + (":30" if kind == "slow" else ""))
     m = _load(mlp_case, device)
     _, feeds, want = mlp_case
     _check(m.run(feeds[0])["y"], want[0])
@@ -289,7 +336,7 @@ def test_state_runs_1000_times_bit_exact_survives_a_hang_and_resets(device, monk
     leaves every state as before it (ping-pong, runner/state.py); the run after continues."""
     faults = device in FAULTS
     if faults:
-        monkeypatch.setenv("KEEL_MOCK_FAULTS", f"hang@{HANG_AT}")
+        _inject(monkeypatch, device, f"hang@{HANG_AT}")
     m = _state_model(device)
     assert m.inputs.keys() == {"x"} and m.outputs.keys() == {"y"}  # state is not io
     acc, q = np.zeros((1, WIDTH), np.float32), np.zeros((ROWS, WIDTH), np.float32)
@@ -318,7 +365,7 @@ def test_state_runs_1000_times_bit_exact_survives_a_hang_and_resets(device, monk
 
 @pytest.mark.parametrize("device, kind", [c for c in FAULT_CASES if c.values[1] != "slow"])
 def test_a_failed_run_leaves_the_state_exactly_as_before_it(device, kind, monkeypatch):
-    monkeypatch.setenv("KEEL_MOCK_FAULTS", f"{kind}@3")
+    _inject(monkeypatch, device, f"{kind}@3")
     m = _state_model(device)
     ones = np.ones((1, WIDTH), np.float32)
     for _ in range(2):

@@ -502,6 +502,22 @@ def test_two_outputs_in_one_array_is_an_input_error_naming_both(two_inputs_two_o
     assert (one == 7).all()
 
 
+def test_runs_of_the_same_arrays_see_every_binding_made_between_them(two_inputs_two_outputs):
+    """run() skips rebinding the arrays its entry's last binding bound when nothing rebound
+    since (runner/model.py, _bind): a feed copied into its slot, or the device rebound behind
+    the Model's back, in between must not leave the next run reading a stale binding."""
+    _, m = two_inputs_two_outputs
+    a, b = np.full((4, 8), 1, np.float32), np.full((4, 8), 2, np.float32)
+    out = {"y0": np.empty((4, 8), np.float32)}
+    assert (m.run({"a": a, "b": b}, out=out)["y0"] == 3).all()
+    fortran = np.full((8, 4), 5, np.float32).T  # copied into a's slot, which is bound instead
+    assert (m.run({"a": fortran, "b": b}, out=out)["y0"] == 7).all()
+    assert (m.run({"a": a, "b": b}, out=out)["y0"] == 3).all()
+    m.device.bind(0, np.full((4, 8), 9, np.float32))
+    assert (m.run({"a": a, "b": b}, out=out)["y0"] == 3).all()
+    assert (m.run({"a": a, "b": b}, out=out)["y0"] == 3).all()  # and nothing since: skipped
+
+
 def test_a_run_that_fails_on_one_feed_writes_nothing(two_inputs_two_outputs):
     """Input a is not contiguous (it would be copied into its slot); input b is wrong: the
     slot of a and the out= arrays keep what they held."""

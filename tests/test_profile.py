@@ -15,7 +15,7 @@ import pytest
 
 from runner import DeviceError
 from runner.device import Device
-from tests.deps import needs, opencl_missing
+from tests.deps import needs, needs_tool, opencl_missing
 from tests.graphs import compiled_blob
 from tests.light_net import light_net
 from tools import profile
@@ -67,6 +67,30 @@ def test_every_cpu_thread_times_its_share_of_every_launch(cpu_blob, threads):
 
 def test_the_mock_queue_times_its_replay(cpu_blob):
     check_spans(profile.profile(cpu_blob, "mock", runs=2, warmup=1), {0})
+
+
+@needs("pocl-opencl-icd", opencl_missing())
+@pytest.mark.parametrize("device", ["qcom", pytest.param("amd", marks=needs_tool("lld-19",
+                                                                                "ld.lld-19"))])
+def test_gpu_streams_time_every_launch_with_the_counter_they_write(device, monkeypatch,
+                                                                   tmp_path):
+    """qcom (the mock KGSL) and amd (the mock enclosure): the profiled stream writes the GPU's
+    counter around each launch (runner/queue.py turns the stamps into spans), back to back."""
+    from am import firmware
+    from sim.am import standin
+    from sim.am.mock_device import IPS
+    from sim.usb.mock import MockLibusb
+    monkeypatch.setenv("KEEL_KGSL", "mock")
+    monkeypatch.setenv("KEEL_USB", "mock")
+    standin.write_all(tmp_path, {(ip.hw_id, ip.instance): ip for ip in IPS})  # keel ships none
+    monkeypatch.setenv(firmware.ENV, str(tmp_path))
+    MockLibusb.forget()
+    prof = profile.profile(str(compiled_blob(light_net(), target=device)), device, runs=2,
+                           warmup=1)
+    MockLibusb.forget()
+    check_spans(prof, {0})
+    for _, _, spans in prof["samples"]:
+        assert all(a.end_ns <= b.start_ns for a, b in zip(spans, spans[1:]))
 
 
 @needs("pocl-opencl-icd", opencl_missing())

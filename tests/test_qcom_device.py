@@ -97,7 +97,7 @@ def test_float_model_runs_on_pocl_and_matches_onnxruntime(case):
 
 def _graph(m) -> np.ndarray:
     """The recorded graph IB, through its CPU mapping."""
-    obj, dwords = m.device.streams[range(len(m.blob.launches))]
+    obj, dwords = m.device.streams[range(len(m.blob.launches)), False]
     return np.frombuffer(m.device.kgsl.mmap(obj), np.uint32)[:dwords]
 
 
@@ -118,8 +118,8 @@ def test_a_flipped_parity_bit_is_rejected_naming_the_packet(case):
     model, feeds, _ = case
     m = load(model)
     packets = split(_graph(m))
-    view = np.frombuffer(m.device.kgsl.mmap(m.device.streams[range(len(m.blob.launches))][0]),
-                         np.uint32)
+    obj, _ = m.device.streams[range(len(m.blob.launches)), False]
+    view = np.frombuffer(m.device.kgsl.mmap(obj), np.uint32)
     view[packets[3].at] ^= 1 << 27  # packet 3's header: a type-4 write, its register parity
     with pytest.raises(DeviceError, match=r"GPU_COMMAND failed with EINVAL .*packet 3 \(dword "
                                           rf"{packets[3].at}.*bad parity"):

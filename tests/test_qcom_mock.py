@@ -8,7 +8,8 @@ import time
 import pytest
 
 from qcom import kgsl
-from qcom.cmdstream import OPCODES, lohi, pkt7
+from qcom.cmdstream import (CP_ALWAYS_ON_COUNTER, OPCODES, REG_TO_MEM_64B, counter_to_mem,
+                             lohi, pkt7)
 from qcom.errors import DeviceError
 from runner.errors import ConfigError
 from sim.qcom.mock_kgsl import GpuFault, MockKgsl
@@ -213,6 +214,26 @@ def test_gpu_fault_marks_the_context_dead(dev):
     fresh = dev.context_create()  # recovery: a new context works
     dev.driver.on_submit = None
     assert dev.wait(fresh, dev.submit(fresh, [(ib.gpuaddr, 4)]), 10)
+
+
+def test_the_always_on_counter_read_by_cp_reg_to_mem_grows_and_other_reads_fault(dev):
+    """What profiling records around each launch (cmdstream.counter_to_mem): the mock GPU
+    writes its 19.2 MHz count as one 64-bit value; a CP_REG_TO_MEM of a register it does not
+    model, or not as two dwords 64-bit, is a GPU fault (the context dies, as on a bad read)."""
+    ctx, target = dev.context_create(), dev.alloc(4096)
+    view = dev.mmap(target)
+    ib, _ = write_ib(dev, counter_to_mem(target.gpuaddr) + pkt7(OPCODES["CP_WAIT_FOR_IDLE"])
+                     + counter_to_mem(target.gpuaddr + 8))
+    assert dev.wait(ctx, dev.submit(ctx, [(ib.gpuaddr, 4 * 9)]), 1000)
+    first, second = int.from_bytes(view[0:8], "little"), int.from_bytes(view[8:16], "little")
+    assert 0 < first <= second
+    for bad in (CP_ALWAYS_ON_COUNTER + 4 | 2 << 18 | REG_TO_MEM_64B,  # another register
+                CP_ALWAYS_ON_COUNTER | 1 << 18):  # one dword, 32-bit
+        ib, _ = write_ib(dev, pkt7(OPCODES["CP_REG_TO_MEM"], bad, *lohi(target.gpuaddr)))
+        ctx = dev.context_create()
+        ts = dev.submit(ctx, [(ib.gpuaddr, 16)])
+        with pytest.raises(DeviceError, match="EDEADLK"):
+            dev.wait(ctx, ts, 1000)
 
 
 def test_keel_kgsl_env_selects_the_mock(monkeypatch):

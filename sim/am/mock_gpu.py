@@ -13,7 +13,9 @@ keeps the SH registers SET_SH_REG writes, and executes:
     that address to the end of its allocation: exactly the buffers the packets bound.
   ACQUIRE_MEM: PoCL runs dispatches in order; nothing to wait for.
   DMA_DATA: copies between any two addresses (VRAM, or the host's DMA window).
-  RELEASE_MEM: once every dispatch before it finished, writes its 64-bit value to its address.
+  RELEASE_MEM: once every dispatch before it finished, writes its 64-bit value to its address,
+    or (DATA_SEL 3) the GPU clock counter: the host's monotonic clock at 100 MHz. Any other
+    DATA_SEL is a PacketError (am/pm4.py), as for every malformed packet.
 No mock proves the ISA: the gfx1100 machine code in the code object is never executed here.
 
 The PoCL executor is runner/cl.py's HostExecutor, shared with qcom's mock.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import bisect
 import mmap
 import struct
+import time
 
 from am import elf, pm4
 from runner import cl
@@ -31,6 +34,11 @@ from runner.faults import bringup_from
 
 GPU_BASE = 0x8000_0000_0000  # where the mock's GPU virtual addresses start
 PAGE = 4096
+
+
+def gpu_clock() -> int:
+    """The mock's GPU clock counter: the host's monotonic clock at pm4.CLOCK_HZ."""
+    return time.perf_counter_ns() // (1_000_000_000 // pm4.CLOCK_HZ)
 
 
 class GpuFault(DeviceError):
@@ -125,8 +133,9 @@ class CommandProcessor:
                     del self.code[base]  # a new code object over an old one (a later load)
             elif p.op == pm4.RELEASE_MEM:
                 self.pocl.finish()
-                self.mem.write(p.body[2] | p.body[3] << 32,
-                               struct.pack("<II", p.body[4], p.body[5]))
+                value = gpu_clock() if p.body[1] >> 29 == pm4.DATA_SEL_CLOCK else \
+                    p.body[4] | p.body[5] << 32
+                self.mem.write(p.body[2] | p.body[3] << 32, struct.pack("<Q", value))
         self.pocl.finish()
 
     def _reg(self, name: str, i: int = 0) -> int:

@@ -21,6 +21,7 @@ faults every image access, as a bad texture descriptor does.
 from __future__ import annotations
 
 import ctypes
+import time
 
 from qcom import cmdstream as cs
 from qcom import texture
@@ -73,6 +74,8 @@ class Gpu:
                 self._dispatch(mem, regs, state, pk)
             elif pk.name == "CP_MEM_WRITE":
                 memory_writes([pk], mem)
+            elif pk.name == "CP_REG_TO_MEM":
+                _counter_to_mem(pk, mem)
             elif pk.name == "CP_WAIT_REG_MEM" and not _polled(pk.payload, mem):
                 return packets[i:]
         return None
@@ -134,6 +137,27 @@ def memory_writes(packets, mem) -> None:
         if pk.kind == cs.TYPE7 and pk.name == "CP_MEM_WRITE":
             dst = mem.words(pk.payload[0] | pk.payload[1] << 32, len(pk.payload) - 2)
             dst[:] = _u32(pk.payload[2:])
+
+
+def always_on() -> int:
+    """The mock's CP_ALWAYS_ON_COUNTER: the host's monotonic clock at the counter's 19.2 MHz."""
+    return time.perf_counter_ns() * (cs.ALWAYS_ON_HZ // 1000) // 1_000_000
+
+
+def _counter_to_mem(pk, mem) -> None:
+    """CP_REG_TO_MEM: the one register the mock reads is the always-on counter, both dwords
+    as one 64-bit write (how Linux and Mesa read it); anything else it does not model."""
+    head = pk.payload[0]
+    reg, count = head & 0x3FFFF, (head >> 18) & 0xFFF
+    if reg != cs.CP_ALWAYS_ON_COUNTER or count != 2 or not head & cs.REG_TO_MEM_64B or \
+            head & cs.REG_TO_MEM_ACCUMULATE:
+        raise GpuFault(f"CP_REG_TO_MEM (packet {pk.index}, dword {pk.at}) of register {reg:#x}, "
+                       f"{count} dwords, header {head:#010x}: the mock reads only "
+                       f"CP_ALWAYS_ON_COUNTER ({cs.CP_ALWAYS_ON_COUNTER:#x}), 2 dwords, 64-bit, "
+                       f"not accumulated")
+    value = always_on()
+    dst = mem.words(pk.payload[1] | pk.payload[2] << 32, 2)
+    dst[:] = _u32([value & 0xFFFFFFFF, value >> 32])
 
 
 # CP_WAIT_REG_MEM dword 0 bits 0-2 (adreno_pm4.xml cp_cond_function, mirror/mesa@8334434e):
