@@ -15,7 +15,7 @@ from onnx import helper
 from compiler.pipeline import compile_model
 from runner import DeviceError, DeviceTimeout, Model
 from tests.graphs import compiled_blob, make_model
-from tests.test_device_contract import (FAULTS, MARKS, SLOW_MS, TARGETS,  # noqa: F401
+from tests.test_device_contract import (FAULTS, MARKS, SLOW_MS, TARGETS, _inject,  # noqa: F401
                                         firmware_dir, simulators)
 
 M, W = 6, 32  # rows of 32 float32: 128 bytes, every target's buffer alignment
@@ -121,7 +121,7 @@ def test_rings_run_1000_times_bit_exact_survive_a_hang_and_reset(device, monkeyp
     wrap around them 142 and 250 times."""
     faults = device in FAULTS
     if faults:
-        monkeypatch.setenv("KEEL_MOCK_FAULTS", f"hang@{HANG_AT}")
+        _inject(monkeypatch, device, f"hang@{HANG_AT}")
     m, ref, rng = _load(device), Numpy(), np.random.default_rng(5)
     for i in range(1, RUNS + 1):
         feeds = _feeds(rng)
