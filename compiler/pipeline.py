@@ -20,7 +20,8 @@ from compiler.ir.uop import UOp
 from compiler.onnx.load import load_onnx
 from compiler.renderers import get_renderer
 from compiler.schedule.buffers import Buffers
-from compiler.schedule.fusion import Kernel, schedule
+from compiler.ir.kernel import Kernel
+from compiler.schedule.fusion import schedule
 from compiler.schedule.layout import canonical, channels_last, in_place, pad_in_place
 from compiler.schedule.hazards import mark_barriers
 from compiler.schedule.storage import device_storage

@@ -15,7 +15,6 @@ from compiler.codegen.half import demote_half, half_rules, promote_for_half_comp
 from compiler.codegen.linearize import linearize
 from compiler.codegen.lower import lower_kernel
 from compiler.codegen.pack import Packing, pack_weights, prefetch_next_tiles
-from compiler.codegen.plan import Plan
 from compiler.codegen.plan_cpu import merge_dims, plan_cpu
 from compiler.codegen.plan_gpu import plan_gpu
 from compiler.codegen.transcendental import transcendental_rules
@@ -25,7 +24,7 @@ from compiler.ir.rewrite import PatternMatcher, Rewriter, UPat, graph_rewrite
 from compiler.ir.symbolic import linear_form, symbolic
 from compiler.ir.uop import Ops, UOp
 from compiler.renderers import get_renderer
-from compiler.schedule.fusion import Kernel
+from compiler.ir.kernel import AxisKind, Kernel, Plan
 from compiler.target import Target
 from compiler.toolchain import compile_jobs
 
@@ -139,7 +138,7 @@ def build_kernel(job: Job, st) -> Built:
     k, tgt = job.kernel, job.target
     params = {u: int(u.arg[0].removeprefix("param")) for u in k.inputs}
     with st("optimize"):
-        if tgt.output_dims == "global":
+        if tgt.output_dims is AxisKind.GLOBAL:
             plan = plan_gpu(k, params, tgt)
         else:
             k = merge_dims(k, params)

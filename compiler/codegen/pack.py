@@ -21,6 +21,7 @@ from numpy.lib.stride_tricks import as_strided
 from compiler.ir.dtypes import dtypes
 from compiler.codegen.linearize import KIND_ORDER
 from compiler.codegen.lower import lane
+from compiler.ir.kernel import AxisKind
 from compiler.ir.rewrite import substitute
 from compiler.ir.symbolic import build, linear_form
 from compiler.target import LINE_BYTES
@@ -143,14 +144,15 @@ def prefetch_next_tiles(sink: UOp, weights: dict[int, int]) -> UOp:
     slower)."""
     loops = sorted((u for u in sink.toposort() if u.op is Ops.RANGE),
                    key=lambda r: (KIND_ORDER[r.arg[1]], r.arg[0]))
-    steps = [r for r in loops if r.arg[1] == "reduce"]
+    steps = [r for r in loops if r.arg[1] == AxisKind.REDUCE]
     hints, done = [], set()
     for u in sink.toposort():
         if u.op is not Ops.LOAD or u.dtype.count == 1 or u.src[0] in done \
                 or u.src[0].arg[0] not in weights:
             continue
         coef, _ = linear_form(u.src[1])
-        outer = [r for r in loops if r.arg[1] not in ("reduce", "epilogue") and r in coef]
+        outer = [r for r in loops
+                 if r.arg[1] not in (AxisKind.REDUCE, AxisKind.EPILOGUE) and r in coef]
         if not outer or not steps or any(r not in coef for r in steps):
             continue
         done.add(u.src[0])
@@ -162,7 +164,7 @@ def prefetch_next_tiles(sink: UOp, weights: dict[int, int]) -> UOp:
         # hint it again, from L2, instead of tiles further ahead
         repeats, trips = [], 1
         for r in reversed([r for r in loops[loops.index(tile) + 1:]
-                           if r.arg[1] not in ("reduce", "epilogue")]):
+                           if r.arg[1] not in (AxisKind.REDUCE, AxisKind.EPILOGUE)]):
             if trips * line >= per_step:
                 break
             repeats, trips = [r] + repeats, trips * r.src[0].arg

@@ -21,11 +21,11 @@ import math
 from dataclasses import dataclass, field
 
 from compiler.codegen.lower import lower_kernel
-from compiler.codegen.plan import FULL_UNROLL, Axis, Plan, factor, reduce_shape
+from compiler.codegen.plan import FULL_UNROLL, factor, reduce_shape
+from compiler.ir.kernel import Axis, AxisKind, Kernel, Plan, find_reduce
 from compiler.ir.rewrite import graph_rewrite, substitute
 from compiler.ir.symbolic import linear_form, symbolic
 from compiler.ir.uop import Ops, UOp
-from compiler.schedule.fusion import Kernel, find_reduce
 from compiler.target import LINE_BYTES, Target
 
 GATHER_LANES = 2  # what a vector of per-lane scalar loads is worth, in lanes
@@ -81,7 +81,8 @@ def operands(kernel: Kernel, params: dict[UOp, int], plan: Plan, packable) -> li
 def _plain(full, rdims) -> Plan:
     """One loop per dim, nothing tiled: the plan operands() reads strides from."""
     return Plan(tuple(full), tuple(rdims), tuple(
-        Axis(d, s, "reduce" if d in rdims else "loop") for d, s in enumerate(full) if s > 1))
+        Axis(d, s, AxisKind.REDUCE if d in rdims else AxisKind.LOOP)
+        for d, s in enumerate(full) if s > 1))
 
 
 def merge_dims(kernel: Kernel, params: dict[UOp, int]) -> Kernel:
@@ -237,7 +238,7 @@ def _axes(full, rdims, order: list[int], tile: Tile, unroll: dict, lines: dict) 
     for d in order:
         if full[d] == 1:
             continue
-        kind = "reduce" if d in rdims else "loop"
+        kind = AxisKind.REDUCE if d in rdims else AxisKind.LOOP
         split = unroll.get(d, 1) if d in rdims else tile.upcast.get(d, 1)
         if d in tile.blocks:
             axes.insert(0, Axis(d, tile.blocks[d], kind))
@@ -245,8 +246,8 @@ def _axes(full, rdims, order: list[int], tile: Tile, unroll: dict, lines: dict) 
         if rest > 1:
             axes.append(Axis(d, rest, kind))
         if split > 1:
-            axes.append(Axis(d, split, "unroll" if d in rdims else "upcast"))
-    return axes + [Axis(d, n, "reduce") for d, n in lines.items()]  # innermost (_nest)
+            axes.append(Axis(d, split, AxisKind.UNROLL if d in rdims else AxisKind.UPCAST))
+    return axes + [Axis(d, n, AxisKind.REDUCE) for d, n in lines.items()]  # innermost (_nest)
 
 
 def _register_tile(full, vec: int, row: int | None, lanes: int, registers: int,
@@ -373,5 +374,7 @@ def _width(size: int, lanes: int) -> int:
 def _nest(axes: list[Axis], vec_dim: int) -> list[Axis]:
     """Loop nest: output loops (in the chosen order), then reduce loops; expanded axes last, the
     vector axis innermost so its lanes are consecutive stores."""
-    rank = {"global": 0, "loop": 1, "reduce": 2, "upcast": 3, "unroll": 3}
-    return sorted(axes, key=lambda a: (rank[a.kind], a.kind == "upcast" and a.dim == vec_dim))
+    rank = {AxisKind.GLOBAL: 0, AxisKind.LOOP: 1, AxisKind.REDUCE: 2, AxisKind.UPCAST: 3,
+            AxisKind.UNROLL: 3}
+    return sorted(axes, key=lambda a: (rank[a.kind],
+                                       a.kind == AxisKind.UPCAST and a.dim == vec_dim))

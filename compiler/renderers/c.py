@@ -23,6 +23,7 @@ import hashlib
 from compiler.artifact import Buffer, Launch
 from compiler.ir.dtypes import DType, dtypes
 from compiler.renderers.cstyle import INFIX, Body, CStyle, dot4_bytes, dot4_text
+from compiler.ir.kernel import AxisKind
 from compiler.ir.uop import Ops, UOp
 from runner import abi
 from runner.abi import GRAPH as ENTRY, GRAPH_MT as ENTRY_MT, LAUNCH, PROFILE
@@ -163,7 +164,8 @@ class CRenderer(CStyle):
     def render_kernel(self, name: str, lin: list[UOp]) -> str:
         # the outermost output loop long enough to share; a 5-row matmul tile loop would leave a
         # thread idle, the loop inside it may not
-        loops = [u for u in lin if u.op is Ops.RANGE and u.arg[1] not in ("reduce", "epilogue")]
+        loops = [u for u in lin if u.op is Ops.RANGE
+                 and u.arg[1] not in (AxisKind.REDUCE, AxisKind.EPILOGUE)]
         self.split = next((u for u in loops if u.src[0].arg >= SPLIT_MIN), None) or \
             max(loops, key=lambda u: u.src[0].arg, default=None)
         text = super().render_kernel(name, lin)

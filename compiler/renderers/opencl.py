@@ -21,6 +21,7 @@ from compiler.ir.dtypes import DType, dtypes
 from compiler.errors import CompileError
 import compiler.renderers.amdgcn as amdgcn
 from compiler.renderers.cstyle import Body, CStyle
+from compiler.ir.kernel import WORK_ITEM_KINDS, AxisKind
 from compiler.ir.rewrite import graph_rewrite
 from compiler.ir.symbolic import build, symbolic, terms
 from compiler.target import Target
@@ -31,7 +32,6 @@ CL_TYPES = {dtypes.bool: "bool", dtypes.int8: "char", dtypes.int16: "short", dty
             dtypes.uint32: "uint", dtypes.uint64: "ulong", dtypes.float16: "half",
             dtypes.float32: "float", dtypes.float64: "double", dtypes.index: "int"}
 VECTOR_DTYPES = (dtypes.float16, dtypes.float32)
-WORK_ITEM_KINDS = ("global", "group")  # RANGEs that are work-item ids, not loops
 VECTOR_WIDTHS = (4, 3, 2)
 SAMPLER = "keel_smp"
 HELPERS = {
@@ -158,9 +158,9 @@ class OpenCLRenderer(CStyle):
             self.scope.append(u)
             return super().render_range(body, u)
         body.names[u] = f"r{u.arg[0]}"
-        fn = "get_global_id" if kind == "global" else "get_local_id"
+        fn = "get_global_id" if kind == AxisKind.GLOBAL else "get_local_id"
         body.emit(f"int {body.names[u]} = {fn}({self.global_ids[u]});")
-        if kind == "group":
+        if kind == AxisKind.GROUP:
             self.lid = (body.names[u], u.src[0].arg)
 
     def render_endrange(self, body: Body, u: UOp) -> None:
@@ -182,7 +182,7 @@ class OpenCLRenderer(CStyle):
             return
         lid, n = self.lid
         reds = [u for u in body.names if u.op is Ops.REDUCE and any(
-            r.arg[1] == "group" for r in u.ranges)]
+            r.arg[1] == AxisKind.GROUP for r in u.ranges)]
         tmp = {r: f"lds_{body.names[r]}" for r in reds}
         for r in reds:
             body.emit(f"__local {self.dtype(r.dtype)} {tmp[r]}[{n}];")
@@ -388,7 +388,7 @@ def _combine_point(lin: list[UOp]) -> UOp | None:
     """The last REDUCE or reduce-loop end: where a work-group's partial sums are complete."""
     last = None
     for u in lin:
-        if u.op is Ops.REDUCE or (u.op is Ops.ENDRANGE and u.src[0].arg[1] == "reduce"):
+        if u.op is Ops.REDUCE or (u.op is Ops.ENDRANGE and u.src[0].arg[1] == AxisKind.REDUCE):
             last = u
     return last
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from compiler.artifact import Buffer, Image, Launch
 from compiler.ir.uop import Ops, UOp, Weight
-from compiler.schedule.fusion import Kernel
+from compiler.ir.kernel import Kernel
 from compiler.schedule.memory import plan as plan_memory
 from compiler.schedule.storage import StoragePolicy, storage_bytes, storage_nbytes
 

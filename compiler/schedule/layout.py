@@ -14,7 +14,8 @@ from dataclasses import replace
 from compiler.ir.rewrite import substitute
 from compiler.ir.tensor import Tensor
 from compiler.ir.uop import ALU, Ops, UOp
-from compiler.schedule.fusion import Kernel, find_reduce, inlined
+from compiler.ir.kernel import Kernel, find_reduce
+from compiler.schedule.fusion import inlined
 
 
 def channels_last(kernels: list[Kernel], realized: set, keep: set) -> set[UOp]:
