@@ -21,6 +21,7 @@ import time
 from am import elf, graph, pm4
 from am.driver import TIMELINE_AT, Gpu
 from runner.errors import BlobError, DeviceError
+from runner.format import Region
 from runner.queue import Memory, QueueDevice
 
 TARGET = "amd"
@@ -90,9 +91,9 @@ class AmdDevice(QueueDevice):
 
     def _address(self, b: int) -> int:
         spec = self.blob.buffers[b]
-        if spec.region == "arena":
+        if spec.region is Region.ARENA:
             return self.arena + spec.offset
-        if spec.region == "weights":
+        if spec.region is Region.WEIGHTS:
             return self.weights + spec.offset
         return self.io_address[spec.offset]
 

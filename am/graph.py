@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from am import pm4
 from am.elf import CodeObject, Kernel
 from runner.errors import BlobError
+from runner.format import IO_REGIONS
 
 KERNARG_ALIGN = 64
 MAX_GROUP = 64  # threads per group when the blob leaves the choice to the device: two waves32
@@ -74,7 +75,7 @@ def _kernargs(blob, k: Kernel, ln, address) -> tuple[bytes, list[tuple[int, int]
                 raise BlobError(f"{ln.kernel}: more pointer arguments than the launch's "
                                 f"{len(ln.args)} buffers")
             struct.pack_into("<Q", out, a.offset, address(b))
-            if blob.buffers[b].region in ("input", "output"):
+            if blob.buffers[b].region in IO_REGIONS:
                 slots.append((blob.buffers[b].offset, a.offset))
         elif a.kind in hidden:
             out[a.offset:a.offset + a.size] = hidden[a.kind].to_bytes(a.size, "little")

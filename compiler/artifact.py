@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from runner.format import Region
+
 
 @dataclass(frozen=True)
 class Image:
@@ -23,7 +25,7 @@ class Image:
 @dataclass(frozen=True)
 class Buffer:
     id: int
-    region: str  # one of runner/format.py's REGIONS
+    region: Region
     offset: int  # byte offset in arena/weights; for input/output the global io slot index
     # (inputs take slots 0..n_in-1 in order, outputs n_in.. in order)
     nbytes: int

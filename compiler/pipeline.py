@@ -26,7 +26,7 @@ from compiler.schedule.layout import canonical, channels_last, in_place, pad_in_
 from compiler.schedule.hazards import mark_barriers
 from compiler.schedule.storage import device_storage
 from compiler.target import LINE_BYTES, Target, get_target, variant_targets
-from runner.format import DEFAULT_ENTRY, ENTRY_NAME, entry_name_ok
+from runner.format import DEFAULT_ENTRY, ENTRY_NAME, Region, entry_name_ok
 
 VERSION = "0.1.0"
 
@@ -410,8 +410,8 @@ def _jobs(kernels: list[Kernel], bufs: Buffers, last: set, tgt: Target,
         key = (key, k.root in fp32)
         if key not in jobs:
             packable = {j: u.size for j, (u, lay) in enumerate(zip(k.inputs, layouts[1:]), 1)
-                        if lay.region == "weights" and lay.image is None and tgt.pack_weights}
-            arena = {j for j, lay in enumerate(layouts) if lay.region == "arena"}
+                        if lay.region is Region.WEIGHTS and lay.image is None and tgt.pack_weights}
+            arena = {j for j, lay in enumerate(layouts) if lay.region is Region.ARENA}
             jobs[key] = Job(ck, [dtypes.from_np(lay.dtype) for lay in layouts], tgt, packable,
                             arena, k.root in fp32)
         uses.append(Use(k, out, key))

@@ -33,7 +33,9 @@ import numpy as np
 from qcom import cmdstream as cs
 from qcom import texture
 from qcom.cmdstream import lohi, pkt4, pkt7
+from qcom.program import ParamKind
 from runner.errors import BlobError
+from runner.format import IO_REGIONS
 
 OP, R = cs.OPCODES, cs.REGISTERS
 CONST_RAM_256 = 2 << 5  # SP_CS_UNKNOWN_A9B1 bits 5-6: constant RAM mode, 256 vec4s
@@ -44,7 +46,7 @@ MAX_GROUP = 128  # work items per group the recorder picks when the blob leaves 
 
 class Layout(NamedTuple):
     """GPU addresses of what the stream names."""
-    region: dict  # "arena" / "weights" -> base address
+    region: dict  # Region.ARENA / WEIGHTS -> base address
     io: list  # io slot -> address bound now
     shaders: dict  # kernel -> address of its binary
     args: int  # the argument block
@@ -59,7 +61,7 @@ class Recording(NamedTuple):
 
 
 def address(b, layout: Layout) -> int:
-    return layout.io[b.offset] if b.region in ("input", "output") else \
+    return layout.io[b.offset] if b.region in IO_REGIONS else \
         layout.region[b.region] + b.offset
 
 
@@ -120,7 +122,7 @@ def _launch(blob, ln, prog, layout: Layout, args: list[int], sites: list) -> lis
         consts[dword] = value
     for i, (bid, kind, at) in enumerate(zip(ln.args, prog.params, prog.offsets)):
         b = blob.buffers[bid]
-        if kind == "image":
+        if kind is ParamKind.IMAGE:
             if b.image is None:
                 raise BlobError(f"launch {ln.kernel}: parameter {i} is an image, buffer {bid} "
                                 f"has no image layout")
@@ -132,7 +134,7 @@ def _launch(blob, ln, prog, layout: Layout, args: list[int], sites: list) -> lis
                 raise BlobError(f"launch {ln.kernel}: buffer {bid} as an image: {e}") from None
             continue
         consts[at:at + 2] = lohi(address(b, layout))
-        if b.region in ("input", "output"):
+        if b.region in IO_REGIONS:
             sites.append((i, len(args) + at))
     base = layout.args + 4 * len(args)
     args += consts + descs
@@ -167,6 +169,6 @@ def args_bytes(blob, programs: dict) -> int:
     n = 16
     for ln in blob.launches:
         p = programs[ln.kernel]
-        imgs = sum(k == "image" for k in p.params)
+        imgs = sum(k is ParamKind.IMAGE for k in p.params)
         n += -(-(p.const_vec4s * 4 + imgs * texture.DESCRIPTOR_DWORDS) // 16) * 16
     return 4 * n

@@ -14,7 +14,7 @@ import json
 import warnings
 from pathlib import Path
 
-from qcom.program import Program, Regs
+from qcom.program import ParamKind, Program, Regs
 from runner import cache
 from runner.errors import BlobError
 
@@ -38,9 +38,10 @@ def from_json(d: dict) -> Program:
     p = Program(**d)
     regs = Regs(*p.regs)
     offsets = tuple(None if o is None else int(o) for o in p.offsets)
-    if len(offsets) != len(p.params) or not set(p.params) <= {"buffer", "image"}:
+    if len(offsets) != len(p.params):
         raise ValueError("cached program's parameters and offsets disagree")
-    return p._replace(binary=bytes.fromhex(p.binary), params=tuple(p.params), offsets=offsets,
+    params = tuple(map(ParamKind, p.params))  # ValueError for another kind
+    return p._replace(binary=bytes.fromhex(p.binary), params=params, offsets=offsets,
                       regs=regs, imms=tuple(tuple(map(int, x)) for x in p.imms))
 
 

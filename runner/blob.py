@@ -27,9 +27,10 @@ import numpy as np
 from runner.errors import BlobError, ConfigError
 from runner.files import open_regular
 from runner.format import (BARRIER, CHUNK_BYTES, DEVICE_REGIONS, DTYPES, ENTRY_NAME,
-                           FILE_SHA256_AT, FLAGS, GRAPH_HEAD, HEADER, LAUNCH, MAGIC, MAX_DIMS,
-                           MAX_INT, REGIONS, SECTION_ALIGN, VERSION, entry_name_ok, file_sha256,
-                           section_names, section_offsets, variant_sections)
+                           FILE_SHA256_AT, FLAGS, GRAPH_HEAD, HEADER, IO_REGIONS, LAUNCH, MAGIC,
+                           MAX_DIMS, MAX_INT, REGIONS, SECTION_ALIGN, VERSION, Region,
+                           entry_name_ok, file_sha256, section_names, section_offsets,
+                           variant_sections)
 from runner.host import choose
 from runner.targets import TARGETS, device_of
 
@@ -40,7 +41,7 @@ _NP_DTYPES = {name: np.dtype(name) for name in DTYPES}
 @dataclass(frozen=True)
 class BufferSpec:
     id: int
-    region: str
+    region: Region
     offset: int  # bytes into the arena / weights section; io slot (inputs, then outputs) for io
     nbytes: int
     dtype: np.dtype
@@ -189,8 +190,8 @@ def parse_blob(data: memoryview, variant: str | None = None, fill=None) -> Blob:
         _check_regions(buffers, record, spans)
         graph = _view(data, graph)
         launches = _launches(graph, record["programs"], buffers)
-        inputs = _io(record["inputs"], buffers, "input", first_slot=0)
-        outputs = _io(record["outputs"], buffers, "output", first_slot=len(record["inputs"]))
+        inputs = _io(record["inputs"], buffers, Region.INPUT, first_slot=0)
+        outputs = _io(record["outputs"], buffers, Region.OUTPUT, first_slot=len(record["inputs"]))
         _provenance(record.get("provenance"), len(launches))
         defaults = _defaults(record.get("defaults", []), inputs, buffers)
         entries = _entries(record["entries"], buffers, inputs, outputs, launches)
@@ -541,7 +542,7 @@ def _buffers(records: list[dict]) -> dict[int, BufferSpec]:
         if r["id"] in buffers:
             raise BlobError(f"manifest buffers: id {r['id']} appears twice")
         img = r["image"] and (r["image"]["width"], r["image"]["height"], r["image"]["pitch"])
-        buffers[r["id"]] = BufferSpec(r["id"], r["region"], r["offset"], r["nbytes"],
+        buffers[r["id"]] = BufferSpec(r["id"], Region(r["region"]), r["offset"], r["nbytes"],
                                       _NP_DTYPES[r["dtype"]], tuple(r["shape"]), r["name"], img)
     return buffers
 
@@ -555,28 +556,29 @@ def _check_regions(buffers: dict[int, BufferSpec], record: dict,
         if b.image is not None:
             _image(b)
         end = b.offset + b.nbytes
-        if b.region == "arena" and end > record["arena_bytes"]:
+        if b.region is Region.ARENA and end > record["arena_bytes"]:
             raise BlobError(f"buffer {b.id}: [{b.offset}, {end}) exceeds the "
                             f"{record['arena_bytes']}-byte arena region")
-        if b.region == "weights" and not any(s <= b.offset and end <= s + n for s, n in weights):
+        if b.region is Region.WEIGHTS and \
+                not any(s <= b.offset and end <= s + n for s, n in weights):
             raise BlobError(f"buffer {b.id}: [{b.offset}, {end}) lies outside the weights "
                             f"sections {[(s, s + n) for s, n in weights]} of its variant")
-        if b.region in ("input", "output"):
+        if b.region in IO_REGIONS:
             want = math.prod(b.shape) * b.dtype.itemsize  # exact: int64 could wrap
             if b.nbytes != want:
                 raise BlobError(f"buffer {b.id} ({b.name!r}): nbytes expected {want} for "
                                 f"{b.dtype} {b.shape}, got {b.nbytes}")
 
 
-def _io(ids: list[int], buffers: dict[int, BufferSpec], region: str,
+def _io(ids: list[int], buffers: dict[int, BufferSpec], region: Region,
         first_slot: int) -> list[BufferSpec]:
     """io slots number inputs first, then outputs: output j is slot len(inputs) + j."""
     slots = [buffers.get(i) for i in ids]
     for slot, (i, b) in enumerate(zip(ids, slots), start=first_slot):
         if b is None or b.region != region or b.offset != slot:
-            got = "no such buffer" if b is None else f"region {b.region!r} slot {b.offset}"
+            got = "no such buffer" if b is None else f"region {b.region.value!r} slot {b.offset}"
             raise BlobError(f"manifest {region}s[{slot - first_slot}]: buffer {i} expected region "
-                            f"{region!r} slot {slot}, got {got}")
+                            f"{region.value!r} slot {slot}, got {got}")
     declared = sorted(b.id for b in buffers.values() if b.region == region)
     if declared != sorted(ids):
         raise BlobError(f"manifest {region}s: expected every {region} buffer {declared}, got {ids}")
@@ -592,7 +594,7 @@ def _defaults(pairs: list[list[int]], inputs: list[BufferSpec],
     for k, pair in enumerate(pairs):
         i, bid = pair if len(pair) == 2 else (None, None)
         b, spec = buffers.get(bid), inputs[i] if i is not None and i < len(inputs) else None
-        if spec is None or b is None or b.region != "weights" or b.image is not None or \
+        if spec is None or b is None or b.region is not Region.WEIGHTS or b.image is not None or \
                 (b.dtype, b.shape) != (spec.dtype, spec.shape) or i in out:
             raise BlobError(f"manifest defaults[{k}]: expected [input index, weights buffer of "
                             f"that input's dtype and shape], once per input, got {pair}")
@@ -729,7 +731,7 @@ def _state(records: list[dict], buffers: dict[int, BufferSpec],
     for r in records:
         what = f"manifest state {r['name']!r}"
         io = []
-        for key, region in (("reads", "input"), ("writes", "output")):
+        for key, region in (("reads", Region.INPUT), ("writes", Region.OUTPUT)):
             got = [buffers.get(i) for i in r[key]]
             if any(b is None or b.region != region or b.id in used for b in got):
                 raise BlobError(f"{what}: {key} expected {region} buffers of no other state, "
@@ -744,7 +746,7 @@ def _state(records: list[dict], buffers: dict[int, BufferSpec],
         every = [*io[0], *io[1], *([init] if r["init"] is not None else [])]
         if not io[0] and not io[1] or any(b is None for b in every) or \
                 len({(b.dtype, b.shape) for b in every}) != 1 or \
-                init is not None and (init.region != "weights" or init.image is not None or
+                init is not None and (init.region is not Region.WEIGHTS or init.image is not None or
                                       init.nbytes != every[0].nbytes):
             raise BlobError(f"{what}: expected reads or writes, all of one dtype and shape, and "
                             f"init null or a plain weights buffer of that dtype and shape, got "

@@ -8,6 +8,7 @@ import hashlib
 import json
 import re
 import struct
+from enum import StrEnum
 
 import numpy as np
 
@@ -35,8 +36,17 @@ ENTRY_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]{0,63}")
 
 def entry_name_ok(name) -> bool:
     return type(name) is str and ENTRY_NAME.fullmatch(name) is not None
-REGIONS = ("arena", "weights", "input", "output")  # where a buffer lives
-DEVICE_REGIONS = REGIONS[:2]  # device memory the plan lays out; input and output are io slots
+class Region(StrEnum):
+    """Where a buffer lives; the manifest spells each by its value."""
+    ARENA = "arena"
+    WEIGHTS = "weights"
+    INPUT = "input"
+    OUTPUT = "output"
+
+
+REGIONS = tuple(Region)
+DEVICE_REGIONS = (Region.ARENA, Region.WEIGHTS)  # device memory the plan lays out
+IO_REGIONS = (Region.INPUT, Region.OUTPUT)  # io slots, bound at each run
 DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
           "float16", "float32", "float64")
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from runner.blob import Blob, BufferSpec, StateSpec
 from runner.errors import InputError
+from runner.format import Region
 
 
 class Kind(Enum):
@@ -63,7 +64,7 @@ class Graph:
     def __init__(self, blob: Blob):
         self.io: list[BufferSpec] = [*blob.inputs, *blob.outputs]
         self.n_inputs = len(blob.inputs)
-        kinds = {"arena": Kind.ARENA, "weights": Kind.WEIGHTS}
+        kinds = {Region.ARENA: Kind.ARENA, Region.WEIGHTS: Kind.WEIGHTS}
         self.launches = blob.launches
         self.bindings: list[tuple[Binding, ...]] = []
         self.sites: dict[int, list[tuple[int, int]]] = {}

@@ -44,6 +44,7 @@ from runner.cl import (BUILD_OPTIONS, CHANNEL_TYPES, CL_BUFFER_CREATE_TYPE_REGIO
                        unavailable_reason)
 from runner.device import Span
 from runner.errors import BlobError, DeviceError
+from runner.format import DEVICE_REGIONS, Region
 from runner.graph import Kind
 from runner.queue import Memory, QueueDevice
 
@@ -97,10 +98,10 @@ class OpenCLDevice(QueueDevice):
         self.program, self.cache = self._program(bytes(blob.programs))
         self.buffers = buffers = blob.buffers
         self.mems = {b.id: self._tensor(b) for b in buffers.values()
-                     if b.region in ("arena", "weights")}
+                     if b.region in DEVICE_REGIONS}
         self.images = {b.id: self._image(b, *b.image) for b in buffers.values() if b.image}
         for bid, img in self.images.items():  # weights: filled once, here
-            if img.copy is not None and buffers[bid].region == "weights":
+            if img.copy is not None and buffers[bid].region is Region.WEIGHTS:
                 self._copy_to_image(img)
         check(self.lib.clFinish(self.queue), "clFinish")
 
@@ -295,12 +296,12 @@ class OpenCLDevice(QueueDevice):
     def _tensor(self, b):
         if b.nbytes == 0:
             return self._buffer(CL_MEM_READ_WRITE, b.nbytes)
-        parent = self.arena if b.region == "arena" else self.weights
+        parent = self.arena if b.region is Region.ARENA else self.weights
         if b.offset % self.base_align:
             raise BlobError(f"buffer {b.id}: {b.region} offset {b.offset} is not a multiple of "
                             f"this device's {self.base_align}-byte base address alignment")
         region = ffi.new("cl_buffer_region *", (b.offset, b.nbytes))
-        flags = CL_MEM_READ_WRITE if b.region == "arena" else CL_MEM_READ_ONLY
+        flags = CL_MEM_READ_WRITE if b.region is Region.ARENA else CL_MEM_READ_ONLY
         return ffi.gc(create(self.lib.clCreateSubBuffer, f"clCreateSubBuffer(buffer {b.id})",
                            parent, flags, CL_BUFFER_CREATE_TYPE_REGION, region),
                       self.lib.clReleaseMemObject)
@@ -324,11 +325,11 @@ class OpenCLDevice(QueueDevice):
             raise BlobError(f"buffer {b.id}: image {desc.image_width}x{height} exceeds this "
                             f"device's {limits[0]}x{limits[1]} limit")
         mem = ffi.gc(create(self.lib.clCreateImage, f"clCreateImage(buffer {b.id})", self.ctx,
-                          CL_MEM_READ_ONLY if b.region == "weights" else CL_MEM_READ_WRITE,
+                          CL_MEM_READ_ONLY if b.region is Region.WEIGHTS else CL_MEM_READ_WRITE,
                           fmt, desc, ffi.NULL), self.lib.clReleaseMemObject)
         # copies read the parent buffer at the tensor's offset: PoCL 3.1 crashes copying from a
         # sub-buffer to an image
-        parent = self.arena if b.region == "arena" else self.weights
+        parent = self.arena if b.region is Region.ARENA else self.weights
         copy = None if zero_copy else (parent, b.offset, ffi.new("size_t[3]", [0, 0, 0]),
                                        ffi.new("size_t[3]", [pitch, height, 1]))
         return _Image(mem, copy)

@@ -22,11 +22,12 @@ import hashlib
 
 from compiler.artifact import Buffer, Launch
 from compiler.ir.dtypes import DType, dtypes
-from compiler.renderers.cstyle import INFIX, Body, CStyle, dot4_bytes, dot4_text
 from compiler.ir.kernel import AxisKind
 from compiler.ir.uop import Ops, UOp
+from compiler.renderers.cstyle import INFIX, Body, CStyle, dot4_bytes, dot4_text
 from runner import abi
 from runner.abi import GRAPH as ENTRY, GRAPH_MT as ENTRY_MT, LAUNCH, PROFILE
+from runner.format import Region
 
 SPLIT_MIN = 8  # trip count from which a loop is split between threads
 # Cycle counter without libc: clang's builtin on every target (rdtsc / cntvct), gcc on x86 only.
@@ -463,8 +464,8 @@ def _entries(r: CRenderer, launches: list[Launch], buffers: dict[int, Buffer],
     return table + graph + replay
 
 
-BASES = {"arena": 0, "weights": 1}  # an argument's region code in keel_args; io (inputs and
-# outputs) is 2, its offset an index into io
+# an argument's region code in keel_args; io (inputs and outputs) is 2, its offset an index into io
+BASES = {Region.ARENA: 0, Region.WEIGHTS: 1}
 
 
 def _int_of(nbytes: int) -> DType:

@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from compiler.artifact import Buffer, Image, Launch
-from compiler.ir.uop import Ops, UOp, Weight
 from compiler.ir.kernel import Kernel
+from compiler.ir.uop import Ops, UOp, Weight
 from compiler.schedule.memory import plan as plan_memory
 from compiler.schedule.storage import StoragePolicy, storage_bytes, storage_nbytes
+from runner.format import Region
 
 if TYPE_CHECKING:  # codegen packs, the schedule only applies the result
     from compiler.codegen.pack import Packing
@@ -25,7 +26,7 @@ WEIGHT_ALIGN = 64  # cache line: vector loads of a weight never straddle two lin
 @dataclass(frozen=True)
 class Layout:
     """How a kernel parameter's buffer is stored: kernels agreeing on it can share a program."""
-    region: str
+    region: Region
     dtype: str  # storage dtype's numpy name
     image: Image | None
 
@@ -41,7 +42,7 @@ class Buffers:
         self.align = max(align, WEIGHT_ALIGN)
         self.table: dict[int, Buffer] = {}
         self.node_buf: dict[UOp, int] = {}
-        self.inputs = [self._new("input", i, u, name) for i, (name, u) in enumerate(inputs)]
+        self.inputs = [self._new(Region.INPUT, i, u, name) for i, (name, u) in enumerate(inputs)]
         for (_, u), b in zip(inputs, self.inputs):
             self.node_buf[u] = b.id
         self.outputs: list[Buffer] = []
@@ -54,7 +55,7 @@ class Buffers:
         self.life: dict[int, list[int]] = {}
         self.inits: dict[str, int] = {}  # state name -> weights buffer of its initial value
 
-    def _new(self, region: str, offset: int, u: UOp, name: str = "") -> Buffer:
+    def _new(self, region: Region, offset: int, u: UOp, name: str = "") -> Buffer:
         dt, image = self.storage(region, u.dtype, u.shape, u)
         b = Buffer(len(self.table), region, offset, storage_nbytes(dt, u.shape, image), dt.name,
                    tuple(u.shape), name, image)
@@ -67,7 +68,7 @@ class Buffers:
             # when its root (hash-consed: a fill's constant) is the same node as an output
             if u is k.root and k.into is None:
                 self.pending_outputs[j] = (name, None)
-                b = self._new("output", 0, u, name)
+                b = self._new(Region.OUTPUT, 0, u, name)
                 self.out_index[b.id] = j
                 if k.inputs != [k.root]:
                     self.node_buf.setdefault(u, b.id)
@@ -76,7 +77,7 @@ class Buffers:
         # a padded tensor's buffer exists from its fill kernel on; one overwritten in place
         # already has its own
         if node not in self.node_buf:
-            self.node_buf[node] = self._new("arena", 0, node).id
+            self.node_buf[node] = self._new(Region.ARENA, 0, node).id
         self.node_buf.setdefault(k.root, self.node_buf[node])
         return self.node_buf[node]
 
@@ -84,8 +85,8 @@ class Buffers:
         """The layout of the buffer that `u` is or will be read from."""
         if u in self.node_buf:
             return self.layout_of(self.node_buf[u])
-        dt, image = self.storage("weights", u.dtype, u.shape, u)
-        return Layout("weights", dt.name, image)
+        dt, image = self.storage(Region.WEIGHTS, u.dtype, u.shape, u)
+        return Layout(Region.WEIGHTS, dt.name, image)
 
     def layout_of(self, bid: int) -> Layout:
         b = self.table[bid]
@@ -99,7 +100,7 @@ class Buffers:
             assert u.op is Ops.WEIGHT, f"unscheduled read of {u.op}"
             data = u.arg.data if packing is None else packing.apply(u.arg.data)
             self.weight_size = -(-self.weight_size // self.align) * self.align
-            b = self._new("weights", self.weight_size, u if packing is None else
+            b = self._new(Region.WEIGHTS, self.weight_size, u if packing is None else
                           UOp(Ops.WEIGHT, u.dtype, (), Weight(data)))
             stored = storage_bytes(data, b)
             self.weights.append((b.id, self.spill(stored) if self.spill else stored))
@@ -111,7 +112,7 @@ class Buffers:
         """A weights buffer holding an input's default value as the input's own bytes (no
         storage policy: the runner binds it in the input's place)."""
         self.weight_size = -(-self.weight_size // self.align) * self.align
-        b = Buffer(len(self.table), "weights", self.weight_size, data.nbytes, data.dtype.name,
+        b = Buffer(len(self.table), Region.WEIGHTS, self.weight_size, data.nbytes, data.dtype.name,
                    tuple(data.shape), "")
         self.table[b.id] = b
         self.weights.append((b.id, memoryview(data).cast("B")))
@@ -122,7 +123,7 @@ class Buffers:
         """A state's initial value as a weights buffer stored exactly as the state input is."""
         like = next(b for b in self.inputs if b.name == name)
         self.weight_size = -(-self.weight_size // self.align) * self.align
-        b = Buffer(len(self.table), "weights", self.weight_size, like.nbytes, like.dtype,
+        b = Buffer(len(self.table), Region.WEIGHTS, self.weight_size, like.nbytes, like.dtype,
                    like.shape, f"{name} (initial value)")
         self.table[b.id] = b
         self.weights.append((b.id, np.ascontiguousarray(value, like.dtype).tobytes()))
@@ -146,7 +147,7 @@ class Buffers:
             b = self.table[bid]
             self.table[bid] = replace(b, offset=n_in + j)
         self.outputs = [self.table[bid] for bid in sorted(self.out_index, key=self.out_index.get)]
-        arena = [b for b in self.table.values() if b.region == "arena"]
+        arena = [b for b in self.table.values() if b.region is Region.ARENA]
         p = plan_memory([b.nbytes for b in arena],
                         [tuple(self.life.get(b.id, (0, 0))) for b in arena], self.align)
         # guard bytes at both ends: a masked vector load may read a few elements past a buffer

@@ -23,7 +23,7 @@ from compiler.artifact import Buffer, Image
 from compiler.ir.dtypes import DType, dtypes
 from compiler.ir.uop import Ops, UOp
 from compiler.target import Target
-from runner.format import DEVICE_REGIONS  # io buffers keep the layout and dtype the caller sees
+from runner.format import DEVICE_REGIONS, Region  # io buffers keep the layout and dtype the caller sees
 
 F16, F32 = dtypes.float16, dtypes.float32
 F16_MAX = float(np.finfo(np.float16).max)
@@ -39,11 +39,11 @@ def device_storage(target: Target, float16: bool = False, images: bool | None = 
     the calibration samples); a weight beyond half's range always is."""
     use_images = target.images if images is None else images
 
-    def policy(region: str, dtype: DType, shape: tuple,
+    def policy(region: Region, dtype: DType, shape: tuple,
                node: UOp | None = None) -> tuple[DType, Image | None]:
         if region not in DEVICE_REGIONS:
             return dtype, None
-        if float16 and dtype is F32 and (region == "weights" or target.half_activations) and \
+        if float16 and dtype is F32 and (region is Region.WEIGHTS or target.half_activations) and \
                 node not in keep_fp32 and not beyond_half(node):
             dtype = F16
         return dtype, image_layout(target, dtype, shape) if use_images else None
