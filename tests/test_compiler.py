@@ -253,7 +253,7 @@ def test_vector_load_with_per_lane_gates_never_loads_when_no_lane_is_valid():
     # lanes whose gates share no conjunct: the vector load itself must stay gated (by "some lane
     # is valid"), or it would read at an address no lane may touch
     from compiler.codegen.vectorize import Zipper
-    p = UOp(Ops.PARAM, dtypes.float32, (), (1, dtypes.float32))
+    p = UOp.param(1, dtypes.float32)
     r = rng_var(0, 64)
     lanes = tuple(UOp(Ops.LOAD, dtypes.float32, (p, r * 4 + k, (r + k).lt(60)))
                   for k in range(4))

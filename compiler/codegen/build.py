@@ -33,7 +33,7 @@ PARALLEL_MIN_KERNELS = 8  # below this, starting worker processes costs more tha
 
 @dataclass
 class Job:
-    """One distinct kernel to build: its reads are numbered placeholders (layout.canonical)."""
+    """One distinct kernel to build: its reads are its parameters, Ops.PARAM (layout.canonical)."""
     kernel: Kernel
     param_dtypes: list[DType]  # storage dtype per parameter, the output first
     target: Target
@@ -136,7 +136,7 @@ def _compact(b: Built) -> Built:
 
 def build_kernel(job: Job, st) -> Built:
     k, tgt = job.kernel, job.target
-    params = {u: int(u.arg[0].removeprefix("param")) for u in k.inputs}
+    params = {u: u.arg[0] for u in k.inputs}
     with st("optimize"):
         if tgt.output_dims is AxisKind.GLOBAL:
             plan = plan_gpu(k, params, tgt)

@@ -164,7 +164,7 @@ class Lowerer:
     def _lower(self, n: UOp, idx: tuple, valid):
         """A generator: yields (node, index, gate, simplified?) for each value it needs."""
         op, arg = n.op, n.arg
-        if n in self.params and (n is not self.root or op in (Ops.INPUT, Ops.WEIGHT)):
+        if n in self.params and (n is not self.root or op in (Ops.INPUT, Ops.WEIGHT, Ops.PARAM)):
             return self.load(n, idx, valid)
         if n is self.red:
             return self.acc

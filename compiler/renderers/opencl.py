@@ -142,7 +142,7 @@ class OpenCLRenderer(CStyle):
 
     # ---- parameters and work-items ------------------------------------------------------------
     def param_decl(self, p: UOp) -> str:
-        i, dt = p.arg
+        i, dt = p.arg[0], p.dtype
         if i in self.images:
             self.used.add("image")
             return f"__read_only image2d_t p{i}"

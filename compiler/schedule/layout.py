@@ -131,13 +131,13 @@ def _elementwise(root: UOp, r: UOp, realized: set) -> bool:
 
 
 def canonical(k: Kernel, layouts: list, last: set) -> tuple[tuple, Kernel]:
-    """The kernel with its reads replaced by numbered placeholders, keyed with how each buffer is
+    """The kernel with its reads replaced by its parameters (Ops.PARAM), keyed with how each buffer is
     stored: kernels that differ only in which buffers they touch share one program. Tensors in
     `last` are stored channels-last: read through a permute of their placeholder, written
     through a permute of the root."""
     # a tensor the kernel overwrites in place (in_place) is read through the output
     # pointer: one pointer per memory, so `restrict` on every parameter stays true
-    params = [UOp(Ops.INPUT, u.dtype, (), (f"param{0 if u is k.into else j + 1}",
+    params = [UOp(Ops.PARAM, u.dtype, (), (0 if u is k.into else j + 1,
                                            _stored(u.shape, u in last)))
               for j, u in enumerate(k.inputs)]
     holes = {u: _permute(p, _order(len(u.shape), inverse=True)) if u in last else p
