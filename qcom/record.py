@@ -112,7 +112,7 @@ def _sizes(ln) -> list[int]:
             + pkt7(OP["CP_RUN_OPENCL"], 0))
 
 
-def _launch(blob, ln, prog, layout: Layout, args: list[int], sites: list) -> list[int]:
+def _launch_packets(blob, ln, prog, layout: Layout, args: list[int], sites: list) -> list[int]:
     """One dispatch's packets; appends its constants and descriptors to `args` (dwords)."""
     if len(ln.args) != len(prog.params):
         raise BlobError(f"launch {ln.kernel}: {len(ln.args)} buffers for a kernel of "
@@ -159,7 +159,7 @@ def record(blob, programs: dict, layout: Layout) -> Recording:
     at, launches = {}, []
     for i, ln in enumerate(blob.launches):
         sites: list = []
-        launches.append(_launch(blob, ln, programs[ln.kernel], layout, args, sites))
+        launches.append(_launch_packets(blob, ln, programs[ln.kernel], layout, args, sites))
         at.update({(i, j): dword for j, dword in sites})
     return Recording(launches, np.array(args, np.uint32), at, layout.border)
 

@@ -89,7 +89,7 @@ class Blob:
     manifest: dict  # the validated JSON, for tools
     variant: str  # the target of the variant loaded: the code that runs
     variants: tuple[str, ...]  # every variant the file holds, in file order
-    record: dict  # the loaded variant's manifest record (its buffers, programs, provenance)
+    variant_manifest: dict  # the loaded variant's part of the manifest (buffers, programs...)
     buffers: dict[int, BufferSpec]
     inputs: list[BufferSpec]  # in io slot order
     outputs: list[BufferSpec]
@@ -173,7 +173,7 @@ def parse_blob(data: memoryview, variant: str | None = None, fill=None) -> Blob:
     name = choose(names) if variant is None else variant
     if name not in names:
         raise ConfigError(f"variant {name!r}: expected one of this blob's variants {names}")
-    record = _record(manifest["variants"], names.index(name))
+    vm = _variant_manifest(manifest["variants"], names.index(name))
     sections = {s["name"]: s for s in table}
     shared, own, programs, graph = (sections[n] for n in variant_sections(name))
     # its kernels see the shared weights and its own as one region from the shared section on
@@ -186,21 +186,21 @@ def parse_blob(data: memoryview, variant: str | None = None, fill=None) -> Blob:
     fill(g_start, g_end)
     rest = lambda start, end: None if g_start <= start < g_end else fill(start, end)  # noqa: E731
     with _ChunkCheck(data, [shared, own, programs, graph], rest) as chunks:
-        buffers = _buffers(record["buffers"])
-        _check_regions(buffers, record, spans)
+        buffers = _buffers(vm["buffers"])
+        _check_regions(buffers, vm, spans)
         graph = _view(data, graph)
-        launches = _launches(graph, record["programs"], buffers)
-        inputs = _io(record["inputs"], buffers, Region.INPUT, first_slot=0)
-        outputs = _io(record["outputs"], buffers, Region.OUTPUT, first_slot=len(record["inputs"]))
-        _provenance(record.get("provenance"), len(launches))
-        defaults = _defaults(record.get("defaults", []), inputs, buffers)
-        entries = _entries(record["entries"], buffers, inputs, outputs, launches)
-        state = _state(record["state"], buffers, entries)
+        launches = _launches(graph, vm["programs"], buffers)
+        inputs = _io(vm["inputs"], buffers, Region.INPUT, first_slot=0)
+        outputs = _io(vm["outputs"], buffers, Region.OUTPUT, first_slot=len(vm["inputs"]))
+        _provenance(vm.get("provenance"), len(launches))
+        defaults = _defaults(vm.get("defaults", []), inputs, buffers)
+        entries = _entries(vm["entries"], buffers, inputs, outputs, launches)
+        state = _state(vm["state"], buffers, entries)
         chunks.finish()
     return Blob(target=target, producer=producer, manifest=manifest, variant=name,
-                variants=tuple(names), record=record, buffers=buffers, inputs=inputs,
-                outputs=outputs, launches=launches, arena_bytes=record["arena_bytes"],
-                program_names=record["programs"], weights=weights,
+                variants=tuple(names), variant_manifest=vm, buffers=buffers, inputs=inputs,
+                outputs=outputs, launches=launches, arena_bytes=vm["arena_bytes"],
+                program_names=vm["programs"], weights=weights,
                 programs=_view(data, programs), graph=graph, entries=entries, state=state,
                 defaults=defaults)
 
@@ -331,7 +331,7 @@ def _obj(fields, optional=None):
 _BUFFER = _obj({"id": _int, "region": _one_of(REGIONS), "offset": _int, "nbytes": _int,
                 "dtype": _one_of(DTYPES), "shape": _list(_int), "name": _str,
                 "image": _nullable(_obj({"width": _int, "height": _int, "pitch": _int}))})
-_RECORD = _obj({
+_VARIANT = _obj({
     "target": _one_of(TARGETS),
     "arena_bytes": _int,
     "arena_lower_bound_bytes": _int,
@@ -354,8 +354,8 @@ _RECORD = _obj({
 
 
 def _variant_target(v):
-    """What the manifest check reads of a variant: its target. The rest of its record is checked
-    when it is the one loaded (_record): a reader pays for the variant it runs."""
+    """What the manifest check reads of a variant: its target. The rest of it is checked
+    when it is the one loaded (_variant_manifest): a reader pays for the variant it runs."""
     if type(v) is not dict or "target" not in v:
         raise _Invalid("an object with a target", v)
     try:
@@ -409,11 +409,11 @@ def _variants(variants: list[dict], target: str) -> None:
                         f"{names}")
 
 
-def _record(variants: list[dict], i: int) -> dict:
-    """Variant i's record, checked against the schema (docs/blob.md)."""
+def _variant_manifest(variants: list[dict], i: int) -> dict:
+    """Variant i's part of the manifest, checked against the schema (docs/blob.md)."""
     r = variants[i]
     try:
-        _RECORD(r)
+        _VARIANT(r)
     except _Invalid as e:
         e.path += [i, "variants"]
         raise e.error() from None
@@ -530,7 +530,7 @@ def _provenance(prov: dict | None, n_launches: int) -> None:
 def launch_nodes(blob: Blob) -> list[list[tuple[str, str]]]:
     """Per launch, the (name, op_type) of the ONNX nodes it computes; empty lists for a blob
     written without provenance."""
-    prov = blob.record.get("provenance")
+    prov = blob.variant_manifest.get("provenance")
     if prov is None:
         return [[] for _ in blob.launches]
     return [[tuple(prov["nodes"][i]) for i in p] for p in prov["launches"]]
@@ -547,7 +547,7 @@ def _buffers(records: list[dict]) -> dict[int, BufferSpec]:
     return buffers
 
 
-def _check_regions(buffers: dict[int, BufferSpec], record: dict,
+def _check_regions(buffers: dict[int, BufferSpec], vm: dict,
                    weights: list[tuple[int, int]]) -> None:
     """weights: (start, size) of the shared weights section and the variant's own, relative to
     the region the kernels see: a weights buffer lies within one of them, so every byte a kernel
@@ -556,9 +556,9 @@ def _check_regions(buffers: dict[int, BufferSpec], record: dict,
         if b.image is not None:
             _image(b)
         end = b.offset + b.nbytes
-        if b.region is Region.ARENA and end > record["arena_bytes"]:
+        if b.region is Region.ARENA and end > vm["arena_bytes"]:
             raise BlobError(f"buffer {b.id}: [{b.offset}, {end}) exceeds the "
-                            f"{record['arena_bytes']}-byte arena region")
+                            f"{vm['arena_bytes']}-byte arena region")
         if b.region is Region.WEIGHTS and \
                 not any(s <= b.offset and end <= s + n for s, n in weights):
             raise BlobError(f"buffer {b.id}: [{b.offset}, {end}) lies outside the weights "
@@ -573,8 +573,8 @@ def _check_regions(buffers: dict[int, BufferSpec], record: dict,
 def _io(ids: list[int], buffers: dict[int, BufferSpec], region: Region,
         first_slot: int) -> list[BufferSpec]:
     """io slots number inputs first, then outputs: output j is slot len(inputs) + j."""
-    slots = [buffers.get(i) for i in ids]
-    for slot, (i, b) in enumerate(zip(ids, slots), start=first_slot):
+    found = [buffers.get(i) for i in ids]
+    for slot, (i, b) in enumerate(zip(ids, found), start=first_slot):
         if b is None or b.region != region or b.offset != slot:
             got = "no such buffer" if b is None else f"region {b.region.value!r} slot {b.offset}"
             raise BlobError(f"manifest {region}s[{slot - first_slot}]: buffer {i} expected region "
@@ -582,10 +582,10 @@ def _io(ids: list[int], buffers: dict[int, BufferSpec], region: Region,
     declared = sorted(b.id for b in buffers.values() if b.region == region)
     if declared != sorted(ids):
         raise BlobError(f"manifest {region}s: expected every {region} buffer {declared}, got {ids}")
-    names = [b.name for b in slots]
+    names = [b.name for b in found]
     if "" in names:  # unique within each entry (_entries)
         raise BlobError(f"manifest {region}s: names must be non-empty, got {names}")
-    return slots
+    return found
 
 
 def _defaults(pairs: list[list[int]], inputs: list[BufferSpec],
@@ -633,14 +633,14 @@ def _launches(graph: memoryview, programs: list[str],
     args = np.frombuffer(graph, "<u4", n_args, GRAPH_HEAD.size + n * LAUNCH.itemsize).tolist()
     launches, at = [], 0
     for i, rec in enumerate(table.tolist()):
-        launches.append(_launch(i, rec, args, at, programs, buffers))
+        launches.append(_parse_launch(i, rec, args, at, programs, buffers))
         at += rec[-1]
     if at != n_args:
         raise BlobError(f"graph section: launches use {at} args, the head says {n_args}")
     return launches
 
 
-def _launch(i: int, rec: tuple, args: list[int], at: int, programs: list[str],
+def _parse_launch(i: int, rec: tuple, args: list[int], at: int, programs: list[str],
             buffers: dict[int, BufferSpec]) -> LaunchSpec:
     """Launch i's args must start where launch i - 1's end (`at`): one byte, one meaning."""
     program, flags, dims, glob, local, first, count = rec

@@ -111,7 +111,7 @@ class OpenCLDevice(QueueDevice):
         now, not inside the first run()'s deadline."""
         self.kernels, self.commands = [], []
         for ln, args in zip(self.graph.launches, self.graph.bindings):
-            kernel, cmds = self._record(ln, args)
+            kernel, cmds = self._launch_commands(ln, args)
             self.kernels.append(kernel)
             self.commands.append(cmds)
         self._enqueue(range(len(self.commands)))
@@ -119,7 +119,7 @@ class OpenCLDevice(QueueDevice):
         if self.cache is not None:
             self._save_binary(self.program, self.cache)
 
-    def _record(self, ln, args) -> tuple:
+    def _launch_commands(self, ln, args) -> tuple:
         """One launch as queue commands: the kernel with its args set, then the image copy of
         its output where the image does not alias the buffer."""
         kernel = ffi.gc(create(self.lib.clCreateKernel, f"clCreateKernel({ln.kernel})",

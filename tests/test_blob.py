@@ -37,7 +37,7 @@ def test_round_trip_preserves_every_field():
     assert blob.producer.startswith("keel")
     assert bytes(blob.weights) == CHAIN_W.tobytes() and bytes(blob.programs) == ARTIFACT.programs
     assert blob.arena_bytes == ARTIFACT.arena_bytes
-    assert blob.record["arena_lower_bound_bytes"] == ARTIFACT.arena_lower_bound_bytes
+    assert blob.variant_manifest["arena_lower_bound_bytes"] == ARTIFACT.arena_lower_bound_bytes
     assert [(b.name, b.shape, str(b.dtype), b.offset) for b in blob.inputs] == \
         [(b.name, b.shape, b.dtype, b.offset) for b in ARTIFACT.inputs]
     assert [(l.kernel, l.args) for l in blob.launches] == \

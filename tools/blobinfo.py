@@ -33,7 +33,7 @@ def describe(path: str, variant: str | None = None) -> dict:
     variants = [here if v == here.variant else read_blob(path, v) for v in here.variants]
     blob = here if variant is None else variants[here.variants.index(variant)] \
         if variant in here.variants else read_blob(path, variant)  # ConfigError: not in it
-    m, r = blob.manifest, blob.record
+    m, r = blob.manifest, blob.variant_manifest
     return {
         "target": blob.target,
         "producer": blob.producer,
@@ -93,8 +93,8 @@ def memory_plan(blob) -> dict:
         bufs.append({"id": b, "offset": spec.offset, "nbytes": spec.nbytes, "first": first,
                      "last": last, "name": name})
     peak = int(live.argmax())
-    return {"arena_bytes": blob.record["arena_bytes"],
-            "lower_bound_bytes": blob.record["arena_lower_bound_bytes"],
+    return {"arena_bytes": blob.variant_manifest["arena_bytes"],
+            "lower_bound_bytes": blob.variant_manifest["arena_lower_bound_bytes"],
             "launches": len(blob.launches), "live_bytes": live.tolist(), "buffers": bufs,
             "peak": {"launch": peak, "kernel": blob.launches[peak].kernel if blob.launches else "",
                      "bytes": int(live[peak]),
