@@ -42,7 +42,7 @@ class Launch:
     args: tuple[int, ...]  # Buffer ids in parameter order; outputs first
     global_size: tuple[int, ...] = (1,)
     local_size: tuple[int, ...] | None = None
-    barrier: bool = False  # waits for every earlier launch (compiler/schedule/hazards.py)
+    barrier: bool = False  # waits for every earlier launch (compiler/link/hazards.py)
 
 
 @dataclass(frozen=True)

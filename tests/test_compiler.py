@@ -767,7 +767,7 @@ def test_a_recompile_builds_only_kernels_it_has_not_built_before(tmp_path, monke
     assert warm.variants[0].programs == cold.variants[0].programs
     # the second activation changed (tanh takes more kernels than sigmoid): everything after
     # the first MatMul + Relu is new, and so are the entry points; that first kernel is not
-    new = c2["schedule"]["programs"] // n - 1
+    new = c2["place"]["programs"] // n - 1
     assert c2["kernels"] == {"built": new * n, "cached": n}, c2
     assert c2["build"] == {"compiled": (new + 1) * n, "cached": n}, c2
     x = np.random.default_rng(1).standard_normal((4, 16)).astype(np.float32)

@@ -12,7 +12,7 @@ from compiler import toolchain
 from compiler.artifact import Buffer, Launch
 from compiler.blob import assemble, blob_bytes
 from compiler.pipeline import compile_model
-from compiler.schedule.hazards import mark_barriers
+from compiler.link.hazards import mark_barriers
 from runner.blob import parse_blob
 from runner.errors import BlobError
 from runner.format import GRAPH_HEAD, HEADER, LAUNCH, VERSION, pack_graph

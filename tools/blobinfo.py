@@ -74,7 +74,7 @@ def _size(manifest: dict, section: str) -> int:
 
 def memory_plan(blob) -> dict:
     """Each arena buffer's place and lifetime (launch steps, as the compiler's planner saw them:
-    compiler/schedule/memory.py), the bytes live at each step, and the step where most are."""
+    compiler/link/memory.py), the bytes live at each step, and the step where most are."""
     life: dict[int, list[int]] = {}
     for i, ln in enumerate(blob.launches):
         for b in ln.args:

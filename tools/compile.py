@@ -41,6 +41,7 @@ import numpy as np
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from compiler.blob import BlobWriter  # noqa: E402
+from compiler.codegen.build import KERNEL_STEPS  # noqa: E402
 from compiler.pipeline import Stages, compile_model  # noqa: E402
 from compiler.errors import CompileError  # noqa: E402
 from compiler.target import TARGETS  # noqa: E402
@@ -197,7 +198,7 @@ def main(argv=None) -> int:
 def summary(args, art, stages: Stages, total: float) -> None:
     """What the compile did, on stderr (--verbose, fp16 ranges), and the blob written."""
     if args.verbose and stages.times.get("lower"):  # the kernel builder's own steps
-        inner = {k: v for k, v in stages.times.items() if k in ("optimize", "lower", "linearize", "kernel text")}
+        inner = {k: stages.times[k] for k in KERNEL_STEPS if k in stages.times}
         print("  in kernels: " + ", ".join(f"{k} {v:.2f} s" for k, v in inner.items())
               + " (summed over workers)", file=sys.stderr)
     if args.float16 and TARGETS[args.target].half_activations:

@@ -29,6 +29,8 @@ from compiler.target import Target
 from compiler.toolchain import compile_jobs
 
 PARALLEL_MIN_KERNELS = 8  # below this, starting worker processes costs more than it saves
+# build_kernel's steps, each timed under its name (summed over the worker processes)
+KERNEL_STEPS = ("plan", "lower", "simplify", "pack", "vectorize", "linearize", "render")
 
 
 @dataclass
@@ -137,7 +139,7 @@ def _compact(b: Built) -> Built:
 def build_kernel(job: Job, st) -> Built:
     k, tgt = job.kernel, job.target
     params = {u: u.arg[0] for u in k.inputs}
-    with st("optimize"):
+    with st("plan"):
         if tgt.output_dims is AxisKind.GLOBAL:
             plan = plan_gpu(k, params, tgt)
         else:
@@ -145,16 +147,20 @@ def build_kernel(job: Job, st) -> Built:
             plan = plan_cpu(k, params, tgt, job.packable)
     with st("lower"):
         rw = Rewriter(first_rules(k, job.param_dtypes, tgt, job.float32))
-        sink = simplify(lower_kernel(k, params, job.param_dtypes, plan, rw), rw, tgt)
+        sink = lower_kernel(k, params, job.param_dtypes, plan, rw)
+    with st("simplify"):
+        sink = simplify(sink, rw, tgt)
         if tgt.hvx:
             sink = graph_rewrite(sink, DOT4_WORDS)
+    with st("pack"):
         sink, packings = pack_weights(sink, job.packable)
+    with st("vectorize"):
         sink = vectorize(sink, rw, job.arena)
         if tgt.prefetch:
             sink = prefetch_next_tiles(sink, job.packable)
     with st("linearize"):
         lin = linearize(sink)
-    with st("kernel text"):
+    with st("render"):
         renderer = get_renderer(tgt)
         renderer.overread = frozenset(job.arena)
         return Built(k.name, lin, plan, packings, renderer.kernel_piece(lin, job.param_dtypes))

@@ -26,8 +26,9 @@ LOOP_KINDS = (AxisKind.GLOBAL, AxisKind.GROUP, AxisKind.LOOP, AxisKind.REDUCE)  
 WORK_ITEM_KINDS = (AxisKind.GLOBAL, AxisKind.GROUP)  # RANGEs that are work-item ids, not loops
 
 
-@dataclass
+@dataclass(frozen=True)
 class Kernel:
+    """A scheduled kernel; frozen: later stages make new ones (dataclasses.replace)."""
     name: str
     root: UOp  # the tensor this kernel computes
     inputs: list[UOp]  # realized tensors / graph inputs / weights it reads, in parameter order

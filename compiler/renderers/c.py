@@ -91,7 +91,7 @@ def _threaded(name: str, sig: str, timed: bool) -> str:
             f"  int end = s->end > 0 && s->end < KEEL_LAUNCHES ? s->end : KEEL_LAUNCHES;\n"
             f"  for (int i = s->first > 0 ? s->first : 0; i < end; i++) {{\n"
             f"    const keel_row *r = &keel_rows[i];\n"
-            f"    if (r->barrier) keel_barrier(s, nt, &sense);  /* compiler/schedule/hazards.py */\n"
+            f"    if (r->barrier) keel_barrier(s, nt, &sense);  /* compiler/link/hazards.py */\n"
             f"    {call}\n  }}\n"
             f"  keel_barrier(s, nt, &sense);  /* all work done before any thread returns */\n}}\n")
 

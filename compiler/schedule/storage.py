@@ -1,6 +1,6 @@
 """How a target stores each buffer: element type (half storage) and layout (2D images).
 
-Both are decided once per buffer, when schedule/buffers.py creates it and before any kernel is
+Both are decided once per buffer, when schedule/place.py places it and before any kernel is
 lowered, so every kernel touching a buffer agrees on them. How kernels compute on half values is
 codegen/half.py's job.
 
