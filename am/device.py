@@ -95,7 +95,7 @@ class AmdDevice(QueueDevice):
             return self.arena + spec.offset
         if spec.region is Region.WEIGHTS:
             return self.weights + spec.offset
-        return self.io_address[spec.offset]
+        return self.io_address[spec.slot]
 
     def record(self) -> None:
         """The kernargs and each entry's stream; a re-recording (reset) writes them where the

@@ -76,7 +76,7 @@ def _kernargs(blob, k: Kernel, ln, address) -> tuple[bytes, list[tuple[int, int]
                                 f"{len(ln.args)} buffers")
             struct.pack_into("<Q", out, a.offset, address(b))
             if blob.buffers[b].region in IO_REGIONS:
-                slots.append((blob.buffers[b].offset, a.offset))
+                slots.append((blob.buffers[b].slot, a.offset))
         elif a.kind in hidden:
             out[a.offset:a.offset + a.size] = hidden[a.kind].to_bytes(a.size, "little")
         elif not a.kind.startswith("hidden_"):

@@ -26,14 +26,16 @@ class Image:
 class Buffer:
     id: int
     region: Region
-    offset: int  # byte offset in arena/weights; for input/output the global io slot index
-    # (inputs take slots 0..n_in-1 in order, outputs n_in.. in order)
+    offset: int  # byte offset in the arena / the weights region; 0 for inputs and outputs
     nbytes: int
     dtype: str  # numpy dtype name: "float32", "uint8", ...
     shape: tuple[int, ...]
     name: str = ""  # graph name for inputs and outputs
     # GPU only: read through an image; nbytes then covers the pitched rows
     image: Image | None = None
+    # inputs and outputs: the io slot the caller binds (inputs 0..n_in-1, then outputs n_in..,
+    # each in order); None in the arena and the weights
+    slot: int | None = None
 
 
 @dataclass(frozen=True)

@@ -243,8 +243,9 @@ def _layout(target: str, manifest: dict, payloads: dict, digests: dict | None = 
 def _buffer_record(b: Buffer) -> dict:
     image = None if b.image is None else \
         {"width": b.image.width, "height": b.image.height, "pitch": b.image.pitch}
-    return {"id": b.id, "region": b.region, "offset": b.offset, "nbytes": b.nbytes,
-            "dtype": b.dtype, "shape": list(b.shape), "name": b.name, "image": image}
+    return {"id": b.id, "region": b.region, "offset": b.offset, "slot": b.slot,
+            "nbytes": b.nbytes, "dtype": b.dtype, "shape": list(b.shape), "name": b.name,
+            "image": image}
 
 
 def _cstr(text: str, what: str) -> bytes:

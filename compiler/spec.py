@@ -8,7 +8,7 @@ import math
 import os
 
 from compiler.ir.uop import Ops
-from runner.format import Region
+from runner.format import IO_REGIONS, Region
 
 
 class SpecError(AssertionError):
@@ -63,9 +63,9 @@ def _place(variants: list) -> None:
         p, n_in = v.placed, v.placed.n_inputs
         if [b.id for b in p.buffers] != list(range(len(p.buffers))):
             _fail("place", "buffer ids are not their positions")
-        io = [(b.region, b.offset) for b in p.buffers if b.region in (Region.INPUT, Region.OUTPUT)]
+        io = [(b.region, b.slot) for b in p.buffers if b.region in IO_REGIONS]
         want = [(Region.INPUT, i) for i in range(n_in)]
-        if io[:n_in] != want or sorted(p.buffers[b].offset for b in p.outputs) != \
+        if io[:n_in] != want or [p.buffers[b].slot for b in p.outputs] != \
                 list(range(n_in, n_in + len(p.outputs))):
             _fail("place", f"io slots: inputs 0..{n_in - 1} then outputs in order, got {io}")
 

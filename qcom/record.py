@@ -61,7 +61,7 @@ class Recording(NamedTuple):
 
 
 def address(b, layout: Layout) -> int:
-    return layout.io[b.offset] if b.region in IO_REGIONS else \
+    return layout.io[b.slot] if b.region in IO_REGIONS else \
         layout.region[b.region] + b.offset
 
 

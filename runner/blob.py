@@ -42,12 +42,13 @@ _NP_DTYPES = {name: np.dtype(name) for name in DTYPES}
 class BufferSpec:
     id: int
     region: Region
-    offset: int  # bytes into the arena / weights section; io slot (inputs, then outputs) for io
+    offset: int  # bytes into the arena / weights section; 0 for io
     nbytes: int
     dtype: np.dtype
     shape: tuple[int, ...]
     name: str
     image: tuple[int, int, int] | None = None  # (width, height, pitch) in texels: GPU images
+    slot: int | None = None  # io: the io slot (inputs, then outputs); None elsewhere
 
 
 @dataclass(frozen=True)
@@ -328,7 +329,8 @@ def _obj(fields, optional=None):
     return check
 
 
-_BUFFER = _obj({"id": _int, "region": _one_of(REGIONS), "offset": _int, "nbytes": _int,
+_BUFFER = _obj({"id": _int, "region": _one_of(REGIONS), "offset": _int, "slot": _nullable(_int),
+                "nbytes": _int,
                 "dtype": _one_of(DTYPES), "shape": _list(_int), "name": _str,
                 "image": _nullable(_obj({"width": _int, "height": _int, "pitch": _int}))})
 _VARIANT = _obj({
@@ -543,7 +545,8 @@ def _buffers(records: list[dict]) -> dict[int, BufferSpec]:
             raise BlobError(f"manifest buffers: id {r['id']} appears twice")
         img = r["image"] and (r["image"]["width"], r["image"]["height"], r["image"]["pitch"])
         buffers[r["id"]] = BufferSpec(r["id"], Region(r["region"]), r["offset"], r["nbytes"],
-                                      _NP_DTYPES[r["dtype"]], tuple(r["shape"]), r["name"], img)
+                                      _NP_DTYPES[r["dtype"]], tuple(r["shape"]), r["name"], img,
+                                      r["slot"])
     return buffers
 
 
@@ -563,6 +566,10 @@ def _check_regions(buffers: dict[int, BufferSpec], vm: dict,
                 not any(s <= b.offset and end <= s + n for s, n in weights):
             raise BlobError(f"buffer {b.id}: [{b.offset}, {end}) lies outside the weights "
                             f"sections {[(s, s + n) for s, n in weights]} of its variant")
+        if (b.slot is None) != (b.region not in IO_REGIONS) or b.slot is not None and b.offset:
+            raise BlobError(f"buffer {b.id} ({b.region.value}): expected "
+                            f"{'a slot and offset 0' if b.region in IO_REGIONS else 'no slot'}, "
+                            f"got slot {b.slot} offset {b.offset}")
         if b.region in IO_REGIONS:
             want = math.prod(b.shape) * b.dtype.itemsize  # exact: int64 could wrap
             if b.nbytes != want:
@@ -575,8 +582,8 @@ def _io(ids: list[int], buffers: dict[int, BufferSpec], region: Region,
     """io slots number inputs first, then outputs: output j is slot len(inputs) + j."""
     found = [buffers.get(i) for i in ids]
     for slot, (i, b) in enumerate(zip(ids, found), start=first_slot):
-        if b is None or b.region != region or b.offset != slot:
-            got = "no such buffer" if b is None else f"region {b.region.value!r} slot {b.offset}"
+        if b is None or b.region != region or b.slot != slot:
+            got = "no such buffer" if b is None else f"region {b.region.value!r} slot {b.slot}"
             raise BlobError(f"manifest {region}s[{slot - first_slot}]: buffer {i} expected region "
                             f"{region.value!r} slot {slot}, got {got}")
     declared = sorted(b.id for b in buffers.values() if b.region == region)
@@ -690,7 +697,7 @@ def _entries(records: list[dict], buffers: dict[int, BufferSpec], inputs: list[B
                             f"table's {len(launches)}")
         io = []
         for key, declared in (("inputs", inputs), ("outputs", outputs)):
-            ids, slots = e[key], {b.id: b.offset for b in declared}
+            ids, slots = e[key], {b.id: b.slot for b in declared}
             if not all(i in slots for i in ids) or \
                     [slots[i] for i in ids] != sorted({slots[i] for i in ids}):
                 raise BlobError(f"{what}: {key} expected {key[:-1]} buffer ids in slot order, "

@@ -13,7 +13,7 @@ from enum import StrEnum
 import numpy as np
 
 MAGIC = b"KEELBLOB"
-VERSION = 4  # 4: entries and state in each variant's record
+VERSION = 5  # 5: io buffers carry their io slot in "slot", no longer in "offset"
 # magic, version, header_size, flags, file_size, manifest_offset, manifest_size,
 # manifest_sha256, file_sha256, producer, target  (little-endian, 176 bytes)
 HEADER = struct.Struct("<8sIIQQQQ32s32s32s32s")

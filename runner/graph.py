@@ -75,8 +75,8 @@ class Graph:
                 if b.region in kinds:
                     args.append(Binding(kinds[b.region], b.offset))
                 else:
-                    args.append(Binding(Kind.IO, b.offset))
-                    self.sites.setdefault(b.offset, []).append((i, j))
+                    args.append(Binding(Kind.IO, b.slot))
+                    self.sites.setdefault(b.slot, []).append((i, j))
             self.bindings.append(tuple(args))
         self.state: tuple[StateSpec, ...] = blob.state
         self.entries = [_entry(e, blob.state) for e in blob.entries]
@@ -104,10 +104,10 @@ class Graph:
 
 def _entry(e, states: tuple[StateSpec, ...]) -> Entry:
     mine = {b.id for b in (*e.inputs, *e.outputs)}
-    reads = tuple((k, b.offset) for k, s in enumerate(states) for b in s.reads if b.id in mine)
-    writes = tuple((k, b.offset) for k, s in enumerate(states) for b in s.writes if b.id in mine)
+    reads = tuple((k, b.slot) for k, s in enumerate(states) for b in s.reads if b.id in mine)
+    writes = tuple((k, b.slot) for k, s in enumerate(states) for b in s.writes if b.id in mine)
     state = {slot for _, slot in (*reads, *writes)}
-    slot = lambda b: Slot(b.offset, b.name, b.shape, b.dtype, b.nbytes)  # noqa: E731
-    return Entry(e.name, e.launches, tuple(slot(b) for b in e.inputs if b.offset not in state),
-                 tuple(slot(b) for b in e.outputs if b.offset not in state), reads, writes,
+    slot = lambda b: Slot(b.slot, b.name, b.shape, b.dtype, b.nbytes)  # noqa: E731
+    return Entry(e.name, e.launches, tuple(slot(b) for b in e.inputs if b.slot not in state),
+                 tuple(slot(b) for b in e.outputs if b.slot not in state), reads, writes,
                  bool(state))

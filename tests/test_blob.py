@@ -38,12 +38,12 @@ def test_round_trip_preserves_every_field():
     assert bytes(blob.weights) == CHAIN_W.tobytes() and bytes(blob.programs) == ARTIFACT.programs
     assert blob.arena_bytes == ARTIFACT.arena_bytes
     assert blob.variant_manifest["arena_lower_bound_bytes"] == ARTIFACT.arena_lower_bound_bytes
-    assert [(b.name, b.shape, str(b.dtype), b.offset) for b in blob.inputs] == \
-        [(b.name, b.shape, b.dtype, b.offset) for b in ARTIFACT.inputs]
+    assert [(b.name, b.shape, str(b.dtype), b.slot) for b in blob.inputs] == \
+        [(b.name, b.shape, b.dtype, b.slot) for b in ARTIFACT.inputs]
     assert [(l.kernel, l.args) for l in blob.launches] == \
         [(l.kernel, l.args) for l in ARTIFACT.launches]
-    assert {b.id: (b.region, b.offset, b.nbytes) for b in blob.buffers.values()} == \
-        {b.id: (b.region, b.offset, b.nbytes) for b in ARTIFACT.buffers}
+    assert {b.id: (b.region, b.offset, b.slot, b.nbytes) for b in blob.buffers.values()} == \
+        {b.id: (b.region, b.offset, b.slot, b.nbytes) for b in ARTIFACT.buffers}
     assert blob.manifest["meta"] == ARTIFACT.meta
 
 
@@ -168,10 +168,14 @@ def _set(path, value, top=False):
     (_set(["buffers", 4, "offset"], 256), r"\[256, 512\) exceeds the 384-byte arena region"),
     (_set(["buffers", 0, "nbytes"], 65), r"nbytes expected 64 for uint8 \(1, 64\), got 65"),
     (_set(["buffers", 0, "dtype"], "complex64"), r"buffers\[0\].dtype: expected one of"),
-    (_set(["buffers", 1, "offset"], 0), r"inputs\[1\]: buffer 1 expected region 'input' slot 1"),
-    (_set(["buffers", 1, "region"], "arena"), r"region 'input' slot 1, got region 'arena'"),
-    (_set(["buffers", 2, "offset"], 0), r"outputs\[0\]: buffer 2 expected region 'output' slot 2, "
-                                          r"got region 'output' slot 0"),
+    (_set(["buffers", 1, "slot"], 0), r"inputs\[1\]: buffer 1 expected region 'input' slot 1"),
+    (_set(["buffers", 1, "region"], "arena"), r"buffer 1 \(arena\): expected no slot, got slot 1"),
+    (_set(["buffers", 2, "slot"], 0), r"outputs\[0\]: buffer 2 expected region 'output' slot 2, "
+                                        r"got region 'output' slot 0"),
+    (_set(["buffers", 2, "offset"], 8), r"buffer 2 \(output\): expected a slot and offset 0, "
+                                        r"got slot 2 offset 8"),
+    (_set(["buffers", 2, "slot"], None), r"buffer 2 \(output\): expected a slot and offset 0"),
+    (_set(["buffers", 4, "slot"], 0), r"buffer 4 \(arena\): expected no slot, got slot 0"),
     (_set(["inputs"], [0]), r"expected every input buffer \[0, 1\], got \[0\]"),
     (_set(["buffers", 1, "name"], "x"), "names must be non-empty and unique"),
     (_set(["arena_lower_bound_bytes"], 10**6), "expected <= arena_bytes 384"),

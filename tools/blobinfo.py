@@ -52,11 +52,11 @@ def describe(path: str, variant: str | None = None) -> dict:
         "kernels": len(r["programs"]),
         "inputs": _io(blob.inputs),
         "outputs": _io(blob.outputs),
-        "entries": [{"name": e.name, "inputs": [b.offset for b in e.inputs],
-                     "outputs": [b.offset for b in e.outputs],
+        "entries": [{"name": e.name, "inputs": [b.slot for b in e.inputs],
+                     "outputs": [b.slot for b in e.outputs],
                      "launches": [e.launches.start, e.launches.stop]} for e in blob.entries],
         "state": [{"name": x.name, "dtype": str(x.dtype), "shape": list(x.shape),
-                   "reads": [b.offset for b in x.reads], "writes": [b.offset for b in x.writes],
+                   "reads": [b.slot for b in x.reads], "writes": [b.slot for b in x.writes],
                    "init": x.init is not None} for x in blob.state],
         "launches": [{"kernel": l.kernel, "args": list(l.args), "barrier": l.barrier,
                       "global_size": list(l.global_size),
@@ -102,7 +102,7 @@ def memory_plan(blob) -> dict:
 
 
 def _io(specs) -> list[dict]:
-    return [{"name": b.name, "shape": list(b.shape), "dtype": str(b.dtype), "slot": b.offset}
+    return [{"name": b.name, "shape": list(b.shape), "dtype": str(b.dtype), "slot": b.slot}
             for b in specs]
 
 

@@ -437,14 +437,15 @@ def _entries(r: CRenderer, launches: list[Launch], buffers: dict[int, Buffer],
     rows, args = [], []
     for ln, sym in zip(launches, calls):
         rows.append(f"{{{case[sym]}, {int(ln.barrier)}, {len(ln.args)}, {len(args)}}}")
-        args += [f"{buffers[b].offset * 4 + BASES.get(buffers[b].region, 2)}ull" for b in ln.args]
+        args += [f"{_at(buffers[b]) * 4 + BASES.get(buffers[b].region, 2)}ull" for b in ln.args]
     n = len(launches)
     sig = "unsigned char *arena, const unsigned char *weights, void *const *io"
     table = (f"#define KEEL_LAUNCHES {n}\n"
              f"#define KEEL_MAX_ARGS {max((len(ln.args) for ln in launches), default=1)}\n"
              "typedef struct { unsigned kernel, barrier, nargs, first; } keel_row;\n"
              f"static const keel_row keel_rows[{max(n, 1)}] = {{{', '.join(rows) or '{0}'}}};\n"
-             "/* an argument: its offset * 4 + its region (BASES: 0 arena, 1 weights, 2 io[offset]) */\n"
+             "/* an argument: its offset (io: slot) * 4 + its region (BASES: 0 arena, 1 weights, "
+             "2 io[slot]) */\n"
              f"static const unsigned long long keel_args[{max(len(args), 1)}] = "
              f"{{{', '.join(args) or '0'}}};\n"
              "static void keel_call(unsigned kernel, void *const *a, int tid, int nt) {\n"
@@ -464,8 +465,13 @@ def _entries(r: CRenderer, launches: list[Launch], buffers: dict[int, Buffer],
     return table + graph + replay
 
 
-# an argument's region code in keel_args; io (inputs and outputs) is 2, its offset an index into io
+# an argument's region code in keel_args; io (inputs and outputs) is 2, its slot an index into io
 BASES = {Region.ARENA: 0, Region.WEIGHTS: 1}
+
+
+def _at(b: Buffer) -> int:
+    """Where keel_args finds a buffer: its io slot, or its offset in the arena / the weights."""
+    return b.offset if b.slot is None else b.slot
 
 
 def _int_of(nbytes: int) -> DType:

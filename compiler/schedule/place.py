@@ -52,10 +52,10 @@ def place(kernels: list[Kernel], inputs: list[tuple[str, UOp]], outputs: list[tu
     buffers: list[Buffer] = []
     reads: dict[UOp, int] = {}
 
-    def new(region: Region, u: UOp, name: str = "", slot: int = 0) -> int:
+    def new(region: Region, u: UOp, name: str = "", slot: int | None = None) -> int:
         dt, image = storage(region, u.dtype, u.shape, u)
-        buffers.append(Buffer(len(buffers), region, slot, storage_nbytes(dt, u.shape, image),
-                              dt.name, tuple(u.shape), name, image))
+        buffers.append(Buffer(len(buffers), region, 0, storage_nbytes(dt, u.shape, image),
+                              dt.name, tuple(u.shape), name, image, slot))
         return len(buffers) - 1
 
     for i, (name, u) in enumerate(inputs):
