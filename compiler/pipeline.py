@@ -317,7 +317,7 @@ def _kernels(variants: list[Variant], st: Stages) -> tuple[list[dict[tuple, Buil
         t, jobs = variants[i].target, variants[i].jobs
         if not left[i] and t.shared_object:
             early[i] = toolchain.precompile(get_renderer(t).kernel_units(
-                [(got[i, k].name, got[i, k].code) for k in jobs]), t.name)
+                [(got[i, k].name, got[i, k].piece) for k in jobs]), t.name)
 
     with st("kernels"):
         done = build_all({(i, k): j for i, v in enumerate(variants) for k, j in v.jobs.items()},
@@ -328,7 +328,7 @@ def _kernels(variants: list[Variant], st: Stages) -> tuple[list[dict[tuple, Buil
 def _render(tgt: Target, bufs: Buffers, built: dict, st: Stages):
     """The program: the kernels (rendered by codegen) and the entry points over the launches."""
     with st("assemble"):
-        return get_renderer(tgt).render_program([(b.name, b.code) for b in built.values()],
+        return get_renderer(tgt).render_program([(b.name, b.piece) for b in built.values()],
                                                 bufs.launches, bufs.by_id())
 
 
@@ -416,6 +416,6 @@ def _jobs(kernels: list[Kernel], placed: Placement, last: frozenset, tgt: Target
                         if lay.region is Region.WEIGHTS and lay.image is None and tgt.pack_weights}
             arena = {j for j, lay in enumerate(layouts) if lay.region is Region.ARENA}
             jobs[key] = Job(ck, [dtypes.from_np(lay.dtype) for lay in layouts], tgt, packable,
-                            arena, k.root in fp32)
+                            arena, k.root in fp32, tuple(lay.image for lay in layouts))
         uses.append(Use(k, out, key))
     return jobs, uses

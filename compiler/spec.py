@@ -107,7 +107,7 @@ def _kernel(k) -> tuple:
 
 def _job(j) -> tuple:
     return (_kernel(j.kernel), tuple(j.param_dtypes), tuple(sorted(j.packable.items())),
-            tuple(sorted(j.arena)), j.float32)
+            tuple(sorted(j.arena)), j.float32, j.images)
 
 
 FINGERPRINTS = {
@@ -121,7 +121,7 @@ FINGERPRINTS = {
                                tuple((_kernel(u.kernel), u.out, u.key) for u in v.uses))
                               for v in vs),
     "codegen": lambda vb: tuple(tuple((k, b.name, b.plan, tuple(b.packings.items()),
-                                       id(b.code)) for k, b in built.items())
+                                       b.piece) for k, b in built.items())
                                 for built in vb[1]),
     "link": lambda out: tuple((tuple(lk.buffers.table.items()), tuple(lk.buffers.launches),
                                lk.buffers.arena_bytes, repr(lk.defaults)) for lk in out[0]),

@@ -77,3 +77,23 @@ def test_scheduled_kernels_are_frozen():
                            pipeline.get_target("cpu-avx2"))
     with pytest.raises(AttributeError):
         s.kernels[0].name = "renamed"
+
+
+@pytest.mark.parametrize("target", ["qcom", "cpu-avx2"])
+def test_every_renderer_renders_in_the_worker_and_no_uops_come_back(target, monkeypatch,
+                                                                      tmp_path):
+    """codegen's output is each kernel's rendered text (OpenCL too), never its UOps: the
+    parent only names the kernels and adds the entry points."""
+    monkeypatch.setenv("KEEL_CACHE_DIR", str(tmp_path))
+    got = []
+    real = pipeline._kernels
+    monkeypatch.setattr(pipeline, "_kernels", lambda *a: got.append(real(*a)) or got[-1])
+    art = compile_model(make_toy(), target=target)
+    built = [b for variant in got[0][0] for b in variant.values()]
+    assert built and all(b.lin is None for b in built)
+    assert all(isinstance(b.piece[0], str) and isinstance(b.piece[1], frozenset) for b in built)
+    if target == "qcom":  # each piece's text is in the program under its kernel's name
+        program = art.programs.decode()
+        for b in built:
+            assert f"__kernel void {b.name}(" in program
+            assert b.piece[0].split("void K(", 1)[1] in program

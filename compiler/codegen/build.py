@@ -42,15 +42,16 @@ class Job:
     packable: dict[int, int]  # parameter -> element count: weights pack.py may reorder
     arena: set[int]  # parameters in the arena (vectorize.py may read past their ends)
     float32: bool = False  # compute in fp32 on a half-compute target (codegen/ranges.py)
+    images: tuple = ()  # per parameter, its Image layout or None (GPU targets read images)
 
 
 @dataclass
 class Built:
     name: str
-    lin: list[UOp] | None  # the linearized program (None once compacted: code holds it)
+    lin: list[UOp] | None  # the linearized program (None once compacted: piece holds it)
     plan: Plan
     packings: dict[int, Packing]  # parameter -> how its weight is packed (pack.py)
-    code: object  # the renderer's kernel_piece: C text rendered here, in the worker
+    piece: tuple[str, frozenset]  # the renderer's kernel_piece, rendered in the worker
 
 
 def build_all(jobs: dict[tuple, Job], st, ready=None) -> dict[tuple, Built]:
@@ -67,8 +68,7 @@ def build_all(jobs: dict[tuple, Job], st, ready=None) -> dict[tuple, Built]:
     built = _build_all(todo, st, ready) if todo else {}
     for k, b in built.items():
         if digests[k]:
-            cache.put("kernels", digests[k], pickle.dumps(_compact(b),
-                                                          protocol=pickle.HIGHEST_PROTOCOL))
+            cache.put("kernels", digests[k], pickle.dumps(b, protocol=pickle.HIGHEST_PROTOCOL))
     return {k: hits[k] if k in hits else built[k] for k in jobs}  # job order: reproducible
 
 
@@ -86,7 +86,7 @@ def job_digest(job: Job) -> str | None:
     if not cache.graph_digest(UOp(Ops.SINK, src=(job.kernel.root, *job.kernel.inputs)), h):
         return None
     h.update(repr((job.param_dtypes, job.target, sorted(job.packable.items()),
-                   sorted(job.arena), job.float32)).encode())
+                   sorted(job.arena), job.float32, job.images)).encode())
     return h.hexdigest()
 
 
@@ -98,7 +98,7 @@ def _build_all(jobs: dict[tuple, Job], st, ready) -> dict[tuple, Built]:
         out = {}
         for i, key in enumerate(keys):
             st.tick("kernels", i, len(keys))
-            out[key] = build_kernel(jobs[key], st)
+            out[key] = _compact(build_kernel(jobs[key], st))
             ready(key, out[key])
         st.tick("kernels", len(keys), len(keys))
         return out
@@ -131,8 +131,9 @@ def _build_job(i: int):
 
 
 def _compact(b: Built) -> Built:
-    """What goes back to the parent and into the cache: the code without the UOps (rebuilding
-    ~150k of them in the parent cost it 0.35 s of the openpilot-shaped model's serial time)."""
+    """What goes back to the parent and into the cache: the rendered piece, never the UOps
+    (unpickling a large model's worth of them costs the parent serial time: docs/perf.md,
+    "Issue 38")."""
     return replace(b, lin=None)
 
 
@@ -163,7 +164,8 @@ def build_kernel(job: Job, st) -> Built:
     with st("render"):
         renderer = get_renderer(tgt)
         renderer.overread = frozenset(job.arena)
-        return Built(k.name, lin, plan, packings, renderer.kernel_piece(lin, job.param_dtypes))
+        return Built(k.name, lin, plan, packings,
+                     renderer.kernel_piece(lin, job.param_dtypes, job.images, plan))
 
 
 KERNEL_RULES = storage_casts + half_rules + transcendental_rules + symbolic

@@ -114,11 +114,12 @@ class CRenderer(CStyle):
             # per launch costs nothing against a kernel)
             self.kernel_prefix = "static __attribute__((noinline)) void"
 
-    def kernel_piece(self, lin: list[UOp], param_dtypes: list[DType]) -> tuple[str, frozenset]:
+    def kernel_piece(self, lin: list[UOp], param_dtypes: list[DType], images: tuple = (),
+                     plan=None) -> tuple[str, frozenset]:
         """What render_program needs of one kernel, rendered where the kernel was built (a
         worker process, build.py): its text after the name, "(params) {body}", and the vector
         types it declares. `param_dtypes`: every parameter the launch passes, even one whose
-        loads simplified away."""
+        loads simplified away (C reads no images, and its plan is in the loops already)."""
         self.param_dtypes = param_dtypes
         self.whole = {}  # narrow HVX loads -> the whole 128-byte vector from their address
         text = self.render_kernel("K", lin)
