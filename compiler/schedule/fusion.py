@@ -13,7 +13,7 @@ import numpy as np
 
 from compiler.ir.dtypes import dtypes
 from compiler.ir.interp import evaluate
-from compiler.ir.kernel import Kernel, find_reduce
+from compiler.ir.kernel import Kernel
 from compiler.ir.rewrite import PatternMatcher, UPat, graph_rewrite
 from compiler.ir.tensor import Tensor
 from compiler.ir.uop import ALU, MOVEMENT, Ops, UOp
