@@ -81,6 +81,8 @@ class Artifact:
     launches: list[Launch]
     programs: bytes
     meta: dict = field(default_factory=dict)
+    # the binaries section (runner/format.py pack_binaries): device binaries of `programs`
+    binaries: bytes = b""
     # ONNX nodes per launch: {"nodes": [[name, op_type], ...], "launches": [[node index, ...]]}
     provenance: dict | None = None
     # the target this artifact's code was built for, when it is one variant of `target`

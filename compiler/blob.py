@@ -168,13 +168,14 @@ def blob_pieces(artifact: Artifact, weight_digests: list | None = None) -> list[
     records = []
     for a, name in zip(variants, names):
         record, payloads[f"programs.{name}"], payloads[f"graph.{name}"] = _variant(a, name)
+        payloads[f"binaries.{name}"] = a.binaries
         records.append(record)
     known = dict(zip(section_names(names), weight_digests or []))
     return _layout(artifact.target, {"meta": artifact.meta, "variants": records}, payloads, known)
 
 
 def _variant(a: Artifact, name: str) -> tuple[dict, bytes, bytes]:
-    """A variant's manifest record, programs and graph section."""
+    """A variant's manifest record, programs and graph section (its binaries: blob_pieces)."""
     programs = list(dict.fromkeys(l.kernel for l in a.launches))  # first-use order
     index = {p: i for i, p in enumerate(programs)}
     graph = pack_graph([(index[l.kernel], l.barrier, list(l.args), l.global_size, l.local_size)
@@ -217,6 +218,7 @@ def _layout(target: str, manifest: dict, payloads: dict, digests: dict | None = 
     (padding, section)..., manifest. A 144 MiB blob is written from its pieces, never copied
     into one buffer."""
     names = section_names([v.get("target") for v in manifest.get("variants", [])])
+    payloads = {**{n: b"" for n in names if n.startswith("binaries.")}, **payloads}  # none
     sizes = [len(payloads[name]) for name in names]
     offsets = section_offsets(sizes)
     digests = digests or {}

@@ -55,7 +55,7 @@ class QcomDevice(QueueDevice):
 
     def open(self, blob) -> None:
         self.kgsl, self.objs, self.ctx = kgsl.Kgsl(), [], None
-        self.programs = store.from_blob(blob.manifest["meta"].get(store.EMBED_KEY),
+        self.programs = store.from_blob(blob.binaries,
                                           bytes(blob.programs).decode(),
                                           *store.identity(self.kgsl), self.cache_dir)
         missing = sorted({ln.kernel for ln in blob.launches} - set(self.programs))

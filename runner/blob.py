@@ -30,7 +30,7 @@ from runner.format import (BARRIER, CHUNK_BYTES, DEVICE_REGIONS, DTYPES, ENTRY_N
                            FILE_SHA256_AT, FLAGS, GRAPH_HEAD, HEADER, IO_REGIONS, LAUNCH, MAGIC,
                            MAX_DIMS, MAX_INT, REGIONS, SECTION_ALIGN, VERSION, Region,
                            entry_name_ok, file_sha256, section_names, section_offsets,
-                           variant_sections)
+                           unpack_binaries, variant_sections)
 from runner.host import choose
 from runner.targets import TARGETS, device_of
 
@@ -104,6 +104,16 @@ class Blob:
     defaults: dict[int, BufferSpec] = field(default_factory=dict)
     entries: tuple[EntrySpec, ...] = ()
     state: tuple[StateSpec, ...] = ()
+    binaries: "Binaries | None" = None  # the variant's device binaries (section binaries.*)
+
+
+@dataclass(frozen=True)
+class Binaries:
+    """Device binaries of a variant's programs, checked (_binaries): `device` says what they
+    are bound to (the qcom backend's compiler, chip_id, driver and source_sha256), `programs`
+    maps a program to its facts (the backend's) and its bytes."""
+    device: dict
+    programs: dict[str, tuple[dict, memoryview]]
 
 
 def read_blob(path, variant: str | None = None) -> Blob:
@@ -176,7 +186,7 @@ def parse_blob(data: memoryview, variant: str | None = None, fill=None) -> Blob:
         raise ConfigError(f"variant {name!r}: expected one of this blob's variants {names}")
     vm = _variant_manifest(manifest["variants"], names.index(name))
     sections = {s["name"]: s for s in table}
-    shared, own, programs, graph = (sections[n] for n in variant_sections(name))
+    shared, own, programs, graph, bins = (sections[n] for n in variant_sections(name))
     # its kernels see the shared weights and its own as one region from the shared section on
     weights = data[shared["offset"]:max(shared["offset"] + shared["size"],
                                         own["offset"] + own["size"] if own["size"] else 0)]
@@ -186,7 +196,7 @@ def parse_blob(data: memoryview, variant: str | None = None, fill=None) -> Blob:
     g_start, g_end = graph["offset"], graph["offset"] + graph["size"]
     fill(g_start, g_end)
     rest = lambda start, end: None if g_start <= start < g_end else fill(start, end)  # noqa: E731
-    with _ChunkCheck(data, [shared, own, programs, graph], rest) as chunks:
+    with _ChunkCheck(data, [shared, own, programs, graph, bins], rest) as chunks:
         buffers = _buffers(vm["buffers"])
         _check_regions(buffers, vm, spans)
         graph = _view(data, graph)
@@ -198,12 +208,13 @@ def parse_blob(data: memoryview, variant: str | None = None, fill=None) -> Blob:
         entries = _entries(vm["entries"], buffers, inputs, outputs, launches)
         state = _state(vm["state"], buffers, entries)
         chunks.finish()
+        binaries = _binaries(_view(data, bins), vm["programs"])  # read once hashed
     return Blob(target=target, producer=producer, manifest=manifest, variant=name,
                 variants=tuple(names), variant_manifest=vm, buffers=buffers, inputs=inputs,
                 outputs=outputs, launches=launches, arena_bytes=vm["arena_bytes"],
                 program_names=vm["programs"], weights=weights,
                 programs=_view(data, programs), graph=graph, entries=entries, state=state,
-                defaults=defaults)
+                defaults=defaults, binaries=binaries)
 
 
 def _view(data: memoryview, section: dict) -> memoryview:
@@ -515,6 +526,49 @@ class _ChunkCheck:
     def __exit__(self, *exc) -> None:
         self._stop = True
         self._join()
+
+
+def _bool(v):
+    if type(v) is not bool:
+        raise _Invalid("true or false", v)
+
+
+_PROGRAM_BINARY = _obj({"kernel": _str, "params": _list(_one_of(("buffer", "image"))),
+                        "half": _bool, "source": _str, "offsets": _list(_nullable(_int)),
+                        "regs": _list(_int), "imms": _list(_list(_int)), "at": _int, "size": _int})
+_BINARIES = _obj({"device": _obj({"compiler": _str, "chip_id": _int, "driver": _str,
+                                  "source_sha256": _sha256}),
+                  "programs": _dict})
+
+
+def _binaries(section: memoryview, programs: list[str]) -> Binaries | None:
+    """The variant's binaries section, checked: None when empty; BlobError naming what is
+    wrong otherwise (every byte of it is hashed already, so this is what its writer wrote)."""
+    if not len(section):
+        return None
+    try:
+        index, data = unpack_binaries(section)
+        _BINARIES(index)
+        for name, facts in index["programs"].items():
+            try:
+                _PROGRAM_BINARY(facts)
+            except _Invalid as e:
+                e.path += [name, "programs"]
+                raise
+    except ValueError as e:  # JSON too
+        raise BlobError(f"binaries section: {e}") from None
+    except _Invalid as e:
+        where = "".join(f"[{k}]" if type(k) is int else f".{k}" for k in reversed(e.path))
+        raise BlobError(f"binaries section index{where}: expected {e.want}, got "
+                        f"{repr(e.got)[:80]}") from None
+    out = {}
+    for name, facts in index["programs"].items():
+        if name not in programs or facts["at"] + facts["size"] > len(data):
+            raise BlobError(f"binaries section: program {name!r}: expected one of the variant's "
+                            f"programs with bytes [at, at + size) within the section's "
+                            f"{len(data)}, got [{facts['at']}, {facts['at'] + facts['size']})")
+        out[name] = (facts, data[facts["at"]:facts["at"] + facts["size"]])
+    return Binaries(index["device"], out)
 
 
 def _provenance(prov: dict | None, n_launches: int) -> None:

@@ -10,8 +10,8 @@ from hypothesis import given, settings, strategies as st
 import runner.blob
 from compiler.blob import BlobWriter, assemble, blob_bytes, write_blob
 from runner.blob import parse_blob, read_blob
-from runner.format import (CHUNK_BYTES, FILE_SHA256_AT, HEADER, SECTION_ALIGN, canonical_json,
-                           file_sha256)
+from runner.format import (BINARIES, BINARIES_MAGIC, CHUNK_BYTES, FILE_SHA256_AT, HEADER,
+                           SECTION_ALIGN, canonical_json, file_sha256, pack_binaries)
 from runner.errors import BlobError
 from tests.hand_graphs import CHAIN_W, HOST, chain_artifact
 
@@ -139,13 +139,14 @@ def _graph(blob: bytes) -> bytes:
     return blob[start:end]
 
 
-def _resigned(edit=lambda m: None, target=HOST, graph=None, weights=ARTIFACT.weights) -> bytes:
+def _resigned(edit=lambda m: None, target=HOST, graph=None, weights=ARTIFACT.weights,
+              binaries=b"") -> bytes:
     """A blob with a wrong-but-well-hashed manifest: only semantic validation can catch it."""
     m = _manifest(BLOB)
     del m["sections"]
     edit(m)
     payloads = {"weights": weights, f"weights.{HOST}": b"", PROGRAMS: ARTIFACT.programs,
-                GRAPH: _graph(BLOB) if graph is None else graph}
+                GRAPH: _graph(BLOB) if graph is None else graph, f"binaries.{HOST}": binaries}
     for v in m["variants"]:  # a variant edited to another target: its sections follow it
         payloads.update({f"{k}.{v.get('target')}": payloads[f"{k}.{HOST}"]
                          for k in ("weights", "programs", "graph")})
@@ -280,7 +281,8 @@ def _swap(i, j):
     return edit
 
 
-SECTION_NAMES = rf"\['weights', 'weights.{HOST}', 'programs.{HOST}', 'graph.{HOST}'\]"
+SECTION_NAMES = (rf"\['weights', 'weights.{HOST}', 'programs.{HOST}', 'graph.{HOST}', "
+                 rf"'binaries.{HOST}'\]")
 
 
 @pytest.mark.parametrize("edit, message", [
@@ -288,8 +290,8 @@ SECTION_NAMES = rf"\['weights', 'weights.{HOST}', 'programs.{HOST}', 'graph.{HOS
      f"section {PROGRAMS}: offset expected 8192, got 4100"),
     (_set([2, "offset"], SECTION_ALIGN, top=True),
      f"section {PROGRAMS}: offset expected 8192, got 4096"),
-    (_set([3, "size"], 5000, top=True),
-     rf"manifest offset: expected \d+ \(the end of section {GRAPH}\)"),
+    (lambda table: table[4].update(size=5000, chunk_sha256=["0" * 64]),  # the last section
+     rf"manifest offset: expected \d+ \(the end of section binaries.{HOST}\)"),
     (_set([3, "size"], 10**9, top=True),
      f"section {GRAPH}: expected 239 chunk digests for 1000000000 bytes"),
     (lambda table: table.pop(), f"expected sections {SECTION_NAMES}"),
@@ -373,3 +375,44 @@ def test_missing_file_is_a_blob_error(tmp_path):
     (tmp_path / "empty.blob").write_bytes(b"")
     with pytest.raises(BlobError, match="empty"):
         read_blob(tmp_path / "empty.blob")
+
+
+DEVICE = {"compiler": "mock", "chip_id": 0x06030001, "driver": "3.1/1.0",
+          "source_sha256": "ab" * 32}
+FACTS = {"kernel": "scale", "params": ["buffer", "buffer"], "half": False, "source": "",
+         "offsets": [0, 2], "regs": [0, 0, 0, 0, 0], "imms": []}
+
+
+def test_a_binaries_section_round_trips_typed_and_hashed():
+    """Device binaries (qcom --embed-binaries) in their own section: read back as bytes with
+    their facts; a blob without them has an empty section and no binaries."""
+    blob = parse_blob(_resigned(binaries=pack_binaries(DEVICE, {"scale": (FACTS, b"\1\2\3"),
+                                                                "bias": (FACTS, b"\4")})))
+    assert blob.binaries.device == DEVICE
+    facts, data = blob.binaries.programs["scale"]
+    assert bytes(data) == b"\1\2\3" and facts["params"] == ["buffer", "buffer"]
+    assert bytes(blob.binaries.programs["bias"][1]) == b"\4"
+    assert parse_blob(BLOB).binaries is None
+
+
+def _index(index: bytes) -> bytes:
+    return BINARIES.pack(BINARIES_MAGIC, len(index)) + index
+
+
+@pytest.mark.parametrize("section, message", [
+    (b"KEELBIN0" + bytes(8), r"binaries section: header: expected magic b'KEELBIN1'"),
+    (BINARIES_MAGIC + (1000).to_bytes(4, "little"), r"an index within the section, got .* 1000"),
+    (_index(b"{not json"), r"binaries section: Expecting property name"),
+    (_index(canonical_json({"programs": {}})), r"index: expected keys \['device', 'programs'\]"),
+    (pack_binaries({**DEVICE, "source_sha256": "xyz"}, {}),
+     r"index.device.source_sha256: expected 64 lowercase hex digits"),
+    (pack_binaries(DEVICE, {"scale": ({**FACTS, "params": ["texture"]}, b"")}),
+     r"index.programs.scale.params\[0\]: expected one of \['buffer', 'image'\]"),
+    (pack_binaries(DEVICE, {"other": (FACTS, b"")}), r"program 'other': expected one of the "),
+    (_index(canonical_json({"device": DEVICE, "programs": {"scale": {**FACTS, "at": 0,
+                                                                      "size": 9}}})) + b"123",
+     r"program 'scale': .* within the section's 3, got \[0, 9\)"),
+])
+def test_a_malformed_binaries_section_is_a_blob_error(section, message):
+    with pytest.raises(BlobError, match=message):
+        parse_blob(_resigned(binaries=section))

@@ -22,8 +22,8 @@ fp32 with the kernel that computes it, and the compile says which. Without it, -
 target that stores activations as half says their ranges are unchecked.
 
 --embed-binaries (--target qcom, on the device): builds every kernel with this device's vendor
-OpenCL compiler, parses the binaries and stores the parsed programs in the blob's manifest meta
-(docs/qcom.md), so a load on the same chip and driver never touches libOpenCL.
+OpenCL compiler, parses the binaries and stores the parsed programs in the blob's binaries
+section (docs/qcom.md), so a load on the same chip and driver never touches libOpenCL.
 
 Exit codes: 0 success, 1 no usable device for --embed-binaries, 2 bad input (unreadable or
 unsupported model, bad arguments).
@@ -180,7 +180,7 @@ def main(argv=None) -> int:
                                 input_values=dict(args.input_value), calibration=calibration,
                                 overridable=args.overridable, state=dict(args.state))
             if args.embed_binaries:
-                art.meta[store.EMBED_KEY] = store.embed_here(bytes(art.programs).decode())
+                art.binaries = store.embed_here(bytes(art.programs).decode())
             out.finish(art)
     except CompileError as e:
         print(f"error: {e}", file=sys.stderr)
