@@ -205,7 +205,7 @@ def _frontend(models: dict, input_shapes: dict, float16: bool, first: Target,
     """Each entry's ONNX model as a Graph; several entries' inputs get their entry's name as a
     prefix inside the IR, so equal input names of two entries stay two tensors."""
     # outputs padded to a cache line of float32: whole vectors at every CPU width (wider
-    # multiples, for wider register tiles, measured slower: 2.36 ms at 16, 2.52 at 48)
+    # multiples, for wider register tiles, ran slower (docs/perf.md))
     return [load_onnx(m, input_shapes, float16=float16, winograd=first.winograd,
                       pad_columns=LINE_BYTES // 4 if first.cpu_layouts else 0,
                       input_values=input_values, narrow_pad_divisor=first.narrow_pad_divisor,

@@ -23,7 +23,7 @@ import re
 from enum import StrEnum
 from typing import NamedTuple
 
-from qcom.errors import DeviceError
+from runner.errors import DeviceError
 
 SHADER_UNIT = 128  # CP_LOAD_STATE6 loads shader code in 128-byte units
 MAX_UNITS = 0x3FF  # its NUM_UNIT field is 10 bits

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import struct
 
-from qcom.errors import DeviceError
 from qcom.program import MAX_UNITS, SHADER_UNIT, ParamKind, Program, Regs, split
+from runner.errors import DeviceError
 
 KINDS = {0: ParamKind.BUFFER, 1: ParamKind.IMAGE}  # 2 (an image the kernel writes) keel never renders
 RECORD = 32  # bytes of a parameter record's fixed part

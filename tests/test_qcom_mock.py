@@ -9,8 +9,7 @@ import pytest
 
 from qcom import kgsl
 from qcom.cmdstream import OPCODES, lohi, pkt7
-from qcom.errors import DeviceError
-from runner.errors import ConfigError
+from runner.errors import ConfigError, DeviceError
 from sim.qcom.mock_kgsl import GpuFault, MockKgsl
 
 

@@ -73,8 +73,8 @@ class Packing:
         return True
 
     def apply(self, flat: np.ndarray) -> np.ndarray:
-        """The packed weight, flat: one strided copy per copy constant (a gather through index()
-        took 0.26 s of the openpilot-shaped model's recompile, for 144 MB of weights). bounds()
+        """The packed weight, flat: one strided copy per copy constant, not a gather through
+        index() (docs/perf.md). bounds()
         was checked against the weight's size when the packing was made (_pack)."""
         flat = np.ascontiguousarray(flat).reshape(-1)
         out = np.empty(self.shape, flat.dtype)
@@ -140,8 +140,7 @@ def prefetch_next_tiles(sink: UOp, weights: dict[int, int]) -> UOp:
     the next slice streams into L2 while this one computes (a 3x3 conv over 7 rows of 512
     channels: 590 KB per 32-channel tile, 1/7 of it per row). Spread, not all per step: a
     software prefetch holds a line fill buffer until memory answers, and too many starve the
-    loads the FMAs wait on (measured: hinting the whole slice on every row made that conv 1.2x
-    slower)."""
+    loads the FMAs wait on (docs/perf.md)."""
     loops = sorted((u for u in sink.toposort() if u.op is Ops.RANGE),
                    key=lambda r: (KIND_ORDER[r.arg[1]], r.arg[0]))
     steps = [r for r in loops if r.arg[1] == AxisKind.REDUCE]

@@ -35,10 +35,10 @@ MAX_ROWS = 8  # accumulator rows: past this, code size (and compile time) grows 
 SHORT_REDUCE = 64  # reductions shorter than this pay for a scattered store like for a gather
 MIN_OUTER_TRIPS = 8  # the outermost loop is what threads share: enough trips to balance them
 # tiles in a cache block's inner loop: more walk so many rows a power-of-two stride apart (256
-# channels: 1 KiB) that they collide in L1's sets (measured: 7 tiles of 8 pixels ran 1.8x slower)
+# channels: 1 KiB) that they collide in L1's sets (docs/perf.md)
 BLOCK_TILES = 4
 DRAM_COST = 4  # a byte from memory costs this many from L2 (~15 against ~60 GB/s, one core)
-MAX_VREGS = 3  # accumulator columns, in vectors (measured: wider tiles stream more, gain nothing)
+MAX_VREGS = 3  # accumulator columns, in vectors: wider tiles stream more, gain nothing
 
 
 @dataclass
@@ -273,7 +273,7 @@ def _contiguous_last(ops: list[Operand], rdims: list[int], full) -> list[int]:
     """Reduce dims, innermost last, with one that an activation reads contiguously and that fits
     in a cache line moved innermost: each line read whole before the next. A stem conv over
     3-channel channels-last input otherwise walks its 7 window columns innermost, 24 bytes
-    apart, and unrolls them (measured: 1.85 against 1.46 ms with the channels innermost).
+    apart, and unrolls them (docs/perf.md).
     Packed weights are read in loop order whatever it is, so they do not count."""
     for o in ops:
         short = [d for d in rdims if not o.packable and o.strides.get(d) == 1
@@ -288,8 +288,8 @@ def _line_split(ops: list[Operand], rdims: list[int], full) -> dict[int, int]:
     some operand reads contiguously while a reduce dim inside it jumps lines. A 3x3 conv over
     channels-last input reads 3 rows x 3 columns of pixels per channel: left outermost, the
     channel loop keeps 27+ lines live at once, 2 KiB apart at 512 channels, so they share two of
-    L1's sets and evict each other before their next channel is read (measured: 1.45x
-    onnxruntime's time). Each line read whole before the next: one live line per column."""
+    L1's sets and evict each other before their next channel is read (docs/perf.md). Each line
+    read whole before the next: one live line per column."""
     out = {}
     for i, d in enumerate(rdims[:-1]):
         for o in ops:
@@ -310,9 +310,7 @@ def _loop_order(order: list[int], out_dims: list[int], ops: list[Operand], full,
 
     A window kernel (`window`: its store) reuses nothing across tiles but its small weight and
     the rows its windows overlap, which any order keeps in L1; it walks its output in memory
-    order instead, so every stream is sequential for the prefetchers. Measured on a 3x3
-    depthwise conv over 144 channels-last channels at 56x56: 242 us rows then pixels then
-    channels, 285 us with channels between, 293 us in channel strips."""
+    order instead, so every stream is sequential for the prefetchers (docs/perf.md)."""
     trips = {d: t for d in out_dims if (t := full[d] // upcast.get(d, 1)) > 1}
     tiled = [d for d in order if d in trips]
     perms = list(itertools.permutations(tiled))
@@ -342,7 +340,7 @@ def _traffic(ops: list[Operand], loops, full, upcast, target: Target) -> float:
         return o.strides.get(d, 0) != 0
     # bytes of each operand that one register tile reads, over its whole reduction and all of
     # every output dim that is not register-tiled: an upper bound, so the model does not bet on
-    # tight fits (measured: exact working sets picked a stem-conv nest that thrashed L1, 2x slower)
+    # tight fits: exact working sets picked a stem-conv nest that thrashed L1 (docs/perf.md)
     # A dim that every operand depends on (a batch: Winograd's 16 products) partitions them all,
     # so one tile touches one index of it.
     batch = {d for d in range(len(full)) if all(depends(o, d) for o in ops)}

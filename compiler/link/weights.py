@@ -84,7 +84,7 @@ def share_weights(builds: list, region_for=None) -> tuple[bytes, tuple[int, ...]
 def _content_keys(weights: list[dict[int, bytes]]) -> list[dict[int, object]]:
     """A key per weight that two weights share exactly when their bytes are equal: its size
     and ends, where no other weight has those, else its SHA-256. The variants pack most weights
-    differently, so few are hashed (the openpilot-shaped model: 0.1 s of a 2 s recompile)."""
+    differently, so few are hashed (docs/perf.md)."""
     def probe(d) -> tuple:
         return len(d), bytes(d[:64]), bytes(d[-64:])
     def digest(d) -> bytes:

@@ -188,8 +188,8 @@ class CRenderer(CStyle):
         if dt is dtypes.index:
             # pointer-width (LP64 and ILP32 alike): an int index is sign-extended before each
             # address, so clang cannot fold `i + 128` into the load's displacement and keeps
-            # every tap of a strided window as its own 64-bit register (measured: a stride-2 3x3
-            # conv over 128 channels spilled them and ran 1.5x slower)
+            # every tap of a strided window as its own 64-bit register, and spills them
+            # (docs/perf.md)
             return "long"
         return self.dtype(_mask(dt)) if dt.count > 1 and dt.scalar is dtypes.bool else dt.cname
 
@@ -426,9 +426,9 @@ def _entries(r: CRenderer, launches: list[Launch], buffers: dict[int, Buffer],
 
     They are a loop over a table, one row per launch (its kernel, its barrier, where its
     arguments live), and a switch with one call per kernel: code that grows with the kernels,
-    not the launches. Straight-line calls, one per launch per entry point, took clang 0.4 s of
-    CPU for the openpilot-shaped model's 304 launches (per variant, after its kernels: the last
-    step of a compile); a table row costs a few loads per launch at run time."""
+    not the launches. Straight-line calls, one per launch per entry point, cost clang seconds
+    at the end of a compile (docs/perf.md); a table row costs a few loads per launch at run
+    time."""
     calls = [syms.get(ln.kernel, ln.kernel) for ln in launches]
     first = dict(reversed(list(zip(calls, launches))))  # symbol -> its first launch
     case = {sym: k for k, sym in enumerate(dict.fromkeys(calls))}  # symbol -> keel_call's case

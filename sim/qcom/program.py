@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import struct
 
-from qcom.errors import DeviceError
+from runner.errors import DeviceError
 from qcom.program import MAX_UNITS, SHADER_UNIT, ParamKind, Program, split
 
 MAGIC = b"KEELMCK1"
