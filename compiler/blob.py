@@ -151,7 +151,7 @@ def blob_pieces(artifact: Artifact, weight_digests: list | None = None) -> list[
     """The blob's bytes in file order, as pieces (`_layout`; the weights sections are views of
     the artifact's region). `weight_digests`: their chunk digests, if computed already. The
     artifact and the variants attached to it (artifact.variants), which share its
-    weights region: one record, weights, programs and graph section per variant, and the
+    weights region: one manifest part, weights, programs and graph section per variant, and the
     weights they all read once."""
     variants = [artifact, *artifact.variants]
     names = [a.variant or a.target for a in variants]
@@ -165,22 +165,23 @@ def blob_pieces(artifact: Artifact, weight_digests: list | None = None) -> list[
                          f"region of sections {sizes}")
     region = memoryview(artifact.weights)
     payloads = {name: region[s:s + n] for name, s, n in zip(section_names(names), starts, sizes)}
-    records = []
+    parts = []
     for a, name in zip(variants, names):
-        record, payloads[f"programs.{name}"], payloads[f"graph.{name}"] = _variant(a, name)
+        part, payloads[f"programs.{name}"], payloads[f"graph.{name}"] = _variant(a, name)
         payloads[f"binaries.{name}"] = a.binaries
-        records.append(record)
+        parts.append(part)
     known = dict(zip(section_names(names), weight_digests or []))
-    return _layout(artifact.target, {"meta": artifact.meta, "variants": records}, payloads, known)
+    return _layout(artifact.target, {"meta": artifact.meta, "variants": parts}, payloads, known)
 
 
 def _variant(a: Artifact, name: str) -> tuple[dict, bytes, bytes]:
-    """A variant's manifest record, programs and graph section (its binaries: blob_pieces)."""
+    """A variant's part of the manifest, its programs and its graph section (its binaries:
+    blob_pieces)."""
     programs = list(dict.fromkeys(l.kernel for l in a.launches))  # first-use order
     index = {p: i for i, p in enumerate(programs)}
     graph = pack_graph([(index[l.kernel], l.barrier, list(l.args), l.global_size, l.local_size)
                         for l in a.launches])
-    record = {
+    part = {
         "target": name,
         "arena_bytes": a.arena_bytes,
         "arena_lower_bound_bytes": a.arena_lower_bound_bytes,
@@ -189,15 +190,15 @@ def _variant(a: Artifact, name: str) -> tuple[dict, bytes, bytes]:
         "outputs": [b.id for b in a.outputs],
         "programs": programs,
     }
-    record["entries"] = [{"name": e.name, "inputs": list(e.inputs), "outputs": list(e.outputs),
+    part["entries"] = [{"name": e.name, "inputs": list(e.inputs), "outputs": list(e.outputs),
                           "launches": [e.first, e.count]} for e in _entries(a)]
-    record["state"] = [{"name": x.name, "reads": list(x.reads), "writes": list(x.writes),
+    part["state"] = [{"name": x.name, "reads": list(x.reads), "writes": list(x.writes),
                         "init": x.init} for x in a.state]
     if a.provenance is not None:
-        record["provenance"] = a.provenance
+        part["provenance"] = a.provenance
     if a.defaults:
-        record["defaults"] = a.defaults
-    return record, bytes(a.programs), graph
+        part["defaults"] = a.defaults
+    return part, bytes(a.programs), graph
 
 
 def _entries(a: Artifact) -> list[Entry]:

@@ -106,7 +106,7 @@ def _dequantize(ctx, i, a):
     out = onnx_dtype(a["output_dtype"], ctx.where()) if a.get("output_dtype") else scale.dtype
     y = y.cast(out)
     if not block and out is dtypes.float32:
-        record_dq(ctx, y, x, scale, zp, axis)
+        note_dq(ctx, y, x, scale, zp, axis)
     return y
 
 
@@ -191,7 +191,7 @@ class Acc:
     keep: int = 0  # the value is the first `keep` entries of `axis` (0: all)
 
 
-def record_dq(ctx, y: Tensor, x: Tensor, scale: Tensor, zp: Tensor | None, axis: int) -> None:
+def note_dq(ctx, y: Tensor, x: Tensor, scale: Tensor, zp: Tensor | None, axis: int) -> None:
     if x.dtype not in (dtypes.int8, dtypes.uint8, dtypes.int32):
         return
     s = ctx.constant(scale)
@@ -465,7 +465,7 @@ def integer_window(ctx, x: Tensor, fn):
     return y
 
 
-def record_concat(ctx, y: Tensor, xs: list[Tensor], axis: int) -> None:
+def note_concat(ctx, y: Tensor, xs: list[Tensor], axis: int) -> None:
     """A Concat of DequantizeLinear outputs: a QuantizeLinear after it to the inputs' scale and
     zero point concatenates the integers instead of the floats (integer_rescale)."""
     parts = tuple(origin(ctx, x) for x in xs)
