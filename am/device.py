@@ -24,6 +24,7 @@ import time
 from am import elf, graph, pm4
 from am.driver import TIMELINE_AT, Gpu
 from runner.errors import BlobError, DeviceError
+from runner.format import Region
 from runner.queue import Memory, QueueDevice
 
 TARGET = "amd"
@@ -105,11 +106,11 @@ class AmdDevice(QueueDevice):
 
     def _address(self, b: int) -> int:
         spec = self.blob.buffers[b]
-        if spec.region == "arena":
+        if spec.region is Region.ARENA:
             return self.arena + spec.offset
-        if spec.region == "weights":
+        if spec.region is Region.WEIGHTS:
             return self.weights + spec.offset
-        return self.io_address[spec.offset]
+        return self.io_address[spec.slot]
 
     def record(self) -> None:
         """The kernargs and each entry's stream; a re-recording (reset) writes them where the

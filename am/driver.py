@@ -10,7 +10,7 @@ components, sOS, its ring, the TOC, SMU, TMR, PFP/ME/MEC/IMU/RLC, the RLC's auto
 0's start), then the GC hub on the same table, one compute queue whose ring lives in the window,
 the new tables cleared through the queue, and the GC hub's whole virtual range opened.
 
-GPU virtual memory: everything the queue and the kernels touch (the ring and the window's slots,
+GPU virtual memory: everything the queue and the kernels touch (the ring and the window's words,
 the code object, weights, arena, io buffers, kernargs, the indirect buffer) is at a virtual
 address whose leaf names its VRAM page (2 MiB pages where an allocation allows, 4 KiB
 elsewhere) or, for the staging memory, its system bus address. Only the tables themselves are
@@ -19,7 +19,7 @@ change is followed by a TLB invalidation (engine 17, as amdgpu does for its own 
 
 Everything the GPU reads from the host goes through the staging memory: each upload writes
 the ring's next packets (up to 7 DMA_DATA from the payload to VRAM, or a graph submission), the
-signal slots and up to 512 KiB - 272 bytes of payload from the window's start (one window
+signal words and up to 512 KiB - 272 bytes of payload from the window's start (one window
 write when it fits 4 KiB, else 64 KiB bulk writes); one doorbell write starts it; the host polls
 the signal with one bridge read. So moving data costs a few USB commands per 64 KiB instead of
 a PCIe write per dword through BAR0.
@@ -39,7 +39,7 @@ from runner.device import wait_until
 from runner.errors import DeviceError
 from usbgpu.pci import PciDevice
 
-# window layout: a 64-dword ring (a batch is at most 57 dwords), the signal and timeline slots,
+# window layout: a 64-dword ring (a batch is at most 57 dwords), the signal and timeline words,
 # then 3824 bytes of payload (93% of each 4 KiB window write)
 RING_BYTES, SIGNAL_AT, TIMELINE_AT, PAYLOAD_AT = 256, 256, 264, 272
 RING_DWORDS = RING_BYTES // 4
@@ -47,7 +47,7 @@ MAX_COPIES = 7  # DMA_DATA (7 dwords) per window write: 7 of them + RELEASE_MEM 
 DOORBELL = 0  # the queue's doorbell index (dwords into BAR2)
 MEC_DOORBELLS = 0xF8  # CP_MEC_DOORBELL_RANGE_UPPER (bytes): doorbells the MEC listens to
 # VRAM after am/boot.END: the queue's page (its MQD, then the read pointer report and write
-# pointer poll slots), its EOP buffer, the system aperture's default page and the protection
+# pointer poll words), its EOP buffer, the system aperture's default page and the protection
 # fault's dummy page; then the page-table pool
 MQD_AT, EOP_AT, SCRATCH_AT, DUMMY_AT = boot.END, boot.END + 4096, boot.END + 8192, boot.END + 12288
 RPTR_AT = MQD_AT + 4 * mqd.DWORDS
@@ -133,7 +133,7 @@ class Gpu:
         and filled through it and the GC hub's whole range opened."""
         deadline = time.monotonic() + BOOT_TIMEOUT_S
         self.wptr, self.seq = 0, 0
-        self.seen = {SIGNAL_AT: 0, TIMELINE_AT: 0}  # what the window's u64 slots hold
+        self.seen = {SIGNAL_AT: 0, TIMELINE_AT: 0}  # what the window's u64 words hold
         self.queue = mqd.Queue(self.fb + MQD_AT, self.window, RING_BYTES, self.fb + RPTR_AT,
                                self.fb + RPTR_AT + 8, self.fb + EOP_AT, DOORBELL)
         gc.map_queue(self, self.queue, MEC_DOORBELLS)
@@ -244,7 +244,7 @@ class Gpu:
 
     def launch(self, packets: list[int], payload: list = ()) -> None:
         """Write `packets` at the ring's write pointer (wrapping at its end) and ring the
-        doorbell; the window's signal and timeline slots keep the values last seen. The payload
+        doorbell; the window's signal and timeline words keep the values last seen. The payload
         pieces go to the bridge as they are (views of the caller's memory: a plane bound from
         another device's mapping is read from there, once, into the USB transfers)."""
         if len(packets) > RING_DWORDS:
@@ -252,9 +252,9 @@ class Gpu:
         ring = [0] * RING_DWORDS  # the CP reads only from its read to its write pointer
         for i, w in enumerate(packets):
             ring[(self.wptr + i) % RING_DWORDS] = w
-        slots = struct.pack("<QQ", self.seen[SIGNAL_AT], self.seen[TIMELINE_AT])
+        words = struct.pack("<QQ", self.seen[SIGNAL_AT], self.seen[TIMELINE_AT])
         self.wptr += len(packets)
-        data = [struct.pack(f"<{RING_DWORDS}I", *ring) + slots.ljust(PAYLOAD_AT - SIGNAL_AT, b"\0"),
+        data = [struct.pack(f"<{RING_DWORDS}I", *ring) + words.ljust(PAYLOAD_AT - SIGNAL_AT, b"\0"),
                 *payload]
         if sum(map(len, data)) <= self.window_bytes:  # one window write, the doorbell with it
             self.pci.dma_put(b"".join(data), then=(2, 4 * DOORBELL, self.wptr))
@@ -267,7 +267,7 @@ class Gpu:
         return self.seen[at]
 
     def timeline(self) -> int:
-        """The last timeline value a graph submission's RELEASE_MEM wrote (window slot)."""
+        """The last timeline value a graph submission's RELEASE_MEM wrote (a window word)."""
         return self._read(TIMELINE_AT)
 
     def upload(self, va: int, data, deadline: float) -> None:

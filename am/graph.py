@@ -15,6 +15,7 @@ from am import pm4
 from am.elf import CodeObject, Kernel
 from runner.errors import BlobError
 from runner.queue import STAMP_BYTES
+from runner.format import IO_REGIONS
 
 KERNARG_ALIGN = 64
 MAX_GROUP = 64  # threads per group when the blob leaves the choice to the device: two waves32
@@ -84,8 +85,8 @@ def _kernargs(blob, k: Kernel, ln, address) -> tuple[bytes, list[tuple[int, int]
                 raise BlobError(f"{ln.kernel}: more pointer arguments than the launch's "
                                 f"{len(ln.args)} buffers")
             struct.pack_into("<Q", out, a.offset, address(b))
-            if blob.buffers[b].region in ("input", "output"):
-                slots.append((blob.buffers[b].offset, a.offset))
+            if blob.buffers[b].region in IO_REGIONS:
+                slots.append((blob.buffers[b].slot, a.offset))
         elif a.kind in hidden:
             out[a.offset:a.offset + a.size] = hidden[a.kind].to_bytes(a.size, "little")
         elif not a.kind.startswith("hidden_"):

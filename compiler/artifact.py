@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from runner.format import Region
+
 
 @dataclass(frozen=True)
 class Image:
@@ -27,15 +29,17 @@ class Image:
 @dataclass(frozen=True)
 class Buffer:
     id: int
-    region: str  # one of runner/format.py's REGIONS
-    offset: int  # byte offset in arena/weights; for input/output the global io slot index
-    # (inputs take slots 0..n_in-1 in order, outputs n_in.. in order)
+    region: Region
+    offset: int  # byte offset in the arena / the weights region; 0 for inputs and outputs
     nbytes: int
     dtype: str  # numpy dtype name: "float32", "uint8", ...
     shape: tuple[int, ...]
     name: str = ""  # graph name for inputs and outputs
     # GPU only: read through an image; nbytes then covers the pitched rows
     image: Image | None = None
+    # inputs and outputs: the io slot the caller binds (inputs 0..n_in-1, then outputs n_in..,
+    # each in order); None in the arena and the weights
+    slot: int | None = None
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,7 @@ class Launch:
     args: tuple[int, ...]  # Buffer ids in parameter order; outputs first
     global_size: tuple[int, ...] = (1,)
     local_size: tuple[int, ...] | None = None
-    barrier: bool = False  # waits for every earlier launch (compiler/schedule/hazards.py)
+    barrier: bool = False  # waits for every earlier launch (compiler/link/hazards.py)
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,8 @@ class Artifact:
     launches: list[Launch]
     programs: bytes
     meta: dict = field(default_factory=dict)
+    # the binaries section (runner/format.py pack_binaries): device binaries of `programs`
+    binaries: bytes = b""
     # ONNX nodes per launch: {"nodes": [[name, op_type], ...], "launches": [[node index, ...]]}
     provenance: dict | None = None
     # the target this artifact's code was built for, when it is one variant of `target`

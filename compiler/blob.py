@@ -10,9 +10,9 @@ import hashlib
 import mmap
 import os
 import threading
-from collections import Counter
 
 from compiler.artifact import Artifact, Buffer, Entry
+from compiler.link.weights import Spilled, Streamed, weight_starts
 
 from runner.files import check_output
 from runner.format import (CHUNK_BYTES, DEFAULT_ENTRY, FILE_SHA256_AT, HEADER, MAGIC, VERSION,
@@ -49,7 +49,7 @@ class BlobWriter:
     def region(self, sizes: tuple[int, ...]):
         """A weights region of sections `sizes`: the blob file's own bytes where the weights go,
         mapped shared (`Streamed`)."""
-        _, end = _weight_starts(sizes)
+        _, end = weight_starts(sizes)
         if not end:
             return bytearray()
         at = section_offsets(list(sizes))[0]
@@ -79,7 +79,7 @@ class BlobWriter:
 
     def _weights(self, region: bytes, sizes: tuple[int, ...]) -> None:
         try:
-            starts, _ = _weight_starts(sizes)
+            starts, _ = weight_starts(sizes)
             digests = [_streamed_digests(region, s, n) for s, n in zip(starts, sizes)]
             if not isinstance(region, Streamed):  # else it is in the file already
                 _pwrite_all(self.fd, region, section_offsets(list(sizes))[0])
@@ -122,24 +122,6 @@ class BlobWriter:
                 os.unlink(self.tmp)
 
 
-class Spilled(mmap.mmap):
-    """A packed weight's bytes mapped back from BlobWriter.spill's scratch file."""
-
-
-class Streamed(mmap.mmap):
-    """A weights region mapped from the blob file being written. Its pages are let go once
-    written (`release`): they stay in the page cache and go to the file from there, so the
-    compile holds no second copy of the weights."""
-
-    def release(self, start: int, size: int) -> None:
-        """Unmap the whole pages of [start, start + size) from this process (the file keeps
-        their bytes: a later read maps them back in)."""
-        page = mmap.PAGESIZE
-        lo, hi = start // page * page, (start + size) // page * page
-        if hi > lo:
-            self.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-
-
 def _streamed_digests(region, start: int, size: int) -> list[str]:
     """chunk_sha256 of a section of `region`; a Streamed region's pages are let go after each
     chunk is hashed, so hashing does not map the whole region back in."""
@@ -169,12 +151,12 @@ def blob_pieces(artifact: Artifact, weight_digests: list | None = None) -> list[
     """The blob's bytes in file order, as pieces (`_layout`; the weights sections are views of
     the artifact's region). `weight_digests`: their chunk digests, if computed already. The
     artifact and the variants attached to it (artifact.variants), which share its
-    weights region: one record, weights, programs and graph section per variant, and the
+    weights region: one manifest part, weights, programs and graph section per variant, and the
     weights they all read once."""
     variants = [artifact, *artifact.variants]
     names = [a.variant or a.target for a in variants]
     sizes = artifact.weight_sections or (len(artifact.weights),) + (0,) * len(names)
-    starts, end = _weight_starts(sizes)
+    starts, end = weight_starts(sizes)
     if len(set(names)) != len(names) or len(sizes) != 1 + len(names) or \
             len(artifact.weights) != end or \
             any(a.weights is not artifact.weights and a.weights != artifact.weights
@@ -183,96 +165,23 @@ def blob_pieces(artifact: Artifact, weight_digests: list | None = None) -> list[
                          f"region of sections {sizes}")
     region = memoryview(artifact.weights)
     payloads = {name: region[s:s + n] for name, s, n in zip(section_names(names), starts, sizes)}
-    records = []
+    parts = []
     for a, name in zip(variants, names):
-        record, payloads[f"programs.{name}"], payloads[f"graph.{name}"] = _variant(a, name)
-        records.append(record)
+        part, payloads[f"programs.{name}"], payloads[f"graph.{name}"] = _variant(a, name)
+        payloads[f"binaries.{name}"] = a.binaries
+        parts.append(part)
     known = dict(zip(section_names(names), weight_digests or []))
-    return _layout(artifact.target, {"meta": artifact.meta, "variants": records}, payloads, known)
-
-
-def _weight_starts(sizes) -> tuple[list[int], int]:
-    """Where weights sections of these sizes start, relative to the first, and where the last
-    non-empty one ends: kernels address the shared section and their own as one region
-    (runner/format.py)."""
-    offsets = section_offsets(list(sizes))
-    starts = [o - offsets[0] for o in offsets]
-    return starts, max((s + n for s, n in zip(starts, sizes) if n), default=0)
-
-
-def share_weights(builds: list, region_for=None) -> tuple[bytes, tuple[int, ...]]:
-    """One weights region for every build (variant) of a model (compiler/schedule/buffers.py
-    Buffers: their weights are moved into it): (the region, its sections' sizes). A weight
-    stored with the same bytes in every build is stored once, in the shared section (content
-    addressed: also a weight stored twice in one build); the rest goes to its build's own
-    section, so a runner reading one build touches the shared section and its own only.
-    region_for: sizes -> the writable region to lay them out in (BlobWriter.region); by default
-    anonymous memory."""
-    key = _content_keys([dict(b.weights) for b in builds])
-    data = {k[bid]: d for b, k in zip(builds, key) for bid, d in b.weights}
-    for b in builds:  # from here `data` holds each weight's bytes, until its last copy below:
-        b.weights = []  # the region grows as they go, so they are not held twice over
-    common = set.intersection(*(set(k.values()) for k in key))
-    parts = [[h for h in key[0].values() if h in common]] + \
-        [[h for h in k.values() if h not in common] for k in key]
-    places, sizes = [], []
-    for part in parts:
-        place, size = {}, 0
-        for h in part:
-            if h not in place:
-                place[h] = size = -(-size // builds[0].align) * builds[0].align
-                size += len(data[h])
-        places.append(place)
-        sizes.append(size)
-    starts, end = _weight_starts(sizes)
-    # anonymous memory: its pages are paid for as the weights are copied in, each freed after
-    region = region_for(tuple(sizes)) if region_for else mmap.mmap(-1, end) if end else bytearray()
-    last = {h: i for i, place in enumerate(places[1:]) for h in place}  # its last build
-    last.update(dict.fromkeys(places[0], 0))  # a shared weight: the first build copies it
-    shared = {h: starts[0] + off for h, off in places[0].items()}
-    for i, b in enumerate(builds):
-        own = {h: starts[i + 1] + off for h, off in places[i + 1].items()}
-        at = {**shared, **own}
-        for h, off in (own if i else at).items():  # the shared section once
-            region[off:off + len(data[h])] = data[h]
-            if isinstance(region, Streamed):
-                region.release(off, len(data[h]))
-            _let_go(data[h])
-            if last[h] == i:
-                del data[h]
-        b.move_weights({bid: at[h] for bid, h in key[i].items()})
-    return region, tuple(sizes)
-
-
-def _content_keys(weights: list[dict[int, bytes]]) -> list[dict[int, object]]:
-    """A key per weight that two weights share exactly when their bytes are equal: its size
-    and ends, where no other weight has those, else its SHA-256. The variants pack most weights
-    differently, so few are hashed (the openpilot-shaped model: 0.1 s of a 2 s recompile)."""
-    def probe(d) -> tuple:
-        return len(d), bytes(d[:64]), bytes(d[-64:])
-    def digest(d) -> bytes:
-        h = hashlib.sha256(d).digest()
-        _let_go(d)
-        return h
-    seen = Counter(probe(d) for w in weights for d in w.values())
-    return [{bid: digest(d) if seen[probe(d)] > 1 else probe(d)
-             for bid, d in w.items()} for w in weights]
-
-
-def _let_go(data) -> None:
-    """Unmap a spilled weight's pages once read (BlobWriter.spill): reading it again maps them
-    back in from the scratch file; held, every variant's packed weights would be resident."""
-    if isinstance(data, memoryview) and isinstance(data.obj, Spilled):
-        data.obj.madvise(mmap.MADV_DONTNEED)
+    return _layout(artifact.target, {"meta": artifact.meta, "variants": parts}, payloads, known)
 
 
 def _variant(a: Artifact, name: str) -> tuple[dict, bytes, bytes]:
-    """A variant's manifest record, programs and graph section."""
+    """A variant's part of the manifest, its programs and its graph section (its binaries:
+    blob_pieces)."""
     programs = list(dict.fromkeys(l.kernel for l in a.launches))  # first-use order
     index = {p: i for i, p in enumerate(programs)}
     graph = pack_graph([(index[l.kernel], l.barrier, list(l.args), l.global_size, l.local_size)
                         for l in a.launches])
-    record = {
+    part = {
         "target": name,
         "arena_bytes": a.arena_bytes,
         "arena_lower_bound_bytes": a.arena_lower_bound_bytes,
@@ -281,17 +190,17 @@ def _variant(a: Artifact, name: str) -> tuple[dict, bytes, bytes]:
         "outputs": [b.id for b in a.outputs],
         "programs": programs,
     }
-    record["entries"] = [{"name": e.name, "inputs": list(e.inputs), "outputs": list(e.outputs),
+    part["entries"] = [{"name": e.name, "inputs": list(e.inputs), "outputs": list(e.outputs),
                           "launches": [e.first, e.count]} for e in _entries(a)]
-    record["state"] = [{"name": x.name, "reads": list(x.reads), "writes": list(x.writes),
-                        "init": x.init, **({"ring": {"step": x.step, "mirrors": list(x.mirrors),
-                                                     "windows": list(x.windows)}}
-                                           if x.step else {})} for x in a.state]
+    part["state"] = [{"name": x.name, "reads": list(x.reads), "writes": list(x.writes),
+                      "init": x.init, **({"ring": {"step": x.step, "mirrors": list(x.mirrors),
+                                                   "windows": list(x.windows)}}
+                                         if x.step else {})} for x in a.state]
     if a.provenance is not None:
-        record["provenance"] = a.provenance
+        part["provenance"] = a.provenance
     if a.defaults:
-        record["defaults"] = a.defaults
-    return record, bytes(a.programs), graph
+        part["defaults"] = a.defaults
+    return part, bytes(a.programs), graph
 
 
 def _entries(a: Artifact) -> list[Entry]:
@@ -312,6 +221,7 @@ def _layout(target: str, manifest: dict, payloads: dict, digests: dict | None = 
     (padding, section)..., manifest. A 144 MiB blob is written from its pieces, never copied
     into one buffer."""
     names = section_names([v.get("target") for v in manifest.get("variants", [])])
+    payloads = {**{n: b"" for n in names if n.startswith("binaries.")}, **payloads}  # none
     sizes = [len(payloads[name]) for name in names]
     offsets = section_offsets(sizes)
     digests = digests or {}
@@ -340,8 +250,9 @@ def _buffer_record(b: Buffer) -> dict:
         {"width": b.image.width, "height": b.image.height, "pitch": b.image.pitch}
     if b.image is not None and b.image.channels != 4:  # RGBA blobs stay as they were
         image["channels"] = b.image.channels
-    return {"id": b.id, "region": b.region, "offset": b.offset, "nbytes": b.nbytes,
-            "dtype": b.dtype, "shape": list(b.shape), "name": b.name, "image": image}
+    return {"id": b.id, "region": b.region, "offset": b.offset, "slot": b.slot,
+            "nbytes": b.nbytes, "dtype": b.dtype, "shape": list(b.shape), "name": b.name,
+            "image": image}
 
 
 def _cstr(text: str, what: str) -> bytes:

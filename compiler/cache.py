@@ -11,7 +11,7 @@ a key that already says everything the entry depends on:
   units/    per kernel (keyed by its C source, the command and the compiler's version): the key
             of an object that holds it
   valid/    a model file that onnx's checker and shape inference passed, keyed by its bytes and
-            onnx's version (a recompile skips 0.2 s of checking the openpilot-shaped model)
+            onnx's version (a recompile skips checking it again)
 Entries are written atomically (runner/cache.py: write), so concurrent compiles (pytest workers)
 never read a half-written entry.
 """

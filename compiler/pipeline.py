@@ -1,17 +1,18 @@
-"""The compile pipeline as a list of passes in one function:
-frontend -> schedule -> layout -> per variant: kernels (plan, lower, simplify, linearize) ->
-memory plan -> shared weights -> per variant: render -> build."""
+"""The compile pipeline as a list of stages in one function (compile_model):
+frontend -> schedule -> place (per variant: buffers' storage, one job per distinct kernel) ->
+kernels (codegen: plan, lower, simplify, pack, vectorize, linearize, render) -> link (buffers,
+packed weights, launches, arena, barriers, one weights region) -> build -> the Artifact, which
+compiler/blob.py writes."""
 from __future__ import annotations
 
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from compiler import toolchain
 from compiler.artifact import Artifact, Entry, State
-from compiler.blob import share_weights
 from compiler.errors import CompileError
 from compiler.codegen.build import Built, Job, build_all
 from compiler.codegen.ranges import SAFE_MAX, Fp32Keep, keep_fp32, measure, samples
@@ -20,13 +21,16 @@ from compiler.ir.uop import Ops, UOp
 from compiler.onnx.load import load_onnx
 from compiler.ring import find_rings, make_rings, mirror_name, units, window_name
 from compiler.renderers import get_renderer
-from compiler.schedule.buffers import Buffers
-from compiler.schedule.fusion import Kernel, schedule
+from compiler.ir.kernel import Kernel
+from compiler.link.buffers import Buffers
+from compiler.link.link import Linked, Use, link
+from compiler.schedule.fusion import schedule
 from compiler.schedule.layout import canonical, channels_last, in_place, pad_in_place
-from compiler.schedule.hazards import mark_barriers
+from compiler.schedule.place import Placement, place
 from compiler.schedule.storage import device_storage
+from compiler.spec import Spec
 from compiler.target import LINE_BYTES, Target, get_target, variant_targets
-from runner.format import DEFAULT_ENTRY, ENTRY_NAME, entry_name_ok
+from runner.format import DEFAULT_ENTRY, ENTRY_NAME, Region, entry_name_ok
 
 VERSION = "0.1.0"
 
@@ -83,61 +87,104 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
     overridable: inputs with an initializer that stay inputs, with it as their default
     (onnx/load.py load_onnx).
     A target with variants (`cpu`) is built once per variant from one frontend and schedule:
-    the first variant's Artifact is returned, the others in its `variants` (one blob)."""
-    st, tgt = stages or Stages(), get_target(target)
-    targets = variant_targets(tgt)
-    models = _entry_models(model)
+    the first variant's Artifact is returned, the others in its `variants` (one blob).
+    The stages, in order; each one's output is read, never changed, by the ones after it
+    (compiler/spec.py checks both under KEEL_SPEC=1)."""
+    st, tgt, spec = stages or Stages(), get_target(target), Spec()
+    targets, models = variant_targets(tgt), _entry_models(model)
     with st("frontend"):
-        graphs = _frontend(models, input_shapes or {}, float16, targets[0], state or {},
-                           input_values or {}, tuple(overridable))
+        graphs = spec("frontend", _frontend(models, input_shapes or {}, float16, targets[0],
+                                            state or {}, input_values or {}, tuple(overridable)))
         pairs = _state_pairs(graphs, state or {})
     with st("schedule"):
-        outs, kernels, last, nodes, origins, counts, rings = _schedule(
-            graphs, list(models), tgt, targets[0], pairs)
-        inputs = [io for g in graphs for io in g.inputs]
-        keep = _calibrate(calibration if float16 else None, inputs, kernels, outs, targets[0], st)
-        plans = []  # per variant: (target, its buffers, one job per distinct kernel, launches)
-        for t in targets:
-            bufs = Buffers(inputs, list(zip([n for g in graphs for n, _ in g.outputs], outs)),
-                           device_storage(t, float16, images, frozenset(keep.buffers),
-                                          image_inputs),
-                           t.buffer_align, writer and writer.spill)
-            plans.append((t, bufs, *_jobs(kernels, bufs, last, t, keep.kernels)))
-        st.count("schedule", kernels=len(kernels), programs=sum(len(p[2]) for p in plans))
-    done, early = _kernels(plans, st)
-    builds = [(t, bufs, _launch(bufs, {k: done[i, k] for k in jobs}, uses, st, units(
-        bufs, pairs, rings)), uses) for i, (t, bufs, jobs, uses) in enumerate(plans)]
-    defaults = [_defaults(bufs, graphs, pairs) for _, bufs, _, _ in builds]
-    weights = share_weights([bufs for _, bufs, _, _ in builds], writer and writer.region)
+        sched = spec("schedule", _schedule(graphs, list(models), tgt, targets[0], pairs))
+    keep = _calibrate(calibration if float16 else None, sched, targets[0], st)
+    with st("place"):
+        variants = spec("place", [_place(t, sched, float16, images, keep, image_inputs)
+                                  for t in targets])
+        st.count("place", kernels=len(sched.kernels),
+                 programs=sum(len(v.jobs) for v in variants))
+    built, early = _kernels(variants, st)
+    spec("codegen", (variants, built))
+    with st("link"):
+        linked, weights = spec("link", link(
+            [v.placed for v in variants], [v.uses for v in variants], built,
+            [v.target.buffer_align for v in variants], graphs, [n for n, _ in sched.io], pairs,
+            writer, lambda bufs: units(bufs, pairs, sched.rings)))
     if writer is not None:
         writer.weights(weights)
-    sources = [_render(t, bufs, built, st) for t, bufs, built, _ in builds]
+    sources = [_render(v.target, lk.buffers, b, st) for v, lk, b in zip(variants, linked, built)]
     # every variant's compilers at once: no core waits while another variant's last batch ends
-    with ThreadPoolExecutor(len(builds)) as pool:
-        codes = pool.map(lambda ts: _build(*ts, st), zip(targets, sources, early))
-    arts = [_artifact(tgt, t, bufs, code, weights)
-            for (t, bufs, _, _), code in zip(builds, codes)]
-    meta = _meta(graphs, float16, builds[0][1],
-                 _fp16_report(keep, nodes, origins) if float16 else None, st)
-    for a, (_, bufs, _, uses), d in zip(arts, builds, defaults):
-        a.meta, a.provenance, a.defaults = meta, provenance(uses, nodes, origins), d
-        a.entries, a.state = _entries(list(models), graphs, bufs, counts), \
-            _state(pairs, rings, bufs)
+    with ThreadPoolExecutor(len(variants)) as pool:
+        codes = list(pool.map(lambda ts: _build(*ts, st), zip(targets, sources, early)))
+    spec.unchanged()
+    return _artifacts(tgt, variants, linked, codes, weights, graphs, models, pairs, sched,
+                      float16, keep, st)
+
+
+def _artifacts(tgt: Target, variants: list[Variant], linked: list[Linked], codes: list[bytes],
+               weights, graphs: list, models: dict, pairs: dict, sched: Scheduled,
+               float16: bool, keep: Fp32Keep, st: Stages) -> Artifact:
+    """The first variant's Artifact, the others in its `variants`."""
+    meta = _meta(graphs, float16, linked[0].buffers,
+                 _fp16_report(keep, sched.nodes, sched.origins) if float16 else None, st)
+    arts = []
+    for v, lk, code in zip(variants, linked, codes):
+        a = _artifact(tgt, v.target, lk.buffers, code, weights)
+        a.meta, a.defaults = meta, lk.defaults
+        a.provenance = provenance(v.uses, sched.nodes, sched.origins)
+        a.entries = _entries(list(models), sched, lk.buffers)
+        a.state = _state(pairs, sched.rings, lk.buffers)
+        arts.append(a)
     arts[0].variants = arts[1:]
     return arts[0]
 
 
-def _calibrate(calibration: dict | None, inputs: list, kernels: list[Kernel], outs: list[UOp],
-               tgt: Target, st: Stages) -> Fp32Keep:
+@dataclass(frozen=True)
+class Scheduled:
+    """The schedule stage's output: every entry's kernels end to end, and what provenance and
+    calibration read of it."""
+    inputs: list  # (name, UOp) of every entry's graph inputs, in entry order
+    outputs: list  # (name, UOp) of every entry's graph outputs (folded), in entry order
+    kernels: list[Kernel]
+    last: frozenset  # tensors stored channels-last
+    nodes: list  # the ONNX nodes, (name, op_type)
+    origins: dict  # UOp -> index in nodes of the node that produced it
+    counts: list[int]  # launches per entry
+    rings: dict  # {state input: rows per run} of the queues made rings (compiler/ring.py)
+    io: list[tuple[int, int]]  # per entry: its inputs and outputs (a ring's window and mirror
+    # included: the frontend's graphs lack them)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One build of the model for one target (a `cpu` blob holds two): its buffers' placement,
+    one codegen job per distinct kernel, and its launches of them."""
+    target: Target
+    placed: Placement
+    jobs: dict
+    uses: list
+
+
+def _place(t: Target, sched: Scheduled, float16: bool, images: bool | None,
+           keep: Fp32Keep, image_inputs: dict | None) -> Variant:
+    storage = device_storage(t, float16, images, frozenset(keep.buffers), image_inputs)
+    placed = place(sched.kernels, sched.inputs, sched.outputs, storage)
+    jobs, uses = _jobs(sched.kernels, placed, sched.last, t, keep.kernels)
+    return Variant(t, placed, jobs, uses)
+
+
+def _calibrate(calibration: dict | None, sched: Scheduled, tgt: Target, st: Stages) -> Fp32Keep:
     """float16 with sample inputs (by name: an input's shape, or a leading axis of samples
     more): the tensors and kernels that stay fp32 (codegen/ranges.py); meta "fp16_ranges"
     reports them. Nothing without samples, or where activations are fp32 anyway. A ring's
     window inputs (compiler/ring.py) are computed values, not fed."""
     if not calibration or not tgt.half_activations:
         return Fp32Keep()
-    feeds = samples(calibration, [io for io in inputs if io[1].op is Ops.INPUT])
+    feeds = samples(calibration, [io for io in sched.inputs if io[1].op is Ops.INPUT])
     with st("calibrate", samples=len(feeds)):
-        return keep_fp32(kernels, set(outs), measure(outs, feeds), len(feeds))
+        outs = [u for _, u in sched.outputs]
+        return keep_fp32(sched.kernels, set(outs), measure(outs, feeds), len(feeds))
 
 
 def _fp16_report(keep: Fp32Keep, nodes: list, origins: dict[UOp, int]) -> dict:
@@ -165,7 +212,7 @@ def _frontend(models: dict, input_shapes: dict, float16: bool, first: Target,
     """Each entry's ONNX model as a Graph; several entries' inputs get their entry's name as a
     prefix inside the IR, so equal input names of two entries stay two tensors."""
     # outputs padded to a cache line of float32: whole vectors at every CPU width (wider
-    # multiples, for wider register tiles, measured slower: 2.36 ms at 16, 2.52 at 48)
+    # multiples, for wider register tiles, ran slower (docs/perf.md))
     return [load_onnx(m, input_shapes, float16=float16, winograd=first.winograd,
                       pad_columns=LINE_BYTES // 4 if first.cpu_layouts else 0,
                       input_values=input_values, narrow_pad_divisor=first.narrow_pad_divisor,
@@ -185,34 +232,12 @@ def _meta(graphs: list, float16: bool, bufs: Buffers, fp16_ranges: dict | None,
             "stage_seconds": {k: round(v, 4) for k, v in st.times.items()}}
 
 
-def _defaults(bufs: Buffers, graphs: list, pairs: dict[str, str]) -> list[list[int]]:
-    """Stores the states' initial values (weights with the state's bytes) and the inputs'
-    default values (--overridable); returns [input index, weights buffer] of the latter."""
-    _state_inits(bufs, graphs, pairs)
-    found, j = [], 0
-    for g in graphs:
-        for name, _ in g.inputs:
-            if name in g.input_defaults:
-                found.append([j, bufs.default(g.input_defaults[name])])
-            j += 1
-    return found
-
-
-def _state_inits(bufs: Buffers, graphs: list, pairs: dict[str, str]) -> None:
-    for x in pairs:
-        default = next((g.defaults[x] for g in graphs if x in g.defaults), None)
-        if default is not None:
-            bufs.state_init(x, default)
-
-
 def _schedule(graphs: list, names: list[str], tgt: Target, first: Target,
-              pairs: dict[str, str]) -> tuple:
+              pairs: dict[str, str]) -> Scheduled:
     """Each entry's graph scheduled alone (no kernel spans two entries), its shifting queues
-    made rings (compiler/ring.py), then put end to end: (outputs, kernels, channels-last
-    tensors, provenance nodes and origins, launches per entry, rings). Several entries'
-    kernels are named after their entry's index and name, made a C identifier
-    (e1_1928x1208_run_policy_k0...): each schedule numbers its kernels from 0, and a program's
-    name must be one kernel's."""
+    made rings (compiler/ring.py), then put end to end. Several entries' kernels are named
+    after their entry's index and name, made a C identifier (e1_1928x1208_run_policy_k0...):
+    each schedule numbers its kernels from 0, and a program's name must be one kernel's."""
     done = []
     for g in graphs:
         g_outs, g_kernels, realized, tracked = schedule(
@@ -222,21 +247,27 @@ def _schedule(graphs: list, names: list[str], tgt: Target, first: Target,
                      tracked))
     rings = find_rings([(g, d[0], d[1]) for g, d in zip(graphs, done)], pairs,
                        max(t.buffer_align for t in variant_targets(tgt)))
-    outs, kernels, last, nodes, origins, counts = [], [], set(), [], {}, []
+    inputs, names_out, outs, kernels, last, nodes, origins, counts, io = [], [], [], [], set(), \
+        [], {}, [], []
     for i, (g, name, (g_outs, g_kernels, g_last, realized, tracked)) in enumerate(
             zip(graphs, names, done)):
-        make_rings(g, g_outs, g_kernels, realized, pairs, rings)
+        g_in, g_out = list(g.inputs), list(g.outputs)  # the schedule's own: rings add to them
+        make_rings(g_in, g_out, g_outs, g_kernels, realized, pairs, rings)
         for u, j in zip(tracked, g.origins.values()):
             origins.setdefault(u, len(nodes) + j)
         if len(graphs) > 1:
-            for k in g_kernels:
-                k.name = f"e{i}_{re.sub(r'[^A-Za-z0-9_]', '_', name)}_{k.name}"
+            tag = f"e{i}_{re.sub(r'[^A-Za-z0-9_]', '_', name)}_"
+            g_kernels = [replace(k, name=tag + k.name) for k in g_kernels]
+        inputs += g_in
+        names_out += [n for n, _ in g_out]
+        io.append((len(g_in), len(g_out)))
         outs += g_outs
         kernels += g_kernels
         last |= g_last
         nodes += g.nodes
         counts.append(sum(k.root.size != 0 for k in g_kernels))  # _jobs: its launches
-    return outs, kernels, last, nodes, origins, counts, rings
+    return Scheduled(inputs, list(zip(names_out, outs)), kernels, frozenset(last), nodes, origins,
+                     counts, rings, io)
 
 
 def _entry_models(model) -> dict:
@@ -279,15 +310,14 @@ def _state_pairs(graphs: list, extra: dict[str, str]) -> dict[str, str]:
     return pairs
 
 
-def _entries(names: list[str], graphs: list, bufs: Buffers, counts: list[int]) -> list[Entry]:
+def _entries(names: list[str], sched: Scheduled, bufs: Buffers) -> list[Entry]:
     """Each entry's io buffers and launch range: the launches are the entries' in order."""
     entries, n_in, n_out, first = [], 0, 0, 0
-    for name, g, count in zip(names, graphs, counts):
-        ins = bufs.inputs[n_in:n_in + len(g.inputs)]
-        outs = bufs.outputs[n_out:n_out + len(g.outputs)]
+    for name, (k_in, k_out), count in zip(names, sched.io, sched.counts):
+        ins, outs = bufs.inputs[n_in:n_in + k_in], bufs.outputs[n_out:n_out + k_out]
         entries.append(Entry(name, tuple(b.id for b in ins), tuple(b.id for b in outs), first,
                              count))
-        n_in, n_out, first = n_in + len(g.inputs), n_out + len(g.outputs), first + count
+        n_in, n_out, first = n_in + k_in, n_out + k_out, first + count
     return entries
 
 
@@ -302,44 +332,31 @@ def _state(pairs: dict[str, str], rings: dict[str, int], bufs: Buffers) -> list[
             for x, y in pairs.items()]
 
 
-def _kernels(plans: list, st: Stages) -> tuple[dict[tuple, Built], list]:
+def _kernels(variants: list[Variant], st: Stages) -> tuple[list[dict[tuple, Built]], list]:
     """Every variant's kernels, in one pool of workers kept busy; -> (built by (variant, key),
     per variant: toolchain.precompile's Early or None). A variant's kernels start compiling as
     soon as they are all built: beside the other variant's kernel builders, and while the
     launches, the arena and the weights are planned."""
-    early, got, left = [None] * len(plans), {}, [len(p[2]) for p in plans]
+    early, got, left = [None] * len(variants), {}, [len(v.jobs) for v in variants]
 
     def ready(key: tuple, built: Built) -> None:
         got[key], i = built, key[0]
         left[i] -= 1
-        t, _, jobs, _ = plans[i]
+        t, jobs = variants[i].target, variants[i].jobs
         if not left[i] and t.shared_object:
             early[i] = toolchain.precompile(get_renderer(t).kernel_units(
-                [(got[i, k].name, got[i, k].code) for k in jobs]), t.name)
+                [(got[i, k].name, got[i, k].piece) for k in jobs]), t.name)
 
     with st("kernels"):
-        done = build_all({(i, k): j for i, p in enumerate(plans) for k, j in p[2].items()}, st,
-                         ready)
-    return done, early
-
-
-def _launch(bufs: Buffers, built: dict[tuple, Built], uses: list["Use"], st: Stages,
-            aliased: dict[int, int]) -> dict:
-    """Record one variant's launches of its built programs and plan its arena; -> `built`.
-    `aliased`: io buffers one memory holds (hazards.mark_barriers' units)."""
-    for use in uses:
-        b = built[use.key]
-        args = [use.out] + [bufs.of(u, b.packings.get(j)) for j, u in enumerate(use.kernel.inputs, 1)]
-        bufs.launch(Kernel(b.name, use.kernel.root, use.kernel.inputs), args, b.plan)
-    with st("plan"):
-        bufs.plan_arena()
-        bufs.launches = mark_barriers(bufs.launches, bufs.by_id(), aliased)
-    return built
+        done = build_all({(i, k): j for i, v in enumerate(variants) for k, j in v.jobs.items()},
+                         st, ready)
+    return [{k: done[i, k] for k in v.jobs} for i, v in enumerate(variants)], early
 
 
 def _render(tgt: Target, bufs: Buffers, built: dict, st: Stages):
-    with st("render"):
-        return get_renderer(tgt).render_program([(b.name, b.code) for b in built.values()],
+    """The program: the kernels (rendered by codegen) and the entry points over the launches."""
+    with st("assemble"):
+        return get_renderer(tgt).render_program([(b.name, b.piece) for b in built.values()],
                                                 bufs.launches, bufs.by_id())
 
 
@@ -365,7 +382,7 @@ def _artifact(blob_tgt: Target, tgt: Target, bufs: Buffers, code: bytes,
         variant=tgt.name if tgt.name != blob_tgt.name else "")
 
 
-def provenance(uses: list["Use"], nodes: list[tuple[str, str]], origins: dict[UOp, int]) -> dict:
+def provenance(uses: list[Use], nodes: list[tuple[str, str]], origins: dict[UOp, int]) -> dict:
     """Per launch, the ONNX nodes it computes (docs/blob.md, "provenance"): every tensor some
     node produced between the kernel's root and the realized tensors it reads. A node folded into
     the weights at compile time, or one whose output is another's (Identity), runs in no launch.
@@ -410,32 +427,23 @@ def _layouts(kernels: list[Kernel], realized: set, keep: set,
     return in_place(kernels, realized, last, keep), last
 
 
-@dataclass
-class Use:
-    """One launch: a scheduled kernel, the buffer it writes and the job that builds its program."""
-    kernel: Kernel
-    out: int
-    key: tuple
-
-
-def _jobs(kernels: list[Kernel], bufs: Buffers, last: set, tgt: Target,
+def _jobs(kernels: list[Kernel], placed: Placement, last: frozenset, tgt: Target,
           fp32: set = frozenset()) -> tuple[dict[tuple, Job], list[Use]]:
     """One job per distinct canonical kernel, and the launches that use them. `fp32`: roots of
     kernels that compute in fp32 under float16 (codegen/ranges.py)."""
     jobs: dict[tuple, Job] = {}
     uses = []
-    for k in kernels:
-        out = bufs.output_of(k)
+    for k, out in zip(kernels, placed.writes):
         if k.root.size == 0:  # writes nothing: an empty tensor needs a buffer but no launch
             continue
-        layouts = [bufs.layout_of(out)] + [bufs.layout(u) for u in k.inputs]
+        layouts = [placed.layout_of(out)] + [placed.layout(u) for u in k.inputs]
         key, ck = canonical(k, layouts, last)
         key = (key, k.root in fp32)
         if key not in jobs:
             packable = {j: u.size for j, (u, lay) in enumerate(zip(k.inputs, layouts[1:]), 1)
-                        if lay.region == "weights" and lay.image is None and tgt.pack_weights}
-            arena = {j for j, lay in enumerate(layouts) if lay.region == "arena"}
+                        if lay.region is Region.WEIGHTS and lay.image is None and tgt.pack_weights}
+            arena = {j for j, lay in enumerate(layouts) if lay.region is Region.ARENA}
             jobs[key] = Job(ck, [dtypes.from_np(lay.dtype) for lay in layouts], tgt, packable,
-                            arena, k.root in fp32)
+                            arena, k.root in fp32, tuple(lay.image for lay in layouts))
         uses.append(Use(k, out, key))
     return jobs, uses

@@ -76,17 +76,18 @@ def window_name(y: str) -> str:
     return f"{y}.window"
 
 
-def make_rings(g, outs: list[UOp], kernels: list[Kernel], realized: set,
-               pairs: dict[str, str], rings: dict[str, int]) -> None:
-    """One entry's kernels, outputs and inputs, rings made (in place): Y's kernel computes N
-    alone into Y's output, a last copy puts it into Y's mirror, Y's readers read Y's window."""
+def make_rings(inputs: list, outputs: list, outs: list[UOp], kernels: list[Kernel],
+               realized: set, pairs: dict[str, str], rings: dict[str, int]) -> None:
+    """One entry's kernels, folded outputs and (name, UOp) inputs and outputs (the schedule's
+    own lists, never the frontend's), rings made in place: Y's kernel computes N alone into Y's
+    output, a last copy puts it into Y's mirror, Y's readers read Y's window."""
     for x in rings:
-        y, names = pairs[x], [n for n, _ in g.outputs]
+        y, names = pairs[x], [n for n, _ in outputs]
         if y not in names:
             continue
         j = names.index(y)
         full = outs[j]
-        new = new_rows(full, dict(g.inputs)[x])[1]
+        new = new_rows(full, dict(inputs)[x])[1]
         i = next(i for i, kn in enumerate(kernels) if kn.root is full and kn.into is None)
         prefix = kernels[i].name.split("_", 1)[0]  # k<n>: the number of Y's kernel
         writer = _writer(new, kernels, realized, prefix)
@@ -94,16 +95,16 @@ def make_rings(g, outs: list[UOp], kernels: list[Kernel], realized: set,
         # last: the run's readers of Y read the copy the runner binds Y's rows to (the one in
         # the next window), so the mirror can wait, where a barrier is most likely there anyway
         kernels.append(_mirror(new, writer, realized, prefix))
-        outs[j], g.outputs[j] = new, (y, new)
+        outs[j], outputs[j] = new, (y, new)
         outs.append(new)
-        g.outputs.append((mirror_name(y), new))
+        outputs.append((mirror_name(y), new))
         if any(full in kn.inputs for kn in kernels):
-            g.inputs.append((window_name(y), full))
+            inputs.append((window_name(y), full))
 
 
 def _writer(new: UOp, kernels: list[Kernel], realized: set, prefix: str) -> list[Kernel]:
     """The kernel that writes N into Y's output: none where N's own kernel does (it is then
-    the output's writer, compiler/schedule/buffers.py), a copy where N is realized into
+    the output's writer, compiler/schedule/place.py), a copy where N is realized into
     another tensor's buffer, else N computed from what Y's kernel read."""
     if new.op not in (Ops.INPUT, Ops.WEIGHT) and new in realized:
         if any(kn.root is new and kn.into is None for kn in kernels):

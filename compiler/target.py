@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from compiler.errors import CompileError
+from compiler.ir.kernel import AxisKind
 from runner import targets
 
 # cache line of the x86-64 and Kryo targets (Apple M's are 128 bytes: 64 reads one in halves)
@@ -47,9 +48,9 @@ class Target:
     image_max_width: int = 0  # texels per row
     image_max_height: int = 0  # rows
     image_pitch_align: int = 0  # row pitch alignment in texels
-    # How a kernel's output dims run: "loop" (nested loops; a thread pool shares the outermost,
-    # planned by codegen/plan_cpu.py) or "global" (one work item per output tile, plan_gpu.py).
-    output_dims: str = "loop"
+    # How a kernel's output dims run: LOOP (nested loops; a thread pool shares the outermost,
+    # planned by codegen/plan_cpu.py) or GLOBAL (one work item per output tile, plan_gpu.py).
+    output_dims: AxisKind = AxisKind.LOOP
     # Buffer layouts chosen for cache reuse (schedule/layout.py): channels-last convs, padded and
     # residual tensors written in place, merged dims. Targets without it keep every buffer as
     # the graph has it (images already make GPU reads 2D).
@@ -108,7 +109,7 @@ CPU = dict(renderer="c", prefetch=True, cpu_layouts=True, winograd=True,
            pack_weights=True, shared_object=True)
 # every OpenCL target: one work item per output tile, half activations under --float16
 GPU = dict(renderer="opencl", vector_bytes=16, buffer_align=128,
-           half_activations=True, output_dims="global", recompute_cheap=True)
+           half_activations=True, output_dims=AxisKind.GLOBAL, recompute_cheap=True)
 
 TARGETS = {t.name: t for t in (
     # every x86-64 host: one blob, both levels below (the runner picks one at load)

@@ -197,13 +197,14 @@ def _objects(units: list[tuple[str, str]], target: str, tmp: str,
     key.o): from `early` (precompile), from the cache, or compiled.
 
     The missing units are compiled in batches: the kernel units of one compiler process as one
-    translation unit (clang pays ~30 ms and a front end per file: 106 kernels cost 5.5 s of CPU
-    as files, 2.6 s as one unit). A batch's object is cached whole, and every unit it holds
-    points to it (cache.py `units/`), so an edited model compiles one batch of the kernels it
-    changed and links it with the old objects. Kernels are weak and hidden: a kernel's symbol
-    is a hash of its text (renderers/c.py), so two objects that hold it hold the same code and
-    the linker keeps one; a kernel no entry point calls (an old version in an old batch) is
-    dropped by the link's section garbage collection (`-ffunction-sections`, `_gc_flags`)."""
+    translation unit (clang pays a start-up and a front end per file: docs/perf.md). A batch's
+    object is cached whole, and every unit it holds points to it (cache.py `units/`), so an
+    edited model compiles one batch of the kernels it changed and links it with the old objects.
+    Kernels are weak and hidden: a kernel's symbol is a hash of its text (renderers/c.py), so
+    two objects that hold it hold the same code and the linker keeps one; a kernel no entry
+    point calls (an old version in an old batch) is dropped by the link's section garbage
+    collection (`-ffunction-sections`, `_gc_flags`).
+    """
     keys, have = _unit_keys(units, target), {}
     for name, _ in units:
         hit = early.get(keys[name])  # the disk cache only for what precompile did not build

@@ -40,7 +40,7 @@ import numpy as np
 
 from runner.device import Span
 from runner.errors import BlobError, DeviceError
-from runner.faults import Faults, from_env
+from runner.faults import FaultKind, Faults, from_env
 from runner.graph import Graph, Kind
 from runner.queue import Memory, QueueDevice
 from runner.simulators import simulator
@@ -135,8 +135,9 @@ class DspDevice(QueueDevice):
     def kick(self, launches: range, deadline: float, value: int) -> None:
         fault = self._faults.at(value)
         flags = (FLAG_PROFILE if self._profiling else 0) | (FLAG_SERIAL if self.serial else 0)
-        flags |= {"hang": FLAG_HANG, "fault": FLAG_FAULT}.get(fault and fault.kind, 0)
-        if fault and fault.kind == "slow":
+        flags |= {FaultKind.HANG: FLAG_HANG,
+                  FaultKind.FAULT: FLAG_FAULT}.get(fault and fault.kind, 0)
+        if fault and fault.kind is FaultKind.SLOW:
             self._due[value] = time.monotonic() + fault.ms / 1000
         patches = [w for slot, offset in self._patches.items() for w in (slot, offset)]
         self._link.invoke(value, struct.pack(f"<{5 + len(patches)}I", value, flags,

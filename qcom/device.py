@@ -35,6 +35,7 @@ from qcom.cmdstream import ALWAYS_ON_HZ, OPCODES, lohi, pkt7
 from qcom.ring import Ring
 from runner.dmabuf import DmaBuf
 from runner.errors import BlobError, ConfigError, DeviceError, InputError
+from runner.format import Region
 from runner.queue import Memory, QueueDevice
 
 RING_BYTES = 1 << 16  # 64 bytes per submission: a thousand in flight before the ring refuses
@@ -58,7 +59,7 @@ class QcomDevice(QueueDevice):
 
     def open(self, blob) -> None:
         self.kgsl, self.objs, self.ctx = kgsl.Kgsl(), [], None
-        self.programs = store.from_blob(blob.manifest["meta"].get(store.EMBED_KEY),
+        self.programs = store.from_blob(blob.binaries,
                                           bytes(blob.programs).decode(),
                                           *store.identity(self.kgsl), self.cache_dir)
         missing = sorted({ln.kernel for ln in blob.launches} - set(self.programs))
@@ -151,7 +152,8 @@ class QcomDevice(QueueDevice):
                 self.kgsl.free(old.id)
                 self.objs.remove(old)
         self.args, a = self._obj(record.args_bytes(self.blob, self.programs), "arguments")
-        layout = record.Layout({"arena": self.arena.gpuaddr, "weights": self.weights.gpuaddr},
+        layout = record.Layout({Region.ARENA: self.arena.gpuaddr,
+                                Region.WEIGHTS: self.weights.gpuaddr},
                                list(self.io_address), self.shaders, self.args.gpuaddr,
                                self.border.gpuaddr)
         rec = record.record(self.blob, self.programs, layout)

@@ -24,7 +24,7 @@ import time
 from ctypes import c_int32, c_uint32, c_uint64
 from typing import NamedTuple
 
-from qcom.errors import DeviceError
+from runner.errors import DeviceError
 from runner.simulators import simulator
 
 DEVICE_PATH = "/dev/kgsl-3d0"

@@ -20,15 +20,27 @@ Where a device's programs are built, cached and embedded is qcom/store.py.
 from __future__ import annotations
 
 import re
+from enum import StrEnum
 from typing import NamedTuple
 
-from qcom.errors import DeviceError
+from runner.errors import DeviceError
 
 SHADER_UNIT = 128  # CP_LOAD_STATE6 loads shader code in 128-byte units
 MAX_UNITS = 0x3FF  # its NUM_UNIT field is 10 bits
 CONST_ALIGN = 4  # vec4s: HLSQ_CS_CNTL's CONSTLEN has shr=2 (a6xx.xml)
 _KERNEL = re.compile(r"(?:__attribute__\(\(reqd_work_group_size\([^)]*\)\)\)\s*)?"
                      r"__kernel void (\w+)\(([^)]*)\)")
+
+
+class ParamKind(StrEnum):
+    """How a kernel parameter is bound: a buffer address in the constants, or a texture slot."""
+    BUFFER = "buffer"
+    IMAGE = "image"
+
+    @staticmethod
+    def of(decl: str) -> "ParamKind":
+        """The kind of an OpenCL C parameter declaration ("read_only image2d_t x", ...)."""
+        return ParamKind.IMAGE if "image2d_t" in decl else ParamKind.BUFFER
 
 
 class Regs(NamedTuple):
@@ -44,7 +56,7 @@ class Regs(NamedTuple):
 class Program(NamedTuple):
     kernel: str
     binary: bytes  # what is uploaded to the shader object (padded to SHADER_UNIT)
-    params: tuple[str, ...]  # "buffer" or "image" per parameter
+    params: tuple[ParamKind, ...]
     half: bool  # computes in half (cl_khr_fp16)
     source: str  # the OpenCL C the mock executes; "" for vendor binaries
     offsets: tuple = ()  # per parameter: its first constant dword, or None (next texture slot)

@@ -33,8 +33,10 @@ import numpy as np
 from qcom import cmdstream as cs
 from qcom import texture
 from qcom.cmdstream import lohi, pkt4, pkt7
+from qcom.program import ParamKind
 from runner.errors import BlobError
 from runner.queue import STAMP_BYTES
+from runner.format import IO_REGIONS
 
 OP, R = cs.OPCODES, cs.REGISTERS
 CONST_RAM_256 = 2 << 5  # SP_CS_UNKNOWN_A9B1 bits 5-6: constant RAM mode, 256 vec4s
@@ -45,7 +47,7 @@ MAX_GROUP = 128  # work items per group the recorder picks when the blob leaves 
 
 class Layout(NamedTuple):
     """GPU addresses of what the stream names."""
-    region: dict  # "arena" / "weights" -> base address
+    region: dict  # Region.ARENA / WEIGHTS -> base address
     io: list  # io slot -> address bound now
     shaders: dict  # kernel -> address of its binary
     args: int  # the argument block
@@ -62,7 +64,7 @@ class Recording(NamedTuple):
 
 
 def address(b, layout: Layout) -> int:
-    return layout.io[b.offset] if b.region in ("input", "output") else \
+    return layout.io[b.slot] if b.region in IO_REGIONS else \
         layout.region[b.region] + b.offset
 
 
@@ -122,7 +124,7 @@ def _sizes(ln) -> list[int]:
             + pkt7(OP["CP_RUN_OPENCL"], 0))
 
 
-def _launch(blob, ln, prog, layout: Layout, args: list[int], sites: list) -> list[int]:
+def _launch_packets(blob, ln, prog, layout: Layout, args: list[int], sites: list) -> list[int]:
     """One dispatch's packets; appends its constants and descriptors to `args` (dwords), and to
     `sites` (argument, dword, is a descriptor) for each io argument."""
     if len(ln.args) != len(prog.params):
@@ -133,13 +135,13 @@ def _launch(blob, ln, prog, layout: Layout, args: list[int], sites: list) -> lis
         consts[dword] = value
     for i, (bid, kind, at) in enumerate(zip(ln.args, prog.params, prog.offsets)):
         b = blob.buffers[bid]
-        if kind == "image":
+        if kind is ParamKind.IMAGE:
             if b.image is None:
                 raise BlobError(f"launch {ln.kernel}: parameter {i} is an image, buffer {bid} "
                                 f"has no image layout")
             if at is not None:  # mock binaries: the slot is a constant too
                 consts[at] = len(descs) // texture.DESCRIPTOR_DWORDS
-            if b.region in ("input", "output"):
+            if b.region in IO_REGIONS:
                 sites.append((i, len(args) + len(consts) + len(descs), True))
             img = b.image
             try:
@@ -149,7 +151,7 @@ def _launch(blob, ln, prog, layout: Layout, args: list[int], sites: list) -> lis
                 raise BlobError(f"launch {ln.kernel}: buffer {bid} as an image: {e}") from None
             continue
         consts[at:at + 2] = lohi(address(b, layout))
-        if b.region in ("input", "output"):
+        if b.region in IO_REGIONS:
             sites.append((i, len(args) + at, False))
     base = layout.args + 4 * len(args)
     args += consts + descs
@@ -174,7 +176,7 @@ def record(blob, programs: dict, layout: Layout) -> Recording:
     at, launches, textures = {}, [], set()
     for i, ln in enumerate(blob.launches):
         sites: list = []
-        launches.append(_launch(blob, ln, programs[ln.kernel], layout, args, sites))
+        launches.append(_launch_packets(blob, ln, programs[ln.kernel], layout, args, sites))
         at.update({(i, j): dword for j, dword, _ in sites})
         textures.update(dword for _, dword, desc in sites if desc)
     return Recording(launches, np.array(args, np.uint32), at, layout.border, frozenset(textures))
@@ -185,6 +187,6 @@ def args_bytes(blob, programs: dict) -> int:
     n = 16
     for ln in blob.launches:
         p = programs[ln.kernel]
-        imgs = sum(k == "image" for k in p.params)
+        imgs = sum(k is ParamKind.IMAGE for k in p.params)
         n += -(-(p.const_vec4s * 4 + imgs * texture.DESCRIPTOR_DWORDS) // 16) * 16
     return 4 * n

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable
 
-from qcom.errors import DeviceError
+from runner.errors import DeviceError
 
 
 class Ring:

@@ -4,8 +4,9 @@ compiler through qcom/vendor.py), cached, or embedded in the blob.
 The cache holds the parsed programs (JSON), keyed by compiler kind, chip id, driver version and
 source, in the blob's `.clcache` folder or, without one, in the cache's qcom/ folder
 (runner/cache.py: ~/.cache/keel/qcom; KEEL_CACHE_DIR= turns both off). A blob compiled with
-`tools/compile.py --target qcom --embed-binaries` carries them in its manifest meta (EMBED_KEY);
-programs built for another chip, driver or source are rebuilt once, with a warning naming both.
+`tools/compile.py --target qcom --embed-binaries` carries them in its binaries section
+(runner/format.py pack_binaries, checked by runner/blob.py); programs built for another chip,
+driver or source are rebuilt once, with a warning naming both.
 """
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ import json
 import warnings
 from pathlib import Path
 
-from qcom.program import Program, Regs
+from qcom.program import ParamKind, Program, Regs
 from runner import cache
-from runner.errors import BlobError
+from runner.format import pack_binaries
 
 CACHE_FORMAT = "qcom-programs-2"  # bump when Program's fields change
 
@@ -35,12 +36,17 @@ def to_json(p: Program) -> dict:
 
 def from_json(d: dict) -> Program:
     """A cached Program; ValueError/KeyError/TypeError for an entry of another shape."""
-    p = Program(**d)
+    return _program({k: v for k, v in d.items() if k != "binary"}, bytes.fromhex(d["binary"]))
+
+
+def _program(facts: dict, binary: bytes) -> Program:
+    p = Program(binary=binary, **facts)
     regs = Regs(*p.regs)
     offsets = tuple(None if o is None else int(o) for o in p.offsets)
-    if len(offsets) != len(p.params) or not set(p.params) <= {"buffer", "image"}:
+    if len(offsets) != len(p.params):
         raise ValueError("cached program's parameters and offsets disagree")
-    return p._replace(binary=bytes.fromhex(p.binary), params=tuple(p.params), offsets=offsets,
+    params = tuple(map(ParamKind, p.params))  # ValueError for another kind
+    return p._replace(params=params, offsets=offsets,
                       regs=regs, imms=tuple(tuple(map(int, x)) for x in p.imms))
 
 
@@ -71,19 +77,17 @@ def load(source: str, compiler: str, chip_id: int, driver: str, cache_dir: str |
     return progs
 
 
-# ---- binaries embedded in the blob (tools/compile.py --embed-binaries; docs/blob.md, meta) ----
-EMBED_KEY = "qcom_programs"
-
-
-def embedded(source: str, compiler: str, chip_id: int, driver: str) -> dict:
-    """The manifest meta entry holding this device's parsed programs for `source`."""
+# ---- binaries embedded in the blob (tools/compile.py --embed-binaries; docs/blob.md) ----------
+def embedded(source: str, compiler: str, chip_id: int, driver: str) -> bytes:
+    """The binaries section holding this device's parsed programs for `source`."""
     progs = load(source, compiler, chip_id, driver, None)
-    return {"compiler": compiler, "chip_id": chip_id, "driver": driver,
-            "source_sha256": hashlib.sha256(source.encode()).hexdigest(),
-            "programs": {n: to_json(p) for n, p in progs.items()}}
+    device = {"compiler": compiler, "chip_id": chip_id, "driver": driver,
+              "source_sha256": hashlib.sha256(source.encode()).hexdigest()}
+    return pack_binaries(device, {n: ({k: v for k, v in to_json(p).items() if k != "binary"},
+                                      p.binary) for n, p in progs.items()})
 
 
-def embed_here(source: str) -> dict:
+def embed_here(source: str) -> bytes:
     """`embedded` for the KGSL device of this machine (KEEL_KGSL selects the mock)."""
     from qcom import kgsl
     k = kgsl.Kgsl()
@@ -93,22 +97,19 @@ def embed_here(source: str) -> dict:
         k.close()
 
 
-def from_blob(entry: dict | None, source: str, compiler: str, chip_id: int, driver: str,
+def from_blob(binaries, source: str, compiler: str, chip_id: int, driver: str,
               cache_dir: str | None) -> dict[str, Program]:
-    """The blob's own programs when they were built by this compiler, chip and driver from this
-    source; otherwise `load` (built once, then cached), with a warning naming both when the blob
-    carried binaries for another device."""
-    if entry is not None:
-        try:
-            have = (entry["compiler"], entry["chip_id"], entry["driver"])
-            same = have == (compiler, chip_id, driver) and \
-                entry["source_sha256"] == hashlib.sha256(source.encode()).hexdigest()
-            if same:
-                return {n: from_json(d) for n, d in entry["programs"].items()}
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise BlobError(f"manifest meta {EMBED_KEY!r}: unreadable ({type(e).__name__}: "
-                            f"{e}); expected compiler, chip_id, driver, source_sha256 and "
-                            f"programs as tools/compile.py --embed-binaries writes them") from None
+    """The blob's own programs (`binaries`: runner/blob.py Binaries, checked as read) when they
+    were built by this compiler, chip and driver from this source; otherwise `load` (built
+    once, then cached), with a warning naming both when the blob carried binaries for another
+    device."""
+    if binaries is not None:
+        d = binaries.device
+        have = (d["compiler"], d["chip_id"], d["driver"])
+        if have == (compiler, chip_id, driver) and \
+                d["source_sha256"] == hashlib.sha256(source.encode()).hexdigest():
+            return {n: _program({k: v for k, v in facts.items() if k not in ("at", "size")},
+                                bytes(data)) for n, (facts, data) in binaries.programs.items()}
         warnings.warn(f"qcom: the blob's binaries were built by {_who(*have)}, this device is "
                       f"{_who(compiler, chip_id, driver)} (or the source differs): building "
                       f"them once here (cached)", stacklevel=3)

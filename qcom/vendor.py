@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import struct
 
-from qcom.errors import DeviceError
-from qcom.program import SHADER_UNIT, MAX_UNITS, Program, Regs, split
+from qcom.program import MAX_UNITS, SHADER_UNIT, ParamKind, Program, Regs, split
+from runner.errors import DeviceError
 
-KINDS = {0: "buffer", 1: "image"}  # 2 (an image the kernel writes) keel never renders
+KINDS = {0: ParamKind.BUFFER, 1: ParamKind.IMAGE}  # 2 (an image the kernel writes) keel never renders
 RECORD = 32  # bytes of a parameter record's fixed part
 IMM = 40  # bytes of an immediate-constant record
 
@@ -95,9 +95,10 @@ def _params(r: _Reader, at: int, decls: list[str]) -> tuple[tuple, tuple]:
         offsets.append(r.u32(at + 12, f"parameter record {len(params) - 1} offset")
                        if kind == 0 else None)
         at += length
-    want = ["image" if "image2d_t" in x else "buffer" for x in decls]
+    want = [ParamKind.of(x) for x in decls]
     if params != want:
-        r.fail("parameter records", f"say {params}, the kernel's source declares {want}")
+        r.fail("parameter records", f"say {list(map(str, params))}, the kernel's source "
+                                    f"declares {list(map(str, want))}")
     return tuple(params), tuple(offsets)
 
 

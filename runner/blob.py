@@ -28,9 +28,10 @@ import numpy as np
 from runner.errors import BlobError, ConfigError
 from runner.files import open_regular
 from runner.format import (BARRIER, CHUNK_BYTES, DEVICE_REGIONS, DTYPES, ENTRY_NAME,
-                           FILE_SHA256_AT, FLAGS, GRAPH_HEAD, HEADER, LAUNCH, MAGIC, MAX_DIMS,
-                           MAX_INT, REGIONS, SECTION_ALIGN, VERSION, entry_name_ok, file_sha256,
-                           section_names, section_offsets, variant_sections)
+                           FILE_SHA256_AT, FLAGS, GRAPH_HEAD, HEADER, IO_REGIONS, LAUNCH, MAGIC,
+                           MAX_DIMS, MAX_INT, REGIONS, SECTION_ALIGN, VERSION, Region,
+                           entry_name_ok, file_sha256, section_names, section_offsets,
+                           unpack_binaries, variant_sections)
 from runner.host import choose
 from runner.targets import TARGETS, device_of
 
@@ -50,13 +51,14 @@ class ImageSpec(NamedTuple):
 @dataclass(frozen=True)
 class BufferSpec:
     id: int
-    region: str
-    offset: int  # bytes into the arena / weights section; io slot (inputs, then outputs) for io
+    region: Region
+    offset: int  # bytes into the arena / weights section; 0 for io
     nbytes: int
     dtype: np.dtype
     shape: tuple[int, ...]
     name: str
     image: ImageSpec | None = None  # GPU images
+    slot: int | None = None  # io: the io slot (inputs, then outputs); None elsewhere
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,7 @@ class Blob:
     manifest: dict  # the validated JSON, for tools
     variant: str  # the target of the variant loaded: the code that runs
     variants: tuple[str, ...]  # every variant the file holds, in file order
-    record: dict  # the loaded variant's manifest record (its buffers, programs, provenance)
+    variant_manifest: dict  # the loaded variant's part of the manifest (buffers, programs...)
     buffers: dict[int, BufferSpec]
     inputs: list[BufferSpec]  # in io slot order
     outputs: list[BufferSpec]
@@ -116,6 +118,16 @@ class Blob:
     defaults: dict[int, BufferSpec] = field(default_factory=dict)
     entries: tuple[EntrySpec, ...] = ()
     state: tuple[StateSpec, ...] = ()
+    binaries: "Binaries | None" = None  # the variant's device binaries (section binaries.*)
+
+
+@dataclass(frozen=True)
+class Binaries:
+    """Device binaries of a variant's programs, checked (_binaries): `device` says what they
+    are bound to (the qcom backend's compiler, chip_id, driver and source_sha256), `programs`
+    maps a program to its facts (the backend's) and its bytes."""
+    device: dict
+    programs: dict[str, tuple[dict, memoryview]]
 
 
 def read_blob(path, variant: str | None = None) -> Blob:
@@ -186,9 +198,9 @@ def parse_blob(data: memoryview, variant: str | None = None, fill=None) -> Blob:
     name = choose(names) if variant is None else variant
     if name not in names:
         raise ConfigError(f"variant {name!r}: expected one of this blob's variants {names}")
-    record = _record(manifest["variants"], names.index(name))
+    vm = _variant_manifest(manifest["variants"], names.index(name))
     sections = {s["name"]: s for s in table}
-    shared, own, programs, graph = (sections[n] for n in variant_sections(name))
+    shared, own, programs, graph, bins = (sections[n] for n in variant_sections(name))
     # its kernels see the shared weights and its own as one region from the shared section on
     weights = data[shared["offset"]:max(shared["offset"] + shared["size"],
                                         own["offset"] + own["size"] if own["size"] else 0)]
@@ -198,24 +210,25 @@ def parse_blob(data: memoryview, variant: str | None = None, fill=None) -> Blob:
     g_start, g_end = graph["offset"], graph["offset"] + graph["size"]
     fill(g_start, g_end)
     rest = lambda start, end: None if g_start <= start < g_end else fill(start, end)  # noqa: E731
-    with _ChunkCheck(data, [shared, own, programs, graph], rest) as chunks:
-        buffers = _buffers(record["buffers"])
-        _check_regions(buffers, record, spans)
+    with _ChunkCheck(data, [shared, own, programs, graph, bins], rest) as chunks:
+        buffers = _buffers(vm["buffers"])
+        _check_regions(buffers, vm, spans)
         graph = _view(data, graph)
-        launches = _launches(graph, record["programs"], buffers)
-        inputs = _io(record["inputs"], buffers, "input", first_slot=0)
-        outputs = _io(record["outputs"], buffers, "output", first_slot=len(record["inputs"]))
-        _provenance(record.get("provenance"), len(launches))
-        defaults = _defaults(record.get("defaults", []), inputs, buffers)
-        entries = _entries(record["entries"], buffers, inputs, outputs, launches)
-        state = _state(record["state"], buffers, entries)
+        launches = _launches(graph, vm["programs"], buffers)
+        inputs = _io(vm["inputs"], buffers, Region.INPUT, first_slot=0)
+        outputs = _io(vm["outputs"], buffers, Region.OUTPUT, first_slot=len(vm["inputs"]))
+        _provenance(vm.get("provenance"), len(launches))
+        defaults = _defaults(vm.get("defaults", []), inputs, buffers)
+        entries = _entries(vm["entries"], buffers, inputs, outputs, launches)
+        state = _state(vm["state"], buffers, entries)
         chunks.finish()
+        binaries = _binaries(_view(data, bins), vm["programs"])  # read once hashed
     return Blob(target=target, producer=producer, manifest=manifest, variant=name,
-                variants=tuple(names), record=record, buffers=buffers, inputs=inputs,
-                outputs=outputs, launches=launches, arena_bytes=record["arena_bytes"],
-                program_names=record["programs"], weights=weights,
+                variants=tuple(names), variant_manifest=vm, buffers=buffers, inputs=inputs,
+                outputs=outputs, launches=launches, arena_bytes=vm["arena_bytes"],
+                program_names=vm["programs"], weights=weights,
                 programs=_view(data, programs), graph=graph, entries=entries, state=state,
-                defaults=defaults)
+                defaults=defaults, binaries=binaries)
 
 
 def _view(data: memoryview, section: dict) -> memoryview:
@@ -346,11 +359,12 @@ def _obj(fields, optional=None):
     return check
 
 
-_BUFFER = _obj({"id": _int, "region": _one_of(REGIONS), "offset": _int, "nbytes": _int,
+_BUFFER = _obj({"id": _int, "region": _one_of(REGIONS), "offset": _int, "slot": _nullable(_int),
+                "nbytes": _int,
                 "dtype": _one_of(DTYPES), "shape": _list(_int), "name": _str,
                 "image": _nullable(_obj({"width": _int, "height": _int, "pitch": _int},
                                         {"channels": _channels}))})
-_RECORD = _obj({
+_VARIANT = _obj({
     "target": _one_of(TARGETS),
     "arena_bytes": _int,
     "arena_lower_bound_bytes": _int,
@@ -375,8 +389,8 @@ _RECORD = _obj({
 
 
 def _variant_target(v):
-    """What the manifest check reads of a variant: its target. The rest of its record is checked
-    when it is the one loaded (_record): a reader pays for the variant it runs."""
+    """What the manifest check reads of a variant: its target. The rest of it is checked
+    when it is the one loaded (_variant_manifest): a reader pays for the variant it runs."""
     if type(v) is not dict or "target" not in v:
         raise _Invalid("an object with a target", v)
     try:
@@ -430,11 +444,11 @@ def _variants(variants: list[dict], target: str) -> None:
                         f"{names}")
 
 
-def _record(variants: list[dict], i: int) -> dict:
-    """Variant i's record, checked against the schema (docs/blob.md)."""
+def _variant_manifest(variants: list[dict], i: int) -> dict:
+    """Variant i's part of the manifest, checked against the schema (docs/blob.md)."""
     r = variants[i]
     try:
-        _RECORD(r)
+        _VARIANT(r)
     except _Invalid as e:
         e.path += [i, "variants"]
         raise e.error() from None
@@ -536,6 +550,49 @@ class _ChunkCheck:
         self._join()
 
 
+def _bool(v):
+    if type(v) is not bool:
+        raise _Invalid("true or false", v)
+
+
+_PROGRAM_BINARY = _obj({"kernel": _str, "params": _list(_one_of(("buffer", "image"))),
+                        "half": _bool, "source": _str, "offsets": _list(_nullable(_int)),
+                        "regs": _list(_int), "imms": _list(_list(_int)), "at": _int, "size": _int})
+_BINARIES = _obj({"device": _obj({"compiler": _str, "chip_id": _int, "driver": _str,
+                                  "source_sha256": _sha256}),
+                  "programs": _dict})
+
+
+def _binaries(section: memoryview, programs: list[str]) -> Binaries | None:
+    """The variant's binaries section, checked: None when empty; BlobError naming what is
+    wrong otherwise (every byte of it is hashed already, so this is what its writer wrote)."""
+    if not len(section):
+        return None
+    try:
+        index, data = unpack_binaries(section)
+        _BINARIES(index)
+        for name, facts in index["programs"].items():
+            try:
+                _PROGRAM_BINARY(facts)
+            except _Invalid as e:
+                e.path += [name, "programs"]
+                raise
+    except ValueError as e:  # JSON too
+        raise BlobError(f"binaries section: {e}") from None
+    except _Invalid as e:
+        where = "".join(f"[{k}]" if type(k) is int else f".{k}" for k in reversed(e.path))
+        raise BlobError(f"binaries section index{where}: expected {e.want}, got "
+                        f"{repr(e.got)[:80]}") from None
+    out = {}
+    for name, facts in index["programs"].items():
+        if name not in programs or facts["at"] + facts["size"] > len(data):
+            raise BlobError(f"binaries section: program {name!r}: expected one of the variant's "
+                            f"programs with bytes [at, at + size) within the section's "
+                            f"{len(data)}, got [{facts['at']}, {facts['at'] + facts['size']})")
+        out[name] = (facts, data[facts["at"]:facts["at"] + facts["size"]])
+    return Binaries(index["device"], out)
+
+
 def _provenance(prov: dict | None, n_launches: int) -> None:
     if prov is None:
         return
@@ -551,7 +608,7 @@ def _provenance(prov: dict | None, n_launches: int) -> None:
 def launch_nodes(blob: Blob) -> list[list[tuple[str, str]]]:
     """Per launch, the (name, op_type) of the ONNX nodes it computes; empty lists for a blob
     written without provenance."""
-    prov = blob.record.get("provenance")
+    prov = blob.variant_manifest.get("provenance")
     if prov is None:
         return [[] for _ in blob.launches]
     return [[tuple(prov["nodes"][i]) for i in p] for p in prov["launches"]]
@@ -564,12 +621,13 @@ def _buffers(records: list[dict]) -> dict[int, BufferSpec]:
             raise BlobError(f"manifest buffers: id {r['id']} appears twice")
         img = r["image"] and ImageSpec(r["image"]["width"], r["image"]["height"],
                                        r["image"]["pitch"], r["image"].get("channels", 4))
-        buffers[r["id"]] = BufferSpec(r["id"], r["region"], r["offset"], r["nbytes"],
-                                      _NP_DTYPES[r["dtype"]], tuple(r["shape"]), r["name"], img)
+        buffers[r["id"]] = BufferSpec(r["id"], Region(r["region"]), r["offset"], r["nbytes"],
+                                      _NP_DTYPES[r["dtype"]], tuple(r["shape"]), r["name"], img,
+                                      r["slot"])
     return buffers
 
 
-def _check_regions(buffers: dict[int, BufferSpec], record: dict,
+def _check_regions(buffers: dict[int, BufferSpec], vm: dict,
                    weights: list[tuple[int, int]]) -> None:
     """weights: (start, size) of the shared weights section and the variant's own, relative to
     the region the kernels see: a weights buffer lies within one of them, so every byte a kernel
@@ -578,35 +636,40 @@ def _check_regions(buffers: dict[int, BufferSpec], record: dict,
         if b.image is not None:
             _image(b)
         end = b.offset + b.nbytes
-        if b.region == "arena" and end > record["arena_bytes"]:
+        if b.region is Region.ARENA and end > vm["arena_bytes"]:
             raise BlobError(f"buffer {b.id}: [{b.offset}, {end}) exceeds the "
-                            f"{record['arena_bytes']}-byte arena region")
-        if b.region == "weights" and not any(s <= b.offset and end <= s + n for s, n in weights):
+                            f"{vm['arena_bytes']}-byte arena region")
+        if b.region is Region.WEIGHTS and \
+                not any(s <= b.offset and end <= s + n for s, n in weights):
             raise BlobError(f"buffer {b.id}: [{b.offset}, {end}) lies outside the weights "
                             f"sections {[(s, s + n) for s, n in weights]} of its variant")
-        if b.region in ("input", "output"):
+        if (b.slot is None) != (b.region not in IO_REGIONS) or b.slot is not None and b.offset:
+            raise BlobError(f"buffer {b.id} ({b.region.value}): expected "
+                            f"{'a slot and offset 0' if b.region in IO_REGIONS else 'no slot'}, "
+                            f"got slot {b.slot} offset {b.offset}")
+        if b.region in IO_REGIONS:
             want = math.prod(b.shape) * b.dtype.itemsize  # exact: int64 could wrap
             if b.nbytes != want:
                 raise BlobError(f"buffer {b.id} ({b.name!r}): nbytes expected {want} for "
                                 f"{b.dtype} {b.shape}, got {b.nbytes}")
 
 
-def _io(ids: list[int], buffers: dict[int, BufferSpec], region: str,
+def _io(ids: list[int], buffers: dict[int, BufferSpec], region: Region,
         first_slot: int) -> list[BufferSpec]:
     """io slots number inputs first, then outputs: output j is slot len(inputs) + j."""
-    slots = [buffers.get(i) for i in ids]
-    for slot, (i, b) in enumerate(zip(ids, slots), start=first_slot):
-        if b is None or b.region != region or b.offset != slot:
-            got = "no such buffer" if b is None else f"region {b.region!r} slot {b.offset}"
+    found = [buffers.get(i) for i in ids]
+    for slot, (i, b) in enumerate(zip(ids, found), start=first_slot):
+        if b is None or b.region != region or b.slot != slot:
+            got = "no such buffer" if b is None else f"region {b.region.value!r} slot {b.slot}"
             raise BlobError(f"manifest {region}s[{slot - first_slot}]: buffer {i} expected region "
-                            f"{region!r} slot {slot}, got {got}")
+                            f"{region.value!r} slot {slot}, got {got}")
     declared = sorted(b.id for b in buffers.values() if b.region == region)
     if declared != sorted(ids):
         raise BlobError(f"manifest {region}s: expected every {region} buffer {declared}, got {ids}")
-    names = [b.name for b in slots]
+    names = [b.name for b in found]
     if "" in names:  # unique within each entry (_entries)
         raise BlobError(f"manifest {region}s: names must be non-empty, got {names}")
-    return slots
+    return found
 
 
 def _defaults(pairs: list[list[int]], inputs: list[BufferSpec],
@@ -615,7 +678,7 @@ def _defaults(pairs: list[list[int]], inputs: list[BufferSpec],
     for k, pair in enumerate(pairs):
         i, bid = pair if len(pair) == 2 else (None, None)
         b, spec = buffers.get(bid), inputs[i] if i is not None and i < len(inputs) else None
-        if spec is None or b is None or b.region != "weights" or b.image is not None or \
+        if spec is None or b is None or b.region is not Region.WEIGHTS or b.image is not None or \
                 (b.dtype, b.shape) != (spec.dtype, spec.shape) or i in out:
             raise BlobError(f"manifest defaults[{k}]: expected [input index, weights buffer of "
                             f"that input's dtype and shape], once per input, got {pair}")
@@ -662,14 +725,14 @@ def _launches(graph: memoryview, programs: list[str],
     args = np.frombuffer(graph, "<u4", n_args, GRAPH_HEAD.size + n * LAUNCH.itemsize).tolist()
     launches, at = [], 0
     for i, rec in enumerate(table.tolist()):
-        launches.append(_launch(i, rec, args, at, programs, buffers))
+        launches.append(_parse_launch(i, rec, args, at, programs, buffers))
         at += rec[-1]
     if at != n_args:
         raise BlobError(f"graph section: launches use {at} args, the head says {n_args}")
     return launches
 
 
-def _launch(i: int, rec: tuple, args: list[int], at: int, programs: list[str],
+def _parse_launch(i: int, rec: tuple, args: list[int], at: int, programs: list[str],
             buffers: dict[int, BufferSpec]) -> LaunchSpec:
     """Launch i's args must start where launch i - 1's end (`at`): one byte, one meaning."""
     program, flags, dims, glob, local, first, count = rec
@@ -719,7 +782,7 @@ def _entries(records: list[dict], buffers: dict[int, BufferSpec], inputs: list[B
                             f"table's {len(launches)}")
         io = []
         for key, declared in (("inputs", inputs), ("outputs", outputs)):
-            ids, slots = e[key], {b.id: b.offset for b in declared}
+            ids, slots = e[key], {b.id: b.slot for b in declared}
             if not all(i in slots for i in ids) or \
                     [slots[i] for i in ids] != sorted({slots[i] for i in ids}):
                 raise BlobError(f"{what}: {key} expected {key[:-1]} buffer ids in slot order, "
@@ -762,9 +825,9 @@ def _state(records: list[dict], buffers: dict[int, BufferSpec],
         what = f"manifest state {r['name']!r}"
         ring = r.get("ring")
         io = []
-        for key, region, ids in (("reads", "input", r["reads"]), ("writes", "output", r["writes"]),
-                                 ("ring mirrors", "output", ring["mirrors"] if ring else []),
-                                 ("ring windows", "input", ring["windows"] if ring else [])):
+        for key, region, ids in (("reads", Region.INPUT, r["reads"]), ("writes", Region.OUTPUT, r["writes"]),
+                                 ("ring mirrors", Region.OUTPUT, ring["mirrors"] if ring else []),
+                                 ("ring windows", Region.INPUT, ring["windows"] if ring else [])):
             got = [buffers.get(i) for i in ids]
             if any(b is None or b.region != region or b.id in used for b in got):
                 raise BlobError(f"{what}: {key} expected {region} buffers of no other state, "
@@ -780,7 +843,7 @@ def _state(records: list[dict], buffers: dict[int, BufferSpec],
         every += [] if ring else io[1]
         if not io[0] and not io[1] or any(b is None for b in every) or \
                 len({(b.dtype, b.shape) for b in every}) != 1 or \
-                init is not None and (init.region != "weights" or init.image is not None or
+                init is not None and (init.region is not Region.WEIGHTS or init.image is not None or
                                       init.nbytes != every[0].nbytes):
             raise BlobError(f"{what}: expected reads or writes, all of one dtype and shape, and "
                             f"init null or a plain weights buffer of that dtype and shape, got "

@@ -23,17 +23,28 @@ import errno
 import os
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 
 from runner.errors import ConfigError
 
-KINDS = ("hang", "fault", "slow", "unplug", "fwerr")
+
+
+class FaultKind(StrEnum):
+    HANG = "hang"
+    FAULT = "fault"
+    SLOW = "slow"
+    UNPLUG = "unplug"
+    FWERR = "fwerr"
+
+
+KINDS = tuple(FaultKind)
 _ENTRY = re.compile(r"(hang|fault|unplug|fwerr)@([1-9][0-9]*)|"
                     r"slow@([1-9][0-9]*):([0-9]+(?:\.[0-9]+)?)")
 
 
 @dataclass(frozen=True)
 class Fault:
-    kind: str  # one of KINDS
+    kind: FaultKind
     ms: float = 0.0  # slow only: the delay
 
 
@@ -45,7 +56,7 @@ class Faults:
         return self.by_value.get(value)
 
 
-def parse(text: str, var: str, kinds: tuple[str, ...] = KINDS) -> Faults:
+def parse(text: str, var: str, kinds: tuple[FaultKind, ...] = KINDS) -> Faults:
     """Parse a comma-separated fault list; ValueError naming `var`, the entry and the grammar,
     or a kind the reading mock does not inject (`kinds`)."""
     by_value: dict[int, Fault] = {}
@@ -62,12 +73,12 @@ def parse(text: str, var: str, kinds: tuple[str, ...] = KINDS) -> Faults:
         value = int(n or slow_n)
         if value in by_value:
             raise ConfigError(f"{var}: submission {value} has two faults ({entry!r} and an earlier "
-                             f"{by_value[value].kind!r}); expected at most one per submission")
-        by_value[value] = Fault("slow", float(ms)) if slow_n else Fault(kind)
+                             f"{by_value[value].kind.value!r}); expected at most one per submission")
+        by_value[value] = Fault(FaultKind.SLOW, float(ms)) if slow_n else Fault(FaultKind(kind))
     return Faults(by_value)
 
 
-def from_env(var: str, kinds: tuple[str, ...] = KINDS) -> Faults:
+def from_env(var: str, kinds: tuple[FaultKind, ...] = KINDS) -> Faults:
     return parse(os.environ.get(var, ""), var, kinds)
 
 

@@ -8,11 +8,12 @@ import hashlib
 import json
 import re
 import struct
+from enum import StrEnum
 
 import numpy as np
 
 MAGIC = b"KEELBLOB"
-VERSION = 4  # 4: entries and state in each variant's record
+VERSION = 5  # 5: io buffers carry their io slot in "slot", no longer in "offset"
 # magic, version, header_size, flags, file_size, manifest_offset, manifest_size,
 # manifest_sha256, file_sha256, producer, target  (little-endian, 176 bytes)
 HEADER = struct.Struct("<8sIIQQQQ32s32s32s32s")
@@ -24,7 +25,7 @@ SECTION_ALIGN = 4096
 # cpu-avx512, other blobs one. A variant's kernels see its weights as one region starting at
 # section "weights": its own section lies further on in the file, at the offset layout gives it.
 WEIGHTS = "weights"
-PER_VARIANT = ("weights", "programs", "graph")
+PER_VARIANT = ("weights", "programs", "graph", "binaries")
 CHUNK_BYTES = 4 << 20  # sections are hashed in chunks of this size, in parallel
 MAX_INT = 2**63 - 1  # manifest integers must fit an int64 / uint64 on the C side
 DEFAULT_ENTRY = "main"  # the one entry of a blob compiled from one ONNX model
@@ -35,8 +36,17 @@ ENTRY_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]{0,63}")
 
 def entry_name_ok(name) -> bool:
     return type(name) is str and ENTRY_NAME.fullmatch(name) is not None
-REGIONS = ("arena", "weights", "input", "output")  # where a buffer lives
-DEVICE_REGIONS = REGIONS[:2]  # device memory the plan lays out; input and output are io slots
+class Region(StrEnum):
+    """Where a buffer lives; the manifest spells each by its value."""
+    ARENA = "arena"
+    WEIGHTS = "weights"
+    INPUT = "input"
+    OUTPUT = "output"
+
+
+REGIONS = tuple(Region)
+DEVICE_REGIONS = (Region.ARENA, Region.WEIGHTS)  # device memory the plan lays out
+IO_REGIONS = (Region.INPUT, Region.OUTPUT)  # io slots, bound at each run
 DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
           "float16", "float32", "float64")
 
@@ -53,6 +63,38 @@ FLAGS = BARRIER  # every defined bit
 U32 = 2**32 - 1
 
 
+# The binaries section: device binaries of the variant's programs (qcom: tools/compile.py
+# --embed-binaries), empty when it has none. A header (magic, index length), the JSON index
+# {"device": {...}, "programs": {name: {..., "at": byte, "size": bytes}}}, then the binaries,
+# each at its "at" from the end of the index.
+BINARIES = struct.Struct("<8sI")
+BINARIES_MAGIC = b"KEELBIN1"
+
+
+def pack_binaries(device: dict, programs: dict[str, tuple[dict, bytes]]) -> bytes:
+    """device: what the binaries are bound to; programs: name -> (its facts, its bytes)."""
+    index, at = {}, 0
+    for name, (facts, data) in programs.items():
+        index[name] = {**facts, "at": at, "size": len(data)}
+        at += len(data)
+    head = canonical_json({"device": device, "programs": index})
+    return BINARIES.pack(BINARIES_MAGIC, len(head)) + head + \
+        b"".join(data for _, data in programs.values())
+
+
+def unpack_binaries(data) -> tuple[dict, memoryview]:
+    """(the index, the bytes its "at" offsets count from); ValueError for what is not a
+    binaries section (its fields are the reader's to check: runner/blob.py)."""
+    view = memoryview(data)
+    if len(view) < BINARIES.size:
+        raise ValueError(f"{len(view)} bytes, shorter than its {BINARIES.size}-byte header")
+    magic, n = BINARIES.unpack_from(view)
+    if magic != BINARIES_MAGIC or BINARIES.size + n > len(view):
+        raise ValueError(f"header: expected magic {BINARIES_MAGIC!r} and an index within the "
+                         f"section, got {bytes(magic)!r} and {n} bytes of {len(view)}")
+    return json.loads(bytes(view[BINARIES.size:BINARIES.size + n])), view[BINARIES.size + n:]
+
+
 def section_names(variants: list[str]) -> list[str]:
     """The section names of a blob holding these variants (their targets), in file order."""
     return [WEIGHTS] + [f"{WEIGHTS}.{v}" for v in variants] + \
@@ -60,7 +102,8 @@ def section_names(variants: list[str]) -> list[str]:
 
 
 def variant_sections(variant: str) -> list[str]:
-    """The sections one variant reads: shared weights, its own weights, programs, graph."""
+    """The sections one variant reads: shared weights, its own weights, programs, graph,
+    binaries."""
     return [WEIGHTS] + [f"{kind}.{variant}" for kind in PER_VARIANT]
 
 

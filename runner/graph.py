@@ -24,6 +24,7 @@ import numpy as np
 
 from runner.blob import Blob, BufferSpec, StateSpec
 from runner.errors import InputError
+from runner.format import Region
 
 
 class Kind(Enum):
@@ -66,7 +67,7 @@ class Graph:
     def __init__(self, blob: Blob):
         self.io: list[BufferSpec] = [*blob.inputs, *blob.outputs]
         self.n_inputs = len(blob.inputs)
-        kinds = {"arena": Kind.ARENA, "weights": Kind.WEIGHTS}
+        kinds = {Region.ARENA: Kind.ARENA, Region.WEIGHTS: Kind.WEIGHTS}
         self.launches = blob.launches
         self.bindings: list[tuple[Binding, ...]] = []
         self.sites: dict[int, list[tuple[int, int]]] = {}
@@ -77,8 +78,8 @@ class Graph:
                 if b.region in kinds:
                     args.append(Binding(kinds[b.region], b.offset))
                 else:
-                    args.append(Binding(Kind.IO, b.offset))
-                    self.sites.setdefault(b.offset, []).append((i, j))
+                    args.append(Binding(Kind.IO, b.slot))
+                    self.sites.setdefault(b.slot, []).append((i, j))
             self.bindings.append(tuple(args))
         self.state: tuple[StateSpec, ...] = blob.state
         self.entries = [_entry(e, blob.state) for e in blob.entries]
@@ -108,12 +109,12 @@ def _entry(e, states: tuple[StateSpec, ...]) -> Entry:
     mine = {b.id for b in (*e.inputs, *e.outputs)}
 
     def bound(key: str) -> tuple[tuple[int, int], ...]:
-        return tuple((k, b.offset) for k, s in enumerate(states) for b in getattr(s, key)
+        return tuple((k, b.slot) for k, s in enumerate(states) for b in getattr(s, key)
                      if b.id in mine)
     reads, writes, mirrors, windows = (bound(key) for key in ("reads", "writes", "mirrors",
                                                                "windows"))
     state = {slot for _, slot in (*reads, *writes, *mirrors, *windows)}
-    slot = lambda b: Slot(b.offset, b.name, b.shape, b.dtype, b.nbytes)  # noqa: E731
-    return Entry(e.name, e.launches, tuple(slot(b) for b in e.inputs if b.offset not in state),
-                 tuple(slot(b) for b in e.outputs if b.offset not in state), reads, writes,
+    slot = lambda b: Slot(b.slot, b.name, b.shape, b.dtype, b.nbytes)  # noqa: E731
+    return Entry(e.name, e.launches, tuple(slot(b) for b in e.inputs if b.slot not in state),
+                 tuple(slot(b) for b in e.outputs if b.slot not in state), reads, writes,
                  mirrors, windows, bool(state))

@@ -22,7 +22,7 @@ from runner.cpu import (CpuDevice, HostQueue, _symbol, ffi, host_memory, release
                         shutdown)
 from runner.device import Span
 from runner.errors import DeviceError
-from runner.faults import from_env
+from runner.faults import FaultKind, from_env
 from runner.graph import Kind
 
 FAULTS_VAR = "KEEL_MOCK_FAULTS"
@@ -34,7 +34,8 @@ class MockDevice(HostQueue):
     check_target = CpuDevice.check_target  # it runs the CPU targets' programs
 
     def open(self, blob) -> None:
-        faults = from_env(FAULTS_VAR, ("hang", "fault", "slow"))  # a bad one fails the load
+        # a bad one fails the load
+        faults = from_env(FAULTS_VAR, (FaultKind.HANG, FaultKind.FAULT, FaultKind.SLOW))
         self._arena, self._arena_ptr, self._weights_ptr, self._lib = host_memory(blob)
         self._launch = _symbol(self._lib, LAUNCH)
         self._faults = faults
@@ -120,16 +121,17 @@ class Queue:
                 value, launches = self.pending.popleft()
             fault = self.faults.at(value)
             kind = fault and fault.kind
-            if kind in ("hang", "slow"):
+            if kind in (FaultKind.HANG, FaultKind.SLOW):
                 with self.cond:  # until restart(), or for the slow delay
-                    if self.cond.wait_for(stopped, None if kind == "hang" else fault.ms / 1000):
+                    wait = None if kind is FaultKind.HANG else fault.ms / 1000
+                    if self.cond.wait_for(stopped, wait):
                         return
-            if kind != "fault":
+            if kind is not FaultKind.FAULT:
                 self._replay(launches)
             with self.cond:
                 if stopped():
                     return
-                if kind == "fault":
+                if kind is FaultKind.FAULT:
                     self.failed = value
                 else:
                     self.done = value

@@ -51,6 +51,7 @@ from runner.cl import (BUILD_OPTIONS, CL_BUFFER_CREATE_TYPE_REGION, CL_COMPLETE,
 from runner.device import Span
 from runner.errors import BlobError, DeviceError
 from runner.faults import listed
+from runner.format import DEVICE_REGIONS, Region
 from runner.graph import Kind
 from runner.queue import Memory, QueueDevice
 
@@ -110,13 +111,13 @@ class OpenCLDevice(QueueDevice):
         self.program, self.cache = self._program(bytes(blob.programs))
         self.buffers = buffers = blob.buffers
         self.mems = {b.id: self._tensor(b) for b in buffers.values()
-                     if b.region in ("arena", "weights")}
-        parents = {"arena": self.arena, "weights": self.weights}
+                     if b.region in DEVICE_REGIONS}
+        parents = {Region.ARENA: self.arena, Region.WEIGHTS: self.weights}
         self.images = {b.id: self._image(b, self.mems[b.id], parents[b.region], b.offset)
                        for b in buffers.values() if b.image and b.region in parents}
         self.frames: dict[int, _Image] = {}  # io slot -> the image an input is read through
         for bid, img in self.images.items():  # weights: filled once, here
-            if img.copy is not None and buffers[bid].region == "weights":
+            if img.copy is not None and buffers[bid].region is Region.WEIGHTS:
                 self._copy_to_image(img)
         check(self.lib.clFinish(self.queue), "clFinish")
 
@@ -126,7 +127,7 @@ class OpenCLDevice(QueueDevice):
         now, not inside the first run()'s deadline."""
         self.kernels, self.commands = [], []
         for ln, args in zip(self.graph.launches, self.graph.bindings):
-            kernel, cmds = self._record(ln, args)
+            kernel, cmds = self._launch_commands(ln, args)
             self.kernels.append(kernel)
             self.commands.append(cmds)
         self._enqueue(range(len(self.commands)))
@@ -134,7 +135,7 @@ class OpenCLDevice(QueueDevice):
         if self.cache is not None:
             self._save_binary(self.program, self.cache)
 
-    def _record(self, ln, args) -> tuple:
+    def _launch_commands(self, ln, args) -> tuple:
         """One launch as queue commands: the kernel with its args set, then the image copy of
         its output where the image does not alias the buffer."""
         kernel = ffi.gc(create(self.lib.clCreateKernel, f"clCreateKernel({ln.kernel})",
@@ -368,8 +369,8 @@ class OpenCLDevice(QueueDevice):
     def _tensor(self, b):
         if b.nbytes == 0:
             return self._buffer(CL_MEM_READ_WRITE, b.nbytes)
-        parent = self.arena if b.region == "arena" else self.weights
-        flags = CL_MEM_READ_WRITE if b.region == "arena" else CL_MEM_READ_ONLY
+        parent = self.arena if b.region is Region.ARENA else self.weights
+        flags = CL_MEM_READ_WRITE if b.region is Region.ARENA else CL_MEM_READ_ONLY
         return self._sub(parent, b.offset, b.nbytes, flags, f"buffer {b.id}: {b.region}")
 
     def _sub(self, parent, offset: int, nbytes: int, flags: int, what: str):
@@ -403,7 +404,7 @@ class OpenCLDevice(QueueDevice):
             raise BlobError(f"buffer {b.id}: image {desc.image_width}x{height} exceeds this "
                             f"device's {limits[0]}x{limits[1]} limit")
         mem = ffi.gc(create(self.lib.clCreateImage, f"clCreateImage(buffer {b.id})", self.ctx,
-                          CL_MEM_READ_WRITE if b.region == "arena" else CL_MEM_READ_ONLY,
+                          CL_MEM_READ_WRITE if b.region is Region.ARENA else CL_MEM_READ_ONLY,
                           fmt, desc, ffi.NULL), self.lib.clReleaseMemObject)
         # copies read the parent buffer at the tensor's offset: PoCL 3.1 crashes copying from a
         # sub-buffer to an image

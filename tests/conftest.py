@@ -14,6 +14,8 @@ os.environ["KEEL_THREADS"] = "2"
 # and a `cpu` blob (both levels) costs ~3x the compile of one cold (docs/perf.md, "One `cpu`
 # blob"); tests/test_variants.py runs both levels against onnxruntime
 os.environ["KEEL_BACKEND_TARGET"] = "cpu-avx2"
+# every compile checks each stage's output and that no later stage changed it (compiler/spec.py)
+os.environ.setdefault("KEEL_SPEC", "1")
 
 
 @pytest.hookimpl(hookwrapper=True)

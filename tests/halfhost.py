@@ -19,11 +19,11 @@ def _memory(artifact, feeds: dict) -> tuple[dict, dict, list]:
     """Host arrays for every region, and the address of every buffer."""
     arena = np.zeros(artifact.arena_bytes + 64, np.uint8)
     weights = np.frombuffer(artifact.weights, np.uint8).copy() if artifact.weights else arena[:0]
-    slots = {b.offset: np.ascontiguousarray(feeds[b.name], b.dtype) for b in artifact.inputs}
+    slots = {b.slot: np.ascontiguousarray(feeds[b.name], b.dtype) for b in artifact.inputs}
     outs = {b.name: np.zeros(b.shape, b.dtype) for b in artifact.outputs}
-    slots.update({b.offset: outs[b.name] for b in artifact.outputs})
+    slots.update({b.slot: outs[b.name] for b in artifact.outputs})
     base = {"arena": arena.ctypes.data, "weights": weights.ctypes.data}
-    addr = {b.id: base[b.region] + b.offset if b.region in base else slots[b.offset].ctypes.data
+    addr = {b.id: base[b.region] + b.offset if b.region in base else slots[b.slot].ctypes.data
             for b in artifact.buffers}
     return addr, outs, [arena, weights, slots]
 

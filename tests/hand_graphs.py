@@ -50,9 +50,9 @@ CHAIN_W = (np.arange(CHAIN_N, dtype=np.float32) / 8 - 2).astype(np.float32)
 
 def add_artifact(target: str = HOST) -> Artifact:
     """y = a + b over float32 (4, 256)."""
-    a = Buffer(0, "input", 0, ADD_N * 4, "float32", (4, ADD_N // 4), "a")
-    b = Buffer(1, "input", 1, ADD_N * 4, "float32", (4, ADD_N // 4), "b")
-    y = Buffer(2, "output", 2, ADD_N * 4, "float32", (4, ADD_N // 4), "y")
+    a = Buffer(0, "input", 0, ADD_N * 4, "float32", (4, ADD_N // 4), "a", slot=0)
+    b = Buffer(1, "input", 0, ADD_N * 4, "float32", (4, ADD_N // 4), "b", slot=1)
+    y = Buffer(2, "output", 0, ADD_N * 4, "float32", (4, ADD_N // 4), "y", slot=2)
     return Artifact(target, [a, b], [y], [a, b, y], b"", 0, 0,
                     [Launch("add", (2, 0, 1), (ADD_N,))], build_shared(ADD_C, target),
                     {"graph": "add"})
@@ -60,9 +60,9 @@ def add_artifact(target: str = HOST) -> Artifact:
 
 def chain_artifact(target: str = HOST) -> Artifact:
     """t = float(x) * w (arena), y = t + b: two kernels, weights and an arena intermediate."""
-    x = Buffer(0, "input", 0, CHAIN_N, "uint8", (1, CHAIN_N), "x")
-    b = Buffer(1, "input", 1, CHAIN_N * 4, "float32", (1, CHAIN_N), "b")
-    y = Buffer(2, "output", 2, CHAIN_N * 4, "float32", (1, CHAIN_N), "y")
+    x = Buffer(0, "input", 0, CHAIN_N, "uint8", (1, CHAIN_N), "x", slot=0)
+    b = Buffer(1, "input", 0, CHAIN_N * 4, "float32", (1, CHAIN_N), "b", slot=1)
+    y = Buffer(2, "output", 0, CHAIN_N * 4, "float32", (1, CHAIN_N), "y", slot=2)
     w = Buffer(3, "weights", 0, CHAIN_N * 4, "float32", (CHAIN_N,))
     t = Buffer(4, "arena", CHAIN_T_OFFSET, CHAIN_N * 4, "float32", (CHAIN_N,))
     launches = [Launch("scale", (4, 0, 3), (CHAIN_N,)),
@@ -104,10 +104,10 @@ void keel_launch(int launch, void *const *args) {{
 def openpilot_io_artifact(target: str = HOST, weights_bytes: int = 0) -> Artifact:
     """openpilot's driving-model io signature around a trivial kernel: measures host overhead.
     `weights_bytes` of seeded random weights make the blob as big as a real model's."""
-    inputs = [Buffer(i, "input", i, int(np.prod(shape)) * np.dtype(dt).itemsize, dt, shape, name)
-              for i, (name, (shape, dt)) in enumerate(OPENPILOT_INPUTS.items())]
-    out = Buffer(len(inputs), "output", len(inputs), OPENPILOT_OUT * 4, "float32",
-                 (1, OPENPILOT_OUT), "outputs")
+    inputs = [Buffer(i, "input", 0, int(np.prod(shape)) * np.dtype(dt).itemsize, dt, shape, name,
+                     slot=i) for i, (name, (shape, dt)) in enumerate(OPENPILOT_INPUTS.items())]
+    out = Buffer(len(inputs), "output", 0, OPENPILOT_OUT * 4, "float32",
+                 (1, OPENPILOT_OUT), "outputs", slot=len(inputs))
     weights = np.random.default_rng(0).bytes(weights_bytes)
     return Artifact(target, inputs, [out], [*inputs, out], weights, 0, 0,
                     [Launch("head", (out.id, 0, 5), (OPENPILOT_OUT,))],

@@ -40,7 +40,7 @@ class Placed:
         self.arena = mem.alloc(blob.arena_bytes)
         self.weights = mem.alloc(len(blob.weights))
         mem.write(self.weights, bytes(blob.weights))
-        self.io = {b.offset: mem.alloc(b.nbytes) for b in blob.inputs + blob.outputs}
+        self.io = {b.slot: mem.alloc(b.nbytes) for b in blob.inputs + blob.outputs}
         self.kernargs = mem.alloc(64 * 1024 + 256 * len(blob.launches))
         self.rec = graph.record(blob, self.co, self.code, self.kernargs, self.address)
         mem.write(self.kernargs, bytes(self.rec.kernargs))
@@ -52,7 +52,7 @@ class Placed:
     def address(self, b: int) -> int:
         spec = self.blob.buffers[b]
         base = {"arena": self.arena, "weights": self.weights}.get(spec.region)
-        return self.io[spec.offset] if base is None else base + spec.offset
+        return self.io[spec.slot] if base is None else base + spec.offset
 
     def put(self, words: list[int]) -> int:
         va = self.mem.alloc(4 * len(words))
@@ -62,13 +62,13 @@ class Placed:
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         for b in self.blob.inputs:
             data = np.ascontiguousarray(feeds[b.name], b.dtype)
-            self.mem.write(self.io[b.offset], data.tobytes())
+            self.mem.write(self.io[b.slot], data.tobytes())
         self.runs += 1
         ring = pm4.indirect_buffer(self.ib, len(self.rec.ib)) + \
             pm4.release_mem(self.signal, self.runs)
         self.cp.run(self.put(ring), len(ring))
         assert struct.unpack("<Q", self.mem.read(self.signal, 8))[0] == self.runs
-        return {b.name: np.frombuffer(self.mem.read(self.io[b.offset], b.nbytes), b.dtype)
+        return {b.name: np.frombuffer(self.mem.read(self.io[b.slot], b.nbytes), b.dtype)
                 .reshape(b.shape) for b in self.blob.outputs}
 
 
@@ -97,7 +97,7 @@ def test_recorded_pm4_runs_on_the_mock_gpu_and_matches_onnxruntime(placed):
 @needs_llvm
 @needs_pocl
 def test_binding_an_io_slot_patches_only_its_kernarg_pointers(placed):
-    out_slot = placed.blob.outputs[0].offset
+    out_slot = placed.blob.outputs[0].slot
     other = placed.mem.alloc(placed.blob.outputs[0].nbytes)
     saved = bytes(placed.rec.kernargs)
     for off in placed.rec.slots[out_slot]:

@@ -10,8 +10,8 @@ from hypothesis import given, settings, strategies as st
 import runner.blob
 from compiler.blob import BlobWriter, assemble, blob_bytes, write_blob
 from runner.blob import parse_blob, read_blob
-from runner.format import (CHUNK_BYTES, FILE_SHA256_AT, HEADER, SECTION_ALIGN, canonical_json,
-                           file_sha256)
+from runner.format import (BINARIES, BINARIES_MAGIC, CHUNK_BYTES, FILE_SHA256_AT, HEADER,
+                           SECTION_ALIGN, canonical_json, file_sha256, pack_binaries)
 from runner.errors import BlobError
 from tests.hand_graphs import CHAIN_W, HOST, chain_artifact
 
@@ -37,13 +37,13 @@ def test_round_trip_preserves_every_field():
     assert blob.producer.startswith("keel")
     assert bytes(blob.weights) == CHAIN_W.tobytes() and bytes(blob.programs) == ARTIFACT.programs
     assert blob.arena_bytes == ARTIFACT.arena_bytes
-    assert blob.record["arena_lower_bound_bytes"] == ARTIFACT.arena_lower_bound_bytes
-    assert [(b.name, b.shape, str(b.dtype), b.offset) for b in blob.inputs] == \
-        [(b.name, b.shape, b.dtype, b.offset) for b in ARTIFACT.inputs]
+    assert blob.variant_manifest["arena_lower_bound_bytes"] == ARTIFACT.arena_lower_bound_bytes
+    assert [(b.name, b.shape, str(b.dtype), b.slot) for b in blob.inputs] == \
+        [(b.name, b.shape, b.dtype, b.slot) for b in ARTIFACT.inputs]
     assert [(l.kernel, l.args) for l in blob.launches] == \
         [(l.kernel, l.args) for l in ARTIFACT.launches]
-    assert {b.id: (b.region, b.offset, b.nbytes) for b in blob.buffers.values()} == \
-        {b.id: (b.region, b.offset, b.nbytes) for b in ARTIFACT.buffers}
+    assert {b.id: (b.region, b.offset, b.slot, b.nbytes) for b in blob.buffers.values()} == \
+        {b.id: (b.region, b.offset, b.slot, b.nbytes) for b in ARTIFACT.buffers}
     assert blob.manifest["meta"] == ARTIFACT.meta
 
 
@@ -139,13 +139,14 @@ def _graph(blob: bytes) -> bytes:
     return blob[start:end]
 
 
-def _resigned(edit=lambda m: None, target=HOST, graph=None, weights=ARTIFACT.weights) -> bytes:
+def _resigned(edit=lambda m: None, target=HOST, graph=None, weights=ARTIFACT.weights,
+              binaries=b"") -> bytes:
     """A blob with a wrong-but-well-hashed manifest: only semantic validation can catch it."""
     m = _manifest(BLOB)
     del m["sections"]
     edit(m)
     payloads = {"weights": weights, f"weights.{HOST}": b"", PROGRAMS: ARTIFACT.programs,
-                GRAPH: _graph(BLOB) if graph is None else graph}
+                GRAPH: _graph(BLOB) if graph is None else graph, f"binaries.{HOST}": binaries}
     for v in m["variants"]:  # a variant edited to another target: its sections follow it
         payloads.update({f"{k}.{v.get('target')}": payloads[f"{k}.{HOST}"]
                          for k in ("weights", "programs", "graph")})
@@ -168,10 +169,14 @@ def _set(path, value, top=False):
     (_set(["buffers", 4, "offset"], 256), r"\[256, 512\) exceeds the 384-byte arena region"),
     (_set(["buffers", 0, "nbytes"], 65), r"nbytes expected 64 for uint8 \(1, 64\), got 65"),
     (_set(["buffers", 0, "dtype"], "complex64"), r"buffers\[0\].dtype: expected one of"),
-    (_set(["buffers", 1, "offset"], 0), r"inputs\[1\]: buffer 1 expected region 'input' slot 1"),
-    (_set(["buffers", 1, "region"], "arena"), r"region 'input' slot 1, got region 'arena'"),
-    (_set(["buffers", 2, "offset"], 0), r"outputs\[0\]: buffer 2 expected region 'output' slot 2, "
-                                          r"got region 'output' slot 0"),
+    (_set(["buffers", 1, "slot"], 0), r"inputs\[1\]: buffer 1 expected region 'input' slot 1"),
+    (_set(["buffers", 1, "region"], "arena"), r"buffer 1 \(arena\): expected no slot, got slot 1"),
+    (_set(["buffers", 2, "slot"], 0), r"outputs\[0\]: buffer 2 expected region 'output' slot 2, "
+                                        r"got region 'output' slot 0"),
+    (_set(["buffers", 2, "offset"], 8), r"buffer 2 \(output\): expected a slot and offset 0, "
+                                        r"got slot 2 offset 8"),
+    (_set(["buffers", 2, "slot"], None), r"buffer 2 \(output\): expected a slot and offset 0"),
+    (_set(["buffers", 4, "slot"], 0), r"buffer 4 \(arena\): expected no slot, got slot 0"),
     (_set(["inputs"], [0]), r"expected every input buffer \[0, 1\], got \[0\]"),
     (_set(["buffers", 1, "name"], "x"), "names must be non-empty and unique"),
     (_set(["arena_lower_bound_bytes"], 10**6), "expected <= arena_bytes 384"),
@@ -285,7 +290,8 @@ def _swap(i, j):
     return edit
 
 
-SECTION_NAMES = rf"\['weights', 'weights.{HOST}', 'programs.{HOST}', 'graph.{HOST}'\]"
+SECTION_NAMES = (rf"\['weights', 'weights.{HOST}', 'programs.{HOST}', 'graph.{HOST}', "
+                 rf"'binaries.{HOST}'\]")
 
 
 @pytest.mark.parametrize("edit, message", [
@@ -293,8 +299,8 @@ SECTION_NAMES = rf"\['weights', 'weights.{HOST}', 'programs.{HOST}', 'graph.{HOS
      f"section {PROGRAMS}: offset expected 8192, got 4100"),
     (_set([2, "offset"], SECTION_ALIGN, top=True),
      f"section {PROGRAMS}: offset expected 8192, got 4096"),
-    (_set([3, "size"], 5000, top=True),
-     rf"manifest offset: expected \d+ \(the end of section {GRAPH}\)"),
+    (lambda table: table[4].update(size=5000, chunk_sha256=["0" * 64]),  # the last section
+     rf"manifest offset: expected \d+ \(the end of section binaries.{HOST}\)"),
     (_set([3, "size"], 10**9, top=True),
      f"section {GRAPH}: expected 239 chunk digests for 1000000000 bytes"),
     (lambda table: table.pop(), f"expected sections {SECTION_NAMES}"),
@@ -378,3 +384,44 @@ def test_missing_file_is_a_blob_error(tmp_path):
     (tmp_path / "empty.blob").write_bytes(b"")
     with pytest.raises(BlobError, match="empty"):
         read_blob(tmp_path / "empty.blob")
+
+
+DEVICE = {"compiler": "mock", "chip_id": 0x06030001, "driver": "3.1/1.0",
+          "source_sha256": "ab" * 32}
+FACTS = {"kernel": "scale", "params": ["buffer", "buffer"], "half": False, "source": "",
+         "offsets": [0, 2], "regs": [0, 0, 0, 0, 0], "imms": []}
+
+
+def test_a_binaries_section_round_trips_typed_and_hashed():
+    """Device binaries (qcom --embed-binaries) in their own section: read back as bytes with
+    their facts; a blob without them has an empty section and no binaries."""
+    blob = parse_blob(_resigned(binaries=pack_binaries(DEVICE, {"scale": (FACTS, b"\1\2\3"),
+                                                                "bias": (FACTS, b"\4")})))
+    assert blob.binaries.device == DEVICE
+    facts, data = blob.binaries.programs["scale"]
+    assert bytes(data) == b"\1\2\3" and facts["params"] == ["buffer", "buffer"]
+    assert bytes(blob.binaries.programs["bias"][1]) == b"\4"
+    assert parse_blob(BLOB).binaries is None
+
+
+def _index(index: bytes) -> bytes:
+    return BINARIES.pack(BINARIES_MAGIC, len(index)) + index
+
+
+@pytest.mark.parametrize("section, message", [
+    (b"KEELBIN0" + bytes(8), r"binaries section: header: expected magic b'KEELBIN1'"),
+    (BINARIES_MAGIC + (1000).to_bytes(4, "little"), r"an index within the section, got .* 1000"),
+    (_index(b"{not json"), r"binaries section: Expecting property name"),
+    (_index(canonical_json({"programs": {}})), r"index: expected keys \['device', 'programs'\]"),
+    (pack_binaries({**DEVICE, "source_sha256": "xyz"}, {}),
+     r"index.device.source_sha256: expected 64 lowercase hex digits"),
+    (pack_binaries(DEVICE, {"scale": ({**FACTS, "params": ["texture"]}, b"")}),
+     r"index.programs.scale.params\[0\]: expected one of \['buffer', 'image'\]"),
+    (pack_binaries(DEVICE, {"other": (FACTS, b"")}), r"program 'other': expected one of the "),
+    (_index(canonical_json({"device": DEVICE, "programs": {"scale": {**FACTS, "at": 0,
+                                                                      "size": 9}}})) + b"123",
+     r"program 'scale': .* within the section's 3, got \[0, 9\)"),
+])
+def test_a_malformed_binaries_section_is_a_blob_error(section, message):
+    with pytest.raises(BlobError, match=message):
+        parse_blob(_resigned(binaries=section))

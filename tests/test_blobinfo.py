@@ -92,7 +92,7 @@ def test_blobinfo_names_the_variants_and_the_one_this_host_runs(blob_path):
 
 def test_a_blob_without_provenance_still_reads(tmp_path):
     blob = read_blob(write(chain_artifact(), tmp_path / "chain.blob"))
-    assert "provenance" not in blob.record
+    assert "provenance" not in blob.variant_manifest
     assert launch_nodes(blob) == [[] for _ in blob.launches]
 
 

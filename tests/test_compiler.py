@@ -17,7 +17,7 @@ from compiler.pipeline import compile_model
 from compiler.ir.dtypes import dtypes
 from compiler.errors import CompileError
 from compiler.codegen.lower import iconst, reshape_index
-from compiler.codegen.plan import Axis
+from compiler.ir.kernel import Axis, AxisKind
 from compiler.ir.rewrite import PatternMatcher, Rewriter, UPat, graph_rewrite
 from compiler.ir.symbolic import symbolic
 from compiler.ir.uop import Ops, UOp
@@ -28,7 +28,7 @@ IDX = dtypes.index
 
 
 def rng_var(name: int, end: int) -> UOp:
-    return UOp(Ops.RANGE, IDX, (iconst(end),), (name, "loop"))
+    return UOp(Ops.RANGE, IDX, (iconst(end),), (name, AxisKind.LOOP))
 
 
 def simplify(u: UOp) -> UOp:
@@ -404,7 +404,7 @@ def test_vector_load_with_per_lane_gates_never_loads_when_no_lane_is_valid():
     # lanes whose gates share no conjunct: the vector load itself must stay gated (by "some lane
     # is valid"), or it would read at an address no lane may touch
     from compiler.codegen.vectorize import Zipper
-    p = UOp(Ops.PARAM, dtypes.float32, (), (1, dtypes.float32))
+    p = UOp.param(1, dtypes.float32)
     r = rng_var(0, 64)
     lanes = tuple(UOp(Ops.LOAD, dtypes.float32, (p, r * 4 + k, (r + k).lt(60)))
                   for k in range(4))
@@ -499,7 +499,7 @@ def test_the_vector_axis_lowers_once_per_vector_and_leaves_no_lane_behind(monkey
     wide = [(b, t) for b, t in zip(built, templates) if b[2].lanes == 16]
     assert wide, [b[2].lanes for b in built]
     for (name, lin, plan, _), sink in wide:
-        upcast = math.prod(a.size for a in plan.axes if a.kind == "upcast")
+        upcast = math.prod(a.size for a in plan.axes if a.kind == AxisKind.UPCAST)
         stacks = [u for u in sink.toposort() if u.op is Ops.STACK]
         # one store per vector, not per lane (or one store in a loop over the vectors' STACK)
         assert [len(u.src) for u in stacks] == [upcast // 16] if stacks else \
@@ -530,10 +530,11 @@ def test_a_heavy_epilogue_loops_over_the_register_tile_and_a_light_one_does_not(
         model = make_model(nodes, [("x", x.shape, np.float32)], [("y", (1, 32, 12, 12), np.float32)],
                            [w])
         (name, lin, plan, _), = _built_kernels(monkeypatch, model)
-        accs = math.prod(a.size for a in plan.axes if a.kind == "upcast") // plan.lanes
+        accs = math.prod(a.size for a in plan.axes if a.kind == AxisKind.UPCAST) // plan.lanes
         assert accs > 1, plan  # a register tile of several vectors
         stacks = [u for u in lin if u.op is Ops.STACK]
-        trips = [u.src[0].arg for u in lin if u.op is Ops.RANGE and u.arg[1] == "epilogue"]
+        trips = [u.src[0].arg for u in lin
+                 if u.op is Ops.RANGE and u.arg[1] == AxisKind.EPILOGUE]
         stores = [u for u in lin if u.op is Ops.STORE]
         if heavy:
             assert [len(u.src) for u in stacks] == [accs] and math.prod(trips) == accs, name
@@ -592,7 +593,7 @@ def test_convs_store_channels_last_and_block_their_loops_for_cache(monkeypatch):
         stores = [u for u in lin if u.op is Ops.STORE]
         assert stores and all(u.src[2].dtype.count == 8 for u in stores)
     expand, strided = depth[64][2], depth[256][2]
-    loops = [a for a in expand.axes if a.kind == "loop"]
+    loops = [a for a in expand.axes if a.kind == AxisKind.LOOP]
     # the 800 KB input and the 64 KB weight are both past L1 (and the input past the 256 KB L2
     # the "cpu" target blocks for): the outermost loop is a cache block, a split of a dim that
     # an inner loop walks too
@@ -615,11 +616,11 @@ def test_weight_prefetch_covers_the_next_tiles_slice_spread_over_the_tile(monkey
     (_, lin, _, perms), = [b for b in built if math.prod(b[2].full_shape[d] for d in b[2].reduce_dims) == 256]
     hints = [u for u in lin if u.op is Ops.PREFETCH]
     assert 1 <= len(hints) <= 2 and all(u.src[0].arg[0] in perms for u in hints)
-    reduce = [u for u in lin if u.op is Ops.RANGE and u.arg[1] == "reduce"]
+    reduce = [u for u in lin if u.op is Ops.RANGE and u.arg[1] == AxisKind.REDUCE]
     assert all(lin.index(reduce[-1]) < lin.index(u) for u in hints)  # per reduction step
     load = next(u for u in lin if u.op is Ops.LOAD and u.src[0] is hints[0].src[0] and u.dtype.count > 1)
     wcoef, _ = linear_form(load.src[1])
-    tiles = [r for r in wcoef if r.arg[1] != "reduce"]
+    tiles = [r for r in wcoef if r.arg[1] != AxisKind.REDUCE]
     slice_ = wcoef[max(tiles, key=lambda r: r.arg[0])]  # packed: the next slice right after
     ranges = sorted({u for h in hints for u in h.toposort() if u.op is Ops.RANGE} - set(tiles),
                     key=lambda r: r.arg[0])
@@ -651,8 +652,8 @@ def test_channels_last_conv_reads_each_input_line_whole_before_the_next(monkeypa
     built = _built_kernels(monkeypatch, _3x3_over_256_channels(), target="cpu-avx2")
     (_, _, plan, _), = [b for b in built if len(b[2].reduce_dims) == 3]
     cin = plan.full_shape.index(256)
-    loops = [a for a in plan.axes if a.kind == "reduce"]
-    assert loops[-1] == Axis(cin, 16, "reduce") and loops.count(loops[-1]) == 2, plan.axes
+    loops = [a for a in plan.axes if a.kind == AxisKind.REDUCE]
+    assert loops[-1] == Axis(cin, 16, AxisKind.REDUCE) and loops.count(loops[-1]) == 2, plan.axes
     x = np.random.default_rng(1).standard_normal((1, 256, 10, 10)).astype(np.float32)
     model = _3x3_over_256_channels()
     # fp32 sums of 2304 terms in another order than MLAS, then a mean of 25
@@ -700,7 +701,7 @@ def test_a_stem_conv_reads_its_few_input_channels_innermost(monkeypatch):
     (_, _, plan, _), = [b for b in _built_kernels(monkeypatch, model, target="cpu-avx512")
                         if len(b[2].reduce_dims) == 3]
     reduce = [a for a in plan.axes if a.dim in plan.reduce_dims]
-    assert reduce[-1] == Axis(plan.full_shape.index(3), 3, "unroll"), plan.axes
+    assert reduce[-1] == Axis(plan.full_shape.index(3), 3, AxisKind.UNROLL), plan.axes
     x = np.random.default_rng(1).standard_normal((1, 3, 32, 32)).astype(np.float32)
     # fp32 sums of 147 terms in another order than MLAS, then a mean of 256
     assert_close(keel_run(model, {"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)
@@ -722,8 +723,8 @@ def test_a_depthwise_conv_tiles_one_vector_and_walks_its_output_in_memory_order(
     (_, _, plan, _), = [b for b in _built_kernels(monkeypatch, model, target="cpu-avx512")
                         if len(b[2].full_shape) == 5]
     assert plan.full_shape == (c, hw, hw, 3, 3), plan
-    assert Axis(0, 16, "upcast") in plan.axes, plan.axes  # one 16-lane vector of channels
-    assert [a.dim for a in plan.axes if a.kind == "loop"] == [1, 2, 0], plan.axes
+    assert Axis(0, 16, AxisKind.UPCAST) in plan.axes, plan.axes  # one 16-lane vector of channels
+    assert [a.dim for a in plan.axes if a.kind == AxisKind.LOOP] == [1, 2, 0], plan.axes
     x = np.random.default_rng(1).standard_normal((1, c, hw, hw)).astype(np.float32)
     # 9-term fp32 sums, a polynomial sigmoid (~2 ulp), then a mean of 256
     assert_close(keel_run(model, {"x": x})["y"], ort_run(model, {"x": x})["y"], rtol=1e-5, atol=1e-6)
@@ -917,7 +918,7 @@ def test_a_recompile_builds_only_kernels_it_has_not_built_before(tmp_path, monke
     assert warm.variants[0].programs == cold.variants[0].programs
     # the second activation changed (tanh takes more kernels than sigmoid): everything after
     # the first MatMul + Relu is new, and so are the entry points; that first kernel is not
-    new = c2["schedule"]["programs"] // n - 1
+    new = c2["place"]["programs"] // n - 1
     assert c2["kernels"] == {"built": new * n, "cached": n}, c2
     assert c2["build"] == {"compiled": (new + 1) * n, "cached": n}, c2
     x = np.random.default_rng(1).standard_normal((4, 16)).astype(np.float32)

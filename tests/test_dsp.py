@@ -656,7 +656,7 @@ def _integer_kernels_run_hvx(path, m: Model, feeds: dict, float_ops: set | None)
     m.device.profile(False)
     blob, n = read_blob(path), len(m.blob.launches)
     kinds = {i: np.dtype(b.dtype).kind for i, b in blob.buffers.items()}
-    code, prov = _functions(_disassemble(path)), blob.record["provenance"]
+    code, prov = _functions(_disassemble(path)), blob.variant_manifest["provenance"]
     ints = 0
     for i, ln in enumerate(m.blob.launches):
         ops = {prov["nodes"][k][1] for k in prov["launches"][i]}

@@ -52,7 +52,7 @@ def _conv_launches_run_hvx(model: onnx.ModelProto, path, m, feeds: dict) -> int:
     from runner.blob import read_blob
     _, _, hvx = _profiled(m, feeds)
     blob = read_blob(path)
-    code, prov = _functions(_disassemble(path)), blob.record["provenance"]
+    code, prov = _functions(_disassemble(path)), blob.variant_manifest["provenance"]
     nodes = {n.name: n for n in model.graph.node}
     made = {o: n for n in model.graph.node for o in n.output}
     kinds = {i: np.dtype(b.dtype).kind for i, b in blob.buffers.items()}

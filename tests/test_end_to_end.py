@@ -91,7 +91,7 @@ def test_bad_keel_threads_is_a_clear_error(openpilot, monkeypatch):
 
 def test_openpilot_arena_is_near_its_lower_bound(openpilot):
     blob = openpilot[2]
-    bound = blob.record["arena_lower_bound_bytes"]
+    bound = blob.variant_manifest["arena_lower_bound_bytes"]
     assert bound <= blob.arena_bytes <= 1.05 * bound
 
 

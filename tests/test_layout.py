@@ -83,6 +83,20 @@ def test_no_import_cycle_among_the_projects_modules():
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
 
 
+def test_no_import_cycle_among_the_compilers_packages():
+    """The stages import forward only (onnx, schedule, codegen, link...): compiler.X.* -> X, with
+    TYPE_CHECKING imports counted like any other (ast.walk sees them)."""
+    def package(m: str) -> str:
+        return ".".join(m.split(".")[:2])
+    graph: dict[str, set[str]] = {}
+    for m, deps in import_graph().items():
+        if m.startswith("compiler."):
+            graph.setdefault(package(m), set()).update(
+                package(d) for d in deps if d.startswith("compiler.") and package(d) != package(m))
+    assert {"compiler.schedule", "compiler.codegen", "compiler.link"} <= set(graph)
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
 ON_DEVICE = ("runner", "qcom", "dsp", "am", "usbgpu")  # the runtime and its device backends
 
 

@@ -1,7 +1,7 @@
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from compiler.schedule.memory import plan
+from compiler.link.memory import plan
 
 
 def _graph_lifetimes(kernels):

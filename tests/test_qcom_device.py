@@ -13,7 +13,7 @@ from onnx import helper
 from compiler.pipeline import compile_model
 from qcom import kgsl, store, texture
 from qcom.cmdstream import split
-from qcom.errors import DeviceError
+from runner.errors import DeviceError
 from qcom.ring import Ring
 from runner import DeviceTimeout, Model
 from runner.blob import read_blob

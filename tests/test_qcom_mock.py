@@ -10,8 +10,7 @@ import pytest
 from qcom import kgsl
 from qcom.cmdstream import (CP_ALWAYS_ON_COUNTER, OPCODES, REG_TO_MEM_64B, counter_to_mem,
                              lohi, pkt7)
-from qcom.errors import DeviceError
-from runner.errors import ConfigError
+from runner.errors import ConfigError, DeviceError
 from sim.qcom.mock_kgsl import GpuFault, MockKgsl
 
 

@@ -17,12 +17,12 @@ from onnx import helper
 
 from qcom import cmdstream as cs
 from qcom import record, store, vendor
-from qcom.errors import DeviceError
+from runner.errors import DeviceError
 from qcom.program import Program, Regs
 from sim.qcom.program import mock_build
+import runner.blob
 from runner import Model
 from runner.blob import read_blob
-from runner.errors import BlobError
 from tests.graphs import make_model, ort_run, random_feeds
 from tests.test_opencl import needs_opencl
 from tools import compile as compile_tool
@@ -158,13 +158,18 @@ def counting_build(monkeypatch) -> list:
     return built
 
 
+def _read(section: bytes):
+    """A binaries section as the blob reader checks and returns it."""
+    return runner.blob._binaries(memoryview(section), ["k"])
+
+
 def test_binaries_of_another_chip_or_driver_are_rebuilt_once_with_a_warning(monkeypatch,
                                                                             tmp_path):
-    entry = store.embedded(SRC, *MOCK)
+    entry = _read(store.embedded(SRC, *MOCK))
+    other = _read(store.embedded(SRC, "mock", 0x06030002, "9.9/1.0"))
     built = counting_build(monkeypatch)
     assert store.from_blob(entry, SRC, *MOCK, str(tmp_path))["k"].kernel == "k"
     assert built == []  # this device's own: used as they are
-    other = dict(entry, chip_id=0x06030002, driver="9.9/1.0")
     with pytest.warns(UserWarning, match=r"built by mock compiler, chip 0x06030002, driver "
                                          r"9\.9/1\.0, this device is mock compiler, chip "
                                          r"0x06030001, driver 3\.1/1\.0"):
@@ -172,13 +177,6 @@ def test_binaries_of_another_chip_or_driver_are_rebuilt_once_with_a_warning(monk
     assert built == ["mock"] and progs == store.from_blob(entry, SRC, *MOCK, None)
     with pytest.warns(UserWarning, match="source differs"):  # same device, another source
         store.from_blob(entry, SRC.replace("1.0f", "2.0f"), *MOCK, str(tmp_path))
-
-
-def test_an_unreadable_embedded_entry_is_a_blob_error():
-    entry = store.embedded(SRC, *MOCK)
-    del entry["programs"]
-    with pytest.raises(BlobError, match=r"meta 'qcom_programs': unreadable .*'programs'"):
-        store.from_blob(entry, SRC, *MOCK, None)
 
 
 def test_embed_binaries_needs_target_qcom(tmp_path, capsys):
@@ -202,8 +200,8 @@ def test_a_blob_compiled_with_embedded_binaries_loads_without_building(tmp_path,
     out = tmp_path / "m.blob"
     assert compile_tool.main([str(tmp_path / "m.onnx"), "-o", str(out), "--target", "qcom",
                               "--embed-binaries"]) == 0
-    entry = read_blob(out).manifest["meta"][store.EMBED_KEY]
-    assert entry["compiler"] == "mock" and entry["programs"]
+    entry = read_blob(out).binaries
+    assert entry.device["compiler"] == "mock" and entry.programs
     built = counting_build(monkeypatch)
     feeds = random_feeds(model)
     assert np.array_equal(Model.load(out, device="qcom").run(feeds)["y"],

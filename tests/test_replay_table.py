@@ -12,7 +12,7 @@ from compiler import toolchain
 from compiler.artifact import Buffer, Launch
 from compiler.blob import assemble, blob_bytes
 from compiler.pipeline import compile_model
-from compiler.schedule.hazards import mark_barriers
+from compiler.link.hazards import mark_barriers
 from runner.blob import parse_blob
 from runner.errors import BlobError
 from runner.format import GRAPH_HEAD, HEADER, LAUNCH, VERSION, pack_graph
@@ -122,7 +122,7 @@ def test_images_travel_in_the_buffer_table_not_in_the_program_text():
     assert b"// keel" not in art.programs and "images" not in art.meta
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 4])
 def test_an_older_blob_names_its_version_and_says_to_recompile(version):
     old = bytearray(BLOB)
     struct.pack_into("<I", old, 8, version)

@@ -13,7 +13,7 @@ sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 import argparse  # noqa: E402
 import time  # noqa: E402
 
-from compiler.schedule.memory import plan  # noqa: E402
+from compiler.link.memory import plan  # noqa: E402
 from tests.test_memory import big_graphs  # noqa: E402
 
 

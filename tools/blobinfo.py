@@ -33,7 +33,7 @@ def describe(path: str, variant: str | None = None) -> dict:
     variants = [here if v == here.variant else read_blob(path, v) for v in here.variants]
     blob = here if variant is None else variants[here.variants.index(variant)] \
         if variant in here.variants else read_blob(path, variant)  # ConfigError: not in it
-    m, r = blob.manifest, blob.record
+    m, r = blob.manifest, blob.variant_manifest
     return {
         "target": blob.target,
         "producer": blob.producer,
@@ -52,14 +52,14 @@ def describe(path: str, variant: str | None = None) -> dict:
         "kernels": len(r["programs"]),
         "inputs": _io(blob.inputs),
         "outputs": _io(blob.outputs),
-        "entries": [{"name": e.name, "inputs": [b.offset for b in e.inputs],
-                     "outputs": [b.offset for b in e.outputs],
+        "entries": [{"name": e.name, "inputs": [b.slot for b in e.inputs],
+                     "outputs": [b.slot for b in e.outputs],
                      "launches": [e.launches.start, e.launches.stop]} for e in blob.entries],
         "state": [{"name": x.name, "dtype": str(x.dtype), "shape": list(x.shape),
-                   "reads": [b.offset for b in x.reads], "writes": [b.offset for b in x.writes],
+                   "reads": [b.slot for b in x.reads], "writes": [b.slot for b in x.writes],
                    "init": x.init is not None,
-                   **({"ring": {"step": x.step, "mirrors": [b.offset for b in x.mirrors],
-                                "windows": [b.offset for b in x.windows]}} if x.step else {})}
+                   **({"ring": {"step": x.step, "mirrors": [b.slot for b in x.mirrors],
+                                "windows": [b.slot for b in x.windows]}} if x.step else {})}
                   for x in blob.state],
         "launches": [{"kernel": l.kernel, "args": list(l.args), "barrier": l.barrier,
                       "global_size": list(l.global_size),
@@ -77,7 +77,7 @@ def _size(manifest: dict, section: str) -> int:
 
 def memory_plan(blob) -> dict:
     """Each arena buffer's place and lifetime (launch steps, as the compiler's planner saw them:
-    compiler/schedule/memory.py), the bytes live at each step, and the step where most are."""
+    compiler/link/memory.py), the bytes live at each step, and the step where most are."""
     life: dict[int, list[int]] = {}
     for i, ln in enumerate(blob.launches):
         for b in ln.args:
@@ -96,8 +96,8 @@ def memory_plan(blob) -> dict:
         bufs.append({"id": b, "offset": spec.offset, "nbytes": spec.nbytes, "first": first,
                      "last": last, "name": name})
     peak = int(live.argmax())
-    return {"arena_bytes": blob.record["arena_bytes"],
-            "lower_bound_bytes": blob.record["arena_lower_bound_bytes"],
+    return {"arena_bytes": blob.variant_manifest["arena_bytes"],
+            "lower_bound_bytes": blob.variant_manifest["arena_lower_bound_bytes"],
             "launches": len(blob.launches), "live_bytes": live.tolist(), "buffers": bufs,
             "peak": {"launch": peak, "kernel": blob.launches[peak].kernel if blob.launches else "",
                      "bytes": int(live[peak]),
@@ -105,7 +105,7 @@ def memory_plan(blob) -> dict:
 
 
 def _io(specs) -> list[dict]:
-    return [{"name": b.name, "shape": list(b.shape), "dtype": str(b.dtype), "slot": b.offset}
+    return [{"name": b.name, "shape": list(b.shape), "dtype": str(b.dtype), "slot": b.slot}
             for b in specs]
 
 

@@ -22,8 +22,8 @@ fp32 with the kernel that computes it, and the compile says which. Without it, -
 target that stores activations as half says their ranges are unchecked.
 
 --embed-binaries (--target qcom, on the device): builds every kernel with this device's vendor
-OpenCL compiler, parses the binaries and stores the parsed programs in the blob's manifest meta
-(docs/qcom.md), so a load on the same chip and driver never touches libOpenCL.
+OpenCL compiler, parses the binaries and stores the parsed programs in the blob's binaries
+section (docs/qcom.md), so a load on the same chip and driver never touches libOpenCL.
 
 Exit codes: 0 success, 1 no usable device for --embed-binaries, 2 bad input (unreadable or
 unsupported model, bad arguments).
@@ -41,6 +41,7 @@ import numpy as np
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from compiler.blob import BlobWriter  # noqa: E402
+from compiler.codegen.build import KERNEL_STEPS  # noqa: E402
 from compiler.pipeline import Stages, compile_model  # noqa: E402
 from compiler.errors import CompileError  # noqa: E402
 from compiler.target import TARGETS  # noqa: E402
@@ -179,7 +180,7 @@ def main(argv=None) -> int:
                                 input_values=dict(args.input_value), calibration=calibration,
                                 overridable=args.overridable, state=dict(args.state))
             if args.embed_binaries:
-                art.meta[store.EMBED_KEY] = store.embed_here(bytes(art.programs).decode())
+                art.binaries = store.embed_here(bytes(art.programs).decode())
             out.finish(art)
     except CompileError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -197,7 +198,7 @@ def main(argv=None) -> int:
 def summary(args, art, stages: Stages, total: float) -> None:
     """What the compile did, on stderr (--verbose, fp16 ranges), and the blob written."""
     if args.verbose and stages.times.get("lower"):  # the kernel builder's own steps
-        inner = {k: v for k, v in stages.times.items() if k in ("optimize", "lower", "linearize", "kernel text")}
+        inner = {k: stages.times[k] for k in KERNEL_STEPS if k in stages.times}
         print("  in kernels: " + ", ".join(f"{k} {v:.2f} s" for k, v in inner.items())
               + " (summed over workers)", file=sys.stderr)
     if args.float16 and TARGETS[args.target].half_activations:

@@ -17,7 +17,6 @@ from compiler.codegen.l2fetch import l2fetch_next_tile
 from compiler.codegen.linearize import linearize
 from compiler.codegen.lower import lower_kernel
 from compiler.codegen.pack import Packing, pack_weights, prefetch_next_tiles
-from compiler.codegen.plan import Plan
 from compiler.codegen.plan_cpu import merge_dims, plan_cpu
 from compiler.codegen.plan_gpu import plan_gpu
 from compiler.codegen.transcendental import transcendental_rules
@@ -27,31 +26,34 @@ from compiler.ir.rewrite import PatternMatcher, Rewriter, UPat, graph_rewrite
 from compiler.ir.symbolic import linear_form, symbolic
 from compiler.ir.uop import Ops, UOp
 from compiler.renderers import get_renderer
-from compiler.schedule.fusion import Kernel
+from compiler.ir.kernel import AxisKind, Kernel, Plan
 from compiler.target import Target
 from compiler.toolchain import compile_jobs
 
 PARALLEL_MIN_KERNELS = 8  # below this, starting worker processes costs more than it saves
+# build_kernel's steps, each timed under its name (summed over the worker processes)
+KERNEL_STEPS = ("plan", "lower", "simplify", "pack", "vectorize", "linearize", "render")
 
 
 @dataclass
 class Job:
-    """One distinct kernel to build: its reads are numbered placeholders (layout.canonical)."""
+    """One distinct kernel to build: its reads are its parameters, Ops.PARAM (layout.canonical)."""
     kernel: Kernel
     param_dtypes: list[DType]  # storage dtype per parameter, the output first
     target: Target
     packable: dict[int, int]  # parameter -> element count: weights pack.py may reorder
     arena: set[int]  # parameters in the arena (vectorize.py may read past their ends)
     float32: bool = False  # compute in fp32 on a half-compute target (codegen/ranges.py)
+    images: tuple = ()  # per parameter, its Image layout or None (GPU targets read images)
 
 
 @dataclass
 class Built:
     name: str
-    lin: list[UOp] | None  # the linearized program (None once compacted: code holds it)
+    lin: list[UOp] | None  # the linearized program (None once compacted: piece holds it)
     plan: Plan
     packings: dict[int, Packing]  # parameter -> how its weight is packed (pack.py)
-    code: object  # the renderer's kernel_piece: C text rendered here, in the worker
+    piece: tuple[str, frozenset]  # the renderer's kernel_piece, rendered in the worker
 
 
 def build_all(jobs: dict[tuple, Job], st, ready=None) -> dict[tuple, Built]:
@@ -68,8 +70,7 @@ def build_all(jobs: dict[tuple, Job], st, ready=None) -> dict[tuple, Built]:
     built = _build_all(todo, st, ready) if todo else {}
     for k, b in built.items():
         if digests[k]:
-            cache.put("kernels", digests[k], pickle.dumps(_compact(b),
-                                                          protocol=pickle.HIGHEST_PROTOCOL))
+            cache.put("kernels", digests[k], pickle.dumps(b, protocol=pickle.HIGHEST_PROTOCOL))
     return {k: hits[k] if k in hits else built[k] for k in jobs}  # job order: reproducible
 
 
@@ -87,7 +88,7 @@ def job_digest(job: Job) -> str | None:
     if not cache.graph_digest(UOp(Ops.SINK, src=(job.kernel.root, *job.kernel.inputs)), h):
         return None
     h.update(repr((job.param_dtypes, job.target, sorted(job.packable.items()),
-                   sorted(job.arena), job.float32)).encode())
+                   sorted(job.arena), job.float32, job.images)).encode())
     return h.hexdigest()
 
 
@@ -99,7 +100,7 @@ def _build_all(jobs: dict[tuple, Job], st, ready) -> dict[tuple, Built]:
         out = {}
         for i, key in enumerate(keys):
             st.tick("kernels", i, len(keys))
-            out[key] = build_kernel(jobs[key], st)
+            out[key] = _compact(build_kernel(jobs[key], st))
             ready(key, out[key])
         st.tick("kernels", len(keys), len(keys))
         return out
@@ -132,26 +133,31 @@ def _build_job(i: int):
 
 
 def _compact(b: Built) -> Built:
-    """What goes back to the parent and into the cache: the code without the UOps (rebuilding
-    ~150k of them in the parent cost it 0.35 s of the openpilot-shaped model's serial time)."""
+    """What goes back to the parent and into the cache: the rendered piece, never the UOps
+    (unpickling a large model's worth of them costs the parent serial time: docs/perf.md,
+    "Issue 38")."""
     return replace(b, lin=None)
 
 
 def build_kernel(job: Job, st) -> Built:
     k, tgt = job.kernel, job.target
-    params = {u: int(u.arg[0].removeprefix("param")) for u in k.inputs}
-    with st("optimize"):
-        if tgt.output_dims == "global":
+    params = {u: u.arg[0] for u in k.inputs}
+    with st("plan"):
+        if tgt.output_dims is AxisKind.GLOBAL:
             plan = plan_gpu(k, params, tgt)
         else:
             k = merge_dims(k, params)
             plan = plan_cpu(k, params, tgt, job.packable)
     with st("lower"):
         rw = Rewriter(first_rules(k, job.param_dtypes, tgt, job.float32))
-        sink = simplify(lower_kernel(k, params, job.param_dtypes, plan, rw), rw, tgt)
+        sink = lower_kernel(k, params, job.param_dtypes, plan, rw)
+    with st("simplify"):
+        sink = simplify(sink, rw, tgt)
         if tgt.hvx:
             sink = graph_rewrite(sink, DOT4_WORDS)
+    with st("pack"):
         sink, packings = pack_weights(sink, job.packable)
+    with st("vectorize"):
         sink = vectorize(sink, rw, job.arena)
         if tgt.prefetch:
             sink = prefetch_next_tiles(sink, job.packable)
@@ -161,10 +167,11 @@ def build_kernel(job: Job, st) -> Built:
             plan = replace(plan, memory=memory)
     with st("linearize"):
         lin = linearize(sink)
-    with st("kernel text"):
+    with st("render"):
         renderer = get_renderer(tgt)
         renderer.overread = frozenset(job.arena)
-        return Built(k.name, lin, plan, packings, renderer.kernel_piece(lin, job.param_dtypes))
+        return Built(k.name, lin, plan, packings,
+                     renderer.kernel_piece(lin, job.param_dtypes, job.images, plan))
 
 
 KERNEL_RULES = storage_casts + half_rules + transcendental_rules + symbolic

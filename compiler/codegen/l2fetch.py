@@ -92,7 +92,7 @@ def footprints(sink: UOp, outer: UOp, op: Ops) -> list[Footprint]:
         if any(t.op is not Ops.RANGE for t in coef):
             continue
         width = (u.dtype if op is Ops.LOAD else u.src[2].dtype)
-        size = u.src[0].arg[1].itemsize
+        size = u.src[0].dtype.itemsize
         count = -(-width.itemsize * width.count // size)  # elements one access reads
         inner = [(c, t.src[0].arg) for t, c in coef.items() if t is not outer]
         lo = const + sum(min(0, c * (n - 1)) for c, n in inner)
@@ -105,7 +105,7 @@ def footprints(sink: UOp, outer: UOp, op: Ops) -> list[Footprint]:
         if len(steps) > 1 or min(steps) < 0:  # one stride per trip
             continue
         lo, hi = min(a[0] for a in accesses), max(a[1] for a in accesses)
-        touched = (hi - lo) * param.arg[1].itemsize
+        touched = (hi - lo) * param.dtype.itemsize
         if all(a[3] is not None for a in accesses):
             touched = ROW * len(np.unique(np.concatenate([a[3] for a in accesses])))
         out.append(Footprint(param, lo, hi, steps.pop(), touched))
@@ -126,7 +126,7 @@ def _lines(const: int, inner: list[tuple[int, int]], size: int, nbytes: int):
 
 
 def _nbytes(f: Footprint, elements: int) -> int:
-    return min(f.touched, elements * f.param.arg[1].itemsize)
+    return min(f.touched, elements * f.param.dtype.itemsize)
 
 
 def _new(f: Footprint) -> int:
@@ -165,8 +165,8 @@ def l2fetch_next_tile(sink: UOp, sizes: dict[int, int], l2: int) -> tuple[UOp, M
     streamed = [f for f in reads if f.step and trips > 1]
     if not streamed:
         return sink, Memory(trips, resident, live, 0, 0)
-    f = max(streamed, key=lambda f: _new(f) * f.param.arg[1].itemsize)
-    elements, size = min(_new(f), sizes[f.param.arg[0]]), f.param.arg[1].itemsize
+    f = max(streamed, key=lambda f: _new(f) * f.param.dtype.itemsize)
+    elements, size = min(_new(f), sizes[f.param.arg[0]]), f.param.dtype.itemsize
     if elements * size < ROW:  # a scalar loop's element per trip: a packet each, for a line
         return sink, Memory(trips, resident, live, 0, 0)
     # at most a quarter of the trips ahead: further, most trips would hint the clamped last block

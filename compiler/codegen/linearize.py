@@ -7,10 +7,12 @@ the epilogue loops, lower.py, where it depends on their ranges).
 """
 from __future__ import annotations
 
+from compiler.ir.kernel import AxisKind
 from compiler.ir.uop import Ops, UOp
 
 # group: a local id, not a loop; epilogue: after the reduce loops, over the register tile
-KIND_ORDER = {"global": 0, "group": 1, "loop": 2, "reduce": 3, "epilogue": 4}
+KIND_ORDER = {AxisKind.GLOBAL: 0, AxisKind.GROUP: 1, AxisKind.LOOP: 2, AxisKind.REDUCE: 3,
+              AxisKind.EPILOGUE: 4}
 
 
 def _range_deps(order: list[UOp]) -> dict[UOp, frozenset]:
@@ -39,9 +41,9 @@ def linearize(sink: UOp) -> list[UOp]:
     order = sink.toposort()
     ranges = sorted((u for u in order if u.op is Ops.RANGE),
                     key=lambda r: (KIND_ORDER[r.arg[1]], r.arg[0]))
-    outer = [r for r in ranges if r.arg[1] not in ("reduce", "epilogue")]
-    inner = [r for r in ranges if r.arg[1] == "reduce"]
-    epilogue = [r for r in ranges if r.arg[1] == "epilogue"]
+    outer = [r for r in ranges if r.arg[1] not in (AxisKind.REDUCE, AxisKind.EPILOGUE)]
+    inner = [r for r in ranges if r.arg[1] == AxisKind.REDUCE]
+    epilogue = [r for r in ranges if r.arg[1] == AxisKind.EPILOGUE]
     deps = _range_deps(order)
     post = _after_reduce(order, deps, frozenset(epilogue))
     depth_of = {r: i + 1 for i, r in enumerate(ranges)}

@@ -17,12 +17,11 @@ from functools import cache, reduce as fold
 from itertools import product
 
 from compiler.codegen.half import accumulator
-from compiler.codegen.plan import LOOP_KINDS, Plan
 from compiler.ir.dtypes import dtypes
+from compiler.ir.kernel import LOOP_KINDS, AxisKind, Kernel, Plan, find_reduce
 from compiler.ir.rewrite import Rewriter
 from compiler.ir.symbolic import build, terms
 from compiler.ir.uop import ALU, Ops, UOp
-from compiler.schedule.fusion import Kernel, find_reduce
 
 IDX = dtypes.index
 
@@ -165,7 +164,7 @@ class Lowerer:
     def _lower(self, n: UOp, idx: tuple, valid):
         """A generator: yields (node, index, gate, simplified?) for each value it needs."""
         op, arg = n.op, n.arg
-        if n in self.params and (n is not self.root or op in (Ops.INPUT, Ops.WEIGHT)):
+        if n in self.params and (n is not self.root or op in (Ops.INPUT, Ops.WEIGHT, Ops.PARAM)):
             return self.load(n, idx, valid)
         if n is self.red:
             return self.acc
@@ -320,7 +319,7 @@ def _expanded(plan: Plan, kind: str, base: dict):
     vector axis (the last upcast axis, plan.lanes of its values per vector) expands per vector."""
     ns = [n for n, a in enumerate(plan.axes) if a.kind == kind]
     sizes = [plan.axes[n].size for n in ns]
-    w = plan.lanes if kind == "upcast" else 1
+    w = plan.lanes if kind == AxisKind.UPCAST else 1
     if w > 1:
         assert sizes[-1] % w == 0, "the vector axis is a whole number of vectors"
         sizes[-1] //= w
@@ -336,11 +335,12 @@ def _accumulate(lw: Lowerer, plan: Plan, ranges: dict, values: dict, upcast: boo
     loops."""
     red = lw.red
     parts = [lw(red.src[0], _dim_index(plan, v, True, lw.dims))
-             for v in _expanded(plan, "unroll", values)]
-    rr = [r for n, r in ranges.items() if plan.axes[n].kind in ("reduce", "group")]
+             for v in _expanded(plan, AxisKind.UNROLL, values)]
+    rr = [r for n, r in ranges.items()
+          if plan.axes[n].kind in (AxisKind.REDUCE, AxisKind.GROUP)]
     if rr and not upcast and accumulator(red.dtype) is red.dtype:
         # a lone accumulator would wait on its own latency every step: each unrolled part gets
-        # its own, summed after the loop (a 4955x256 matvec: 3x faster)
+        # its own, summed after the loop (docs/perf.md)
         return _combine(red.arg[0], [UOp(Ops.REDUCE, red.dtype, (p, *rr), red.arg[0])
                                      for p in parts])
     if rr:  # unrolled parts accumulate one by one: acc += a*b chains become FMAs
@@ -365,11 +365,11 @@ def _loops_epilogue(plan: Plan, lw: Lowerer, copies: int) -> bool:
 def _epilogue(plan: Plan, base: dict) -> tuple[dict, UOp]:
     """Axis values of the epilogue loop: a RANGE per upcast axis (the vector axis's counts
     vectors), and the copy each trip handles, numbered as _expanded yields them."""
-    ns = [n for n, a in enumerate(plan.axes) if a.kind == "upcast"]
+    ns = [n for n, a in enumerate(plan.axes) if a.kind == AxisKind.UPCAST]
     w, values, copy = plan.lanes, {}, iconst(0)
     for n in ns:
         size = plan.axes[n].size // (w if n == ns[-1] else 1)
-        r = UOp(Ops.RANGE, IDX, (iconst(size),), (n, "epilogue"))
+        r = UOp(Ops.RANGE, IDX, (iconst(size),), (n, AxisKind.EPILOGUE))
         values[n] = lane(w) + r * w if n == ns[-1] and w > 1 else r
         copy = copy * size + r
     return {**base, **values}, copy
@@ -380,9 +380,9 @@ def lower_kernel(kernel: Kernel, params: dict[UOp, int], param_dtypes: list, pla
     """`simp`: simplifies as lowering builds (the caller rewrites the result with it after)."""
     lw = Lowerer(kernel, params, param_dtypes, simp)
     ranges = _ranges(plan)
-    upcast = any(a.kind == "upcast" for a in plan.axes)
+    upcast = any(a.kind == AxisKind.UPCAST for a in plan.axes)
     views = views_between(kernel.root, lw.red) if lw.red is not None else []
-    copies = list(_expanded(plan, "upcast", ranges))
+    copies = list(_expanded(plan, AxisKind.UPCAST, ranges))
     looped = _loops_epilogue(plan, lw, len(copies))
     if looped:
         accs = tuple(_accumulate(lw, plan, ranges, v, upcast) for v in copies)

@@ -21,6 +21,7 @@ from numpy.lib.stride_tricks import as_strided
 from compiler.ir.dtypes import dtypes
 from compiler.codegen.linearize import KIND_ORDER
 from compiler.codegen.lower import lane
+from compiler.ir.kernel import AxisKind
 from compiler.ir.rewrite import substitute
 from compiler.ir.symbolic import build, linear_form
 from compiler.target import LINE_BYTES
@@ -72,8 +73,8 @@ class Packing:
         return True
 
     def apply(self, flat: np.ndarray) -> np.ndarray:
-        """The packed weight, flat: one strided copy per copy constant (a gather through index()
-        took 0.26 s of the openpilot-shaped model's recompile, for 144 MB of weights). bounds()
+        """The packed weight, flat: one strided copy per copy constant, not a gather through
+        index() (docs/perf.md). bounds()
         was checked against the weight's size when the packing was made (_pack)."""
         flat = np.ascontiguousarray(flat).reshape(-1)
         out = np.empty(self.shape, flat.dtype)
@@ -139,18 +140,18 @@ def prefetch_next_tiles(sink: UOp, weights: dict[int, int]) -> UOp:
     the next slice streams into L2 while this one computes (a 3x3 conv over 7 rows of 512
     channels: 590 KB per 32-channel tile, 1/7 of it per row). Spread, not all per step: a
     software prefetch holds a line fill buffer until memory answers, and too many starve the
-    loads the FMAs wait on (measured: hinting the whole slice on every row made that conv 1.2x
-    slower)."""
+    loads the FMAs wait on (docs/perf.md)."""
     loops = sorted((u for u in sink.toposort() if u.op is Ops.RANGE),
                    key=lambda r: (KIND_ORDER[r.arg[1]], r.arg[0]))
-    steps = [r for r in loops if r.arg[1] == "reduce"]
+    steps = [r for r in loops if r.arg[1] == AxisKind.REDUCE]
     hints, done = [], set()
     for u in sink.toposort():
         if u.op is not Ops.LOAD or u.dtype.count == 1 or u.src[0] in done \
                 or u.src[0].arg[0] not in weights:
             continue
         coef, _ = linear_form(u.src[1])
-        outer = [r for r in loops if r.arg[1] not in ("reduce", "epilogue") and r in coef]
+        outer = [r for r in loops
+                 if r.arg[1] not in (AxisKind.REDUCE, AxisKind.EPILOGUE) and r in coef]
         if not outer or not steps or any(r not in coef for r in steps):
             continue
         done.add(u.src[0])
@@ -162,7 +163,7 @@ def prefetch_next_tiles(sink: UOp, weights: dict[int, int]) -> UOp:
         # hint it again, from L2, instead of tiles further ahead
         repeats, trips = [], 1
         for r in reversed([r for r in loops[loops.index(tile) + 1:]
-                           if r.arg[1] not in ("reduce", "epilogue")]):
+                           if r.arg[1] not in (AxisKind.REDUCE, AxisKind.EPILOGUE)]):
             if trips * line >= per_step:
                 break
             repeats, trips = [r] + repeats, trips * r.src[0].arg

@@ -21,11 +21,11 @@ import math
 from dataclasses import dataclass, field
 
 from compiler.codegen.lower import lower_kernel
-from compiler.codegen.plan import FULL_UNROLL, Axis, Plan, factor, reduce_shape
+from compiler.codegen.plan import FULL_UNROLL, factor, reduce_shape
+from compiler.ir.kernel import Axis, AxisKind, Kernel, Plan, find_reduce
 from compiler.ir.rewrite import graph_rewrite, substitute
 from compiler.ir.symbolic import linear_form, symbolic
 from compiler.ir.uop import Ops, UOp
-from compiler.schedule.fusion import Kernel, find_reduce
 from compiler.target import LINE_BYTES, Target
 
 GATHER_LANES = 2  # what a vector of per-lane scalar loads is worth, in lanes
@@ -35,10 +35,10 @@ MAX_ROWS = 8  # accumulator rows: past this, code size (and compile time) grows 
 SHORT_REDUCE = 64  # reductions shorter than this pay for a scattered store like for a gather
 MIN_OUTER_TRIPS = 8  # the outermost loop is what threads share: enough trips to balance them
 # tiles in a cache block's inner loop: more walk so many rows a power-of-two stride apart (256
-# channels: 1 KiB) that they collide in L1's sets (measured: 7 tiles of 8 pixels ran 1.8x slower)
+# channels: 1 KiB) that they collide in L1's sets (docs/perf.md)
 BLOCK_TILES = 4
 DRAM_COST = 4  # a byte from memory costs this many from L2 (~15 against ~60 GB/s, one core)
-MAX_VREGS = 3  # accumulator columns, in vectors (measured: wider tiles stream more, gain nothing)
+MAX_VREGS = 3  # accumulator columns, in vectors: wider tiles stream more, gain nothing
 
 
 @dataclass
@@ -81,7 +81,8 @@ def operands(kernel: Kernel, params: dict[UOp, int], plan: Plan, packable) -> li
 def _plain(full, rdims) -> Plan:
     """One loop per dim, nothing tiled: the plan operands() reads strides from."""
     return Plan(tuple(full), tuple(rdims), tuple(
-        Axis(d, s, "reduce" if d in rdims else "loop") for d, s in enumerate(full) if s > 1))
+        Axis(d, s, AxisKind.REDUCE if d in rdims else AxisKind.LOOP)
+        for d, s in enumerate(full) if s > 1))
 
 
 def merge_dims(kernel: Kernel, params: dict[UOp, int]) -> Kernel:
@@ -237,7 +238,7 @@ def _axes(full, rdims, order: list[int], tile: Tile, unroll: dict, lines: dict) 
     for d in order:
         if full[d] == 1:
             continue
-        kind = "reduce" if d in rdims else "loop"
+        kind = AxisKind.REDUCE if d in rdims else AxisKind.LOOP
         split = unroll.get(d, 1) if d in rdims else tile.upcast.get(d, 1)
         if d in tile.blocks:
             axes.insert(0, Axis(d, tile.blocks[d], kind))
@@ -245,8 +246,8 @@ def _axes(full, rdims, order: list[int], tile: Tile, unroll: dict, lines: dict) 
         if rest > 1:
             axes.append(Axis(d, rest, kind))
         if split > 1:
-            axes.append(Axis(d, split, "unroll" if d in rdims else "upcast"))
-    return axes + [Axis(d, n, "reduce") for d, n in lines.items()]  # innermost (_nest)
+            axes.append(Axis(d, split, AxisKind.UNROLL if d in rdims else AxisKind.UPCAST))
+    return axes + [Axis(d, n, AxisKind.REDUCE) for d, n in lines.items()]  # innermost (_nest)
 
 
 def _register_tile(full, vec: int, row: int | None, lanes: int, registers: int,
@@ -272,7 +273,7 @@ def _contiguous_last(ops: list[Operand], rdims: list[int], full) -> list[int]:
     """Reduce dims, innermost last, with one that an activation reads contiguously and that fits
     in a cache line moved innermost: each line read whole before the next. A stem conv over
     3-channel channels-last input otherwise walks its 7 window columns innermost, 24 bytes
-    apart, and unrolls them (measured: 1.85 against 1.46 ms with the channels innermost).
+    apart, and unrolls them (docs/perf.md).
     Packed weights are read in loop order whatever it is, so they do not count."""
     for o in ops:
         short = [d for d in rdims if not o.packable and o.strides.get(d) == 1
@@ -287,8 +288,8 @@ def _line_split(ops: list[Operand], rdims: list[int], full) -> dict[int, int]:
     some operand reads contiguously while a reduce dim inside it jumps lines. A 3x3 conv over
     channels-last input reads 3 rows x 3 columns of pixels per channel: left outermost, the
     channel loop keeps 27+ lines live at once, 2 KiB apart at 512 channels, so they share two of
-    L1's sets and evict each other before their next channel is read (measured: 1.45x
-    onnxruntime's time). Each line read whole before the next: one live line per column."""
+    L1's sets and evict each other before their next channel is read (docs/perf.md). Each line
+    read whole before the next: one live line per column."""
     out = {}
     for i, d in enumerate(rdims[:-1]):
         for o in ops:
@@ -309,9 +310,7 @@ def _loop_order(order: list[int], out_dims: list[int], ops: list[Operand], full,
 
     A window kernel (`window`: its store) reuses nothing across tiles but its small weight and
     the rows its windows overlap, which any order keeps in L1; it walks its output in memory
-    order instead, so every stream is sequential for the prefetchers. Measured on a 3x3
-    depthwise conv over 144 channels-last channels at 56x56: 242 us rows then pixels then
-    channels, 285 us with channels between, 293 us in channel strips."""
+    order instead, so every stream is sequential for the prefetchers (docs/perf.md)."""
     trips = {d: t for d in out_dims if (t := full[d] // upcast.get(d, 1)) > 1}
     tiled = [d for d in order if d in trips]
     perms = list(itertools.permutations(tiled))
@@ -341,7 +340,7 @@ def _traffic(ops: list[Operand], loops, full, upcast, target: Target) -> float:
         return o.strides.get(d, 0) != 0
     # bytes of each operand that one register tile reads, over its whole reduction and all of
     # every output dim that is not register-tiled: an upper bound, so the model does not bet on
-    # tight fits (measured: exact working sets picked a stem-conv nest that thrashed L1, 2x slower)
+    # tight fits: exact working sets picked a stem-conv nest that thrashed L1 (docs/perf.md)
     # A dim that every operand depends on (a batch: Winograd's 16 products) partitions them all,
     # so one tile touches one index of it.
     batch = {d for d in range(len(full)) if all(depends(o, d) for o in ops)}
@@ -373,5 +372,7 @@ def _width(size: int, lanes: int) -> int:
 def _nest(axes: list[Axis], vec_dim: int) -> list[Axis]:
     """Loop nest: output loops (in the chosen order), then reduce loops; expanded axes last, the
     vector axis innermost so its lanes are consecutive stores."""
-    rank = {"global": 0, "loop": 1, "reduce": 2, "upcast": 3, "unroll": 3}
-    return sorted(axes, key=lambda a: (rank[a.kind], a.kind == "upcast" and a.dim == vec_dim))
+    rank = {AxisKind.GLOBAL: 0, AxisKind.LOOP: 1, AxisKind.REDUCE: 2, AxisKind.UPCAST: 3,
+            AxisKind.UNROLL: 3}
+    return sorted(axes, key=lambda a: (rank[a.kind],
+                                       a.kind == AxisKind.UPCAST and a.dim == vec_dim))

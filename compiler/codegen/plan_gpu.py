@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from compiler.codegen.plan import FULL_UNROLL, Axis, Plan, factor, reduce_shape
+from compiler.codegen.plan import FULL_UNROLL, factor, reduce_shape
+from compiler.ir.kernel import Axis, AxisKind, Kernel, Plan, find_reduce
 from compiler.ir.uop import UOp
-from compiler.schedule.fusion import Kernel, find_reduce
 from compiler.target import Target
 
 GPU_VECTOR = 4  # float4/half4 loads and stores, and one RGBA texel per image read
@@ -55,19 +55,20 @@ def plan_gpu(kernel: Kernel, params: dict[UOp, int], target: Target) -> Plan:
     for d, size in enumerate(full):
         if size == 1:
             continue
-        kind = "reduce" if d in rdims else "global"
+        kind = AxisKind.REDUCE if d in rdims else AxisKind.GLOBAL
         split = unroll.get(d, 1) if d in rdims else upcast.get(d, 1)
         across = group if group and d == rd[-1] else 1
         if split * across < size:
             axes.append(Axis(d, size // (split * across), kind))
         if across > 1:  # between the loop and the unrolled part: work items read side by side
-            axes.append(Axis(d, across, "group"))
+            axes.append(Axis(d, across, AxisKind.GROUP))
         if split > 1:
-            axes.append(Axis(d, split, "unroll" if d in rdims else "upcast"))
+            axes.append(Axis(d, split, AxisKind.UNROLL if d in rdims else AxisKind.UPCAST))
     # global ids first, then the loops; within a dim the order above (outer to inner) is kept
-    rank = {"global": 0, "reduce": 1, "group": 1, "upcast": 2, "unroll": 2}
+    rank = {AxisKind.GLOBAL: 0, AxisKind.REDUCE: 1, AxisKind.GROUP: 1, AxisKind.UPCAST: 2,
+            AxisKind.UNROLL: 2}
     axes = sorted(axes, key=lambda a: rank[a.kind])
-    n_global = sum(a.kind == "global" for a in axes)
+    n_global = sum(a.kind == AxisKind.GLOBAL for a in axes)
     keep = 3 - (group > 0)  # the group's local id takes one of OpenCL's 3 ids
     fused = (tuple(range(n_global - keep + 1)),) if n_global > keep else ()
     plan = Plan(tuple(full), tuple(rdims), tuple(axes), fused=fused)

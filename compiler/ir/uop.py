@@ -53,7 +53,9 @@ class Ops(IntEnum):  # IntEnum: hashing an op is C-level, and every UOp key hash
     # reduction: tensor-level arg = (op, axes) keeping dims; kernel-level src = (value, *ranges)
     REDUCE = auto()
     # kernel level
-    PARAM = auto()  # arg = (index, element dtype); a kernel's buffer parameter
+    # a kernel's buffer parameter; arg = (index, shape): the tensor it holds while the kernel is a
+    # tensor graph (schedule/layout.py canonical), () once lowered to loads and stores
+    PARAM = auto()
     RANGE = auto()  # src = (end,), arg = (axis id, kind): kind in "loop", "reduce", "global"
     LOAD = auto()  # src = (param, index[, valid])
     STORE = auto()  # src = (param, index, value)
@@ -219,7 +221,7 @@ class UOp:
     @staticmethod
     def param(index: int, dtype: DType) -> UOp:
         """A kernel's buffer parameter `index` with elements of `dtype`."""
-        return UOp(Ops.PARAM, dtype, (), (index, dtype))
+        return UOp(Ops.PARAM, dtype, (), (index, ()))
 
     def alu(self, op: Ops, *others: UOp) -> UOp:
         out = dtypes.bool if op in COMPARE else self.dtype
@@ -254,7 +256,7 @@ class UOp:
         op, arg = self.op, self.arg
         if op is Ops.CONST:
             return ()
-        if op is Ops.INPUT:
+        if op in (Ops.INPUT, Ops.PARAM):
             return arg[1]
         if op is Ops.WEIGHT:
             return arg.data.shape

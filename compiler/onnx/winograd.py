@@ -10,8 +10,8 @@ U = G w G^T is computed at compile time, in float64. All three are plain reducti
 take the optimizer's usual plans, and the output transform takes the conv's epilogue (bias,
 activation, residual). The transforms' matrices hold only 0, +-1 and +-1/2 (G, folded into
 U), so rounding stays close to a direct conv's: each output is still a sum of products of the
-same inputs and weights, regrouped. Measured against float64: at most 1.9x onnxruntime's own
-max error (256 channels at 14x14: 1.1e-5 against 6.1e-6, on outputs up to 20).
+same inputs and weights, regrouped; its error against float64 is within 2x onnxruntime's own
+(docs/perf.md).
 """
 from __future__ import annotations
 
@@ -25,8 +25,7 @@ AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], np.float64)
 BB = np.einsum("xi,yj->xyij", BT, BT).reshape(16, 16).astype(np.float32)  # [t, tap]
 AA = np.einsum("ax,by->abxy", AT, AT).reshape(2, 2, 16).astype(np.float32)  # [a, b, t]
 # Fewer tiles and the matmuls lose: their weight is 16/9 the conv's and each element is used
-# once per tile. ResNet-50's 512-channel 7x7 convs (16 tiles): 2.6 ms against 1.76 direct;
-# its 14x14 ones (49 tiles): 0.79 against 1.3.
+# once per tile (docs/perf.md).
 MIN_TILES = 32
 MIN_CHANNELS = 32  # narrower convs are cheap either way, and their matmuls fill few vectors
 

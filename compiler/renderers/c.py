@@ -26,11 +26,13 @@ import hashlib
 
 from compiler.artifact import Buffer, Launch
 from compiler.ir.dtypes import DType, dtypes
+from compiler.ir.kernel import AxisKind
 import compiler.renderers.hvx as hvx
-from compiler.renderers.cstyle import INFIX, Body, CStyle, dot4_bytes, dot4_text
 from compiler.ir.uop import Ops, UOp
+from compiler.renderers.cstyle import INFIX, Body, CStyle, dot4_bytes, dot4_text
 from runner import abi
 from runner.abi import GRAPH as ENTRY, GRAPH_MT as ENTRY_MT, LAUNCH, LAUNCH_PART, PROFILE, SPLIT
+from runner.format import Region
 
 SPLIT_MIN = 8  # trip count from which a loop is split between threads
 SPLIT_NONE, SPLIT_SCALAR, SPLIT_VECTOR = 0, 1, 2  # keel_split's answers (runner/keel_abi.h)
@@ -96,7 +98,7 @@ def _threaded(name: str, sig: str, timed: bool) -> str:
             f"  int end = s->end > 0 && s->end < KEEL_LAUNCHES ? s->end : KEEL_LAUNCHES;\n"
             f"  for (int i = s->first > 0 ? s->first : 0; i < end; i++) {{\n"
             f"    const keel_row *r = &keel_rows[i];\n"
-            f"    if (r->barrier) keel_barrier(s, nt, &sense);  /* compiler/schedule/hazards.py */\n"
+            f"    if (r->barrier) keel_barrier(s, nt, &sense);  /* compiler/link/hazards.py */\n"
             f"    {call}\n  }}\n"
             f"  keel_barrier(s, nt, &sense);  /* all work done before any thread returns */\n}}\n")
 
@@ -119,11 +121,13 @@ class CRenderer(CStyle):
             # per launch costs nothing against a kernel)
             self.kernel_prefix = "static __attribute__((noinline)) void"
 
-    def kernel_piece(self, lin: list[UOp], param_dtypes: list[DType]) -> Piece:
+    def kernel_piece(self, lin: list[UOp], param_dtypes: list[DType], images: tuple = (),
+                     plan=None) -> Piece:
         """What render_program needs of one kernel, rendered where the kernel was built (a
         worker process, build.py): its text after the name, "(params) {body}", the vector
         types it declares and how it shares out between threads (keel_split). `param_dtypes`:
-        every parameter the launch passes, even one whose loads simplified away."""
+        every parameter the launch passes, even one whose loads simplified away (C reads no
+        images, and its plan is in the loops already)."""
         self.param_dtypes = param_dtypes
         self.whole = {}  # narrow HVX loads -> the whole 128-byte vector from their address
         text = self.render_kernel("K", lin)
@@ -172,7 +176,8 @@ class CRenderer(CStyle):
     def render_kernel(self, name: str, lin: list[UOp]) -> str:
         # the outermost output loop long enough to share; a 5-row matmul tile loop would leave a
         # thread idle, the loop inside it may not
-        loops = [u for u in lin if u.op is Ops.RANGE and u.arg[1] not in ("reduce", "epilogue")]
+        loops = [u for u in lin if u.op is Ops.RANGE
+                 and u.arg[1] not in (AxisKind.REDUCE, AxisKind.EPILOGUE)]
         self.split = next((u for u in loops if u.src[0].arg >= SPLIT_MIN), None) or \
             max(loops, key=lambda u: u.src[0].arg, default=None)
         text = super().render_kernel(name, lin)
@@ -193,8 +198,8 @@ class CRenderer(CStyle):
         if dt is dtypes.index:
             # pointer-width (LP64 and ILP32 alike): an int index is sign-extended before each
             # address, so clang cannot fold `i + 128` into the load's displacement and keeps
-            # every tap of a strided window as its own 64-bit register (measured: a stride-2 3x3
-            # conv over 128 channels spilled them and ran 1.5x slower)
+            # every tap of a strided window as its own 64-bit register, and spills them
+            # (docs/perf.md)
             return "long"
         return self.dtype(_mask(dt)) if dt.count > 1 and dt.scalar is dtypes.bool else dt.cname
 
@@ -424,9 +429,9 @@ def _entries(r: CRenderer, launches: list[Launch], buffers: dict[int, Buffer],
 
     They are a loop over a table, one row per launch (its kernel, its barrier, where its
     arguments live), and a switch with one call per kernel: code that grows with the kernels,
-    not the launches. Straight-line calls, one per launch per entry point, took clang 0.4 s of
-    CPU for the openpilot-shaped model's 304 launches (per variant, after its kernels: the last
-    step of a compile); a table row costs a few loads per launch at run time."""
+    not the launches. Straight-line calls, one per launch per entry point, cost clang seconds
+    at the end of a compile (docs/perf.md); a table row costs a few loads per launch at run
+    time."""
     calls = [syms.get(ln.kernel, ln.kernel) for ln in launches]
     first = dict(reversed(list(zip(calls, launches))))  # symbol -> its first launch
     case = {sym: k for k, sym in enumerate(dict.fromkeys(calls))}  # symbol -> keel_call's case
@@ -436,14 +441,15 @@ def _entries(r: CRenderer, launches: list[Launch], buffers: dict[int, Buffer],
     rows, args = [], []
     for ln, sym in zip(launches, calls):
         rows.append(f"{{{case[sym]}, {int(ln.barrier)}, {len(ln.args)}, {len(args)}}}")
-        args += [f"{buffers[b].offset * 4 + BASES.get(buffers[b].region, 2)}ull" for b in ln.args]
+        args += [f"{_at(buffers[b]) * 4 + BASES.get(buffers[b].region, 2)}ull" for b in ln.args]
     n = len(launches)
     sig = "unsigned char *arena, const unsigned char *weights, void *const *io"
     table = (f"#define KEEL_LAUNCHES {n}\n"
              f"#define KEEL_MAX_ARGS {max((len(ln.args) for ln in launches), default=1)}\n"
              "typedef struct { unsigned kernel, barrier, nargs, first; } keel_row;\n"
              f"static const keel_row keel_rows[{max(n, 1)}] = {{{', '.join(rows) or '{0}'}}};\n"
-             "/* an argument: its offset * 4 + its region (BASES: 0 arena, 1 weights, 2 io[offset]) */\n"
+             "/* an argument: its offset (io: slot) * 4 + its region (BASES: 0 arena, 1 weights, "
+             "2 io[slot]) */\n"
              f"static const unsigned long long keel_args[{max(len(args), 1)}] = "
              f"{{{', '.join(args) or '0'}}};\n"
              "static void keel_call(unsigned kernel, void *const *a, int tid, int nt) {\n"
@@ -474,8 +480,13 @@ def _replay(n: int, splits: list[int]) -> str:
             f"  {LAUNCH_PART}(launch, args, 0, 1);\n}}\n")
 
 
-BASES = {"arena": 0, "weights": 1}  # an argument's region code in keel_args; io (inputs and
-# outputs) is 2, its offset an index into io
+# an argument's region code in keel_args; io (inputs and outputs) is 2, its slot an index into io
+BASES = {Region.ARENA: 0, Region.WEIGHTS: 1}
+
+
+def _at(b: Buffer) -> int:
+    """Where keel_args finds a buffer: its io slot, or its offset in the arena / the weights."""
+    return b.offset if b.slot is None else b.slot
 
 
 def _int_of(nbytes: int) -> DType:

@@ -22,6 +22,7 @@ from compiler.ir.dtypes import DType, dtypes
 from compiler.errors import CompileError
 import compiler.renderers.amdgcn as amdgcn
 from compiler.renderers.cstyle import Body, CStyle
+from compiler.ir.kernel import WORK_ITEM_KINDS, AxisKind, Plan
 from compiler.ir.rewrite import graph_rewrite
 from compiler.ir.symbolic import build, symbolic, terms
 from compiler.target import Target
@@ -32,9 +33,9 @@ CL_TYPES = {dtypes.bool: "bool", dtypes.int8: "char", dtypes.int16: "short", dty
             dtypes.uint32: "uint", dtypes.uint64: "ulong", dtypes.float16: "half",
             dtypes.float32: "float", dtypes.float64: "double", dtypes.index: "int"}
 VECTOR_DTYPES = (dtypes.float16, dtypes.float32)
-WORK_ITEM_KINDS = ("global", "group")  # RANGEs that are work-item ids, not loops
 VECTOR_WIDTHS = (4, 3, 2)
 SAMPLER = "keel_smp"
+NAME_HOLE = "K"  # a kernel_piece's name, until render_program gives the program's
 HELPERS = {
     # f32 -> f16 rounding where half is a storage type only: through memory, as vstore_half does
     "keel_round_half": "inline float keel_round_half(float x) {\n"
@@ -58,44 +59,50 @@ class OpenCLRenderer(CStyle):
         self.rounded_by_store: set[UOp] = set()
 
     # ---- program ------------------------------------------------------------------------------
-    def kernel_piece(self, lin: list[UOp], param_dtypes) -> list[UOp]:
-        """A kernel renders with its launch (images, global sizes): render_program takes the
-        linearized program itself."""
-        return lin
-
-    def render_program(self, kernels: list[tuple[str, list[UOp]]], launches: list[Launch],
-                       buffers: dict[int, Buffer]) -> str:
+    def kernel_piece(self, lin: list[UOp], param_dtypes: list[DType], images: tuple,
+                     plan: Plan) -> tuple[str, frozenset]:
+        """One kernel's text, rendered where it was built (a worker process, build.py), named
+        NAME_HOLE (render_program names it), and the helpers and extensions it uses.
+        `param_dtypes` and `images`: every parameter the launch passes (the output first), even
+        one whose loads simplified away; `plan`: its global and work-group sizes."""
         self.used = set()
-        launch_of = {ln.kernel: ln for ln in launches}
-        body = [self.render_cl_kernel(name, lin, launch_of[name], buffers) for name, lin in kernels]
+        text = self.render_cl_kernel(lin, param_dtypes, images, plan)
+        return text, frozenset(self.used)
+
+    def render_program(self, kernels: list[tuple[str, tuple[str, frozenset]]],
+                       launches: list[Launch], buffers: dict[int, Buffer]) -> str:
+        """kernels: (name, kernel_piece)."""
+        used = frozenset().union(*(u for _, (_, u) in kernels))
+        hole = f"{self.kernel_prefix} {NAME_HOLE}("
+        body = [text.replace(hole, f"{self.kernel_prefix} {name}(", 1)
+                for name, (text, _) in kernels]
         head = [amdgcn.prelude()] if self.target.cl_builtins == "amdgcn" else []
-        if "fp16" in self.used:
+        if "fp16" in used:
             head.append("#pragma OPENCL EXTENSION cl_khr_fp16 : enable")
-        if "fp64" in self.used:
+        if "fp64" in used:
             head.append("#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
-        if "image" in self.used:
+        if "image" in used:
             head.append(f"__constant sampler_t {SAMPLER} = CLK_NORMALIZED_COORDS_FALSE | "
                         "CLK_ADDRESS_CLAMP | CLK_FILTER_NEAREST;")
-        head += [code for name, code in HELPERS.items() if name in self.used]
+        head += [code for name, code in HELPERS.items() if name in used]
         return "\n".join(head + [""] + body)
 
-    def render_cl_kernel(self, name: str, lin: list[UOp], launch: Launch,
-                         buffers: dict[int, Buffer]) -> str:
-        # every argument the launch binds, even one simplification left unused (Where(c, x, x))
-        self.param_dtypes = [dtypes.from_np(buffers[b].dtype) for b in launch.args]
-        layouts = [buffers[b].image for b in launch.args]
+    def render_cl_kernel(self, lin: list[UOp], param_dtypes: list[DType], images: tuple,
+                         plan: Plan) -> str:
+        self.param_dtypes = list(param_dtypes)
+        layouts = list(images)
         self.out_image = layouts[0]  # the output is written as a buffer, in its pitched rows
         self.images = {i: img for i, img in enumerate(layouts) if i > 0 and img is not None}
         self.scope: list[UOp] = []  # open loops, for sharing texel reads
-        self.global_ids = _global_ids(name, lin, launch)
+        self.global_ids = _global_ids(lin, plan)
         self.loads, self.stores = vector_groups(lin, self.images)
         self.texels: dict[tuple, tuple[str, tuple]] = {}
         self.rounded_by_store = _rounded_by_store(lin) if not self.half_compute else set()
         self.lid = None  # the group's local id, when the kernel reduces across a work-group
         self.combine_after = _combine_point(lin)
-        src = super().render_kernel(name, lin)
-        if launch.local_size is not None:
-            wg = ", ".join(map(str, (tuple(launch.local_size) + (1, 1))[:3]))
+        src = super().render_kernel(NAME_HOLE, lin)
+        if plan.local is not None:
+            wg = ", ".join(map(str, (tuple(plan.local) + (1, 1))[:3]))
             src = f"__attribute__((reqd_work_group_size({wg})))\n" + src
         return src
 
@@ -145,7 +152,7 @@ class OpenCLRenderer(CStyle):
 
     # ---- parameters and work-items ------------------------------------------------------------
     def param_decl(self, p: UOp) -> str:
-        i, dt = p.arg
+        i, dt = p.arg[0], p.dtype
         if i in self.images:
             self.used.add("image")
             return f"__read_only image2d_t p{i}"
@@ -161,9 +168,9 @@ class OpenCLRenderer(CStyle):
             self.scope.append(u)
             return super().render_range(body, u)
         body.names[u] = f"r{u.arg[0]}"
-        fn = "get_global_id" if kind == "global" else "get_local_id"
+        fn = "get_global_id" if kind == AxisKind.GLOBAL else "get_local_id"
         body.emit(f"int {body.names[u]} = {fn}({self.global_ids[u]});")
-        if kind == "group":
+        if kind == AxisKind.GROUP:
             self.lid = (body.names[u], u.src[0].arg)
 
     def render_endrange(self, body: Body, u: UOp) -> None:
@@ -185,7 +192,7 @@ class OpenCLRenderer(CStyle):
             return
         lid, n = self.lid
         reds = [u for u in body.names if u.op is Ops.REDUCE and any(
-            r.arg[1] == "group" for r in u.ranges)]
+            r.arg[1] == AxisKind.GROUP for r in u.ranges)]
         tmp = {r: f"lds_{body.names[r]}" for r in reds}
         for r in reds:
             body.emit(f"__local {self.dtype(r.dtype)} {tmp[r]}[{n}];")
@@ -414,17 +421,17 @@ def _combine_point(lin: list[UOp]) -> UOp | None:
     """The last REDUCE or reduce-loop end: where a work-group's partial sums are complete."""
     last = None
     for u in lin:
-        if u.op is Ops.REDUCE or (u.op is Ops.ENDRANGE and u.src[0].arg[1] == "reduce"):
+        if u.op is Ops.REDUCE or (u.op is Ops.ENDRANGE and u.src[0].arg[1] == AxisKind.REDUCE):
             last = u
     return last
 
 
-def _global_ids(name: str, lin: list[UOp], launch: Launch) -> dict[UOp, int]:
+def _global_ids(lin: list[UOp], plan: Plan) -> dict[UOp, int]:
     ranges = sorted((u for u in lin if u.op is Ops.RANGE and u.arg[1] in WORK_ITEM_KINDS),
                     key=lambda r: r.arg[0])
     ids = {r: len(ranges) - 1 - i for i, r in enumerate(ranges)}
     sizes = tuple(r.src[0].arg for r in reversed(ranges)) or (1,)
-    if sizes != tuple(launch.global_size):
-        raise CompileError(f"kernel {name}: global ranges {sizes} disagree with the launch's "
-                           f"global size {tuple(launch.global_size)}")
+    if sizes != tuple(plan.global_size):
+        raise CompileError(f"global ranges {sizes} disagree with the plan's global size "
+                           f"{tuple(plan.global_size)}")
     return ids

@@ -9,12 +9,11 @@ Three decisions live here:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from compiler.ir.dtypes import dtypes
 from compiler.ir.interp import evaluate
+from compiler.ir.kernel import Kernel
 from compiler.ir.rewrite import PatternMatcher, UPat, graph_rewrite
 from compiler.ir.tensor import Tensor
 from compiler.ir.uop import ALU, MOVEMENT, Ops, UOp
@@ -297,32 +296,6 @@ def _topo(roots: list[UOp]) -> list[UOp]:
 
 
 # ---- 3. order -----------------------------------------------------------------------------
-@dataclass
-class Kernel:
-    name: str
-    root: UOp  # the tensor this kernel computes
-    inputs: list[UOp]  # realized tensors / graph inputs / weights it reads, in parameter order
-    # the tensor whose buffer this kernel writes, when that is not its root: a padded tensor
-    # its fill kernel fills before the interior is computed (layout.pad_in_place), or a
-    # residual the kernel overwrites in place (layout.in_place)
-    into: UOp | None = None
-
-
-def find_reduce(root: UOp, realized: set) -> UOp | None:
-    """The kernel's fused reduction: the scheduler guarantees at most one per kernel."""
-    stack, seen = [root], set()
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n.op is Ops.REDUCE and (n is root or n not in realized):
-            return n
-        if n is root or n not in realized:
-            stack.extend(n.src)
-    return None
-
-
 def schedule(outputs: list[UOp], track: tuple[UOp, ...] = (), recompute: bool = False
              ) -> tuple[list[UOp], list[Kernel], set[UOp], list[UOp]]:
     """Returns (folded outputs, kernels in order, realized set, `track` folded). `track`: more

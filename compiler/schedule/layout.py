@@ -14,7 +14,8 @@ from dataclasses import replace
 from compiler.ir.rewrite import substitute
 from compiler.ir.tensor import Tensor
 from compiler.ir.uop import ALU, Ops, UOp
-from compiler.schedule.fusion import Kernel, find_reduce, inlined
+from compiler.ir.kernel import Kernel, find_reduce
+from compiler.schedule.fusion import inlined
 
 
 def channels_last(kernels: list[Kernel], realized: set, keep: set) -> set[UOp]:
@@ -34,7 +35,7 @@ def channels_last(kernels: list[Kernel], realized: set, keep: set) -> set[UOp]:
     reds = [find_reduce(k.root, realized) for k in kernels]
     # a conv whose every reader only copies it into a graph output (cuts off the channels a
     # padded weight added, ops/nn.py _pad_out) stores as the output does: the copy is then
-    # contiguous, not a transpose (a 1x1 detector head to 255 channels at 32x56: 1.24 ms)
+    # contiguous, not a transpose (docs/perf.md)
     readers: dict[UOp, list[int]] = {}
     for i, k in enumerate(kernels):
         for u in k.inputs:
@@ -130,13 +131,13 @@ def _elementwise(root: UOp, r: UOp, realized: set) -> bool:
 
 
 def canonical(k: Kernel, layouts: list, last: set) -> tuple[tuple, Kernel]:
-    """The kernel with its reads replaced by numbered placeholders, keyed with how each buffer is
+    """The kernel with its reads replaced by its parameters (Ops.PARAM), keyed with how each buffer is
     stored: kernels that differ only in which buffers they touch share one program. Tensors in
     `last` are stored channels-last: read through a permute of their placeholder, written
     through a permute of the root."""
     # a tensor the kernel overwrites in place (in_place) is read through the output
     # pointer: one pointer per memory, so `restrict` on every parameter stays true
-    params = [UOp(Ops.INPUT, u.dtype, (), (f"param{0 if u is k.into else j + 1}",
+    params = [UOp(Ops.PARAM, u.dtype, (), (0 if u is k.into else j + 1,
                                            _stored(u.shape, u in last)))
               for j, u in enumerate(k.inputs)]
     holes = {u: _permute(p, _order(len(u.shape), inverse=True)) if u in last else p

@@ -1,6 +1,6 @@
 """How a target stores each buffer: element type (half storage) and layout (2D images).
 
-Both are decided once per buffer, when schedule/buffers.py creates it and before any kernel is
+Both are decided once per buffer, when schedule/place.py places it and before any kernel is
 lowered, so every kernel touching a buffer agrees on them. How kernels compute on half values is
 codegen/half.py's job.
 
@@ -32,7 +32,7 @@ from compiler.errors import CompileError
 from compiler.ir.dtypes import DType, dtypes
 from compiler.ir.uop import Ops, UOp
 from compiler.target import Target
-from runner.format import DEVICE_REGIONS  # io buffers keep the layout and dtype the caller sees
+from runner.format import DEVICE_REGIONS, Region  # io buffers keep the layout and dtype the caller sees
 
 F16, F32 = dtypes.float16, dtypes.float32
 F16_MAX = float(np.finfo(np.float16).max)
@@ -53,13 +53,13 @@ def device_storage(target: Target, float16: bool = False, images: bool | None = 
         raise CompileError(f"image_inputs {sorted(image_inputs)}: target {target.name} has no "
                            f"images")
 
-    def policy(region: str, dtype: DType, shape: tuple, node: UOp | None = None,
+    def policy(region: Region, dtype: DType, shape: tuple, node: UOp | None = None,
                name: str = "") -> tuple[DType, Image | None]:
-        if region == "input" and name in (image_inputs or {}):  # name: the graph's, unprefixed
+        if region is Region.INPUT and name in (image_inputs or {}):  # the graph's, unprefixed
             return dtype, io_image(target, name, dtype, shape, image_inputs[name])
         if region not in DEVICE_REGIONS:
             return dtype, None
-        if float16 and dtype is F32 and (region == "weights" or target.half_activations) and \
+        if float16 and dtype is F32 and (region is Region.WEIGHTS or target.half_activations) and \
                 node not in keep_fp32 and not beyond_half(node):
             dtype = F16
         return dtype, image_layout(target, dtype, shape) if use_images else None

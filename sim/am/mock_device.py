@@ -35,7 +35,7 @@ import struct
 from am import discovery, pm4, psp, regs, vm
 from sim.am import mock_gc, standin
 from sim.am.mock_gpu import GPU_BASE, PAGE, CommandProcessor, GpuFault, Memory
-from runner.faults import bringup, from_env
+from runner.faults import FaultKind, bringup, from_env
 from sim.usb.mock import Config, MockBridge, MockLibusb, Port
 
 VRAM_BYTES = 24 << 30  # an RX 7900 XTX's; sparse host memory (sim/am/mock_gpu.py Memory)
@@ -49,7 +49,8 @@ IPS = [discovery.Ip(11, 0, (11, 0, 0), (regs.GC_SEG0, regs.GC_SEG1)),
        discovery.Ip(1, 0, (13, 0, 0), (regs.MP0_SEG0,)),
        discovery.Ip(42, 0, (6, 0, 0), (regs.GC_SEG0,))]
 FAULTS_VAR = "KEEL_MOCK_FAULTS"
-KINDS = ("hang", "unplug", "fwerr", "fault")  # read when the enclosure is made
+# read when the enclosure is made
+KINDS = (FaultKind.HANG, FaultKind.UNPLUG, FaultKind.FWERR, FaultKind.FAULT)
 
 
 class Space:
@@ -225,7 +226,7 @@ class Psp:
         self.gpu.firmware_loads += 1
         fault = self.gpu.faults.at(self.gpu.firmware_loads)
         data = self._read(addr, max(n, 32))
-        return (fault is None or fault.kind != "fwerr") and data is not None and \
+        return (fault is None or fault.kind is not FaultKind.FWERR) and data is not None and \
             kind in standin.tagged(data)
 
     def bootloader(self, cmd: int) -> None:
@@ -458,13 +459,13 @@ class MockGpu:
         if pm4.INDIRECT_BUFFER in {p.op for p in pm4.decode(words)}:  # a graph submission
             self.submissions += 1
             fault = self.faults.at(self.submissions)
-            if fault is not None and fault.kind == "hang":
+            if fault is not None and fault.kind is FaultKind.HANG:
                 r[regs.CP_HQD_ACTIVE] = 0
                 return
-            if fault is not None and fault.kind == "unplug":
+            if fault is not None and fault.kind is FaultKind.UNPLUG:
                 self.usb.unplug()
                 return
-            if fault is not None and fault.kind == "fault":
+            if fault is not None and fault.kind is FaultKind.FAULT:
                 self._vm_fault(words)
         self.cp.execute(words)
         self.rptr = wptr

@@ -10,8 +10,8 @@ device computes in place) and images copied from the pitched texels the descript
 Programs are built in batches, before a submission executes: every program the submission loads
 that is not built yet, grouped by preamble, becomes one library or one cl_program.
 
-An argument is ("buffer", host address, bytes to the end of its GPU object) or ("image", host
-address, Texture).
+An argument is (ParamKind.BUFFER, host address, bytes to the end of its GPU object) or
+(ParamKind.IMAGE, host address, Texture).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import ctypes
 import numpy as np
 
 from sim.qcom import hostcl
-from qcom.program import Program, split
+from qcom.program import ParamKind, Program, split
 
 
 class HostHalf:
@@ -37,7 +37,7 @@ class HostHalf:
     def run(self, prog: Program, args: list, gs: list[int], ls: list[int]) -> None:
         keep, ptrs = [], []
         for kind, addr, what in args:
-            if kind == "image":
+            if kind is ParamKind.IMAGE:
                 img = hostcl.Image(addr, what.width, what.height, what.pitch,
                                    what.dtype == np.float16, what.dtype == np.uint8)
                 keep.append(img)
@@ -61,8 +61,8 @@ class Pocl:
         for p in progs:
             self.kernels[p.source] = self.ex.kernel(program, p.kernel)
 
-    def _mem(self, kind: str, addr: int, what):
-        if kind == "buffer":
+    def _mem(self, kind: ParamKind, addr: int, what):
+        if kind is ParamKind.BUFFER:
             return self.ex.buffer(addr, what)
         return self.ex.image(addr, what.width, what.height, what.pitch, what.dtype)
 

@@ -26,7 +26,7 @@ import time
 from qcom import cmdstream as cs
 from qcom import texture
 from sim.qcom.execute import Executor
-from qcom.program import SHADER_UNIT, Program
+from qcom.program import SHADER_UNIT, ParamKind, Program
 from sim.qcom.program import parse
 from runner.faults import bringup, bringup_from
 
@@ -109,13 +109,13 @@ class Gpu:
             raise GpuFault(f"{where}: groups {said}, the NDRANGE registers give {groups}")
         self.executor.run(prog, args, gs, ls)
         self.nth += 1
-        if self.wrong_from and self.nth >= self.wrong_from and args[0][0] == "buffer":
+        if self.wrong_from and self.nth >= self.wrong_from and args[0][0] is ParamKind.BUFFER:
             word = ctypes.c_uint32.from_address(args[0][1])
             word.value ^= 0xFFFFFFFF
 
-    def _arg(self, mem, state: dict, kind: str, value: int, where: str) -> tuple:
-        if kind == "buffer":
-            return ("buffer", *host_address(mem, value, 1))
+    def _arg(self, mem, state: dict, kind: ParamKind, value: int, where: str) -> tuple:
+        if kind is ParamKind.BUFFER:
+            return (kind, *host_address(mem, value, 1))
         if self.image_fault:
             raise GpuFault(f"{where}: texture slot {value}: injected (KEEL_MOCK_BRINGUP gpu.image)")
         descs, count = state.get((cs.SB6_CS_TEX, cs.ST6_CONSTANTS), (0, 0))
@@ -127,7 +127,7 @@ class Gpu:
             t = texture.decode(mem.words(descs + 64 * value, texture.DESCRIPTOR_DWORDS))
         except ValueError as e:
             raise GpuFault(f"{where}: {e}") from None
-        return ("image", host_address(mem, t.gpuaddr, texture.nbytes(t))[0], t)
+        return (kind, host_address(mem, t.gpuaddr, texture.nbytes(t))[0], t)
 
 
 def memory_writes(packets, mem) -> None:

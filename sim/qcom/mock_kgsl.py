@@ -45,7 +45,7 @@ from typing import Callable
 
 from qcom import cmdstream, kgsl
 from sim.qcom.mock_gpu import Gpu, GpuFault
-from runner.faults import bringup, bringup_errno, from_env
+from runner.faults import FaultKind, bringup, bringup_errno, from_env
 
 GPU_BASE = 0x1_0000_0000  # where the mock's GPU virtual addresses start
 FAULTS_VAR = "KEEL_MOCK_FAULTS"  # the runtime core's variable: one syntax for every mock
@@ -125,7 +125,8 @@ class MockKgsl:
         self.chip_id, self.gpu_id = int(chip, 16) if chip else chip_id, gpu_id
         self.on_submit = Gpu() if on_submit is None else on_submit
         self.hang, self.delay_s = False, 0.0
-        self.faults, self.count = from_env(FAULTS_VAR, ("hang", "fault", "slow")), 0  # count: submissions so far
+        self.faults = from_env(FAULTS_VAR, (FaultKind.HANG, FaultKind.FAULT, FaultKind.SLOW))
+        self.count = 0  # submissions so far
         self.mem, self.contexts, self.ctx_ids = Memory(), {}, itertools.count(1)
         self.fds, self.submissions = set(), []
         self.dmabuf_imports = 0  # dma-buf imports so far: what zero-copy binding must keep at one

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import struct
 
-from qcom.errors import DeviceError
-from qcom.program import MAX_UNITS, SHADER_UNIT, Program, split
+from runner.errors import DeviceError
+from qcom.program import MAX_UNITS, SHADER_UNIT, ParamKind, Program, split
 
 MAGIC = b"KEELMCK1"
 
@@ -33,7 +33,7 @@ def parse(binary: bytes) -> Program:
     (n,) = struct.unpack_from("<I", binary, 8)
     meta = json.loads(bytes(binary[12:12 + n]))
     source = bytes(binary[12 + n:]).rstrip(b"\0").decode()
-    params = tuple(meta["params"])
+    params = tuple(map(ParamKind, meta["params"]))
     return Program(meta["kernel"], bytes(binary), params, meta["half"], source,
                    tuple(2 * i for i in range(len(params))))
 
@@ -44,6 +44,6 @@ def mock_build(source: str) -> dict[str, Program]:
     half = "cl_khr_fp16" in preamble
     out = {}
     for name, text, decls in kernels:
-        params = ["image" if "image2d_t" in d else "buffer" for d in decls]
+        params = [ParamKind.of(d) for d in decls]
         out[name] = parse(mock_binary(name, preamble + text, params, half))
     return out

@@ -117,8 +117,10 @@ def test_vendor_binaries_parse_run_and_embed(dev, tmp_path, monkeypatch):
     assert m.device.name == "qcom"
     assert np.array_equal(m.run(feeds)["y"], np.maximum(x, 0) * x)
     from runner.blob import read_blob
-    for name, d in read_blob(out).manifest["meta"][store.EMBED_KEY]["programs"].items():
-        p = store.from_json(d)
+    binaries = read_blob(out).binaries
+    progs = store.from_blob(binaries, bytes(read_blob(out).programs).decode(),
+                            *(binaries.device[k] for k in ("compiler", "chip_id", "driver")), None)
+    for name, p in progs.items():
         print(f"{name}: {len(p.binary)} bytes ISA, regs {p.regs}, offsets {p.offsets}")
         assert p.regs.full > 0 and p.units > 0
 

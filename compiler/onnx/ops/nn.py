@@ -108,10 +108,9 @@ def _pad_out(ctx, w: Tensor, axis: int, macs: int) -> tuple[Tensor, int]:
     `axis` is not a multiple of 8 (no whole AVX2 vector, half an AVX-512 one) zero-padded to a
     multiple of ctx.pad_columns, and how many it gained, when its product (`macs`
     multiply-adds) is big enough to pay for the extra kernel that cuts the padding off (the
-    cut ends the product's epilogue). The kernel then vectorizes along its outputs. A
-    6625-character OCR alphabet (no factor of 2: 1 lane) ran at 23 GFLOP/s, padded at 115; a
-    detector head's 1x1 conv to 255 channels gathered its channels-last input into vectors
-    along the pixels, at 9 GFLOP/s."""
+    cut ends the product's epilogue). The kernel then vectorizes along its outputs, where an
+    odd output count (an OCR alphabet, a detector head's 255 channels) had one lane or gathered
+    its input along the pixels (docs/perf.md)."""
     cols, n = ctx.pad_columns, w.shape[axis]
     if not cols or n % 8 == 0 or n <= cols or macs < PAD_MIN_MACS \
             or (value := ctx.constant(w)) is None:

@@ -106,7 +106,7 @@ def _dequantize(ctx, i, a):
     out = onnx_dtype(a["output_dtype"], ctx.where()) if a.get("output_dtype") else scale.dtype
     y = y.cast(out)
     if not block and out is dtypes.float32:
-        record_dq(ctx, y, x, scale, zp, axis)
+        note_dq(ctx, y, x, scale, zp, axis)
     return y
 
 
@@ -191,7 +191,7 @@ class Acc:
     keep: int = 0  # the value is the first `keep` entries of `axis` (0: all)
 
 
-def record_dq(ctx, y: Tensor, x: Tensor, scale: Tensor, zp: Tensor | None, axis: int) -> None:
+def note_dq(ctx, y: Tensor, x: Tensor, scale: Tensor, zp: Tensor | None, axis: int) -> None:
     if x.dtype not in (dtypes.int8, dtypes.uint8, dtypes.int32):
         return
     s = ctx.constant(scale)
@@ -326,7 +326,7 @@ def _int32(d: Dq) -> Tensor:
     return d.q.cast(dtypes.int32) - zp if zp else d.q.cast(dtypes.int32)
 
 
-def _record(ctx, acc: Tensor, scale: float, bound: int, y: Tensor | None = None,
+def _as_accumulator(ctx, acc: Tensor, scale: float, bound: int, y: Tensor | None = None,
             keep: int = 0) -> Tensor:
     """y (by default acc's float value), recorded as the int32 accumulator `acc` of one scale
     for a QuantizeLinear after it. |acc| <= bound: the accumulator is scaled up by a power of
@@ -352,7 +352,7 @@ def integer_sum(ctx, x: Tensor, fn, count: int):
     d = origin(ctx, x)
     if not _scale(d):
         return None
-    return _record(ctx, fn(_int32(d)), _scale(d) / count, 255 * count)
+    return _as_accumulator(ctx, fn(_int32(d)), _scale(d) / count, 255 * count)
 
 
 def integer_add(ctx, a: Tensor, b: Tensor, y: Tensor) -> None:
@@ -373,7 +373,7 @@ def integer_add(ctx, a: Tensor, b: Tensor, y: Tensor) -> None:
         da, db = Dq(pa, da.zp, da.scale, da.axis), Dq(pb, db.zp, db.scale, db.axis)
         keep = y.shape[1]
     acc = _int32(da) * round(sa / s * 2 ** 20) + _int32(db) * round(sb / s * 2 ** 20)
-    _record(ctx, acc, s / 2 ** 20, 255 << 21, y, keep)
+    _as_accumulator(ctx, acc, s / 2 ** 20, 255 << 21, y, keep)
 
 
 def integer_mul(ctx, a: Tensor, b: Tensor, y: Tensor) -> None:
@@ -383,7 +383,7 @@ def integer_mul(ctx, a: Tensor, b: Tensor, y: Tensor) -> None:
     da, db = origin(ctx, a), origin(ctx, b)
     sa, sb = _scale(da), _scale(db)
     if sa and sb:
-        _record(ctx, _int32(da) * _int32(db), sa * sb, 255 * 255, y)
+        _as_accumulator(ctx, _int32(da) * _int32(db), sa * sb, 255 * 255, y)
 
 
 def fixed_point(m: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -465,7 +465,7 @@ def integer_window(ctx, x: Tensor, fn):
     return y
 
 
-def record_concat(ctx, y: Tensor, xs: list[Tensor], axis: int) -> None:
+def note_concat(ctx, y: Tensor, xs: list[Tensor], axis: int) -> None:
     """A Concat of DequantizeLinear outputs: a QuantizeLinear after it to the inputs' scale and
     zero point concatenates the integers instead of the floats (integer_rescale)."""
     parts = tuple(origin(ctx, x) for x in xs)

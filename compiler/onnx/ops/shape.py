@@ -88,7 +88,7 @@ def _unsqueeze(ctx, i, a):
 def _concat(ctx, i, a):
     xs = [t for t in i if t is not None]
     y = Tensor.cat(xs, a["axis"])
-    quant.record_concat(ctx, y, xs, a["axis"] % y.ndim)
+    quant.note_concat(ctx, y, xs, a["axis"] % y.ndim)
     return y
 
 

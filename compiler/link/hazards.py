@@ -21,7 +21,7 @@ def mark_barriers(launches: list[Launch], buffers: dict[int, Buffer],
         if b.id in units:
             return ("ring", units[b.id], units[b.id] + 1)
         return (b.region, b.offset, b.offset + b.nbytes) if b.region in DEVICE_REGIONS \
-            else (b.region, b.offset, b.offset + 1)
+            else (b.region, b.slot, b.slot + 1)
 
     def hits(a, spans) -> bool:
         return any(a[0] == s[0] and a[1] < s[2] and s[1] < a[2] for s in spans)

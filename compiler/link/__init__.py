@@ -1,0 +1,1 @@
+"""The link stage: buffers, packed weights, launches, the arena and barriers (link.py)."""
