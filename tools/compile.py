@@ -85,7 +85,8 @@ def parse_value(text: str) -> tuple[str, list[float | int]]:
 class Progress:
     """One status line on stderr: rewritten in place on a terminal, every 10% otherwise."""
 
-    def __init__(self, stream=sys.stderr):
+    def __init__(self, stream=None):
+        stream = stream or sys.stderr  # at the call: sys.stderr may be replaced after import
         self.stream, self.tty, self.last = stream, stream.isatty(), -1
 
     def __call__(self, stage: str, done: int, total: int) -> None:
