@@ -67,7 +67,6 @@ class AmdDevice(QueueDevice):
         gpu.upload(self.weights, blob.weights, deadline)
         self.kernargs = gpu.alloc(256 * len(blob.launches) + 4096, deadline)
         self.submitted = 0
-        self.patches: dict[int, bytes] = {}  # kernarg address -> pointer, until the next kick
 
     def alloc(self, nbytes: int) -> Memory:
         va = self._vram(nbytes)
@@ -118,6 +117,7 @@ class AmdDevice(QueueDevice):
         deadline = time.monotonic() + LOAD_TIMEOUT_S
         self.rec = rec = graph.record(self.blob, self.co, self.code, self.kernargs, self._address)
         self.gpu.upload(self.kernargs, bytes(rec.kernargs), deadline)
+        self.dirty = None  # all of it is on the GPU now, every slot at its current address
         ranges = sorted({range(len(self.blob.launches))} | {e.launches for e in self.graph.entries},
                         key=lambda r: (r.start, r.stop))
         streams = getattr(self, "streams", {})  # (launch range, profiled) -> (IB, dwords)
@@ -136,15 +136,22 @@ class AmdDevice(QueueDevice):
             self.record()
 
     def patch(self, slot: int, address: int) -> None:
-        """The slot's pointers in the kernargs: written with the next kick's, in one batch."""
+        """The slot's pointers, in the kernargs' host copy: the span patched since the last kick
+        goes with it as one copy (a state's slots are patched every run: one DMA_DATA each
+        would outgrow a staging write's copies)."""
         for off in self.rec.slots.get(slot, ()):
-            self.patches[self.kernargs + off] = address.to_bytes(8, "little")
+            self.rec.kernargs[off:off + 8] = address.to_bytes(8, "little")
+            lo, hi = self.dirty or (off, off + 8)
+            self.dirty = min(lo, off), max(hi, off + 8)
 
     def kick(self, launches: range, deadline: float, value: int) -> None:
         """The patched kernarg pointers, the staged inputs and the range's stream in one
         staging write and one doorbell (more when the inputs outgrow the staging memory)."""
-        pieces = [*self.patches.items(), *self.inputs]
-        self.patches.clear()
+        pieces = self.inputs
+        if self.dirty:
+            lo, hi = self.dirty
+            pieces = [(self.kernargs + lo, bytes(self.rec.kernargs[lo:hi])), *pieces]
+            self.dirty = None
         ib, dwords = self.streams[launches, self.profiling]
         self.submitted = value
         self.gpu.put_then(pieces, pm4.indirect_buffer(ib, dwords) +
