@@ -159,9 +159,12 @@ class QcomDevice(QueueDevice):
         rec = record.record(self.blob, self.programs, layout)
         self.args_words = a.view(np.uint32)
         self.args_words[:len(rec.args)] = rec.args
+        self.words = memoryview(a).cast("I")  # patch()'s writes: a numpy slice per site is slow
         self.sites = {slot: [rec.at[site] for site in sites]
                       for slot, sites in self.graph.sites.items()}
-        self.textures = rec.textures
+        # per slot, the dwords of its 64-bit pointers and those of its image descriptors
+        self.pointers = {s: [i for i in d if i not in rec.textures] for s, d in self.sites.items()}
+        self.images = {s: [i for i in d if i in rec.textures] for s, d in self.sites.items()}
         ranges = {range(len(self.blob.launches))} | {e.launches for e in self.graph.entries}
         stamps = None if self.stamps is None else self.stamps.address
         self.streams = {}  # (launch range, profiled) -> (GPU object, dwords)
@@ -180,17 +183,17 @@ class QcomDevice(QueueDevice):
             for key, (obj, n) in self.streams.items()}
 
     def patch(self, slot: int, address: int) -> None:
-        sites = self.sites.get(slot, ())
-        if address % texture.BASE_ALIGN and any(i in self.textures for i in sites):
+        images = self.images.get(slot)
+        if images and address % texture.BASE_ALIGN:
             spec = self.graph.io[slot]
             raise InputError(f"qcom slot {slot} ({spec.name!r}): kernels read it as an image, "
                              f"whose base must be {texture.BASE_ALIGN}-byte aligned; got GPU "
                              f"address {address:#x}")
-        for i in sites:
-            if i in self.textures:
-                texture.set_base(self.args_words, i, address)
-            else:
-                self.args_words[i:i + 2] = lohi(address)
+        words, lo, hi = self.words, address & 0xFFFFFFFF, address >> 32
+        for i in self.pointers.get(slot, ()):
+            words[i], words[i + 1] = lo, hi
+        for i in images or ():
+            texture.set_base(self.args_words, i, address)
         if slot in self.imported and self.imported[slot].gpuaddr != address:
             self._free_import(slot)
 

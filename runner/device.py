@@ -61,8 +61,9 @@ docs/ARCHITECTURE.md):
   state_part(mem, offset, nbytes)   `nbytes` of state memory `mem` from byte `offset` (a ring's
                          window or row block; offsets are multiples of the blob target's
                          buffer_align), usable wherever state memory is; made at load only.
-  bind_state(slot, mem)  bind io slot `slot` to state memory for the following submissions:
-                         patches only that slot's recorded addresses, copies nothing.
+  bind_states(binds)     bind each (io slot, state memory) pair for the following submissions,
+                         in one call (every run binds its entry's state slots): patches only
+                         the slots whose memory changed, copies nothing.
   state_view(mem)        a writable host view (uint8) of state memory, or None where the device
                          memory is not host-visible (then read_state / write_state copy).
   read_state(mem), write_state(mem, data)   copy a half out / in (bytes); only between runs.
@@ -168,7 +169,7 @@ class Device:
     def state_part(self, mem, offset: int, nbytes: int):
         raise NotImplementedError
 
-    def bind_state(self, slot: int, mem) -> None:
+    def bind_states(self, binds: list) -> None:
         raise NotImplementedError
 
     def state_view(self, mem) -> np.ndarray | None:

@@ -3,7 +3,7 @@ backend, written once. A backend (cpu, mock, opencl, qcom, dsp, amd) subclasses 
 supplies only its hardware verbs (listed on the class); this module owns:
 
   * binding: each io slot is bound to its own io memory, to mapped host memory (zero-copy), to
-    memory the caller already has on the device (bind_device) or to state memory (bind_state:
+    memory the caller already has on the device (bind_device) or to state memory (bind_states:
     a half of a state, or a ring's window or rows, `state_part`). A binding that changes the slot's address patches that slot's recorded
     addresses (the backend's `patch`) and nothing else; rebinding the bound array is free.
     Patching while a submission is in flight is refused: the recording is patched in place.
@@ -126,13 +126,19 @@ class QueueDevice(Device):
         self.bound[slot] = mem
         self.binds += 1
 
-    def bind_state(self, slot: int, mem: Memory) -> None:
-        if mem is not self.bound[slot]:
-            self._idle(slot)
-            self._point(slot, mem.address)
-            self.staged.discard(slot)
-            self.bound[slot] = mem
-            self.binds += 1
+    def bind_states(self, binds: list[tuple[int, Memory]]) -> None:
+        bound, io_address, changed = self.bound, self.io_address, False
+        for slot, mem in binds:
+            if mem is not bound[slot]:
+                if not changed:
+                    self._idle(slot)
+                    changed = True
+                if mem.address != io_address[slot]:
+                    self.patch(slot, mem.address)
+                    io_address[slot] = mem.address
+                self.staged.discard(slot)
+                bound[slot] = mem
+        self.binds += changed
 
     def _idle(self, slot: int) -> None:
         if self.value > self.retired:

@@ -52,9 +52,8 @@ class States:
     def bind(self, entry: Entry) -> None:
         """Before a run of `entry`: its reads on the current value, its writes (and a ring's
         mirror) where the next one goes, a ring's window on that next value."""
-        bind, current = self.device.bind_state, self.current
-        for slot, k, at in self.slots[entry.name]:
-            bind(slot, at[current[k]])
+        current = self.current
+        self.device.bind_states([(slot, at[current[k]]) for slot, k, at in self.slots[entry.name]])
 
     def commit(self, entry: Entry) -> None:
         """After a completed run of `entry`: what it wrote is the state."""

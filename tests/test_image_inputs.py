@@ -76,7 +76,9 @@ def test_rebinding_the_frame_repoints_its_texture_descriptor(blob):
         np.testing.assert_array_equal(m.run()["y"], f["frame"][f["idx"]])
         assert m.device.imported  # imported, not staged through a copy
         words = m.device.args_words
-        for at in m.device.textures:
+        descriptors = [i for sites in m.device.images.values() for i in sites]
+        assert descriptors  # the frame is read through its texture descriptor
+        for at in descriptors:
             t = texture.decode(words[at:at + texture.DESCRIPTOR_DWORDS])
             assert (t.width, t.height, t.pitch, t.dtype) == (W, H, W, np.dtype(np.uint8))
             assert (int(words[at + 5]) >> 17) & 0x1FFF == 1  # DEPTH 1
