@@ -37,7 +37,7 @@ def choose(graph: Graph, t: Target) -> Graph:
     memo: dict[UOp, UOp] = {}  # plain node -> chosen; grows with each Choice, kept across them
     changed = False
     for c in graph.choices:
-        x, w = (Tensor(substitute(u, memo, shared=True)) for u in (c.x, c.w))
+        x, w = (Tensor(substitute(u, memo, shared=True) if changed else u) for u in (c.x, c.w))
         if c.out not in memo and (y := _chosen(c, x, w, t)) is not None:
             memo[c.out], changed = y.uop, True
     if not changed:
