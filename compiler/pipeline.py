@@ -1,8 +1,8 @@
 """The compile pipeline as a list of stages in one function (compile_model):
-frontend -> schedule -> place (per variant: buffers' storage, one job per distinct kernel) ->
-kernels (codegen: plan, lower, simplify, pack, vectorize, linearize, render) -> link (buffers,
-packed weights, launches, arena, barriers, one weights region) -> build -> the Artifact, which
-compiler/blob.py writes."""
+frontend -> algorithms (Winograd, padded columns) -> schedule -> place (per variant: buffers'
+storage, one job per distinct kernel) -> kernels (codegen: plan, lower, simplify, pack,
+vectorize, linearize, render) -> link (buffers, packed weights, launches, arena, barriers, one
+weights region) -> build -> the Artifact, which compiler/blob.py writes."""
 from __future__ import annotations
 
 import re
@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from compiler import toolchain
+from compiler.algorithms import choose
 from compiler.artifact import Artifact, Entry, State
 from compiler.errors import CompileError
 from compiler.codegen.build import Built, Job, build_all
@@ -29,7 +30,7 @@ from compiler.schedule.layout import canonical, channels_last, in_place, pad_in_
 from compiler.schedule.place import Placement, place
 from compiler.schedule.storage import device_storage
 from compiler.spec import Spec
-from compiler.target import LINE_BYTES, Target, get_target, variant_targets
+from compiler.target import Target, get_target, variant_targets
 from runner.format import DEFAULT_ENTRY, ENTRY_NAME, Region, entry_name_ok
 
 VERSION = "0.1.0"
@@ -96,6 +97,8 @@ def compile_model(model, target: str | Target = "cpu", input_shapes: dict | None
         graphs = spec("frontend", _frontend(models, input_shapes or {}, float16, targets[0],
                                             state or {}, input_values or {}, tuple(overridable)))
         pairs = _state_pairs(graphs, state or {})
+    with st("algorithms"):
+        graphs = spec("algorithms", [choose(g, targets[0]) for g in graphs])
     with st("schedule"):
         sched = spec("schedule", _schedule(graphs, list(models), tgt, targets[0], pairs))
     keep = _calibrate(calibration if float16 else None, sched, targets[0], st)
@@ -211,10 +214,7 @@ def _frontend(models: dict, input_shapes: dict, float16: bool, first: Target,
               state: dict, input_values: dict, overridable: tuple) -> list:
     """Each entry's ONNX model as a Graph; several entries' inputs get their entry's name as a
     prefix inside the IR, so equal input names of two entries stay two tensors."""
-    # outputs padded to a cache line of float32: whole vectors at every CPU width (wider
-    # multiples, for wider register tiles, ran slower (docs/perf.md))
-    return [load_onnx(m, input_shapes, float16=float16, winograd=first.winograd,
-                      pad_columns=LINE_BYTES // 4 if first.cpu_layouts else 0,
+    return [load_onnx(m, input_shapes, float16=float16,
                       input_values=input_values, narrow_pad_divisor=first.narrow_pad_divisor,
                       hvx=first.hvx, overridable=overridable, state_inputs=frozenset(state), prefix=f"{name}/" if len(models) > 1 else "",
                       other_shapes=len(models) > 1) for name, m in models.items()]

@@ -40,11 +40,11 @@ def _fail(stage: str, what: str) -> None:
 
 
 # ---- what each stage's output must satisfy -------------------------------------------------
-def _frontend(graphs: list) -> None:
+def _frontend(graphs: list, stage: str = "frontend") -> None:
     for g in graphs:
         names = [n for n, _ in g.inputs]
         if len(set(names)) != len(names) or not g.outputs:
-            _fail("frontend", f"expected unique input names and an output, got inputs {names}")
+            _fail(stage, f"expected unique input names and an output, got inputs {names}")
 
 
 def _schedule(s) -> None:
@@ -97,8 +97,8 @@ def _link(out) -> None:
                 _fail("link", f"buffer {b.id} [{b.offset}, {end}) outside its {b.region}")
 
 
-CHECKS = {"frontend": _frontend, "schedule": _schedule, "place": _place, "codegen": _codegen,
-          "link": _link}
+CHECKS = {"frontend": _frontend, "algorithms": lambda gs: _frontend(gs, "algorithms"),
+          "schedule": _schedule, "place": _place, "codegen": _codegen, "link": _link}
 
 
 # ---- what must not change once a stage has ended ---------------------------------------------
@@ -111,9 +111,13 @@ def _job(j) -> tuple:
             tuple(sorted(j.arena)), j.float32, j.images)
 
 
+def _graphs(gs) -> tuple:
+    return tuple((tuple((n, id(u)) for n, u in g.inputs), tuple((n, id(u)) for n, u in g.outputs),
+                  tuple(map(id, g.origins))) for g in gs)
+
+
 FINGERPRINTS = {
-    "frontend": lambda gs: tuple((tuple((n, id(u)) for n, u in g.inputs),
-                                  tuple((n, id(u)) for n, u in g.outputs)) for g in gs),
+    "frontend": _graphs, "algorithms": _graphs,
     "schedule": lambda s: (tuple(map(_kernel, s.kernels)), tuple(map(id, s.last)),
                            tuple((n, id(u)) for n, u in s.outputs), tuple(s.counts),
                            len(s.nodes), len(s.origins)),

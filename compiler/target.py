@@ -71,8 +71,9 @@ class Target:
     # onnx/ops/quant_hvx.py) and requantization takes the high word of a 32x32 product
     # in two instructions (Ops.MULHI), where plain int32 lanes take a dozen
     hvx: bool = False
-    # Winograd F(2x2,3x3) for eligible 3x3 convs (onnx/ops/winograd.py): fewer multiplies for more
-    # adds and a larger weight, a trade a wide-SIMD CPU wins.
+    # Winograd F(2x2,3x3) for eligible 3x3 convs (compiler/winograd.py, chosen in
+    # compiler/algorithms.py): fewer multiplies for more adds and a larger weight, a trade a
+    # wide-SIMD CPU wins.
     winograd: bool = False
     pack_weights: bool = False  # weights copied into the order the kernel reads them (pack.py)
     # The programs are one shared object built by the toolchain; otherwise kernel source that the

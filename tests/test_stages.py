@@ -8,12 +8,15 @@ from dataclasses import replace
 import pytest
 
 from compiler import pipeline
+from compiler.algorithms import choose
 from compiler.link import link as link_stage
 from compiler.pipeline import Stages, compile_model
+from compiler.ir.uop import Ops
 from compiler.spec import Spec, SpecError
 from models.openpilot import make_toy
+from tests.test_compiler import _conv3x3
 
-STAGES = ("frontend", "schedule", "place", "kernels", "link", "assemble", "build")
+STAGES = ("frontend", "algorithms", "schedule", "place", "kernels", "link", "assemble", "build")
 
 
 def test_the_spec_check_is_on_in_tests():
@@ -31,7 +34,7 @@ def test_each_stage_is_timed_under_its_name_and_its_output_passes_the_spec(targe
     st = Stages()
     compile_model(make_toy(), target=target, stages=st)
     assert [k for k in st.times if k in STAGES] == list(STAGES), st.times
-    assert seen == ["frontend", "schedule", "place", "codegen", "link"]
+    assert seen == ["frontend", "algorithms", "schedule", "place", "codegen", "link"]
     assert {"plan", "lower", "simplify", "pack", "vectorize", "linearize", "render"} <= \
         set(st.times)  # build_kernel's steps, summed over the workers
 
@@ -68,6 +71,29 @@ def test_a_kernel_reading_a_tensor_nobody_writes_breaks_the_schedule_spec(monkey
     monkeypatch.setattr(pipeline, "_schedule", dropped_first)
     with pytest.raises(SpecError, match="stage 'schedule': kernel .* no earlier kernel writes"):
         compile_model(make_toy(), target="cpu-avx2")
+
+
+def _weight_shapes(g) -> set:
+    return {u.shape for _, out in g.outputs for u in out.toposort() if u.op is Ops.WEIGHT}
+
+
+def test_the_importer_ignores_the_target_and_algorithms_choose_after_it():
+    """A Winograd-eligible 3x3 conv (48 channels, 64 tiles): the frontend builds the plain conv
+    for every target; the algorithms stage gives CPU targets a new Graph with the transformed
+    (16, K, C) weight and leaves the frontend's as it was, and gives a GPU target the
+    frontend's Graph itself."""
+    model = _conv3x3((1, 48, 16, 16), 48, [1, 1, 1, 1])
+    cpu, qcom = pipeline.get_target("cpu-avx2"), pipeline.get_target("qcom")
+    g_cpu, g_qcom = (pipeline._frontend({"main": model}, {}, False, t, {}, {}, ())[0]
+                     for t in (cpu, qcom))
+    for g in (g_cpu, g_qcom):
+        assert (48, 48, 3, 3) in _weight_shapes(g) and len(g.choices) == 1
+    before = list(g_cpu.outputs)
+    chosen = choose(g_cpu, cpu)
+    assert (16, 48, 48) in _weight_shapes(chosen) and (16, 48, 48) not in _weight_shapes(g_cpu)
+    assert g_cpu.outputs == before and chosen.outputs != before
+    assert set(chosen.origins.values()) == set(g_cpu.origins.values())  # provenance kept
+    assert choose(g_qcom, qcom) is g_qcom
 
 
 def test_scheduled_kernels_are_frozen():

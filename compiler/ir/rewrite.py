@@ -165,11 +165,13 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, ctx=None) -> UOp:
     return Rewriter(pm, ctx)(root)
 
 
-def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
+def substitute(root: UOp, mapping: dict[UOp, UOp], shared: bool = False) -> UOp:
     """Replace nodes by identity (no pattern matching); used to bind placeholders. One
     post-order walk that rebuilds as it goes, and stops at the nodes it replaces (what is below
-    them is not needed)."""
-    memo: dict[UOp, UOp] = dict(mapping)
+    them is not needed). shared: `mapping` also keeps every answer, so calls on several roots
+    with one mapping (which may grow between them, by nodes not yet walked) walk each node
+    once."""
+    memo: dict[UOp, UOp] = mapping if shared else dict(mapping)
     stack = [(root, False)]
     while stack:
         node, done = stack.pop()

@@ -21,7 +21,8 @@ from compiler.onnx import ops  # noqa: F401  (registers every op into OPS)
 from compiler.onnx.control import CONTROL, Body
 from compiler.onnx.metadata import model_meta
 from compiler.onnx.proto import read_model, validate, initializer_array, well_formed
-from compiler.onnx.registry import MAX_OPSET, MIN_OPSET, ONNX_CODES, OPS, Ctx, onnx_dtype
+from compiler.onnx.registry import (MAX_OPSET, MIN_OPSET, ONNX_CODES, OPS, Choice, Ctx,
+                                    onnx_dtype)
 
 
 MAX_ELEMENTS = 2**31 - 1
@@ -42,6 +43,9 @@ class Graph:
     # inputs with an initializer compiled --overridable: its data, what a run that does not
     # feed it reads
     input_defaults: dict[str, object] = field(default_factory=dict)
+    # the products an algorithm may build another way for a target, in the order they were built
+    # (compiler/algorithms.py)
+    choices: list[Choice] = field(default_factory=list)
 
 
 
@@ -138,9 +142,8 @@ def _all_nodes(graph: onnx.GraphProto):
                 yield from _all_nodes(g)
 
 
-def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool = False,
-              pad_columns: int = 0, input_values: dict | None = None,
-              narrow_pad_divisor: int = 16, hvx: bool = False,
+def load_onnx(model, input_shapes: dict, float16: bool = False,
+              input_values: dict | None = None, narrow_pad_divisor: int = 16, hvx: bool = False,
               overridable: tuple = (), state_inputs: frozenset = frozenset(),
               prefix: str = "", other_shapes: bool = False) -> Graph:
     """input_values: {input name: value}, inputs frozen to constants (they leave the blob's
@@ -177,10 +180,8 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
                            f"{with_init}")
     inputs, input_defaults = _inputs(proto.graph, vals, input_shapes, input_values, overridable,
                                      prefix)
-    _build(proto.graph.node, vals, Ctx(opset, float16=float16, winograd=winograd,
-                                       pad_columns=pad_columns,
-                                       narrow_pad_divisor=narrow_pad_divisor, hvx=hvx),
-           {(f.domain, f.name): f for f in proto.functions})
+    ctx = Ctx(opset, float16=float16, hvx=hvx, narrow_pad_divisor=narrow_pad_divisor)
+    _build(proto.graph.node, vals, ctx, {(f.domain, f.name): f for f in proto.functions})
     outputs = _outputs(proto.graph, vals)
     meta = model_meta({k: v for k, v in props.items() if k != STATE_KEY},
                       [(name, tuple(u.shape)) for name, u in outputs])
@@ -191,7 +192,7 @@ def load_onnx(model, input_shapes: dict, float16: bool = False, winograd: bool =
     constants = [name for name in with_init if name not in overridable]
     meta = {**meta, "constant_inputs": constants} if constants else meta
     return Graph(inputs, outputs, {"opset": opset, **meta}, *_origins(proto.graph.node, vals),
-                 pairs, defaults, input_defaults)
+                 pairs, defaults, input_defaults, ctx.choices)
 
 
 def _checked_model(model) -> tuple[onnx.ModelProto, int, dict]:

@@ -6,6 +6,7 @@ builds graphs from it. Nothing here imports an op module, so there is no import 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import onnx
@@ -14,7 +15,7 @@ from compiler.errors import CompileError, StaticInputError
 from compiler.ir.dtypes import DType, dtypes
 from compiler.ir.interp import evaluate
 from compiler.ir.tensor import Tensor
-from compiler.ir.uop import Ops
+from compiler.ir.uop import Ops, UOp
 from compiler.schedule.fusion import static
 
 OPS: dict = {}
@@ -49,21 +50,32 @@ def onnx_dtype(code: int, what: str) -> DType:
     return ONNX_DTYPES[code]
 
 
+@dataclass(frozen=True)
+class Choice:
+    """A MatMul's, Gemm's or Conv's product by a weight, as the importer built it (the plain
+    algorithm), and what compiler/algorithms.py needs to build it another way for a target:
+    `build(x, w)` is the plain product of its operands (float16 ones cast as the importer
+    casts them), so rebuilding it from the same operands gives the same nodes."""
+    out: UOp  # build(x, w): the plain product
+    x: UOp
+    w: UOp  # its output channels along axis 0 (a conv's) or 1 (a matmul's)
+    macs: int  # multiply-adds
+    build: Callable
+    window: tuple | None = None  # a conv's (strides, dilations, pads, group); None: a matmul
+
+
 @dataclass
 class Ctx:
     """What an op implementation may ask about its node."""
     opset: int
     node: onnx.NodeProto | None = None
     float16: bool = False
-    winograd: bool = False  # 3x3 convs may use Winograd's algorithm (CPU targets)
-    # CPU targets: a big MatMul, Gemm or Conv by a constant weight with an odd output count pads
-    # the weight's outputs to a multiple of this (ops/nn.py _pad_out): whole vectors; 0: never
-    pad_columns: int = 0
-    narrow_pad_divisor: int = 16  # Target.narrow_pad_divisor
     hvx: bool = False  # Target.hvx
+    narrow_pad_divisor: int = 16  # Target.narrow_pad_divisor
     # quantized origins of float values, for the integer QDQ path (onnx/ops/quant.py): shared by
     # every node's Ctx (dataclasses.replace copies the reference)
     qdq: dict = field(default_factory=dict)
+    choices: list[Choice] = field(default_factory=list)  # shared as qdq is
 
     def static(self, t: Tensor | None, what: str) -> np.ndarray:
         """A compile-time value (shape vectors, pads, axes...): its weight-only subgraph,
@@ -79,10 +91,14 @@ class Ctx:
         return value
 
     def constant(self, t: Tensor) -> np.ndarray | None:
-        """t's value if it is computed from constants alone (a weight, maybe cast), else None."""
-        if not static(t.uop) and any(n.op is Ops.INPUT for n in t.uop.toposort()):
-            return None
-        return evaluate(t.uop)
+        return constant(t)
 
     def where(self) -> str:
         return f"{self.node.op_type} node {self.node.name or '(unnamed)'!r} (opset {self.opset})"
+
+
+def constant(t: Tensor) -> np.ndarray | None:
+    """t's value if it is computed from constants alone (a weight, maybe cast), else None."""
+    if not static(t.uop) and any(n.op is Ops.INPUT for n in t.uop.toposort()):
+        return None
+    return evaluate(t.uop)

@@ -34,8 +34,8 @@ def channels_last(kernels: list[Kernel], realized: set, keep: set) -> set[UOp]:
                    and u not in keep and len(u.shape) == 4 and u.shape[1] > 1)
     reds = [find_reduce(k.root, realized) for k in kernels]
     # a conv whose every reader only copies it into a graph output (cuts off the channels a
-    # padded weight added, ops/nn.py _pad_out) stores as the output does: the copy is then
-    # contiguous, not a transpose (docs/perf.md)
+    # padded weight added, compiler/algorithms.py _pad_out) stores as the output does: the copy
+    # is then contiguous, not a transpose (docs/perf.md)
     readers: dict[UOp, list[int]] = {}
     for i, k in enumerate(kernels):
         for u in k.inputs:

@@ -12,10 +12,9 @@ import numpy as np
 from compiler.ir.dtypes import dtypes
 from compiler.ir.tensor import Tensor
 from compiler.ir.uop import Ops
-from compiler.onnx import winograd
 import compiler.onnx.ops.quant as quant
 from compiler.onnx.ops.shape import arange_at
-from compiler.onnx.registry import op
+from compiler.onnx.registry import Choice, op
 
 
 # ---- normalization ------------------------------------------------------------------------
@@ -100,37 +99,14 @@ def contract(fn, x: Tensor, w: Tensor) -> Tensor:
     return fn(x.cast(dtypes.float32), w.cast(dtypes.float32)).cast(dtypes.float16)
 
 
-PAD_MIN_MACS = 1 << 20  # below this a product is cheap either way, and the cut is a launch
-
-
-def _pad_out(ctx, w: Tensor, axis: int, macs: int) -> tuple[Tensor, int]:
-    """(w, 0), or on CPU targets (ctx.pad_columns) a constant weight whose output count along
-    `axis` is not a multiple of 8 (no whole AVX2 vector, half an AVX-512 one) zero-padded to a
-    multiple of ctx.pad_columns, and how many it gained, when its product (`macs`
-    multiply-adds) is big enough to pay for the extra kernel that cuts the padding off (the
-    cut ends the product's epilogue). The kernel then vectorizes along its outputs, where an
-    odd output count (an OCR alphabet, a detector head's 255 channels) had one lane or gathered
-    its input along the pixels (docs/perf.md)."""
-    cols, n = ctx.pad_columns, w.shape[axis]
-    if not cols or n % 8 == 0 or n <= cols or macs < PAD_MIN_MACS \
-            or (value := ctx.constant(w)) is None:
-        return w, 0
-    pads = [(0, 0)] * w.ndim
-    pads[axis] = (0, -n % cols)
-    return Tensor.weight(np.pad(value, pads)), -n % cols
-
-
-def _cut(y: Tensor, axis: int, n: int) -> Tensor:
-    """y's first n entries along axis: the real outputs of a kernel run on a _pad_out weight."""
-    return y.shrink(tuple((0, n) if d == axis % y.ndim else (0, s) for d, s in enumerate(y.shape)))
-
-
 def _dense(ctx, x: Tensor, w: Tensor) -> Tensor:
-    """x @ w, on a padded weight where that pays (_pad_out)."""
-    macs = math.prod(x.shape[:-1]) * math.prod(w.shape)
-    wide, extra = _pad_out(ctx, w, 1, macs) if w.ndim == 2 else (w, 0)
-    y = contract(Tensor.matmul, x, wide)
-    return _cut(y, -1, w.shape[1]) if extra else y
+    """x @ w; a 2-D weight's product is a Choice (compiler/algorithms.py may pad its columns)."""
+    build = lambda x, w: contract(Tensor.matmul, x, w)  # noqa: E731
+    y = build(x, w)
+    if w.ndim == 2:
+        macs = math.prod(x.shape[:-1]) * math.prod(w.shape)
+        ctx.choices.append(Choice(y.uop, x.uop, w.uop, macs, build))
+    return y
 
 
 @op("MatMul")
@@ -192,17 +168,14 @@ def _conv(ctx, i, a):
     ks = tuple(w.shape[2:])
     strides, dil, pads = _window_attrs(a, x, ks)
     group = a.get("group", 1)
-    cout = w.shape[0]
-    macs = x.shape[0] * math.prod(x.shape[2:]) // math.prod(strides) * math.prod(w.shape)
-    w, extra = _pad_out(ctx, w, 0, macs) if group == 1 else (w, 0)
-    if ctx.winograd and x.dtype is dtypes.float32 \
-            and winograd.eligible(x.shape, w.shape, strides, dil, pads, group) \
-            and (value := ctx.constant(w)) is not None:
-        y = winograd.conv(x, value, pads)
-    else:
-        product = a.get(quant.PRODUCT)  # the QDQ path's multiply, where it has its own
-        y = contract(lambda x, w: x.conv(w, strides, dil, pads, group, product), x, w)
-    y = _cut(y, 1, cout) if extra else y
+    product = a.get(quant.PRODUCT)  # the QDQ path's multiply, where it has its own
+
+    def build(x, w):
+        return contract(lambda x, w: x.conv(w, strides, dil, pads, group, product), x, w)
+    y = build(x, w)
+    if group == 1:  # a Choice: compiler/algorithms.py may pad its channels or take Winograd's
+        macs = x.shape[0] * math.prod(x.shape[2:]) // math.prod(strides) * math.prod(w.shape)
+        ctx.choices.append(Choice(y.uop, x.uop, w.uop, macs, build, (strides, dil, pads, group)))
     if len(i) > 2 and i[2] is not None:
         y = y + _bshape(i[2], y)
     return y
