@@ -216,7 +216,8 @@ def _frontend(models: dict, input_shapes: dict, float16: bool, first: Target,
     prefix inside the IR, so equal input names of two entries stay two tensors."""
     return [load_onnx(m, input_shapes, float16=float16,
                       input_values=input_values, narrow_pad_divisor=first.narrow_pad_divisor,
-                      hvx=first.hvx, overridable=overridable, state_inputs=frozenset(state), prefix=f"{name}/" if len(models) > 1 else "",
+                      hvx=first.hvx, overridable=overridable, state_inputs=frozenset(state),
+                      prefix=f"{name}/" if len(models) > 1 else "",
                       other_shapes=len(models) > 1) for name, m in models.items()]
 
 
@@ -301,8 +302,9 @@ def _state_pairs(graphs: list, extra: dict[str, str]) -> dict[str, str]:
                                f"{sorted({n for g in graphs for n, _ in g.outputs})}")
         found = reads + writes
         if len({(u.dtype, tuple(u.shape)) for _, u in found}) != 1:
+            got = sorted({(str(u.dtype), tuple(u.shape)) for _, u in found})
             raise CompileError(f"state {x}={y}: the input and output must have one dtype and "
-                               f"shape, got {sorted({(str(u.dtype), tuple(u.shape)) for _, u in found})}")
+                               f"shape, got {got}")
         for g in graphs:
             if x in g.defaults and tuple(g.defaults[x].shape) != tuple(found[0][1].shape):
                 raise CompileError(f"state {x}: initializer shape {g.defaults[x].shape} is not "

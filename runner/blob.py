@@ -825,7 +825,8 @@ def _state(records: list[dict], buffers: dict[int, BufferSpec],
         what = f"manifest state {r['name']!r}"
         ring = r.get("ring")
         io = []
-        for key, region, ids in (("reads", Region.INPUT, r["reads"]), ("writes", Region.OUTPUT, r["writes"]),
+        for key, region, ids in (("reads", Region.INPUT, r["reads"]),
+                                 ("writes", Region.OUTPUT, r["writes"]),
                                  ("ring mirrors", Region.OUTPUT, ring["mirrors"] if ring else []),
                                  ("ring windows", Region.INPUT, ring["windows"] if ring else [])):
             got = [buffers.get(i) for i in ids]

@@ -4,8 +4,9 @@ supplies only its hardware verbs (listed on the class); this module owns:
 
   * binding: each io slot is bound to its own io memory, to mapped host memory (zero-copy), to
     memory the caller already has on the device (bind_device) or to state memory (bind_states:
-    a half of a state, or a ring's window or rows, `state_part`). A binding that changes the slot's address patches that slot's recorded
-    addresses (the backend's `patch`) and nothing else; rebinding the bound array is free.
+    a half of a state, or a ring's window or rows, `state_part`). A binding that changes the
+    slot's address patches that slot's recorded addresses (the backend's `patch`) and nothing
+    else; rebinding the bound array is free.
     Patching while a submission is in flight is refused: the recording is patched in place.
     `binds` counts the bindings that changed: a caller that saw it unchanged since its own
     binding knows every slot is still bound as it left it (runner/model.py skips rebinding).
