@@ -258,10 +258,8 @@ class Model:
             timeout_ms: float | None = None, entry: str | None = None) -> dict[str, np.ndarray]:
         """entry: which entry point runs (Model.entries); None: the blob's only one."""
         timeout_ms = self._timeout_ms if timeout_ms is None else _checked_timeout(timeout_ms)
-        if _PROCESS[0] != self._pid:  # the device's threads and queues stayed in the parent
-            raise DeviceError(f"run() in process {os.getpid()} on a Model loaded in process "
-                              f"{self._pid}: a device does not survive fork(); load the blob "
-                              f"again in this process")
+        if _PROCESS[0] != self._pid:
+            self._forked()
         e = self._only if entry is None and self._only is not None else self.graph.entry(entry)
         lock = self._lock
         if not lock.acquire(False) and not lock.acquire(timeout=timeout_ms / 1000):
@@ -271,6 +269,13 @@ class Model:
             return self._run(e, feeds, out, timeout_ms)
         finally:
             lock.release()
+
+    def _forked(self) -> None:
+        """A run in a forked child: the device's threads and queues stayed in the parent (checked
+        before the run lock, which a parent's thread may have held at fork)."""
+        raise DeviceError(f"run() in process {os.getpid()} on a Model loaded in process "
+                          f"{self._pid}: a device does not survive fork(); load the blob again "
+                          f"in this process")
 
     def _run(self, e: Entry, feeds: dict | None, out: dict | None, timeout_ms: float) -> dict:
         plan = self._prepare(e, feeds, out)

@@ -42,7 +42,7 @@ import numpy as np
 
 from runner.errors import DeviceTimeout, InputError
 from runner.graph import Entry
-from runner.model import Model, _checked_timeout
+from runner.model import _PROCESS, Model, _checked_timeout
 
 
 @dataclass
@@ -66,6 +66,9 @@ class Pipeline:
         """One frame: `entries` names each stage's entry; `out` optionally holds arrays for
         unlinked outputs (as Model.run's out=). DeviceTimeout / DeviceError: the frame was
         dropped (see above)."""
+        for m in self.stages:  # as Model.run: a forked child fails at once, before any lock
+            if _PROCESS[0] != m._pid:
+                m._forked()
         timeout_ms = _checked_timeout(max(m.timeout_ms for m in self.stages)
                                       if timeout_ms is None else timeout_ms)
         stages = self._resolve(tuple(entries))

@@ -107,3 +107,24 @@ def test_a_link_of_two_shapes_is_an_input_error(stages):
     with pytest.raises(InputError, match=r"'main' writes 'h' as float32 \(1, 8\), 'main' reads "
                                          r"it as float32 \(1, 4\)"):
         Pipeline([first, narrow]).run(frame(1), ("main", "main"))
+
+
+def test_a_forked_child_gets_a_clear_error_at_once(stages):
+    """As Model.run: the devices' threads and queues stayed in the parent, so a frame in a
+    forked child is refused before it takes any Model's lock (a parent's thread may hold one)."""
+    import os
+    pipe = Pipeline(list(stages()))
+    pipe.run(frame(1), ("main", "main"))
+    pid = os.fork()
+    if pid == 0:
+        try:
+            pipe.run(frame(2), ("main", "main"))
+            code = 3
+        except Exception as e:
+            code = 0 if "does not survive fork()" in str(e) and type(e).__name__ == \
+                "DeviceError" else 4
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    np.testing.assert_array_equal(pipe.run(frame(2), ("main", "main"))["y"],
+                                  np.full((1, W), 6.0))  # the parent goes on: 2 + 4
